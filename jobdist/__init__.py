@@ -1,0 +1,3 @@
+"""jobdist: a multi-site job distributor on replicated CouchDB."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,175 @@
+"""One local CouchDB-compatible server (pouchdb-server) for a site or a test.
+
+Production sites run Apache CouchDB 3; this machine has no CouchDB package, so
+the local cluster and the tests run pouchdb-server 4.2.0, installed from the
+project's own npm lock file (`npm ci`). We start it in a session of its own and
+only ever signal the pid we started, so stopping a server never touches
+anything else on the machine.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import requests
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+class ServerError(RuntimeError):
+    """The local server could not be found, started or reached."""
+
+
+def pouchdb_server_binary() -> Path:
+    """Where pouchdb-server is: $JOBDIST_POUCHDB_SERVER, else the project's node_modules."""
+    override = os.environ.get("JOBDIST_POUCHDB_SERVER")
+    candidates = [Path(override)] if override else []
+    candidates += [
+        PROJECT_ROOT / "node_modules" / ".bin" / "pouchdb-server",
+        Path.cwd() / "node_modules" / ".bin" / "pouchdb-server",
+    ]
+    for path in candidates:
+        if path.exists():
+            return path
+    found = shutil.which("pouchdb-server")
+    if found:
+        return Path(found)
+    raise ServerError(
+        "pouchdb-server is not installed: run `npm ci` in the project directory "
+        "(or set JOBDIST_POUCHDB_SERVER to its path)"
+    )
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class LocalServer:
+    """A pouchdb-server process on 127.0.0.1 that we started and alone stop."""
+
+    def __init__(
+        self,
+        port: int,
+        data_dir: Path,
+        *,
+        in_memory: bool = False,
+        startup_timeout: float = 30.0,
+    ) -> None:
+        self.port = port
+        self.data_dir = Path(data_dir)
+        self.in_memory = in_memory
+        self.startup_timeout = startup_timeout
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / "server.log"
+
+    def start(self) -> None:
+        """Start the server and return once `GET /` answers."""
+        if self.is_alive():
+            return
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        args = [
+            str(pouchdb_server_binary()),
+            "--port", str(self.port),
+            "--host", "127.0.0.1",
+            "--dir", str(self.data_dir),
+            "--config", str(self.data_dir / "config.json"),
+            "--no-stdout-logs",
+        ]
+        if self.in_memory:
+            args.append("--in-memory")
+        with open(self.log_path, "ab") as log:
+            # cwd=data_dir: pouchdb-server writes its log.txt to the working directory.
+            self.process = subprocess.Popen(
+                args,
+                cwd=self.data_dir,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self._wait_until_ready()
+
+    def _wait_until_ready(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            if not self.is_alive():
+                raise ServerError(
+                    f"pouchdb-server on port {self.port} exited at start; see {self.log_path}"
+                )
+            if answers(self.url):
+                return
+            time.sleep(0.05)
+        self.stop()
+        raise ServerError(f"pouchdb-server on port {self.port} did not answer in time")
+
+    def is_alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def ensure_running(self) -> bool:
+        """Restart the server if it died; True when a restart happened."""
+        if self.is_alive():
+            return False
+        self.start()
+        return True
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop exactly the process we started (its session, nothing else)."""
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            _signal_group(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                _signal_group(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout)
+        self.process = None
+
+    def kill(self) -> None:
+        """Kill the server abruptly (SIGKILL), as a crash would."""
+        if self.process is not None and self.process.poll() is None:
+            _signal_group(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        self.process = None
+
+    def __enter__(self) -> LocalServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def answers(url: str) -> bool:
+    try:
+        return requests.get(url, timeout=1).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    # The server runs in its own session whose group id is its pid.
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        pass

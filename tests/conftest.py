@@ -1,0 +1,33 @@
+"""Shared fixtures: real pouchdb-server processes, started and always stopped by pid."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import requests
+
+from jobdist.localserver import LocalServer, free_port
+
+
+@pytest.fixture(scope="session")
+def couch_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
+    """One in-memory pouchdb-server for the whole session (tests use their own databases)."""
+    server = LocalServer(free_port(), tmp_path_factory.mktemp("couch"), in_memory=True)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def db_url(couch_server: LocalServer) -> Iterator[str]:
+    """The URL of a new, empty database on the session server; deleted afterwards."""
+    url = f"{couch_server.url}/t_{uuid.uuid4().hex[:12]}"
+    requests.put(url, timeout=10).raise_for_status()
+    try:
+        yield url
+    finally:
+        requests.delete(url, timeout=10)
