@@ -1,0 +1,553 @@
+"""The decision core: what one site does about one job. Pure: no I/O, no clock.
+
+Every site runs the same rules on the same inputs: the live leaf revisions of a
+job document (all of them, not only CouchDB's winner), the site's name and the
+state of its workers. The answer is a Plan: at most one new revision to write
+on top of CouchDB's winning leaf, the losing leaves to delete (the creator
+alone does that), and local effects to carry out before and after the write.
+
+Why all leaves and not the winner alone: CouchDB picks the winner of
+concurrent revisions by history length and then by hash, which knows nothing
+of our protocol: a stale claim or a keep-alive re-save can beat the creator's
+assignment on the hash. We order leaves by *progress* instead: per step the
+claim epoch, then the phase (open < claimed < won < running < done), earlier
+steps first. Epochs only grow, and only an assignment, a direct start or a
+release raises one, so the merge of all leaves is the furthest any site has
+got, and every site that has the same leaves derives the same state. The
+epoch is also the fencing token: an execution whose epoch is not the step's
+current one can never advance the job (see `plan_finish`).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from .model import (
+    ANY,
+    Doc,
+    Phase,
+    allows,
+    event,
+    is_live,
+    parse_time,
+    sole_target,
+    step_phase,
+    targets,
+)
+
+Key = tuple[str, int]  # (job id, step index): what a booking or an execution is for
+
+
+# --- inputs -----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Booking:
+    worker: str
+    age: float  # seconds since the worker was booked
+
+
+@dataclass(frozen=True)
+class Running:
+    worker: str
+    epoch: int
+
+
+@dataclass(frozen=True)
+class PoolView:
+    """What the site's workers are doing, as the manager knows it."""
+
+    free_workers: tuple[str, ...] = ()
+    booked: Mapping[Key, Booking] = field(default_factory=dict)
+    running: Mapping[Key, Running] = field(default_factory=dict)
+
+    def worker_for(self, key: Key) -> str | None:
+        """The worker booked for key, else a free one, else None."""
+        if key in self.booked:
+            return self.booked[key].worker
+        return self.free_workers[0] if self.free_workers else None
+
+    def oldest_undecided(self) -> tuple[Key, str] | None:
+        """The booking made longest ago: bookings back claims the creator has not decided."""
+        if not self.booked:
+            return None
+        key = max(self.booked, key=lambda k: self.booked[k].age)
+        return key, self.booked[key].worker
+
+
+@dataclass(frozen=True)
+class Context:
+    site: str
+    now: str  # ISO 8601 UTC, from the caller's clock
+    known_sites: frozenset[str] | None = None  # when set, the creator fails jobs no site can run
+    booking_timeout: float = 60.0  # free a booked worker whose claim is not decided by then
+
+
+class StepOutcome(Protocol):
+    """What a worker reports (jobdist.workers.StepResult has these fields)."""
+
+    ok: bool
+    used_alt: bool
+    exit_code: int | None
+    attempts: int
+    exec_time: float
+    start_time: str
+    finish_time: str
+    stdout: str
+    stderr: str
+    reason: str
+    cancelled: bool
+
+
+# --- outputs ----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Book:
+    key: Key
+    worker: str
+
+
+@dataclass(frozen=True)
+class Unbook:
+    key: Key
+
+
+@dataclass(frozen=True)
+class Launch:
+    key: Key
+    epoch: int
+    worker: str
+
+
+@dataclass(frozen=True)
+class Kill:
+    key: Key
+    reason: str
+
+
+Effect = Book | Unbook | Launch | Kill
+
+
+@dataclass(frozen=True)
+class Plan:
+    action: str  # for logs and metrics: claim, assign, start, release, fail, ...
+    doc: Doc | None = None  # the revision to write on top of the winning leaf
+    deletions: tuple[str, ...] = ()  # losing leaf revs the creator deletes
+    before: tuple[Effect, ...] = ()  # carried out before the write
+    after: tuple[Effect, ...] = ()  # carried out once the write is acknowledged
+    detail: str = ""
+
+    @property
+    def writes(self) -> bool:
+        return self.doc is not None or bool(self.deletions)
+
+
+NOTHING = Plan("none")
+
+
+# --- merging leaves ---------------------------------------------------------
+
+def couch_order(doc: Doc) -> tuple[int, str]:
+    """CouchDB's own winner order: longest history, then highest rev string."""
+    number, digest = doc["_rev"].split("-", 1)
+    return int(number), digest
+
+
+def progress(doc: Doc) -> tuple[tuple[int, int], ...]:
+    return tuple((step.get("epoch", 0), int(step_phase(step))) for step in doc["job"])
+
+
+def merge(leaves: list[Doc]) -> Doc:
+    """One view of a job from all its live leaves; `_rev` is CouchDB's winner."""
+    winner = max(leaves, key=couch_order)
+    furthest = max(leaves, key=lambda leaf: (progress(leaf), couch_order(leaf)))
+    merged = copy.deepcopy(furthest)
+    merged["_rev"] = winner["_rev"]
+    if len(leaves) == 1:
+        return merged
+    merged["history"] = union_history(leaves)
+    merged["updated_at"] = max(leaf["updated_at"] for leaf in leaves)
+    touched = [leaf["keepalive_at"] for leaf in leaves if leaf.get("keepalive_at")]
+    if touched:
+        merged["keepalive_at"] = max(touched)
+    # A cancellation is an operator's order: it survives any concurrent write
+    # except the job having really ended first.
+    if merged["job_status"] is None and any(
+        leaf.get("job_status") == "cancelled" for leaf in leaves
+    ):
+        merged["job_status"] = "cancelled"
+    return merged
+
+
+def union_history(leaves: list[Doc]) -> list[Doc]:
+    seen: dict[str, Doc] = {}
+    # Leaves in CouchDB's order, so events of equal time keep one order on every site.
+    for leaf in sorted(leaves, key=couch_order):
+        for entry in leaf.get("history", []):
+            seen.setdefault(json.dumps(entry, sort_keys=True), entry)
+    return sorted(seen.values(), key=lambda entry: entry["at"])
+
+
+def same_content(a: Doc, b: Doc) -> bool:
+    strip = ("_rev", "_conflicts")
+    return {k: v for k, v in a.items() if k not in strip} == {
+        k: v for k, v in b.items() if k not in strip
+    }
+
+
+# --- planning ---------------------------------------------------------------
+
+Edit = Callable[[Doc], None]
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: str
+    edit: Edit | None = None
+    before: tuple[Effect, ...] = ()
+    after: tuple[Effect, ...] = ()
+    detail: str = ""
+
+
+STAY = Decision("none")
+
+
+def plan(leaves: list[Doc], ctx: Context, pool: PoolView) -> Plan:
+    """What this site does about the job whose live leaves these are."""
+    if not leaves:
+        return NOTHING
+    merged = merge(leaves)
+    return finalize(leaves, merged, decide(merged, ctx, pool), ctx)
+
+
+def finalize(leaves: list[Doc], merged: Doc, decision: Decision, ctx: Context) -> Plan:
+    """Turn a decision into the revision to write; the creator also cleans conflicts."""
+    doc = None
+    if decision.edit is not None:
+        doc = copy.deepcopy(merged)
+        decision.edit(doc)
+        doc["updated_at"] = ctx.now
+    deletions: tuple[str, ...] = ()
+    if ctx.site == merged["creator"] and len(leaves) > 1:
+        deletions = tuple(leaf["_rev"] for leaf in leaves if leaf["_rev"] != merged["_rev"])
+        base = next(leaf for leaf in leaves if leaf["_rev"] == merged["_rev"])
+        if doc is None and not same_content(base, merged):
+            doc = merged  # the winning leaf alone would lose progress: write the merge
+    action = decision.action
+    if action == "none" and (doc is not None or deletions):
+        action = "resolve"
+    if doc is not None:
+        doc.pop("_conflicts", None)
+    return Plan(action, doc, deletions, decision.before, decision.after, decision.detail)
+
+
+def decide(doc: Doc, ctx: Context, pool: PoolView) -> Decision:
+    """The one thing to do about a job, given its merged view."""
+    local = settle_local_work(doc, ctx, pool)
+    if local is not None:
+        return local
+    if not is_live(doc):
+        return STAY
+    step = doc["job"][doc["step"]]
+    if ctx.site == doc["creator"] and not runnable_anywhere(step, ctx):
+        return Decision("fail", fail_job(ctx, f"no known site matches target {step['target']!r}"))
+    match step_phase(step):
+        case Phase.OPEN:
+            return on_open(doc, step, ctx, pool)
+        case Phase.CLAIMED:
+            return on_claimed(doc, step, ctx, pool)
+        case Phase.WON:
+            return on_won(doc, step, ctx, pool)
+        case Phase.RUNNING:
+            return on_running(doc, step, ctx, pool)
+        case Phase.DONE:
+            # Our writes always advance past an ended step; only a foreign
+            # write leaves one current. The creator ends the job rather than guess.
+            if ctx.site != doc["creator"]:
+                return STAY
+            return Decision("fail", fail_job(ctx, "inconsistent: the current step already ended"))
+
+
+def runnable_anywhere(step: Doc, ctx: Context) -> bool:
+    if ctx.known_sites is None:
+        return True
+    return any(t == ANY or t in ctx.known_sites for t in targets(step))
+
+
+def settle_local_work(doc: Doc, ctx: Context, pool: PoolView) -> Decision | None:
+    """Drop bookings and executions for this job that the document no longer backs."""
+    job_id = doc["_id"]
+    for key, run in pool.running.items():
+        if key[0] == job_id and not backs_execution(doc, key, run.epoch, ctx.site):
+            reason = "job cancelled" if doc["job_status"] == "cancelled" else "execution superseded"
+            return Decision("kill", before=(Kill(key, reason),), detail=reason)
+    for key, booking in pool.booked.items():
+        if key[0] == job_id and not backs_booking(doc, key, booking, ctx):
+            return Decision("free", before=(Unbook(key),), detail="booking no longer needed")
+    return None
+
+
+def backs_execution(doc: Doc, key: Key, epoch: int, site: str) -> bool:
+    if not is_live(doc) or doc["step"] != key[1]:
+        return False
+    step = doc["job"][key[1]]
+    return step.get("epoch", 0) == epoch and step.get("winner") == site
+
+
+def backs_booking(doc: Doc, key: Key, booking: Booking, ctx: Context) -> bool:
+    if not is_live(doc) or doc["step"] != key[1]:
+        return False
+    step = doc["job"][key[1]]
+    phase = step_phase(step)
+    if phase >= Phase.WON:
+        # The winner has settled: keep the worker only if we won.
+        return step.get("winner") == ctx.site
+    # Still undecided: keep waiting for the creator, but not forever.
+    return booking.age < ctx.booking_timeout
+
+
+def on_open(doc: Doc, step: Doc, ctx: Context, pool: PoolView) -> Decision:
+    key = (doc["_id"], doc["step"])
+    worker = pool.worker_for(key)
+    if not allows(step, ctx.site) or worker is None:
+        return STAY
+    if ctx.site == doc["creator"] or sole_target(step) == ctx.site:
+        # No other site can compete (sole target), or we are the arbiter
+        # ourselves: start at once, in one revision instead of three.
+        return start_decision(doc, step, ctx, worker, assign=True)
+    return Decision("claim", claim(ctx), before=(Book(key, worker),))
+
+
+def on_claimed(doc: Doc, step: Doc, ctx: Context, pool: PoolView) -> Decision:
+    if ctx.site != doc["creator"]:
+        return STAY  # only the creator picks the winner
+    return Decision("assign", assign(ctx), detail=f"winner {step['claimed_by']}")
+
+
+def on_won(doc: Doc, step: Doc, ctx: Context, pool: PoolView) -> Decision:
+    if step["winner"] != ctx.site:
+        return STAY
+    key = (doc["_id"], doc["step"])
+    worker = pool.worker_for(key)
+    if worker is not None:
+        return start_decision(doc, step, ctx, worker, assign=False)
+    taken = pool.oldest_undecided()
+    if taken is None:
+        return Decision("release", release(ctx, "won but no worker is free"))
+    # A decided win beats an undecided claim: without this, a site whose claims
+    # outlive its bookings wins steps it can never start, and releases them forever.
+    other, worker = taken
+    decision = start_decision(doc, step, ctx, worker, assign=False)
+    return Decision(decision.action, decision.edit, (Unbook(other), *decision.before),
+                    decision.after, f"worker taken from the claim on {other[0]} step {other[1]}")
+
+
+def on_running(doc: Doc, step: Doc, ctx: Context, pool: PoolView) -> Decision:
+    key = (doc["_id"], doc["step"])
+    if step["winner"] == ctx.site and key not in pool.running:
+        # Our promise with no worker behind it: the site restarted mid-step.
+        return Decision("release", release(ctx, "worker lost (site restarted)"))
+    return STAY
+
+
+def start_decision(doc: Doc, step: Doc, ctx: Context, worker: str, *, assign: bool) -> Decision:
+    key = (doc["_id"], doc["step"])
+    epoch = step.get("epoch", 0) + (1 if assign else 0)
+    return Decision(
+        "start",
+        start(ctx, worker, assign=assign),
+        before=(Book(key, worker),),
+        after=(Launch(key, epoch, worker),),
+    )
+
+
+# --- edits: how each decision changes the document ----------------------------
+
+def _current(doc: Doc) -> Doc:
+    return doc["job"][doc["step"]]
+
+
+def _log(doc: Doc, name: str, ctx: Context, *, worker: str | None = None,
+         detail: str | None = None) -> None:
+    """A history event about the current step (call before the step index moves)."""
+    index = doc["step"]
+    doc.setdefault("history", []).append(
+        event(name, step=index, site=ctx.site, at=ctx.now, worker=worker,
+              epoch=doc["job"][index].get("epoch", 0), detail=detail)
+    )
+
+
+def claim(ctx: Context) -> Edit:
+    def edit(doc: Doc) -> None:
+        _current(doc)["claimed_by"] = ctx.site
+        _log(doc, "claimed", ctx)
+    return edit
+
+
+def assign(ctx: Context) -> Edit:
+    def edit(doc: Doc) -> None:
+        step = _current(doc)
+        step["winner"] = step["claimed_by"]
+        step["epoch"] = step.get("epoch", 0) + 1
+        _log(doc, "won", ctx, detail=f"winner {step['winner']}")
+    return edit
+
+
+def start(ctx: Context, worker: str, *, assign: bool) -> Edit:
+    def edit(doc: Doc) -> None:
+        step = _current(doc)
+        if assign:
+            step["claimed_by"] = step["winner"] = ctx.site
+            step["epoch"] = step.get("epoch", 0) + 1
+        step["step_status"] = "running"
+        step["executioner"] = worker
+        step["start_time"] = ctx.now
+        _log(doc, "started", ctx, worker=worker)
+    return edit
+
+
+def release(ctx: Context, reason: str) -> Edit:
+    """Give the step back: a new epoch fences off whatever ran in the old one."""
+    def edit(doc: Doc) -> None:
+        step = _current(doc)
+        step.update(claimed_by=None, winner=None, executioner=None,
+                    step_status=None, start_time=None)
+        step["epoch"] = step.get("epoch", 0) + 1
+        _log(doc, "released", ctx, detail=reason)
+    return edit
+
+
+def fail_job(ctx: Context, reason: str) -> Edit:
+    def edit(doc: Doc) -> None:
+        _current(doc)["step_status"] = "failed"
+        doc["job_status"] = "failed"
+        _log(doc, "failed", ctx, detail=reason)
+    return edit
+
+
+# --- finishing an execution ---------------------------------------------------
+
+def plan_finish(
+    leaves: list[Doc],
+    ctx: Context,
+    pool: PoolView,
+    key: Key,
+    epoch: int,
+    worker: str,
+    outcome: StepOutcome,
+) -> Plan:
+    """Record what an execution did; only a current execution advances the job.
+
+    `pool` must already show the execution's worker as free. When the step
+    succeeded and this site may run the next one, it starts it in the same
+    revision: nobody else writes to a running step, so nobody can compete.
+    """
+    merged = merge(leaves)
+    if not backs_execution(merged, key, epoch, ctx.site):
+        if outcome.cancelled and merged["job_status"] == "cancelled":
+            detail = "killed: job cancelled"
+            return finalize(leaves, merged, Decision("cancelled", note(
+                ctx, "cancelled", key, worker, epoch, detail)), ctx)
+        detail = f"epoch {epoch} is no longer current: {outcome.reason}"
+        return finalize(leaves, merged, Decision("stale_finish", note(
+            ctx, "stale_finish", key, worker, epoch, detail)), ctx)
+    if outcome.cancelled:
+        return finalize(leaves, merged, Decision(
+            "release", release(ctx, f"stopped on this site: {outcome.reason}")), ctx)
+    decision = Decision("finish", record_outcome(ctx, worker, outcome),
+                        detail=outcome.reason)
+    if outcome.ok:
+        decision = chain_next(merged, decision, ctx, pool)
+    return finalize(leaves, merged, decision, ctx)
+
+
+def note(ctx: Context, name: str, key: Key, worker: str, epoch: int, detail: str) -> Edit:
+    def edit(doc: Doc) -> None:
+        doc.setdefault("history", []).append(
+            event(name, step=key[1], site=ctx.site, at=ctx.now, worker=worker,
+                  epoch=epoch, detail=detail)
+        )
+    return edit
+
+
+def record_outcome(ctx: Context, worker: str, outcome: StepOutcome) -> Edit:
+    def edit(doc: Doc) -> None:
+        step = _current(doc)
+        step.update(
+            step_status="finished" if outcome.ok else "failed",
+            exec_time=round(outcome.exec_time, 6),
+            start_time=outcome.start_time,
+            finish_time=outcome.finish_time,
+            attempts=outcome.attempts,
+            exit_code=outcome.exit_code,
+            output={"stdout": outcome.stdout, "stderr": outcome.stderr},
+        )
+        _log(doc, "finished" if outcome.ok else "failed", ctx, worker=worker,
+             detail=outcome.reason)
+        if not outcome.ok:
+            doc["job_status"] = "failed"
+            return
+        doc["step"] += 1
+        if doc["step"] == len(doc["job"]):
+            doc["job_status"] = "success"
+    return edit
+
+
+def chain_next(merged: Doc, decision: Decision, ctx: Context, pool: PoolView) -> Decision:
+    """Finish, and start the next step here in the same write when we may."""
+    after_finish = copy.deepcopy(merged)
+    assert decision.edit is not None
+    decision.edit(after_finish)
+    if not is_live(after_finish):
+        return decision
+    step = _current(after_finish)
+    key = (after_finish["_id"], after_finish["step"])
+    worker = pool.worker_for(key)
+    if worker is None or not allows(step, ctx.site):
+        return decision
+    follow = start_decision(after_finish, step, ctx, worker, assign=True)
+    first, second = decision.edit, follow.edit
+    assert second is not None
+
+    def both(doc: Doc) -> None:
+        first(doc)
+        second(doc)
+
+    return Decision("finish", both, follow.before, follow.after, decision.detail)
+
+
+# --- keep-alive -----------------------------------------------------------------
+
+def keepalive(leaves: list[Doc], ctx: Context, stale_after: float) -> Doc | None:
+    """The re-save that makes other sites look at a forgotten job again, if due.
+
+    Only the creator re-saves, only a live job whose current step nobody has
+    claimed, only when nothing changed for `stale_after` seconds, and only on an
+    unconflicted document; it changes nothing but `keepalive_at`.
+    """
+    if len(leaves) != 1:
+        return None
+    doc = leaves[0]
+    if doc["creator"] != ctx.site or not is_live(doc):
+        return None
+    if step_phase(doc["job"][doc["step"]]) != Phase.OPEN:
+        return None
+    last = max(doc["updated_at"], doc.get("keepalive_at") or "")
+    if (parse_time(ctx.now) - parse_time(last)).total_seconds() < stale_after:
+        return None
+    touched = copy.deepcopy(doc)
+    touched["keepalive_at"] = ctx.now
+    return touched
+
+
+def plan_event(leaves: list[Doc], ctx: Context, key: Key, epoch: int, worker: str,
+               name: str, detail: str) -> Plan:
+    """Append a history event for a running execution, if it is still the current one."""
+    merged = merge(leaves)
+    if not backs_execution(merged, key, epoch, ctx.site):
+        return NOTHING
+    return finalize(leaves, merged, Decision(name, note(ctx, name, key, worker, epoch, detail)),
+                    ctx)

@@ -1,0 +1,192 @@
+"""The job document: building new jobs and reading their state.
+
+A job is one CouchDB document (docs/job-document.md). This module knows its
+shape and nothing about I/O: builders for new jobs, and small readers such as
+"which phase is the current step in" that the decision core is written in.
+"""
+
+from __future__ import annotations
+
+import copy
+import secrets
+from datetime import UTC, datetime
+from enum import IntEnum
+from typing import Any
+
+Doc = dict[str, Any]
+
+ANY = "any"
+FINAL_STATUSES = ("success", "failed", "cancelled")
+HISTORY_EVENTS = (
+    "created", "claimed", "won", "started", "retried", "finished", "failed",
+    "released", "cancelled", "stale_finish", "invalid",
+)
+
+
+def utc_now() -> str:
+    """The time as ISO 8601 UTC with microseconds: sortable as a string."""
+    return format_time(datetime.now(UTC))
+
+
+def format_time(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_time(text: str) -> datetime:
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+
+
+def new_job_id(created_at: str) -> str:
+    """`job-<compact creation time>-<random>`: ids sort by creation time."""
+    compact = created_at.replace("-", "").replace(":", "")
+    return f"job-{compact}-{secrets.token_hex(4)}"
+
+
+def new_step(
+    do: str,
+    *,
+    target: str | list[str] = ANY,
+    alt_do: str | None = None,
+    timeout: float | None = None,
+    max_retries: int = 0,
+    max_time: float | None = None,
+    sleep: float | None = None,
+    sleep_factor: float | None = None,
+    sleep_max: float | None = None,
+) -> Doc:
+    """A step as a submitter writes it; the runtime fields get their initial values."""
+    return initial_step({
+        "target": target,
+        "do": do,
+        "alt_do": alt_do,
+        "timeout": timeout,
+        "retry_strategy": {
+            "max_retries": max_retries,
+            "max_time": max_time,
+            "sleep": sleep,
+            "sleep_factor": sleep_factor,
+            "sleep_max": sleep_max,
+        },
+    })
+
+
+RUNTIME_STEP_FIELDS: dict[str, Any] = {
+    "epoch": 0,
+    "claimed_by": None,
+    "winner": None,
+    "executioner": None,
+    "step_status": None,
+    "exec_time": None,
+    "start_time": None,
+    "finish_time": None,
+    "attempts": 0,
+    "exit_code": None,
+    "output": None,
+}
+
+
+def initial_step(step: Doc) -> Doc:
+    """The step with every runtime field it lacks set to its initial value."""
+    filled = {"alt_do": None, "timeout": None, **copy.deepcopy(step)}
+    filled.setdefault("retry_strategy", {"max_retries": 0})
+    for field, value in RUNTIME_STEP_FIELDS.items():
+        filled.setdefault(field, value)
+    return filled
+
+
+def new_job(
+    creator: str,
+    steps: list[Doc],
+    *,
+    priority: int = 0,
+    created_at: str | None = None,
+    job_id: str | None = None,
+) -> Doc:
+    """A complete job document, ready to save at the creator's site."""
+    created_at = created_at or utc_now()
+    return {
+        "_id": job_id or new_job_id(created_at),
+        "type": "job",
+        "creator": creator,
+        "priority": priority,
+        "created_at": created_at,
+        "updated_at": created_at,
+        "step": 0,
+        "job_status": None,
+        "job": [initial_step(step) for step in steps],
+        "history": [event("created", step=0, site=creator, at=created_at)],
+    }
+
+
+def job_from_submission(submission: Doc, creator: str) -> Doc:
+    """A job document from what a user submitted (steps, priority, optional _id)."""
+    return new_job(
+        creator,
+        submission["job"],
+        priority=submission.get("priority", 0),
+        job_id=submission.get("_id"),
+    )
+
+
+def event(
+    name: str,
+    *,
+    step: int,
+    site: str,
+    at: str,
+    worker: str | None = None,
+    epoch: int = 0,
+    detail: str | None = None,
+) -> Doc:
+    return {
+        "event": name, "step": step, "site": site, "worker": worker,
+        "epoch": epoch, "at": at, "detail": detail,
+    }
+
+
+class Phase(IntEnum):
+    """Where the current step is; the order is the order of progress."""
+
+    OPEN = 0      # nobody asked for it
+    CLAIMED = 1   # a site asked (claimed_by); the creator has not chosen yet
+    WON = 2       # the creator chose a winner for this epoch
+    RUNNING = 3   # the winner started it
+    DONE = 4      # finished or failed
+
+
+def step_phase(step: Doc) -> Phase:
+    status = step.get("step_status")
+    if status in ("finished", "failed"):
+        return Phase.DONE
+    if status == "running":
+        return Phase.RUNNING
+    if step.get("winner"):
+        return Phase.WON
+    if step.get("claimed_by"):
+        return Phase.CLAIMED
+    return Phase.OPEN
+
+
+def is_live(doc: Doc) -> bool:
+    return doc.get("job_status") is None and doc["step"] < len(doc["job"])
+
+
+def current_step(doc: Doc) -> Doc | None:
+    return doc["job"][doc["step"]] if is_live(doc) else None
+
+
+def targets(step: Doc) -> list[str]:
+    target = step["target"]
+    return list(target) if isinstance(target, list) else [target]
+
+
+def allows(step: Doc, site: str) -> bool:
+    """May `site` run this step?"""
+    wanted = targets(step)
+    return ANY in wanted or site in wanted
+
+
+def sole_target(step: Doc) -> str | None:
+    """The one site a step may run on, when there is exactly one."""
+    wanted = targets(step)
+    return wanted[0] if len(wanted) == 1 and wanted[0] != ANY else None

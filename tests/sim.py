@@ -1,0 +1,195 @@
+"""A simulated replicated document store and sites that run the decision core.
+
+Each replica keeps, per document, a revision tree as CouchDB does: a write
+names the `_rev` of a leaf and extends that branch (any leaf, a losing one
+included), replication copies revisions, and the winner is the live leaf with
+the longest history, ties to the highest `_rev` string. Sites execute the
+plans of `jobdist.core` against their own replica only.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from jobdist import core
+from jobdist.model import Doc, format_time
+
+
+@dataclass
+class Revision:
+    rev: str
+    parent: str | None
+    body: Doc | None  # None: a deleted leaf
+
+
+@dataclass
+class Replica:
+    docs: dict[str, dict[str, Revision]] = field(default_factory=dict)
+
+    def leaves(self, doc_id: str) -> list[Revision]:
+        tree = self.docs.get(doc_id, {})
+        parents = {r.parent for r in tree.values()}
+        return [r for r in tree.values() if r.rev not in parents]
+
+    def live_leaves(self, doc_id: str) -> list[Doc]:
+        docs = []
+        for leaf in self.leaves(doc_id):
+            if leaf.body is not None:
+                docs.append({**copy.deepcopy(leaf.body), "_id": doc_id, "_rev": leaf.rev})
+        return docs
+
+    def winner(self, doc_id: str) -> Doc | None:
+        live = self.live_leaves(doc_id)
+        return max(live, key=core.couch_order) if live else None
+
+    def write(self, doc: Doc) -> bool:
+        """PUT: extends the named leaf; False (a 409) when `_rev` is not a leaf."""
+        doc_id = doc["_id"]
+        parent = doc.get("_rev")
+        tree = self.docs.setdefault(doc_id, {})
+        if parent is None:
+            if any(leaf.body is not None for leaf in self.leaves(doc_id)):
+                return False
+        elif parent not in {leaf.rev for leaf in self.leaves(doc_id)}:
+            return False
+        deleted = bool(doc.get("_deleted"))
+        body = None if deleted else {k: v for k, v in doc.items() if k not in ("_id", "_rev")}
+        depth = int(parent.split("-")[0]) + 1 if parent else 1
+        digest = hashlib.md5(
+            json.dumps([parent, body, deleted], sort_keys=True).encode()
+        ).hexdigest()
+        rev = f"{depth}-{digest}"
+        tree[rev] = Revision(rev, parent, copy.deepcopy(body))
+        return True
+
+    def pull(self, source: Replica, doc_id: str) -> bool:
+        """Replicate one document from source; True if anything new arrived."""
+        mine = self.docs.setdefault(doc_id, {})
+        new = False
+        for rev, revision in source.docs.get(doc_id, {}).items():
+            if rev not in mine:
+                mine[rev] = copy.deepcopy(revision)
+                new = True
+        return new
+
+
+@dataclass
+class Execution:
+    key: core.Key
+    epoch: int
+    worker: str
+    site: str
+
+
+@dataclass
+class Outcome:
+    ok: bool = True
+    used_alt: bool = False
+    exit_code: int | None = 0
+    attempts: int = 1
+    exec_time: float = 1.0
+    start_time: str = "2026-01-01T00:00:00.000000Z"
+    finish_time: str = "2026-01-01T00:00:01.000000Z"
+    stdout: str = ""
+    stderr: str = ""
+    reason: str = "exit 0"
+    cancelled: bool = False
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.base = datetime(2026, 1, 1, tzinfo=UTC)
+        self.seconds = 0.0
+
+    def now(self) -> str:
+        return format_time(self.base + timedelta(seconds=self.seconds))
+
+
+class SimSite:
+    """A site: its replica, its workers, and the manager's execution of plans."""
+
+    def __init__(self, name: str, workers: int, clock: Clock, ledger: list[Execution],
+                 known_sites: frozenset[str] | None = None) -> None:
+        self.name = name
+        self.replica = Replica()
+        self.workers = [f"{name}/w{n}" for n in range(1, workers + 1)]
+        self.clock = clock
+        self.ledger = ledger
+        self.known_sites = known_sites
+        self.booked: dict[core.Key, tuple[str, float]] = {}
+        self.running: dict[core.Key, Execution] = {}
+        self.killed: list[Execution] = []
+        self.restart()
+
+    def restart(self) -> None:
+        """A crash: every booking and execution is gone, the replica stays."""
+        self.booked.clear()
+        self.running.clear()
+
+    def ctx(self) -> core.Context:
+        return core.Context(self.name, self.clock.now(), self.known_sites, booking_timeout=30.0)
+
+    def pool(self) -> core.PoolView:
+        taken = {w for w, _ in self.booked.values()} | {e.worker for e in self.running.values()}
+        return core.PoolView(
+            free_workers=tuple(w for w in self.workers if w not in taken),
+            booked={k: core.Booking(w, self.clock.seconds - t)
+                    for k, (w, t) in self.booked.items()},
+            running={k: core.Running(e.worker, e.epoch) for k, e in self.running.items()},
+        )
+
+    def process(self, doc_id: str) -> str:
+        """Decide about one document until nothing more is to be done; last action."""
+        action = "none"
+        for _ in range(10):
+            plan = core.plan(self.replica.live_leaves(doc_id), self.ctx(), self.pool())
+            if plan.action == "none":
+                return action
+            self.execute(doc_id, plan)
+            action = plan.action
+        raise AssertionError(f"{self.name} does not settle on {doc_id}")
+
+    def finish(self, key: core.Key, outcome: Outcome | None = None) -> None:
+        execution = self.running.pop(key)
+        plan = core.plan_finish(
+            self.replica.live_leaves(key[0]), self.ctx(), self.pool(), key,
+            execution.epoch, execution.worker, outcome or Outcome(),
+        )
+        self.execute(key[0], plan)
+
+    def execute(self, doc_id: str, plan: core.Plan) -> None:
+        for effect in plan.before:
+            self.apply(effect)
+        if plan.doc is not None:
+            assert self.replica.write(plan.doc), "writes go on a leaf"
+        for rev in plan.deletions:
+            assert self.replica.write({"_id": doc_id, "_rev": rev, "_deleted": True})
+        for effect in plan.after:
+            self.apply(effect)
+
+    def apply(self, effect: core.Effect) -> None:
+        if isinstance(effect, core.Book):
+            self.booked.setdefault(effect.key, (effect.worker, self.clock.seconds))
+        elif isinstance(effect, core.Unbook):
+            self.booked.pop(effect.key, None)
+        elif isinstance(effect, core.Launch):
+            worker, _ = self.booked.pop(effect.key)
+            assert worker == effect.worker
+            execution = Execution(effect.key, effect.epoch, effect.worker, self.name)
+            self.running[effect.key] = execution
+            self.ledger.append(execution)
+        elif isinstance(effect, core.Kill):
+            self.killed.append(self.running.pop(effect.key))
+
+
+def check_no_double_execution(ledger: list[Execution]) -> None:
+    """No step of a job ever has two executions in the same epoch."""
+    seen: dict[tuple[str, int, int], str] = {}
+    for execution in ledger:
+        ident = (*execution.key, execution.epoch)
+        assert ident not in seen, f"two executions of {ident}: {seen[ident]} and {execution.site}"
+        seen[ident] = execution.site

@@ -1,0 +1,849 @@
+"""Unit tests of the decision core (jobdist.core): one rule per test, built by hand.
+
+Documents are built with jobdist.model and then edited step field by step field,
+so each test states only what matters to it. The last section replays three
+cases of the protocol hazards note (/work/shared/notes/protocol-hazards.md) on
+the simulated replicated store of tests/sim.py, with every delivery chosen by hand.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from jobdist import core
+from jobdist.core import (
+    Book,
+    Booking,
+    Context,
+    Kill,
+    Launch,
+    Plan,
+    PoolView,
+    Running,
+    Unbook,
+)
+from jobdist.model import Doc, event, format_time, is_live, new_job, new_step
+
+from .sim import Clock, Execution, Outcome, SimSite, check_no_double_execution
+
+# --- builders -------------------------------------------------------------------
+
+JOB = "job-1"
+KEY = (JOB, 0)
+CREATOR = "global"
+BASE = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def at(seconds: float) -> str:
+    """The ISO time `seconds` after 2026-01-01T00:00:00Z."""
+    return format_time(BASE + timedelta(seconds=seconds))
+
+
+T0 = at(0)
+NOW = at(600)
+
+
+def job(*step_targets: Any, creator: str = CREATOR, rev: str = "1-a") -> Doc:
+    """A fresh job (one step per target, "any" by default) as the leaf `rev`."""
+    steps = [new_step(f"echo {n}", target=t) for n, t in enumerate(step_targets or ("any",))]
+    doc = new_job(creator, steps, created_at=T0, job_id=JOB)
+    doc["_rev"] = rev
+    return doc
+
+
+def step(doc: Doc, index: int | None = None, **fields: Any) -> Doc:
+    """Set fields of a step (the current one by default); returns the doc."""
+    doc["job"][doc["step"] if index is None else index].update(fields)
+    return doc
+
+
+def claimed(doc: Doc, site: str, epoch: int = 0) -> Doc:
+    return step(doc, claimed_by=site, epoch=epoch)
+
+
+def won(doc: Doc, site: str, epoch: int = 1) -> Doc:
+    return step(doc, claimed_by=site, winner=site, epoch=epoch)
+
+
+def running(doc: Doc, site: str, epoch: int = 1) -> Doc:
+    return step(won(doc, site, epoch), step_status="running", executioner=f"{site}/w1",
+                start_time=at(10))
+
+
+def logged(doc: Doc, name: str, site: str, seconds: float, **fields: Any) -> Doc:
+    doc["history"].append(event(name, step=doc["step"], site=site, at=at(seconds), **fields))
+    return doc
+
+
+def ctx(site: str = CREATOR, *, now: str = NOW, known: set[str] | None = None,
+        timeout: float = 60.0) -> Context:
+    return Context(site, now, frozenset(known) if known is not None else None, timeout)
+
+
+def pool(*free: str, booked: dict[Any, Booking] | None = None,
+         running: dict[Any, Running] | None = None) -> PoolView:
+    return PoolView(tuple(free), booked or {}, running or {})
+
+
+def decide(doc: Doc, site: str = CREATOR, the_pool: PoolView | None = None, **kw: Any) -> Plan:
+    """The plan of `site` for a document with one leaf."""
+    return core.plan([doc], ctx(site, **kw), the_pool or pool())
+
+
+def events(doc: Doc) -> list[str]:
+    return [entry["event"] for entry in doc["history"]]
+
+
+def current(doc: Doc) -> Doc:
+    return doc["job"][doc["step"]]
+
+
+# --- inputs: the pool view ---------------------------------------------------------
+
+def test_worker_for_prefers_the_worker_booked_for_the_key_then_a_free_one():
+    assert pool("a/w2", booked={KEY: Booking("a/w1", 1.0)}).worker_for(KEY) == "a/w1"
+    assert pool("a/w2", booked={KEY: Booking("a/w1", 1.0)}).worker_for(("other", 0)) == "a/w2"
+    assert pool().worker_for(KEY) is None
+
+
+def test_oldest_undecided_is_the_booking_made_longest_ago():
+    assert pool().oldest_undecided() is None
+    view = pool(booked={("j-x", 0): Booking("a/w1", 5.0), ("j-y", 2): Booking("a/w2", 50.0)})
+    assert view.oldest_undecided() == (("j-y", 2), "a/w2")
+
+
+def test_plan_writes_when_it_has_a_doc_or_deletions():
+    assert not core.NOTHING.writes
+    assert Plan("x", doc={}).writes
+    assert Plan("x", deletions=("2-a",)).writes
+
+
+# --- merging leaves --------------------------------------------------------------
+
+def test_couch_order_is_history_length_then_rev_string():
+    revs = ["2-b", "10-a", "9-z", "2-a"]
+    by_couch = sorted(revs, key=lambda r: core.couch_order({"_rev": r}))
+    assert by_couch == ["2-a", "2-b", "9-z", "10-a"]
+
+
+def test_merge_of_a_single_leaf_is_a_copy_of_it():
+    doc = won(job(rev="3-abc"), "reg_a")
+    merged = core.merge([doc])
+    assert merged == doc
+    merged["job"][0]["winner"] = "reg_b"
+    assert doc["job"][0]["winner"] == "reg_a"
+
+
+def test_merge_takes_the_furthest_leaf_but_keeps_couchs_winning_rev():
+    keepalive = job(rev="2-fff")
+    keepalive["keepalive_at"] = at(5)
+    claim = claimed(job(rev="2-aaa"), "reg_a")
+    merged = core.merge([claim, keepalive])
+    assert merged["job"][0]["claimed_by"] == "reg_a"
+    assert merged["_rev"] == "2-fff"
+
+
+def test_merge_breaks_equal_progress_by_couch_order():
+    a, b = claimed(job(rev="2-aaa"), "reg_a"), claimed(job(rev="2-bbb"), "reg_b")
+    assert core.merge([a, b])["job"][0]["claimed_by"] == "reg_b"
+    longer = claimed(job(rev="3-000"), "reg_a")
+    assert core.merge([b, longer])["job"][0]["claimed_by"] == "reg_a"
+
+
+def test_merge_earlier_step_progress_dominates_later_steps():
+    ahead_on_first = step(step(job("any", "any", rev="2-a"), 0, epoch=1, winner="a",
+                               step_status="finished"), 1, epoch=0)
+    ahead_on_second = step(step(job("any", "any", rev="2-f"), 0, epoch=1, winner="a",
+                                step_status="running"), 1, epoch=7, claimed_by="b")
+    assert core.progress(ahead_on_first) > core.progress(ahead_on_second)
+    assert core.merge([ahead_on_first, ahead_on_second])["job"][0]["step_status"] == "finished"
+
+
+def test_merge_a_higher_epoch_beats_a_finished_lower_epoch():
+    finished = step(won(job(rev="4-fff"), "reg_a", epoch=1), step_status="finished")
+    finished.update(step=1, job_status="success")
+    released = step(job(rev="4-aaa"), epoch=2)
+    merged = core.merge([finished, released])
+    assert merged["step"] == 0 and merged["job_status"] is None
+    assert merged["job"][0]["epoch"] == 2 and merged["job"][0]["step_status"] is None
+
+
+def test_merge_unions_histories_without_duplicates_in_time_order():
+    a = logged(claimed(job(rev="2-a"), "reg_a"), "claimed", "reg_a", 20)
+    b = logged(logged(job(rev="2-b"), "claimed", "reg_b", 10), "released", "reg_b", 30)
+    merged = core.merge([a, b])
+    assert [(e["event"], e["site"]) for e in merged["history"]] == [
+        ("created", CREATOR), ("claimed", "reg_b"), ("claimed", "reg_a"), ("released", "reg_b"),
+    ]
+
+
+def test_merge_does_not_depend_on_the_order_of_the_leaves():
+    a = logged(claimed(job(rev="2-a"), "reg_a"), "claimed", "reg_a", 20)
+    b = logged(claimed(job(rev="2-b"), "reg_b"), "claimed", "reg_b", 20)
+    assert core.merge([a, b]) == core.merge([b, a])
+
+
+def test_merge_a_cancellation_on_a_losing_leaf_wins():
+    cancelled = job(rev="2-a")
+    cancelled["job_status"] = "cancelled"
+    claim = claimed(job(rev="2-f"), "reg_a")
+    merged = core.merge([claim, cancelled])
+    assert merged["job_status"] == "cancelled"
+    assert merged["job"][0]["claimed_by"] == "reg_a"
+
+
+@pytest.mark.parametrize("ended", ["success", "failed"])
+def test_merge_a_cancellation_loses_to_a_job_that_already_ended(ended):
+    cancelled = running(job(rev="4-f"), "reg_a")
+    cancelled["job_status"] = "cancelled"
+    done = step(won(job(rev="4-a"), "reg_a"), step_status="finished" if ended == "success"
+                else "failed")
+    done.update(job_status=ended, step=1 if ended == "success" else 0)
+    assert core.merge([cancelled, done])["job_status"] == ended
+
+
+def test_merge_takes_the_latest_updated_at_and_keepalive_at():
+    a, b, c = job(rev="2-a"), claimed(job(rev="2-b"), "reg_a"), job(rev="2-c")
+    a.update(updated_at=at(50), keepalive_at=at(40))
+    b.update(updated_at=at(30))
+    c.update(updated_at=at(20), keepalive_at=at(45))
+    merged = core.merge([a, b, c])
+    assert (merged["updated_at"], merged["keepalive_at"]) == (at(50), at(45))
+    assert "keepalive_at" not in core.merge([b, claimed(job(rev="2-d"), "reg_b")])
+
+
+# --- plan and finalize -------------------------------------------------------------
+
+def test_plan_with_no_leaves_does_nothing():
+    assert core.plan([], ctx(), pool("global/w1")) is core.NOTHING
+
+
+def test_a_job_that_ended_is_left_alone():
+    doc = job()
+    doc["job_status"] = "cancelled"
+    assert decide(doc, CREATOR, pool("global/w1")) == core.NOTHING
+
+
+def test_edits_set_updated_at_and_drop_conflicts():
+    doc = job(rev="2-a")
+    doc["_conflicts"] = ["2-0"]
+    plan = decide(doc, "reg_a", pool("reg_a/w1"))
+    assert plan.action == "claim"
+    assert plan.doc["updated_at"] == NOW and "_conflicts" not in plan.doc
+    assert plan.doc["_rev"] == "2-a"
+
+
+def conflicted_won() -> tuple[Doc, Doc]:
+    """reg_a won (epoch 1) on 3-aaa; a stale claim by reg_b won CouchDB's hash on 3-fff."""
+    assigned = logged(won(job(rev="3-aaa"), "reg_a"), "won", CREATOR, 20, epoch=1)
+    stale = logged(claimed(job(rev="3-fff"), "reg_b"), "claimed", "reg_b", 15)
+    return assigned, stale
+
+
+def test_creator_writes_the_merge_when_the_winning_leaf_lacks_progress():
+    assigned, stale = conflicted_won()
+    plan = core.plan([assigned, stale], ctx(CREATOR), pool())
+    assert plan.action == "resolve"
+    assert plan.deletions == ("3-aaa",)
+    assert plan.doc["_rev"] == "3-fff"  # written on CouchDB's winner, carrying the progress
+    assert plan.doc["job"][0]["winner"] == "reg_a" and plan.doc["job"][0]["epoch"] == 1
+    assert events(plan.doc) == ["created", "claimed", "won"]
+
+
+def test_creator_only_deletes_when_the_winning_leaf_already_has_everything():
+    assigned = logged(won(job(rev="3-fff"), "reg_a"), "won", CREATOR, 20, epoch=1)
+    assigned["updated_at"] = at(20)
+    assigned["_conflicts"] = ["2-aaa"]
+    original = job(rev="2-aaa")
+    plan = core.plan([original, assigned], ctx(CREATOR), pool())
+    assert (plan.action, plan.doc, plan.deletions) == ("resolve", None, ("2-aaa",))
+
+
+def test_creator_cleans_conflicts_in_the_same_plan_as_its_decision():
+    claim = claimed(job(rev="2-aaa"), "reg_a")
+    keepalive = job(rev="2-fff")
+    keepalive["keepalive_at"] = at(30)
+    keepalive["_conflicts"] = ["2-aaa"]
+    plan = core.plan([claim, keepalive], ctx(CREATOR), pool())
+    assert plan.action == "assign" and plan.deletions == ("2-aaa",)
+    assert plan.doc["_rev"] == "2-fff" and "_conflicts" not in plan.doc
+    assert plan.doc["keepalive_at"] == at(30)
+
+
+def test_a_non_creator_never_deletes_or_resolves():
+    assigned, stale = conflicted_won()
+    plan = core.plan([assigned, stale], ctx("reg_b"), pool("reg_b/w1"))
+    assert (plan.action, plan.doc, plan.deletions) == ("none", None, ())
+    # reg_a won (on the merge, though not on CouchDB's winner): it starts, deleting nothing
+    plan = core.plan([assigned, stale], ctx("reg_a"), pool("reg_a/w1"))
+    assert plan.action == "start" and plan.deletions == ()
+
+
+# --- decide: an open step ------------------------------------------------------------
+
+def test_open_step_not_targeted_here_is_left_alone():
+    assert decide(job("reg_b"), "reg_a", pool("reg_a/w1")).action == "none"
+    assert decide(job(["reg_b", "global"]), "reg_a", pool("reg_a/w1")).action == "none"
+
+
+def test_open_step_without_a_worker_is_left_alone():
+    assert decide(job(), "reg_a", pool()).action == "none"
+    assert decide(job(), CREATOR, pool()).action == "none"
+
+
+def test_creator_starts_an_open_step_directly_with_a_new_epoch():
+    plan = decide(job(), CREATOR, pool("global/w1"))
+    assert plan.action == "start"
+    s = plan.doc["job"][0]
+    assert (s["epoch"], s["claimed_by"], s["winner"], s["step_status"], s["executioner"]) == (
+        1, CREATOR, CREATOR, "running", "global/w1")
+    assert s["start_time"] == NOW
+    assert events(plan.doc) == ["created", "started"] and plan.doc["history"][-1]["epoch"] == 1
+    assert plan.before == (Book(KEY, "global/w1"),)
+    assert plan.after == (Launch(KEY, 1, "global/w1"),)
+
+
+def test_sole_target_starts_an_open_step_directly():
+    doc = step(job(["reg_a"]), epoch=4)
+    plan = decide(doc, "reg_a", pool("reg_a/w1"))
+    assert plan.action == "start"
+    assert plan.doc["job"][0]["winner"] == "reg_a" and plan.doc["job"][0]["epoch"] == 5
+    assert plan.after == (Launch(KEY, 5, "reg_a/w1"),)
+
+
+def test_other_sites_claim_an_open_step_and_book_a_worker():
+    plan = decide(job(["reg_a", "reg_b"]), "reg_a", pool("reg_a/w1"))
+    assert plan.action == "claim"
+    s = plan.doc["job"][0]
+    assert (s["claimed_by"], s["winner"], s["epoch"], s["step_status"]) == ("reg_a", None, 0, None)
+    assert events(plan.doc) == ["created", "claimed"]
+    assert plan.before == (Book(KEY, "reg_a/w1"),) and plan.after == ()
+
+
+def test_a_claim_reuses_the_worker_already_booked_for_the_step():
+    doc = step(job(), epoch=2)  # released after an earlier claim of ours
+    plan = decide(doc, "reg_a", pool("reg_a/w2", booked={KEY: Booking("reg_a/w1", 3.0)}))
+    assert plan.action == "claim" and plan.before == (Book(KEY, "reg_a/w1"),)
+
+
+# --- decide: a claimed step ------------------------------------------------------------
+
+def test_creator_assigns_a_claimed_step_with_a_new_epoch():
+    plan = decide(claimed(job(), "reg_a"), CREATOR, pool("global/w1"))
+    assert plan.action == "assign" and plan.detail == "winner reg_a"
+    s = plan.doc["job"][0]
+    assert (s["winner"], s["claimed_by"], s["epoch"], s["step_status"]) == (
+        "reg_a", "reg_a", 1, None)
+    assert plan.doc["history"][-1]["event"] == "won" and plan.doc["history"][-1]["epoch"] == 1
+    assert plan.before == plan.after == ()
+
+
+@pytest.mark.parametrize("site", ["reg_a", "reg_b"])
+def test_non_creators_wait_on_a_claimed_step(site):
+    the_pool = pool(f"{site}/w2", booked={KEY: Booking(f"{site}/w1", 1.0)})
+    assert decide(claimed(job(), "reg_a"), site, the_pool) == core.NOTHING
+
+
+# --- decide: a won step -----------------------------------------------------------------
+
+def test_winner_starts_with_its_booked_worker_in_the_same_epoch():
+    the_pool = pool("reg_a/w2", booked={KEY: Booking("reg_a/w1", 2.0)})
+    plan = decide(won(job(), "reg_a", epoch=3), "reg_a", the_pool)
+    assert plan.action == "start"
+    s = plan.doc["job"][0]
+    assert (s["epoch"], s["winner"], s["step_status"], s["executioner"]) == (
+        3, "reg_a", "running", "reg_a/w1")
+    assert plan.before == (Book(KEY, "reg_a/w1"),)
+    assert plan.after == (Launch(KEY, 3, "reg_a/w1"),)
+
+
+def test_winner_starts_with_a_free_worker():
+    plan = decide(won(job(), "reg_a"), "reg_a", pool("reg_a/w2"))
+    assert plan.action == "start" and plan.after == (Launch(KEY, 1, "reg_a/w2"),)
+
+
+def test_winner_without_a_worker_takes_the_oldest_undecided_booking():
+    booked = {("job-x", 0): Booking("reg_a/w1", 5.0), ("job-y", 1): Booking("reg_a/w2", 9.0)}
+    plan = decide(won(job(), "reg_a"), "reg_a", pool(booked=booked))
+    assert plan.action == "start"
+    assert plan.before == (Unbook(("job-y", 1)), Book(KEY, "reg_a/w2"))
+    assert plan.after == (Launch(KEY, 1, "reg_a/w2"),)
+    assert plan.detail == "worker taken from the claim on job-y step 1"
+
+
+def test_winner_with_no_worker_at_all_releases_with_a_new_epoch():
+    plan = decide(won(job(), "reg_a", epoch=1), "reg_a", pool())
+    assert plan.action == "release"
+    s = plan.doc["job"][0]
+    assert (s["epoch"], s["claimed_by"], s["winner"], s["step_status"]) == (2, None, None, None)
+    last = plan.doc["history"][-1]
+    assert (last["event"], last["epoch"], last["detail"]) == (
+        "released", 2, "won but no worker is free")
+
+
+@pytest.mark.parametrize("site", [CREATOR, "reg_b"])
+def test_others_leave_a_won_step_alone(site):
+    assert decide(won(job(), "reg_a"), site, pool(f"{site}/w1")) == core.NOTHING
+
+
+# --- decide: a running step ----------------------------------------------------------------
+
+def test_winner_without_the_execution_releases_a_running_step():
+    plan = decide(running(job(), "reg_a"), "reg_a", pool("reg_a/w1"))
+    assert plan.action == "release"
+    s = plan.doc["job"][0]
+    assert (s["epoch"], s["winner"], s["executioner"], s["step_status"], s["start_time"]) == (
+        2, None, None, None, None)
+    assert plan.doc["history"][-1]["detail"] == "worker lost (site restarted)"
+
+
+def test_winner_with_the_execution_lets_a_running_step_run():
+    the_pool = pool(running={KEY: Running("reg_a/w1", 1)})
+    assert decide(running(job(), "reg_a"), "reg_a", the_pool) == core.NOTHING
+
+
+@pytest.mark.parametrize("site", [CREATOR, "reg_b"])
+def test_others_leave_a_running_step_alone(site):
+    assert decide(running(job(), "reg_a"), site, pool(f"{site}/w1")) == core.NOTHING
+
+
+# --- decide: targets nobody can run ----------------------------------------------------
+
+def test_creator_fails_a_job_whose_target_no_known_site_matches():
+    plan = decide(job(["reg_x", "reg_y"]), CREATOR, pool("global/w1"), known={CREATOR, "reg_a"})
+    assert plan.action == "fail"
+    assert plan.doc["job_status"] == "failed" and plan.doc["job"][0]["step_status"] == "failed"
+    assert plan.doc["history"][-1]["event"] == "failed"
+    assert "reg_x" in plan.doc["history"][-1]["detail"]
+
+
+def test_unknown_targets_fail_only_at_the_creator_and_only_with_known_sites():
+    doc = job(["reg_x"])
+    assert decide(doc, CREATOR, pool("global/w1")).action == "none"  # no known_sites
+    assert decide(doc, "reg_a", pool("reg_a/w1"), known={CREATOR}).action == "none"
+    assert decide(job("any"), CREATOR, pool(), known={CREATOR}).action == "none"
+    assert decide(job(["reg_x", "reg_a"]), CREATOR, pool(), known={"reg_a"}).action == "none"
+
+
+@pytest.mark.parametrize(("site", "action"), [(CREATOR, "fail"), ("reg_a", "none")])
+def test_a_live_job_whose_current_step_already_ended_is_failed_by_its_creator(site, action):
+    doc = step(job("any", "any"), 0, step_status="finished", epoch=1, winner="reg_a")
+    plan = decide(doc, site, pool(f"{site}/w1"))
+    assert plan.action == action
+    if action == "fail":
+        assert plan.doc["job_status"] == "failed"
+
+
+# --- decide: settling local work first --------------------------------------------------------
+
+def test_an_execution_of_a_cancelled_job_is_killed():
+    doc = running(job(), "reg_a")
+    doc["job_status"] = "cancelled"
+    plan = decide(doc, "reg_a", pool(running={KEY: Running("reg_a/w1", 1)}))
+    assert (plan.action, plan.before, plan.doc) == ("kill", (Kill(KEY, "job cancelled"),), None)
+
+
+def test_an_execution_of_a_superseded_epoch_is_killed():
+    doc = running(job(), "reg_a", epoch=3)
+    plan = decide(doc, "reg_a", pool(running={KEY: Running("reg_a/w1", 2)}))
+    assert plan.action == "kill" and plan.before == (Kill(KEY, "execution superseded"),)
+    # the same epoch, but the document says another site won it
+    plan = decide(running(job(), "reg_b", epoch=2), "reg_a",
+                  pool(running={KEY: Running("reg_a/w1", 2)}))
+    assert plan.before == (Kill(KEY, "execution superseded"),)
+
+
+def test_an_execution_of_a_step_the_job_moved_past_is_killed():
+    doc = step(won(job("any", "any"), "reg_a"), step_status="finished")
+    doc["step"] = 1
+    running(doc, "reg_b")
+    plan = decide(doc, "reg_a", pool(running={KEY: Running("reg_a/w1", 1)}))
+    assert plan.before == (Kill(KEY, "execution superseded"),)
+
+
+def test_local_work_for_other_jobs_is_not_touched():
+    the_pool = pool(booked={("job-x", 0): Booking("reg_a/w1", 999.0)},
+                    running={("job-y", 0): Running("reg_a/w2", 1)})
+    assert decide(claimed(job(), "reg_b"), "reg_a", the_pool) == core.NOTHING
+
+
+def test_a_booking_is_freed_when_the_step_advanced_or_the_job_ended():
+    advanced = step(won(job("any", "any"), "reg_b"), 0, step_status="finished")
+    advanced["step"] = 1
+    old = pool(booked={KEY: Booking("reg_a/w1", 1.0)})
+    plan = decide(advanced, "reg_a", old)
+    assert (plan.action, plan.before, plan.doc) == ("free", (Unbook(KEY),), None)
+    ended = job()
+    ended["job_status"] = "cancelled"
+    assert decide(ended, "reg_a", old).before == (Unbook(KEY),)
+
+
+@pytest.mark.parametrize("phase", [won, running])
+def test_a_booking_is_freed_once_another_site_won(phase):
+    plan = decide(phase(job(), "reg_b"), "reg_a", pool(booked={KEY: Booking("reg_a/w1", 1.0)}))
+    assert plan.action == "free" and plan.before == (Unbook(KEY),)
+
+
+def test_a_booking_waits_for_the_creator_until_the_booking_timeout():
+    doc = claimed(job(), "reg_b")  # our claim lost the hash, the creator has not decided
+    young = pool(booked={KEY: Booking("reg_a/w1", 59.0)})
+    old = pool(booked={KEY: Booking("reg_a/w1", 60.0)})
+    assert decide(doc, "reg_a", young) == core.NOTHING
+    assert decide(doc, "reg_a", old).before == (Unbook(KEY),)
+    assert decide(doc, "reg_a", old, timeout=61.0) == core.NOTHING
+
+
+# --- finishing an execution --------------------------------------------------------------------
+
+def finish(doc: Doc | list[Doc], site: str = "reg_a", the_pool: PoolView | None = None, *,
+           epoch: int = 1, **outcome: Any) -> Plan:
+    """The plan of `site` when its execution of step 0 in `epoch` (on worker w1) ends."""
+    leaves = doc if isinstance(doc, list) else [doc]
+    return core.plan_finish(leaves, ctx(site), the_pool or pool(), KEY, epoch,
+                            f"{site}/w1", Outcome(**outcome))
+
+
+def test_success_advances_and_chains_the_next_step_here_in_the_same_revision():
+    doc = step(running(job("any", "reg_a", "any"), "reg_a"), 1, epoch=3)
+    plan = finish(doc, "reg_a", pool("reg_a/w1"), exec_time=1.23456789, stdout="hi")
+    assert plan.action == "finish" and plan.detail == "exit 0"
+    first, second = plan.doc["job"][0], plan.doc["job"][1]
+    assert plan.doc["step"] == 1 and plan.doc["job_status"] is None
+    assert (first["step_status"], first["exit_code"], first["exec_time"], first["attempts"]) == (
+        "finished", 0, 1.234568, 1)
+    assert first["output"] == {"stdout": "hi", "stderr": ""}
+    assert (second["epoch"], second["winner"], second["step_status"]) == (4, "reg_a", "running")
+    assert events(plan.doc)[-2:] == ["finished", "started"]
+    assert plan.before == (Book((JOB, 1), "reg_a/w1"),)
+    assert plan.after == (Launch((JOB, 1), 4, "reg_a/w1"),)
+    assert plan.doc["updated_at"] == NOW
+
+
+@pytest.mark.parametrize("target, free", [("reg_b", ("reg_a/w1",)), ("any", ())])
+def test_success_does_not_chain_when_not_targeted_or_without_a_worker(target, free):
+    plan = finish(running(job("any", target), "reg_a"), "reg_a", pool(*free))
+    assert plan.action == "finish" and plan.doc["step"] == 1
+    assert plan.doc["job"][1]["step_status"] is None and plan.doc["job"][1]["epoch"] == 0
+    assert plan.before == plan.after == ()
+
+
+def test_success_of_the_last_step_ends_the_job():
+    plan = finish(running(job(), "reg_a"), "reg_a", pool("reg_a/w1"))
+    assert plan.doc["job_status"] == "success" and plan.doc["step"] == 1
+    assert not is_live(plan.doc) and plan.before == plan.after == ()
+
+
+def test_failure_fails_the_job_at_its_step():
+    plan = finish(running(job("any", "any"), "reg_a"), "reg_a", pool("reg_a/w1"),
+                  ok=False, exit_code=3, reason="exit 3", attempts=2)
+    assert plan.action == "finish"
+    assert plan.doc["job_status"] == "failed" and plan.doc["step"] == 0
+    s = plan.doc["job"][0]
+    assert (s["step_status"], s["exit_code"], s["attempts"]) == ("failed", 3, 2)
+    assert plan.doc["history"][-1]["event"] == "failed" and plan.after == ()
+
+
+def test_a_kill_of_a_cancelled_job_is_noted_and_does_not_advance():
+    doc = running(job("any", "any"), "reg_a")
+    doc["job_status"] = "cancelled"
+    plan = finish(doc, "reg_a", pool("reg_a/w1"), cancelled=True, ok=False, reason="killed")
+    assert plan.action == "cancelled"
+    assert plan.doc["step"] == 0 and plan.doc["job"][0]["step_status"] == "running"
+    last = plan.doc["history"][-1]
+    assert (last["event"], last["epoch"], last["worker"], last["detail"]) == (
+        "cancelled", 1, "reg_a/w1", "killed: job cancelled")
+    assert plan.before == plan.after == ()
+
+
+def test_a_current_execution_stopped_here_releases_the_step():
+    plan = finish(running(job(), "reg_a"), "reg_a", pool("reg_a/w1"),
+                  cancelled=True, ok=False, reason="shutdown")
+    assert plan.action == "release"
+    assert plan.doc["job"][0]["epoch"] == 2 and plan.doc["job"][0]["winner"] is None
+    assert plan.doc["history"][-1]["detail"] == "stopped on this site: shutdown"
+
+
+@pytest.mark.parametrize("superseded", ["epoch", "winner", "step"])
+def test_a_stale_finish_is_noted_and_never_advances(superseded):
+    doc = running(job("any", "any"), "reg_a", epoch=2)
+    epoch = 2
+    if superseded == "epoch":
+        epoch = 1
+    elif superseded == "winner":
+        doc = running(doc, "reg_b", epoch=2)
+    else:  # step 0 finished (by a later epoch) and the job moved on
+        step(doc, step_status="finished", epoch=3)
+        doc["step"] = 1
+        running(doc, "reg_b")
+    before = copy.deepcopy(doc)
+    plan = finish(doc, "reg_a", pool("reg_a/w1"), epoch=epoch, reason="exit 0")
+    assert plan.action == "stale_finish"
+    assert plan.doc["job"] == before["job"] and plan.doc["step"] == before["step"]
+    assert plan.doc["job_status"] is None and plan.after == ()
+    last = plan.doc["history"][-1]
+    assert (last["event"], last["step"], last["epoch"]) == ("stale_finish", 0, epoch)
+    assert last["detail"] == f"epoch {epoch} is no longer current: exit 0"
+
+
+def test_a_finish_on_a_conflicted_doc_is_also_a_cleanup_at_the_creator():
+    current_run = running(job(rev="4-aaa", creator="reg_a"), "reg_a")
+    stale = claimed(job(rev="4-fff", creator="reg_a"), "reg_b")
+    plan = finish([current_run, stale], "reg_a", pool("reg_a/w1"))
+    assert plan.action == "finish" and plan.deletions == ("4-aaa",)
+    assert plan.doc["_rev"] == "4-fff" and plan.doc["job_status"] == "success"
+
+
+def test_plan_event_notes_a_current_execution_in_the_history():
+    doc = running(job(), "reg_a", epoch=2)
+    plan = core.plan_event([doc], ctx("reg_a"), KEY, 2, "reg_a/w1", "retried", "attempt 2")
+    assert plan.action == "retried" and plan.doc["job"] == doc["job"]
+    last = plan.doc["history"][-1]
+    assert (last["event"], last["epoch"], last["worker"], last["detail"]) == (
+        "retried", 2, "reg_a/w1", "attempt 2")
+    assert plan.doc["updated_at"] == NOW
+
+
+def test_plan_event_ignores_a_stale_execution():
+    doc = running(job(), "reg_a", epoch=3)
+    assert core.plan_event([doc], ctx("reg_a"), KEY, 2, "reg_a/w1", "retried", "x") is core.NOTHING
+
+
+# --- keep-alive ----------------------------------------------------------------------------------
+
+def test_keepalive_resaves_a_stale_open_job_changing_only_keepalive_at():
+    doc = job(rev="3-a")
+    touched = core.keepalive([doc], ctx(CREATOR, now=at(100)), stale_after=100)
+    assert touched is not None and touched["keepalive_at"] == at(100)
+    assert {k: v for k, v in touched.items() if k != "keepalive_at"} == doc
+    assert "keepalive_at" not in doc
+
+
+def test_keepalive_waits_for_the_threshold_since_the_last_update_or_keepalive():
+    doc = job()
+    doc["updated_at"] = at(50)
+    assert core.keepalive([doc], ctx(now=at(149)), stale_after=100) is None
+    assert core.keepalive([doc], ctx(now=at(150)), stale_after=100) is not None
+    doc["keepalive_at"] = at(120)
+    assert core.keepalive([doc], ctx(now=at(219)), stale_after=100) is None
+    assert core.keepalive([doc], ctx(now=at(220)), stale_after=100)["keepalive_at"] == at(220)
+
+
+@pytest.mark.parametrize("case", ["not creator", "ended", "claimed", "won", "running",
+                                  "conflicted", "no leaves"])
+def test_keepalive_only_for_the_creator_of_a_live_open_unconflicted_job(case):
+    doc, site, leaves = job(), CREATOR, None
+    if case == "not creator":
+        site = "reg_a"
+    elif case == "ended":
+        doc["job_status"] = "cancelled"
+    elif case == "claimed":
+        claimed(doc, "reg_a")
+    elif case == "won":
+        won(doc, "reg_a")
+    elif case == "running":
+        running(doc, "reg_a")
+    elif case == "conflicted":
+        leaves = [doc, job(rev="1-b")]
+    elif case == "no leaves":
+        leaves = []
+    result = core.keepalive([doc] if leaves is None else leaves, ctx(site, now=at(10_000)), 1.0)
+    assert result is None
+
+
+# --- hazard scenarios on the simulated replicated store --------------------------------------
+
+class World:
+    """Sites on their own replicas, one shared clock and ledger of executions."""
+
+    def __init__(self, start: float = 0.0, **workers: int) -> None:
+        self.clock = Clock()
+        self.clock.seconds = start
+        self.ledger: list[Execution] = []
+        self.sites = {name: SimSite(name, n, self.clock, self.ledger)
+                      for name, n in (workers or {CREATOR: 0, "reg_a": 1, "reg_b": 1}).items()}
+
+    def __getitem__(self, name: str) -> SimSite:
+        return self.sites[name]
+
+    def create(self, job_id: str, *targets: Any) -> str:
+        doc = new_job(CREATOR, [new_step(f"echo {n}", target=t) for n, t in enumerate(targets)],
+                      created_at=self.clock.now(), job_id=job_id)
+        assert self[CREATOR].replica.write(doc)
+        return job_id
+
+    def deliver(self, source: str, target: str, doc_id: str) -> None:
+        self[target].replica.pull(self[source].replica, doc_id)
+
+    def spread(self, doc_id: str) -> None:
+        for target in self.sites.values():
+            for source in self.sites.values():
+                target.replica.pull(source.replica, doc_id)
+
+    def settle(self, *doc_ids: str) -> None:
+        """Replicate, decide and finish everything until the jobs end (no faults)."""
+        for _ in range(50):
+            for doc_id in doc_ids:
+                self.spread(doc_id)
+            for site in self.sites.values():
+                for doc_id in doc_ids:
+                    site.process(doc_id)
+            for site in self.sites.values():
+                for key in sorted(site.running):
+                    site.finish(key)
+            self.clock.seconds += 5.0
+            if not any(is_live(merged(self[CREATOR], d)) for d in doc_ids):
+                return
+        raise AssertionError("jobs did not end")
+
+    def runs(self, doc_id: str, step_index: int = 0) -> list[tuple[str, int]]:
+        return [(e.site, e.epoch) for e in self.ledger if e.key == (doc_id, step_index)]
+
+
+def merged(site: SimSite, doc_id: str) -> Doc:
+    return core.merge(site.replica.live_leaves(doc_id))
+
+
+def first_world_where(build: Callable[[World], bool]) -> World:
+    """The first world, started at one of some clock readings, where `build` loses the hash race.
+
+    A simulated revision's hash is that of its content: the clock reading the
+    world starts at is what varies it (job ids are not part of it).
+    """
+    for n in range(64):
+        world = World(start=n)
+        if build(world):
+            return world
+    raise AssertionError("no start time gives the hash order the scenario needs")
+
+
+def winners_by_epoch(doc: Doc, step_index: int = 0) -> dict[int, set[str]]:
+    seen: dict[int, set[str]] = {}
+    for entry in doc["history"]:
+        if entry["step"] == step_index and entry["event"] in ("won", "started"):
+            if entry["event"] == "won":
+                who = entry["detail"].removeprefix("winner ")
+            else:
+                who = entry["site"]
+            seen.setdefault(entry["epoch"], set()).add(who)
+    return seen
+
+
+@pytest.mark.parametrize("creator_sees_the_conflict_first", [True, False])
+def test_hazard_claim_concurrent_with_a_keepalive_that_wins_the_hash(
+        creator_sees_the_conflict_first):
+    """Hazards 1, 2 and 5: a keep-alive re-save and a claim written on the same revision."""
+
+    def build(world: World) -> bool:
+        world.create(job_id, ["reg_a", "reg_b"])
+        world.deliver(CREATOR, "reg_a", job_id)
+        world.clock.seconds += 10
+        touched = core.keepalive(world[CREATOR].replica.live_leaves(job_id),
+                                 world[CREATOR].ctx(), stale_after=5.0)
+        assert touched is not None and world[CREATOR].replica.write(touched)
+        assert world["reg_a"].process(job_id) == "claim"
+        keepalive = world[CREATOR].replica.winner(job_id)
+        claim = world["reg_a"].replica.winner(job_id)
+        return core.couch_order(keepalive) > core.couch_order(claim)
+
+    job_id = JOB
+    world = first_world_where(build)
+    if creator_sees_the_conflict_first:
+        world.deliver("reg_a", CREATOR, job_id)
+        assert world[CREATOR].replica.winner(job_id)["job"][0]["claimed_by"] is None
+        assert world[CREATOR].process(job_id) == "assign"
+        world.deliver(CREATOR, "reg_a", job_id)
+    else:
+        world.deliver(CREATOR, "reg_a", job_id)
+        # CouchDB shows reg_a the keep-alive ("open"): it keeps its claim and its worker.
+        assert world["reg_a"].replica.winner(job_id)["job"][0]["claimed_by"] is None
+        assert world["reg_a"].process(job_id) == "none"
+        assert (job_id, 0) in world["reg_a"].booked
+        world.deliver("reg_a", CREATOR, job_id)
+        assert world[CREATOR].replica.winner(job_id)["job"][0]["claimed_by"] is None
+        assert world[CREATOR].process(job_id) == "assign"
+        world.deliver(CREATOR, "reg_a", job_id)
+    assert len(world[CREATOR].replica.live_leaves(job_id)) == 1  # the creator cleaned up
+    assert world["reg_a"].process(job_id) == "start"
+    assert world.runs(job_id) == [("reg_a", 1)]  # the creator assigned the claimer
+
+    world.settle(job_id)
+    assert world.runs(job_id) == [("reg_a", 1)]
+    assert merged(world[CREATOR], job_id)["job_status"] == "success"
+
+
+def test_hazard_a_winners_release_concurrent_with_the_creators_stale_write():
+    """Hazard 2: reg_a won, restarted and released; the creator wrote on the won revision.
+
+    The creator's write (cleaning up reg_b's late claim) and reg_a's release are
+    siblings of the same length, and the creator's wins CouchDB's hash: the
+    winning revision says "reg_a won epoch 1" while reg_a has given it up.
+    """
+
+    def build(world: World) -> bool:
+        world.create(job_id, ["reg_a", "reg_b"])
+        world.create("busy", "reg_a")  # keeps reg_a's only worker busy after its restart
+        for name in ("reg_a", "reg_b"):
+            world.deliver(CREATOR, name, job_id)
+            assert world[name].process(job_id) == "claim"
+        world.deliver("reg_a", CREATOR, job_id)  # the creator has not seen reg_b's claim
+        assert world[CREATOR].process(job_id) == "assign"
+        world.deliver(CREATOR, "reg_a", job_id)
+        world["reg_a"].restart()  # between `won` and `started`
+        world.deliver(CREATOR, "reg_a", "busy")
+        assert world["reg_a"].process("busy") == "start"
+        assert world["reg_a"].process(job_id) == "release"
+        world.deliver("reg_b", CREATOR, job_id)  # reg_b's stale claim reaches the creator
+        assert world[CREATOR].process(job_id) == "resolve"
+        world.deliver("reg_a", CREATOR, job_id)
+        winner = world[CREATOR].replica.winner(job_id)["job"][0]
+        return (winner["winner"], winner["epoch"]) == ("reg_a", 1)
+
+    job_id = JOB
+    world = first_world_where(build)
+    assert len(world[CREATOR].replica.live_leaves(job_id)) == 2
+    view = merged(world[CREATOR], job_id)["job"][0]
+    assert (view["epoch"], view["winner"], view["claimed_by"]) == (2, None, None)
+    # The creator acts on the merge, not on CouchDB's winner: it writes the release back.
+    assert world[CREATOR].process(job_id) == "resolve"
+    (only,) = world[CREATOR].replica.live_leaves(job_id)
+    assert (only["job"][0]["epoch"], only["job"][0]["winner"]) == (2, None)
+    assert world.runs(job_id) == []
+
+    world.settle(job_id, "busy")
+    check_no_double_execution(world.ledger)
+    assert world.runs(job_id) == [("reg_b", 3)]  # a new winner, in a new epoch
+    final = merged(world[CREATOR], job_id)
+    assert final["job_status"] == "success"
+    assert all(len(sites) == 1 for sites in winners_by_epoch(final).values())
+
+
+@pytest.mark.parametrize("free_worker", [True, False])
+def test_hazard_a_site_restarting_between_won_and_started(free_worker):
+    """Hazard 2 and 6: start with a free worker, else release; the step runs once."""
+    world = World(**{CREATOR: 0, "reg_a": 1})
+    job_id = world.create(JOB, ["reg_a", "reg_b"])
+    world.create("busy", "reg_a")
+    world.deliver(CREATOR, "reg_a", job_id)
+    assert world["reg_a"].process(job_id) == "claim"
+    world.deliver("reg_a", CREATOR, job_id)
+    assert world[CREATOR].process(job_id) == "assign"
+    world.deliver(CREATOR, "reg_a", job_id)
+    world["reg_a"].restart()
+    assert not world["reg_a"].booked
+    if not free_worker:
+        world.deliver(CREATOR, "reg_a", "busy")
+        assert world["reg_a"].process("busy") == "start"
+
+    action = world["reg_a"].process(job_id)
+    assert action == ("start" if free_worker else "release")
+    assert world.runs(job_id) == ([("reg_a", 1)] if free_worker else [])
+
+    world.settle(job_id, "busy")
+    check_no_double_execution(world.ledger)
+    assert world.runs(job_id) == [("reg_a", 1 if free_worker else 3)]
+    assert merged(world[CREATOR], job_id)["job_status"] == "success"

@@ -1,0 +1,138 @@
+"""Several simulated sites run the decision core over a simulated replicated store.
+
+Hypothesis draws the schedule: which site processes which document, which
+replication link delivers which document, which execution finishes, keep-alive
+re-saves, clock advances and (in the fault test) site restarts. After the
+random part the system is driven to quiescence, and the protocol's promises
+are checked.
+"""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from jobdist import core
+from jobdist.model import is_live, new_job, new_step
+
+from .sim import Clock, Execution, SimSite, check_no_double_execution
+
+SITES = ("global", "reg_a", "reg_b")
+TARGETS = ("any", "global", "reg_a", "reg_b", ["reg_a", "reg_b"], ["global", "reg_b"])
+
+
+def make_world(job_targets: list[list[object]], workers: int) -> tuple[
+        list[SimSite], list[str], Clock, list[Execution]]:
+    clock = Clock()
+    ledger: list[Execution] = []
+    sites = [SimSite(name, workers, clock, ledger, frozenset(SITES)) for name in SITES]
+    job_ids = []
+    for n, step_targets in enumerate(job_targets):
+        creator = sites[n % len(sites)]
+        steps = [new_step(f"step {i}", target=t) for i, t in enumerate(step_targets)]  # type: ignore[arg-type]
+        job = new_job(creator.name, steps, created_at=clock.now(), job_id=f"job-{n:03d}")
+        assert creator.replica.write(job)
+        job_ids.append(job["_id"])
+    return sites, job_ids, clock, ledger
+
+
+def random_event(data: st.DataObject, sites: list[SimSite], job_ids: list[str],
+                 clock: Clock, faults: bool) -> None:
+    kinds = ["process", "replicate", "replicate", "finish", "keepalive", "tick"]
+    if faults:
+        kinds.append("restart")
+    kind = data.draw(st.sampled_from(kinds))
+    site = data.draw(st.sampled_from(sites))
+    doc_id = data.draw(st.sampled_from(job_ids))
+    if kind == "process":
+        site.process(doc_id)
+    elif kind == "replicate":
+        other = data.draw(st.sampled_from(sites))
+        other.replica.pull(site.replica, doc_id)
+    elif kind == "finish" and site.running:
+        site.finish(data.draw(st.sampled_from(sorted(site.running))))
+    elif kind == "keepalive":
+        touched = core.keepalive(site.replica.live_leaves(doc_id), site.ctx(), stale_after=5.0)
+        if touched is not None:
+            assert site.replica.write(touched)
+    elif kind == "tick":
+        clock.seconds += data.draw(st.sampled_from([0.5, 2.0, 10.0]))
+    elif kind == "restart":
+        site.restart()
+
+
+def settle(sites: list[SimSite], job_ids: list[str], clock: Clock, rounds: int = 200) -> None:
+    """Full replication, processing and finishing until every job has ended."""
+    for round_number in range(rounds):
+        for doc_id in job_ids:
+            for target in sites:
+                for source in sites:
+                    target.replica.pull(source.replica, doc_id)
+        for site in sites:
+            for doc_id in job_ids:
+                site.process(doc_id)
+        for site in sites:
+            for key in sorted(site.running):
+                site.finish(key)
+        clock.seconds += 5.0
+        if round_number % 10 == 9:
+            clock.seconds += 40.0  # past the booking timeout now and then: claims give up
+        if all(not is_live(site.replica.winner(d) or {}) for site in sites for d in job_ids):
+            return
+    raise AssertionError("jobs did not end")
+
+
+def merged_states(sites: list[SimSite], job_ids: list[str]) -> list[dict[str, object]]:
+    return [
+        {d: core.merge(site.replica.live_leaves(d))["job_status"] for d in job_ids}
+        for site in sites
+    ]
+
+
+jobs_strategy = st.lists(
+    st.lists(st.sampled_from(TARGETS), min_size=1, max_size=3), min_size=1, max_size=4
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(jobs=jobs_strategy, workers=st.integers(1, 2), data=st.data())
+def test_no_faults_each_step_runs_once_in_order_and_every_job_ends(jobs, workers, data):
+    sites, job_ids, clock, ledger = make_world(jobs, workers)
+    for _ in range(data.draw(st.integers(0, 120))):
+        random_event(data, sites, job_ids, clock, faults=False)
+    settle(sites, job_ids, clock)
+
+    check_no_double_execution(ledger)
+    started = [e.key for e in ledger]
+    assert len(started) == len(set(started)), "a step started twice with no fault"
+    for n, doc_id in enumerate(job_ids):
+        steps = [e.key[1] for e in ledger if e.key[0] == doc_id]
+        assert steps == list(range(len(jobs[n]))), "steps run in order, each once"
+    for execution in ledger:
+        step_target = jobs[job_ids.index(execution.key[0])][execution.key[1]]
+        wanted = step_target if isinstance(step_target, list) else [step_target]
+        assert "any" in wanted or execution.site in wanted
+    states = merged_states(sites, job_ids)
+    assert all(s == states[0] for s in states), "replicas converge"
+    assert set(states[0].values()) == {"success"}
+    assert not any(site.killed for site in sites)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(jobs=jobs_strategy, workers=st.integers(1, 2), data=st.data())
+def test_restarts_never_give_two_executions_one_epoch_and_jobs_still_end(jobs, workers, data):
+    sites, job_ids, clock, ledger = make_world(jobs, workers)
+    for _ in range(data.draw(st.integers(0, 150))):
+        random_event(data, sites, job_ids, clock, faults=True)
+    settle(sites, job_ids, clock)
+
+    check_no_double_execution(ledger)
+    states = merged_states(sites, job_ids)
+    assert all(s == states[0] for s in states)
+    assert set(states[0].values()) == {"success"}
+    for doc_id in job_ids:
+        final = core.merge(sites[0].replica.live_leaves(doc_id))
+        # Every execution beyond the first of a step is explained in the history.
+        runs = [e for e in ledger if e.key[0] == doc_id]
+        releases = [h for h in final["history"] if h["event"] == "released"]
+        assert len(runs) - len({e.key for e in runs}) <= len(releases)
