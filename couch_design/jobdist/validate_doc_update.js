@@ -1,0 +1,322 @@
+function (newDoc, oldDoc, userCtx, secObj) {
+  // The job document's rules (docs/job-document.md). jobdist/validation.py
+  // holds the same rules, in the same order and with the same messages: change
+  // both together. ES5 only (CouchDB's and pouchdb-server's engines), and this
+  // file must start with `function`: servers evaluate "return " + its text.
+  "use strict";
+
+  var MAX_DOC_SIZE = 1024 * 1024;
+  var MAX_STEPS = 1000;
+  var MAX_DO_LENGTH = 65536;
+  var MAX_STREAM_LENGTH = 4096;
+
+  var JOB_STATUSES = [null, "success", "failed", "cancelled"];
+  var STEP_STATUSES = [null, "running", "finished", "failed"];
+  var HISTORY_EVENTS = [
+    "created", "claimed", "won", "started", "retried", "finished", "failed",
+    "released", "cancelled", "stale_finish", "invalid"
+  ];
+  // Revision metadata the server adds to the document it validates: not measured.
+  var UNMEASURED_FIELDS = ["_rev", "_revisions"];
+
+  var SITE_NAME = /^[a-z0-9][a-z0-9_-]{0,63}$/;
+  var ISO_UTC = new RegExp(
+    "^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])" +
+    "T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?Z$"
+  );
+
+  var SITE_NAME_RULE =
+    "a site name (1-64 characters of a-z, 0-9, _ and -, starting with a letter or digit)";
+  var SITE_NAME_REASON = "must be " + SITE_NAME_RULE;
+  var ISO_UTC_RULE = "an ISO 8601 UTC time ending in Z (YYYY-MM-DDTHH:MM:SS[.ffffff]Z)";
+  var ISO_UTC_REASON = "must be " + ISO_UTC_RULE;
+  var TARGET_REASON = 'must be "any", a site name or a non-empty list of site names';
+
+  // --- value tests -----------------------------------------------------------
+
+  function isObject(value) {
+    return typeof value === "object" && value !== null && !Array.isArray(value);
+  }
+
+  function isList(value) {
+    return Array.isArray(value);
+  }
+
+  function isString(value) {
+    return typeof value === "string";
+  }
+
+  function isNumber(value) {
+    return typeof value === "number" && isFinite(value);
+  }
+
+  function isInteger(value) {
+    return isNumber(value) && Math.floor(value) === value;
+  }
+
+  function isSiteName(value) {
+    return isString(value) && SITE_NAME.test(value);
+  }
+
+  function isIsoUtc(value) {
+    return isString(value) && ISO_UTC.test(value);
+  }
+
+  function has(obj, name) {
+    return Object.prototype.hasOwnProperty.call(obj, name);
+  }
+
+  function nullable(test) {
+    return function (value) { return value === null || test(value); };
+  }
+
+  function natural(value) {
+    return isInteger(value) && value >= 0;
+  }
+
+  function oneOf(choices) {
+    return function (value) { return choices.indexOf(value) !== -1; };
+  }
+
+  function describeChoices(choices) {
+    return "must be one of " + choices.map(function (choice) {
+      return JSON.stringify(choice);
+    }).join(", ");
+  }
+
+  // --- checks: each pushes "<path>: <reason>" for what is wrong with one value
+
+  function field(name, required, check) {
+    return {name: name, required: required, check: check};
+  }
+
+  function simple(test, reason) {
+    return function (value, path, errors) {
+      if (!test(value)) {
+        errors.push(path + ": " + reason);
+      }
+    };
+  }
+
+  function optionalNumber(comparison, bound) {
+    var test = nullable(function (value) {
+      return isNumber(value) && (comparison === ">" ? value > bound : value >= bound);
+    });
+    return simple(test, "must be null or a number " + comparison + " " + bound);
+  }
+
+  function text(maxLength, nonEmpty, allowNull) {
+    var kind = nonEmpty ? "a non-empty string" : "a string";
+    var reason = (allowNull ? "must be null or " : "must be ") + kind;
+    return function (value, path, errors) {
+      if (allowNull && value === null) {
+        return;
+      }
+      if (!isString(value) || (nonEmpty && value === "")) {
+        errors.push(path + ": " + reason);
+      } else if (value.length > maxLength) {
+        errors.push(path + ": must be at most " + maxLength + " characters long");
+      }
+    };
+  }
+
+  function checkFields(obj, fields, prefix, errors, closed) {
+    var known = {};
+    fields.forEach(function (f) {
+      var path = prefix + f.name;
+      known[f.name] = true;
+      if (has(obj, f.name)) {
+        f.check(obj[f.name], path, errors);
+      } else if (f.required) {
+        errors.push(path + ": is missing");
+      }
+    });
+    if (closed) {
+      Object.keys(obj).filter(function (name) {
+        return !has(known, name);
+      }).sort().forEach(function (name) {
+        errors.push(prefix + name + ": unknown field");
+      });
+    }
+  }
+
+  function objectOf(fields, reason, allowNull) {
+    return function (value, path, errors) {
+      if (allowNull && value === null) {
+        return;
+      }
+      if (!isObject(value)) {
+        errors.push(path + ": " + reason);
+        return;
+      }
+      checkFields(value, fields, path + ".", errors, true);
+    };
+  }
+
+  function listOf(itemCheck) {
+    return function (value, path, errors) {
+      if (!isList(value)) {
+        errors.push(path + ": must be a list");
+        return;
+      }
+      value.forEach(function (item, index) {
+        itemCheck(item, path + "[" + index + "]", errors);
+      });
+    };
+  }
+
+  function checkTarget(value, path, errors) {
+    if (isSiteName(value)) {  // "any" is one too
+      return;
+    }
+    if (!isList(value)) {
+      errors.push(path + ": " + TARGET_REASON);
+      return;
+    }
+    if (value.length === 0) {
+      errors.push(path + ": must not be an empty list");
+      return;
+    }
+    var seen = Object.create(null);
+    value.forEach(function (site, index) {
+      if (!isSiteName(site)) {
+        errors.push(path + "[" + index + "]: " + SITE_NAME_REASON);
+      } else if (seen[site]) {
+        errors.push(path + "[" + index + "]: duplicate site name");
+      } else {
+        seen[site] = true;
+      }
+    });
+  }
+
+  function checkSteps(value, path, errors) {
+    if (!isList(value) || value.length === 0) {
+      errors.push(path + ": must be a non-empty list of steps");
+      return;
+    }
+    if (value.length > MAX_STEPS) {
+      errors.push(path + ": must have at most " + MAX_STEPS + " steps");
+    }
+    value.forEach(function (step, index) {
+      STEP(step, path + "[" + index + "]", errors);
+    });
+  }
+
+  function stepIndex(stepCount) {
+    // `step` indexes `job`, or equals its length once every step is done.
+    return function (value, path, errors) {
+      if (!isInteger(value)) {
+        errors.push(path + ": must be an integer");
+      } else if (stepCount !== null && !(value >= 0 && value <= stepCount)) {
+        errors.push(path + ": must be between 0 and " + stepCount + " (the number of steps)");
+      }
+    };
+  }
+
+  // --- the document ----------------------------------------------------------
+
+  var SITE = simple(isSiteName, SITE_NAME_REASON);
+  var OPTIONAL_SITE = simple(nullable(isSiteName), "must be null or " + SITE_NAME_RULE);
+  var TIME = simple(isIsoUtc, ISO_UTC_REASON);
+  var OPTIONAL_TIME = simple(nullable(isIsoUtc), "must be null or " + ISO_UTC_RULE);
+  var COUNT = simple(natural, "must be an integer >= 0");
+
+  var RETRY_STRATEGY_FIELDS = [
+    field("max_retries", true, COUNT),
+    field("max_time", false, optionalNumber(">", 0)),
+    field("sleep", false, optionalNumber(">=", 0)),
+    field("sleep_factor", false, optionalNumber(">=", 1)),
+    field("sleep_max", false, optionalNumber(">=", 0))
+  ];
+
+  var OUTPUT_FIELDS = [
+    field("stdout", true, text(MAX_STREAM_LENGTH, false, false)),
+    field("stderr", true, text(MAX_STREAM_LENGTH, false, false))
+  ];
+
+  // Submitter fields first, then the runtime fields (optional: missing = initial value).
+  var STEP_FIELDS = [
+    field("target", true, checkTarget),
+    field("do", true, text(MAX_DO_LENGTH, true, false)),
+    field("alt_do", false, text(MAX_DO_LENGTH, true, true)),
+    field("timeout", false, optionalNumber(">", 0)),
+    field("retry_strategy", true, objectOf(RETRY_STRATEGY_FIELDS, "must be an object", false)),
+    field("epoch", false, COUNT),
+    field("claimed_by", false, OPTIONAL_SITE),
+    field("winner", false, OPTIONAL_SITE),
+    field("executioner", false, simple(nullable(isString), "must be null or a string")),
+    field("step_status", false, simple(oneOf(STEP_STATUSES), describeChoices(STEP_STATUSES))),
+    field("exec_time", false, optionalNumber(">=", 0)),
+    field("start_time", false, OPTIONAL_TIME),
+    field("finish_time", false, OPTIONAL_TIME),
+    field("attempts", false, COUNT),
+    field("exit_code", false, simple(nullable(isInteger), "must be null or an integer")),
+    field(
+      "output",
+      false,
+      objectOf(OUTPUT_FIELDS, "must be null or an object {stdout, stderr}", true)
+    )
+  ];
+  var STEP = objectOf(STEP_FIELDS, "must be an object", false);
+
+  var EVENT_FIELDS = [
+    field("event", true, simple(oneOf(HISTORY_EVENTS), describeChoices(HISTORY_EVENTS))),
+    field("step", true, COUNT),
+    field("site", true, SITE),
+    field("worker", false, simple(nullable(isString), "must be null or a string")),
+    field("epoch", false, COUNT),
+    field("at", true, TIME),
+    field("detail", false, simple(nullable(isString), "must be null or a string"))
+  ];
+
+  function jobFields(stepCount) {
+    // Top-level fields; other top-level fields are allowed (forward compatibility).
+    return [
+      field("creator", true, SITE),
+      field("priority", true, simple(isInteger, "must be an integer")),
+      field("created_at", true, TIME),
+      field("updated_at", true, TIME),
+      field("step", true, stepIndex(stepCount)),
+      field("job_status", true, simple(oneOf(JOB_STATUSES), describeChoices(JOB_STATUSES))),
+      field("job", true, checkSteps),
+      field("history", true, listOf(objectOf(EVENT_FIELDS, "must be an object", false))),
+      field("keepalive_at", false, TIME)
+    ];
+  }
+
+  function validateJob(doc) {
+    if (doc._deleted === true || isDesignDoc(doc)) {
+      return [];
+    }
+    if (doc.type !== "job") {
+      return ['type: must be "job"'];
+    }
+    var errors = [];
+    if (jsonSize(doc) > MAX_DOC_SIZE) {
+      errors.push("document: too large: its JSON exceeds " + MAX_DOC_SIZE + " characters (1 MiB)");
+    }
+    var steps = doc.job;
+    var stepCount = isList(steps) && steps.length > 0 ? steps.length : null;
+    checkFields(doc, jobFields(stepCount), "", errors, false);
+    return errors;
+  }
+
+  function isDesignDoc(doc) {
+    return isString(doc._id) && doc._id.indexOf("_design/") === 0;
+  }
+
+  function jsonSize(doc) {
+    var measured = Object.create(null);  // so that a "__proto__" key is copied as data
+    Object.keys(doc).forEach(function (key) {
+      if (UNMEASURED_FIELDS.indexOf(key) === -1) {
+        measured[key] = doc[key];
+      }
+    });
+    return JSON.stringify(measured).length;
+  }
+
+  var errors = validateJob(newDoc);
+  if (errors.length > 0) {
+    throw {forbidden: errors.join("; ")};
+  }
+}

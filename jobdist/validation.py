@@ -1,0 +1,448 @@
+"""The job document's rules (docs/job-document.md), checked in Python.
+
+couch_design/jobdist/validate_doc_update.js holds the same rules, in the same
+order and with the same messages, so that a document refused by CouchDB gets
+the very reason `format_errors(validate_job(doc))` gives here. Change both
+files together: tests/test_validation.py compares them on a corpus.
+
+Parity with JavaScript shapes a few choices:
+- an integer is any JSON number with an integral value (JavaScript cannot tell
+  `1.0` from `1`), but never a bool;
+- lengths count UTF-16 code units, as JavaScript's `.length` does;
+- the size limit measures the text `JSON.stringify` would produce.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import operator
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+MAX_DOC_SIZE = 1024 * 1024
+MAX_STEPS = 1000
+MAX_DO_LENGTH = 65536
+MAX_STREAM_LENGTH = 4096
+
+JOB_STATUSES = (None, "success", "failed", "cancelled")
+STEP_STATUSES = (None, "running", "finished", "failed")
+HISTORY_EVENTS = (
+    "created", "claimed", "won", "started", "retried", "finished", "failed",
+    "released", "cancelled", "stale_finish", "invalid",
+)
+# Revision metadata the server adds to the document it validates: not measured.
+UNMEASURED_FIELDS = ("_rev", "_revisions")
+
+SITE_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
+ISO_UTC = re.compile(
+    r"[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
+    r"T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,9})?Z"
+)
+
+SITE_NAME_RULE = (
+    "a site name (1-64 characters of a-z, 0-9, _ and -, starting with a letter or digit)"
+)
+SITE_NAME_REASON = "must be " + SITE_NAME_RULE
+ISO_UTC_RULE = "an ISO 8601 UTC time ending in Z (YYYY-MM-DDTHH:MM:SS[.ffffff]Z)"
+ISO_UTC_REASON = "must be " + ISO_UTC_RULE
+# In a str decoded from JSON, every surrogate code point is a lone one.
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+TARGET_REASON = 'must be "any", a site name or a non-empty list of site names'
+
+
+class InvalidJob(ValueError):
+    """A job document that breaks the rules; `.errors` lists every broken rule."""
+
+    def __init__(self, errors: list[str]) -> None:
+        super().__init__(format_errors(errors))
+        self.errors = errors
+
+
+def format_errors(errors: list[str]) -> str:
+    """The errors as one line: exactly the `reason` CouchDB answers with."""
+    return "; ".join(errors)
+
+
+def check_job(doc: Any) -> None:
+    """Raise InvalidJob unless the document follows the rules."""
+    errors = validate_job(doc)
+    if errors:
+        raise InvalidJob(errors)
+
+
+# --- value tests -------------------------------------------------------------
+
+
+def is_object(value: Any) -> bool:
+    return isinstance(value, dict)
+
+
+def is_list(value: Any) -> bool:
+    return isinstance(value, list)
+
+
+def is_string(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def is_number(value: Any) -> bool:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int beyond the float range: Infinity in JavaScript
+        return False
+
+
+def is_integer(value: Any) -> bool:
+    return is_number(value) and float(value).is_integer()
+
+
+def is_site_name(value: Any) -> bool:
+    return is_string(value) and SITE_NAME.fullmatch(value) is not None
+
+
+def is_iso_utc(value: Any) -> bool:
+    return is_string(value) and ISO_UTC.fullmatch(value) is not None
+
+
+def text_length(text: str) -> int:
+    """The length JavaScript reports: UTF-16 code units."""
+    return len(text.encode("utf-16-le", "surrogatepass")) // 2
+
+
+def nullable(test: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda value: value is None or test(value)
+
+
+def natural(value: Any) -> bool:
+    return is_integer(value) and value >= 0
+
+
+def one_of(choices: tuple[Any, ...]) -> Callable[[Any], bool]:
+    # Compared by type too: in JavaScript `0 === false` is false, in Python `0 == False`.
+    return lambda value: any(type(value) is type(c) and value == c for c in choices)
+
+
+def describe_choices(choices: tuple[Any, ...]) -> str:
+    return "must be one of " + ", ".join(json.dumps(choice) for choice in choices)
+
+
+# --- checks: each appends "<path>: <reason>" for what is wrong with one value ---
+
+Check = Callable[[Any, str, list[str]], None]
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    required: bool
+    check: Check
+
+
+def simple(test: Callable[[Any], bool], reason: str) -> Check:
+    def check(value: Any, path: str, errors: list[str]) -> None:
+        if not test(value):
+            errors.append(f"{path}: {reason}")
+
+    return check
+
+
+def optional_number(comparison: str, bound: int) -> Check:
+    """null, or a number `comparison` bound (">" or ">=")."""
+    compare = operator.gt if comparison == ">" else operator.ge
+    test = nullable(lambda value: is_number(value) and compare(value, bound))
+    return simple(test, f"must be null or a number {comparison} {bound}")
+
+
+def text(max_length: int, *, non_empty: bool, allow_null: bool = False) -> Check:
+    kind = "a non-empty string" if non_empty else "a string"
+    reason = ("must be null or " if allow_null else "must be ") + kind
+
+    def check(value: Any, path: str, errors: list[str]) -> None:
+        if allow_null and value is None:
+            return
+        if not is_string(value) or (non_empty and value == ""):
+            errors.append(f"{path}: {reason}")
+        elif text_length(value) > max_length:
+            errors.append(f"{path}: must be at most {max_length} characters long")
+
+    return check
+
+
+def check_fields(
+    obj: dict[str, Any], fields: list[Field], prefix: str, errors: list[str], *, closed: bool
+) -> None:
+    """Check each field in order; `closed` objects accept no other fields."""
+    for field in fields:
+        path = prefix + field.name
+        if field.name in obj:
+            field.check(obj[field.name], path, errors)
+        elif field.required:
+            errors.append(f"{path}: is missing")
+    if closed:
+        known = {field.name for field in fields}
+        for name in sorted_like_javascript(key for key in obj if key not in known):
+            errors.append(f"{prefix}{name}: unknown field")
+
+
+def sorted_like_javascript(names: Any) -> list[str]:
+    """Sorted as JavaScript's default sort does: by UTF-16 code units."""
+    return sorted(names, key=lambda name: name.encode("utf-16-be", "surrogatepass"))
+
+
+def object_of(fields: list[Field], reason: str, *, allow_null: bool = False) -> Check:
+    def check(value: Any, path: str, errors: list[str]) -> None:
+        if allow_null and value is None:
+            return
+        if not is_object(value):
+            errors.append(f"{path}: {reason}")
+            return
+        check_fields(value, fields, path + ".", errors, closed=True)
+
+    return check
+
+
+def list_of(item_check: Check) -> Check:
+    def check(value: Any, path: str, errors: list[str]) -> None:
+        if not is_list(value):
+            errors.append(f"{path}: must be a list")
+            return
+        for index, item in enumerate(value):
+            item_check(item, f"{path}[{index}]", errors)
+
+    return check
+
+
+def check_target(value: Any, path: str, errors: list[str]) -> None:
+    if is_site_name(value):  # "any" is one too
+        return
+    if not is_list(value):
+        errors.append(f"{path}: {TARGET_REASON}")
+        return
+    if not value:
+        errors.append(f"{path}: must not be an empty list")
+        return
+    seen: set[str] = set()
+    for index, site in enumerate(value):
+        if not is_site_name(site):
+            errors.append(f"{path}[{index}]: {SITE_NAME_REASON}")
+        elif site in seen:
+            errors.append(f"{path}[{index}]: duplicate site name")
+        else:
+            seen.add(site)
+
+
+def check_steps(value: Any, path: str, errors: list[str]) -> None:
+    if not is_list(value) or not value:
+        errors.append(f"{path}: must be a non-empty list of steps")
+        return
+    if len(value) > MAX_STEPS:
+        errors.append(f"{path}: must have at most {MAX_STEPS} steps")
+    for index, step in enumerate(value):
+        STEP(step, f"{path}[{index}]", errors)
+
+
+def step_index(step_count: int | None) -> Check:
+    """`step` indexes `job`, or equals its length once every step is done."""
+
+    def check(value: Any, path: str, errors: list[str]) -> None:
+        if not is_integer(value):
+            errors.append(f"{path}: must be an integer")
+        elif step_count is not None and not 0 <= value <= step_count:
+            errors.append(f"{path}: must be between 0 and {step_count} (the number of steps)")
+
+    return check
+
+
+# --- the document ------------------------------------------------------------
+
+SITE = simple(is_site_name, SITE_NAME_REASON)
+OPTIONAL_SITE = simple(nullable(is_site_name), "must be null or " + SITE_NAME_RULE)
+TIME = simple(is_iso_utc, ISO_UTC_REASON)
+OPTIONAL_TIME = simple(nullable(is_iso_utc), "must be null or " + ISO_UTC_RULE)
+COUNT = simple(natural, "must be an integer >= 0")
+
+RETRY_STRATEGY_FIELDS = [
+    Field("max_retries", True, COUNT),
+    Field("max_time", False, optional_number(">", 0)),
+    Field("sleep", False, optional_number(">=", 0)),
+    Field("sleep_factor", False, optional_number(">=", 1)),
+    Field("sleep_max", False, optional_number(">=", 0)),
+]
+
+OUTPUT_FIELDS = [
+    Field("stdout", True, text(MAX_STREAM_LENGTH, non_empty=False)),
+    Field("stderr", True, text(MAX_STREAM_LENGTH, non_empty=False)),
+]
+
+# Submitter fields first, then the runtime fields (optional: missing = initial value).
+STEP_FIELDS = [
+    Field("target", True, check_target),
+    Field("do", True, text(MAX_DO_LENGTH, non_empty=True)),
+    Field("alt_do", False, text(MAX_DO_LENGTH, non_empty=True, allow_null=True)),
+    Field("timeout", False, optional_number(">", 0)),
+    Field("retry_strategy", True, object_of(RETRY_STRATEGY_FIELDS, "must be an object")),
+    Field("epoch", False, COUNT),
+    Field("claimed_by", False, OPTIONAL_SITE),
+    Field("winner", False, OPTIONAL_SITE),
+    Field("executioner", False, simple(nullable(is_string), "must be null or a string")),
+    Field("step_status", False, simple(one_of(STEP_STATUSES), describe_choices(STEP_STATUSES))),
+    Field("exec_time", False, optional_number(">=", 0)),
+    Field("start_time", False, OPTIONAL_TIME),
+    Field("finish_time", False, OPTIONAL_TIME),
+    Field("attempts", False, COUNT),
+    Field("exit_code", False, simple(nullable(is_integer), "must be null or an integer")),
+    Field(
+        "output",
+        False,
+        object_of(OUTPUT_FIELDS, "must be null or an object {stdout, stderr}", allow_null=True),
+    ),
+]
+STEP = object_of(STEP_FIELDS, "must be an object")
+
+EVENT_FIELDS = [
+    Field("event", True, simple(one_of(HISTORY_EVENTS), describe_choices(HISTORY_EVENTS))),
+    Field("step", True, COUNT),
+    Field("site", True, SITE),
+    Field("worker", False, simple(nullable(is_string), "must be null or a string")),
+    Field("epoch", False, COUNT),
+    Field("at", True, TIME),
+    Field("detail", False, simple(nullable(is_string), "must be null or a string")),
+]
+
+
+def job_fields(step_count: int | None) -> list[Field]:
+    """Top-level fields; other top-level fields are allowed (forward compatibility)."""
+    return [
+        Field("creator", True, SITE),
+        Field("priority", True, simple(is_integer, "must be an integer")),
+        Field("created_at", True, TIME),
+        Field("updated_at", True, TIME),
+        Field("step", True, step_index(step_count)),
+        Field("job_status", True, simple(one_of(JOB_STATUSES), describe_choices(JOB_STATUSES))),
+        Field("job", True, check_steps),
+        Field("history", True, list_of(object_of(EVENT_FIELDS, "must be an object"))),
+        Field("keepalive_at", False, TIME),
+    ]
+
+
+def validate_job(doc: Any) -> list[str]:
+    """Every rule the document breaks, as "<field path>: <reason>"; [] when valid."""
+    if not is_object(doc):
+        return ["document: must be a JSON object"]
+    if doc.get("_deleted") is True or is_design_doc(doc):
+        return []
+    if doc.get("type") != "job":
+        return ['type: must be "job"']
+    errors: list[str] = []
+    if json_size(doc) > MAX_DOC_SIZE:
+        errors.append(f"document: too large: its JSON exceeds {MAX_DOC_SIZE} characters (1 MiB)")
+    steps = doc.get("job")
+    step_count = len(steps) if is_list(steps) and steps else None
+    check_fields(doc, job_fields(step_count), "", errors, closed=False)
+    return errors
+
+
+def is_design_doc(doc: dict[str, Any]) -> bool:
+    return is_string(doc.get("_id")) and doc["_id"].startswith("_design/")
+
+
+# --- size, measured as JSON.stringify(doc).length ------------------------------
+
+
+def json_size(doc: dict[str, Any]) -> int:
+    """Length of the document's JSON text as JavaScript would write it."""
+    measured = {key: value for key, value in doc.items() if key not in UNMEASURED_FIELDS}
+    return json_length(measured)
+
+
+def json_length(value: Any) -> int:
+    # Iterative: a deeply nested unknown field must not exhaust Python's stack.
+    total = 0
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if is_object(item):
+            # Braces, a colon per member and the commas between members.
+            total += 2 + len(item) + max(len(item) - 1, 0)
+            total += sum(scalar_length(str(key)) for key in item)
+            pending.extend(item.values())
+        elif is_list(item):
+            total += 2 + max(len(item) - 1, 0)
+            pending.extend(item)
+        else:
+            total += scalar_length(item)
+    return total
+
+
+def scalar_length(value: Any) -> int:
+    if is_string(value):
+        # JSON.stringify escapes lone surrogates as \udXXX: 6 units, not 1.
+        surrogates = len(LONE_SURROGATE.findall(value))
+        return text_length(json.dumps(value, ensure_ascii=False)) + 5 * surrogates
+    if value is True:
+        return 4
+    if value is False:
+        return 5
+    if is_number(value):
+        return len(javascript_number(value))
+    return 4  # null, and what JSON.stringify turns into null
+
+
+def javascript_number(value: float) -> str:
+    """Number.prototype.toString for a finite number (ECMA-262 Number::toString)."""
+    number = float(value)
+    if number == 0:
+        return "0"
+    sign = "-" if number < 0 else ""
+    shortest = Decimal(repr(abs(number))).normalize()  # repr: the shortest round trip
+    digits = "".join(map(str, shortest.as_tuple().digits))
+    point = len(digits) + int(shortest.as_tuple().exponent)
+    if len(digits) <= point <= 21:
+        return sign + digits + "0" * (point - len(digits))
+    if 0 < point <= 21:
+        return sign + digits[:point] + "." + digits[point:]
+    if -6 < point <= 0:
+        return sign + "0." + "0" * -point + digits
+    exponent = point - 1
+    mantissa = digits[0] + ("." + digits[1:] if len(digits) > 1 else "")
+    return f"{sign}{mantissa}e{'+' if exponent >= 0 else '-'}{abs(exponent)}"
+
+
+# --- submissions ---------------------------------------------------------------
+
+PLACEHOLDER_TIME = "2000-01-01T00:00:00.000000Z"
+# What the server fills in when it turns a submission into a job (jobdist.model).
+SERVER_FILLED: dict[str, Any] = {
+    "type": "job",
+    "creator": "cli",
+    "priority": 0,
+    "created_at": PLACEHOLDER_TIME,
+    "updated_at": PLACEHOLDER_TIME,
+    "step": 0,
+    "job_status": None,
+    "history": [],
+}
+DEFAULT_RETRY_STRATEGY = {"max_retries": 0}
+
+
+def validate_submission(doc: Any) -> list[str]:
+    """validate_job on the document as it would be stored: missing server fields filled."""
+    if not is_object(doc):
+        return validate_job(doc)
+    filled = {**SERVER_FILLED, **doc}
+    steps = filled.get("job")
+    if is_list(steps):
+        filled["job"] = [with_default_retry(step) for step in steps]
+    return validate_job(filled)
+
+
+def with_default_retry(step: Any) -> Any:
+    if is_object(step) and "retry_strategy" not in step:
+        return {**step, "retry_strategy": DEFAULT_RETRY_STRATEGY}
+    return step

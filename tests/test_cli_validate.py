@@ -1,0 +1,128 @@
+"""`jobdist validate FILE`, in process (CliRunner) and as a real process."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+from click.testing import CliRunner
+
+from jobdist.cli import main
+from jobdist.design import load_design_docs
+from jobdist.validation import format_errors, validate_job, validate_submission
+
+SUBMISSION = {"job": [{"target": ["site-a", "site-b"], "do": "make test", "timeout": 600}]}
+BAD_SUBMISSION = {
+    "priority": "high",
+    "job": [{"target": [], "do": "", "retry_strategy": {"max_retries": -1}, "cmd": "ls"}],
+}
+
+
+@dataclass
+class Run:
+    exit_code: int
+    stdout: str
+    stderr: str
+
+
+Jobdist = Callable[..., Run]
+
+
+def run_in_process(args: list[str], stdin: str | None) -> Run:
+    result = CliRunner().invoke(main, args, input=stdin)
+    return Run(result.exit_code, result.stdout, result.stderr)
+
+
+def run_as_process(args: list[str], stdin: str | None) -> Run:
+    done = subprocess.run(
+        [sys.executable, "-m", "jobdist.cli", *args],
+        input=stdin, capture_output=True, text=True, timeout=30,
+    )
+    return Run(done.returncode, done.stdout, done.stderr)
+
+
+@pytest.fixture(params=[run_in_process, run_as_process], ids=["runner", "process"])
+def jobdist(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Jobdist:
+    """Runs `jobdist ARGS` in a fresh working directory, both ways."""
+    monkeypatch.chdir(tmp_path)
+
+    def run(*args: str, stdin: str | None = None) -> Run:
+        result = request.param(list(args), stdin)
+        assert "Traceback" not in result.stdout + result.stderr
+        return result
+
+    return run
+
+
+def write(name: str, content: Any) -> str:
+    Path(name).write_text(content if isinstance(content, str) else json.dumps(content))
+    return name
+
+
+def test_a_good_submission_is_ok(jobdist: Jobdist) -> None:
+    result = jobdist("validate", write("job.json", SUBMISSION))
+    assert (result.exit_code, result.stdout, result.stderr) == (0, "job.json: ok\n", "")
+
+
+def test_a_bad_submission_lists_every_error(jobdist: Jobdist) -> None:
+    result = jobdist("validate", write("job.json", BAD_SUBMISSION))
+    expected = [f"job.json: {error}" for error in validate_submission(BAD_SUBMISSION)]
+    assert result.exit_code == 1
+    assert result.stdout.splitlines() == expected
+    assert "job.json: priority: must be an integer" in expected
+    assert "job.json: job[0].cmd: unknown field" in expected
+
+
+def test_stdin(jobdist: Jobdist) -> None:
+    assert jobdist("validate", "-", stdin=json.dumps(SUBMISSION)).stdout == "<stdin>: ok\n"
+    result = jobdist("validate", "-", stdin=json.dumps({"job": []}))
+    assert (result.exit_code, result.stdout) == (
+        1, "<stdin>: job: must be a non-empty list of steps\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('{"job": [', "job.json: not valid JSON: Expecting value: line 1 column 10 (char 9)"),
+        ('{"priority": NaN}', "job.json: not valid JSON: NaN is not a JSON value"),
+        ("[" * 100_000 + "]" * 100_000, "job.json: not valid JSON: nested too deeply"),
+        (None, "job.json: cannot read: No such file or directory"),
+    ],
+    ids=["not-json", "nan", "deep", "missing"],
+)
+def test_an_unreadable_file_is_one_line_and_exit_2(
+    jobdist: Jobdist, content: str | None, message: str
+) -> None:
+    if content is not None:
+        write("job.json", content)
+    result = jobdist("validate", "job.json")
+    assert (result.exit_code, result.stdout, result.stderr) == (2, "", message + "\n")
+
+
+def test_the_cli_and_couchdb_refuse_with_the_same_errors(db_url: str, tmp_path: Path) -> None:
+    for design in load_design_docs():
+        requests.put(f"{db_url}/{design['_id']}", json=design, timeout=10).raise_for_status()
+    stored = {
+        "_id": "job-1", "type": "job", "creator": "site-a", "priority": 0,
+        "created_at": "2026-11-22T00:35:12.123456Z", "updated_at": "2026-11-22T00:35:12Z",
+        "step": 0, "job_status": None, "history": [],
+        **BAD_SUBMISSION,
+    }
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps(stored))
+    cli = CliRunner().invoke(main, ["validate", str(path)])
+    couch = requests.put(f"{db_url}/job-1", json=stored, timeout=10)
+    assert couch.status_code == 403
+    cli_errors = [line.removeprefix(f"{path}: ") for line in cli.stdout.splitlines()]
+    assert cli_errors == validate_job(stored)
+    assert format_errors(cli_errors) == couch.json()["reason"]

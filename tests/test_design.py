@@ -1,0 +1,204 @@
+"""The design document: built from couch_design/, and its views on a real server."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from jobdist.design import DESIGN_DIR, load_design_docs
+
+Doc = dict[str, Any]
+VIEWS = {"live", "claimable", "claimed_unassigned", "stale_open", "by_status", "running",
+         "involving"}
+
+
+def test_the_repository_design_doc_has_every_function() -> None:
+    [design] = load_design_docs()
+    assert (DESIGN_DIR / "jobdist" / "validate_doc_update.js").is_file()
+    assert design["_id"] == "_design/jobdist"
+    assert design["language"] == "javascript"
+    assert set(design["views"]) == VIEWS
+    assert design["views"]["by_status"]["reduce"] == "_count"
+    assert all(set(view) == {"map"} for name, view in design["views"].items()
+               if name != "by_status")
+    assert set(design["filters"]) == {"jobs"}
+    assert load_design_docs() == [design]
+
+
+def function_sources(design: Doc) -> list[str]:
+    views = design["views"].values()
+    return [
+        design["validate_doc_update"],
+        *(view["map"] for view in views),
+        *(view["reduce"] for view in views if not view.get("reduce", "_").startswith("_")),
+        *design["filters"].values(),
+    ]
+
+
+def test_every_function_starts_with_function() -> None:
+    # Servers evaluate "return " + source: a leading comment would return undefined.
+    for source in function_sources(load_design_docs()[0]):
+        assert source.startswith("function ("), source[:40]
+
+
+ACORN = DESIGN_DIR.parent / "node_modules" / "acorn"
+PARSE_ES5 = """
+const acorn = require(process.argv[1]);
+for (const source of JSON.parse(require("fs").readFileSync(0, "utf8"))) {
+  acorn.parse("(" + source + ")", {ecmaVersion: 5});
+}
+"""
+
+
+@pytest.mark.skipif(shutil.which("node") is None or not ACORN.is_dir(), reason="needs node, acorn")
+def test_every_function_is_es5() -> None:
+    # CouchDB's and pouchdb-server's engines may be old: no let, const, arrows, templates.
+    sources = json.dumps(function_sources(load_design_docs()[0]))
+    parse = subprocess.run(["node", "-e", PARSE_ES5, str(ACORN)], input=sources, text=True,
+                           capture_output=True)
+    assert parse.returncode == 0, parse.stderr
+
+
+def test_load_design_docs_builds_from_any_tree(tmp_path: Path) -> None:
+    (tmp_path / "b" / "views" / "count").mkdir(parents=True)
+    (tmp_path / "b" / "views" / "count" / "map.js").write_text("function (doc) {}\n\n")
+    (tmp_path / "b" / "views" / "count" / "reduce.js").write_text("_sum  \n")
+    (tmp_path / "b" / "filters").mkdir()
+    (tmp_path / "b" / "filters" / "all.js").write_text("function (doc, req) { return true; }\n")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "validate_doc_update.js").write_text("function (d) {}\n")
+    (tmp_path / "notes.txt").write_text("not a design doc")
+    assert load_design_docs(tmp_path) == [
+        {"_id": "_design/a", "language": "javascript", "validate_doc_update": "function (d) {}"},
+        {
+            "_id": "_design/b",
+            "language": "javascript",
+            "views": {"count": {"map": "function (doc) {}", "reduce": "_sum"}},
+            "filters": {"all": "function (doc, req) { return true; }"},
+        },
+    ]
+
+
+# --- the views on a real server ---------------------------------------------------
+
+RETRY = {"max_retries": 0}
+
+
+def step(**fields: Any) -> Doc:
+    return {"target": "any", "do": "true", "retry_strategy": RETRY, **fields}
+
+
+def job(doc_id: str, creator: str, created_at: str, steps: list[Doc], **fields: Any) -> Doc:
+    return {
+        "_id": doc_id, "type": "job", "creator": creator, "priority": 0,
+        "created_at": created_at, "updated_at": created_at, "step": 0, "job_status": None,
+        "job": steps, "history": [], **fields,
+    }
+
+
+def t(minute: int) -> str:
+    return f"2026-11-22T00:{minute:02d}:00.000000Z"
+
+
+DONE = step(claimed_by="beta", winner="beta", step_status="finished", epoch=1)
+JOBS = [
+    # Open, for anyone.
+    job("a", "alpha", t(1), [step()]),
+    # Open, for two sites; kept alive after its last update.
+    job("b", "alpha", t(2), [step(target=["beta", "gamma"], epoch=2)], priority=5,
+        updated_at=t(3), keepalive_at=t(9)),
+    # Claimed by gamma; its creator beta has not chosen a winner yet.
+    job("c", "beta", t(4), [step(target="gamma", claimed_by="gamma")]),
+    # Second step running at beta.
+    job("d", "alpha", t(5), [DONE, step(claimed_by="beta", winner="beta", step_status="running",
+                                        executioner="beta/w1", start_time=t(6), epoch=1)],
+        step=1),
+    job("e", "beta", t(7), [DONE], step=1, job_status="success"),
+    job("f", "gamma", t(8), [DONE], job_status="failed"),
+]
+
+
+@pytest.fixture
+def jobs_db(db_url: str) -> str:
+    for design in load_design_docs():
+        requests.put(f"{db_url}/{design['_id']}", json=design, timeout=10).raise_for_status()
+    saved = requests.post(f"{db_url}/_bulk_docs", json={"docs": JOBS}, timeout=10).json()
+    assert all(result.get("ok") for result in saved), saved
+    return db_url
+
+
+def rows(db_url: str, view: str, **params: Any) -> list[tuple[Any, Any, str | None]]:
+    query = {key: json.dumps(value) for key, value in params.items()}
+    response = requests.get(f"{db_url}/_design/jobdist/_view/{view}", params=query, timeout=10)
+    response.raise_for_status()
+    return [(row["key"], row["value"], row.get("id")) for row in response.json()["rows"]]
+
+
+def test_live(jobs_db: str) -> None:
+    assert rows(jobs_db, "live") == [
+        (["alpha", t(1)], None, "a"),
+        (["alpha", t(2)], None, "b"),
+        (["alpha", t(5)], None, "d"),
+        (["beta", t(4)], None, "c"),
+    ]
+
+
+def test_claimable_has_a_row_per_target_best_first(jobs_db: str) -> None:
+    assert rows(jobs_db, "claimable") == [
+        (["any", 0, t(1)], {"step": 0, "epoch": 0}, "a"),
+        (["beta", -5, t(2)], {"step": 0, "epoch": 2}, "b"),
+        (["gamma", -5, t(2)], {"step": 0, "epoch": 2}, "b"),
+    ]
+    for_gamma = rows(jobs_db, "claimable", startkey=["gamma"], endkey=["gamma", {}])
+    assert [row[2] for row in for_gamma] == ["b"]
+
+
+def test_claimed_unassigned(jobs_db: str) -> None:
+    assert rows(jobs_db, "claimed_unassigned") == [(["beta", t(4)], "gamma", "c")]
+
+
+def test_stale_open_uses_the_later_of_update_and_keepalive(jobs_db: str) -> None:
+    assert rows(jobs_db, "stale_open") == [
+        (["alpha", t(1)], {"priority": 0}, "a"),
+        (["alpha", t(9)], {"priority": 5}, "b"),
+    ]
+    stale = rows(jobs_db, "stale_open", startkey=["alpha"], endkey=["alpha", t(5)])
+    assert [row[2] for row in stale] == ["a"]
+
+
+def test_by_status_counts(jobs_db: str) -> None:
+    counts = rows(jobs_db, "by_status", reduce=True, group_level=1)
+    assert counts == [(["failed"], 1, None), (["live"], 4, None), (["success"], 1, None)]
+    assert rows(jobs_db, "by_status", reduce=False, key=["success", t(7)]) == [
+        (["success", t(7)], None, "e")
+    ]
+
+
+def test_running(jobs_db: str) -> None:
+    assert rows(jobs_db, "running") == [
+        (["beta", t(6)], {"step": 1, "executioner": "beta/w1"}, "d")
+    ]
+
+
+def test_involving_names_each_site_once(jobs_db: str) -> None:
+    involved = rows(jobs_db, "involving")
+    assert sorted((key, doc_id) for key, _, doc_id in involved) == [
+        ("alpha", "a"), ("alpha", "b"), ("alpha", "d"), ("beta", "c"), ("beta", "d"),
+        ("gamma", "c"),
+    ]
+
+
+def test_jobs_filter_passes_jobs_and_deletions_only(jobs_db: str) -> None:
+    rev = requests.get(f"{jobs_db}/a", timeout=10).json()["_rev"]
+    requests.delete(f"{jobs_db}/a", params={"rev": rev}, timeout=10).raise_for_status()
+    changes = requests.get(
+        f"{jobs_db}/_changes", params={"filter": "jobdist/jobs"}, timeout=10
+    ).json()["results"]
+    assert sorted(change["id"] for change in changes) == ["a", "b", "c", "d", "e", "f"]
+    assert [change.get("deleted") for change in changes if change["id"] == "a"] == [True]

@@ -1,0 +1,417 @@
+"""The job rules in Python, and their twin in CouchDB's validate_doc_update.
+
+The corpus at the end is PUT into a real server: each malformed document must
+be refused with exactly the reason the Python side gives.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import subprocess
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import requests
+
+from jobdist.design import load_design_docs
+from jobdist.validation import (
+    MAX_DOC_SIZE,
+    InvalidJob,
+    check_job,
+    format_errors,
+    json_size,
+    validate_job,
+    validate_submission,
+)
+
+Doc = dict[str, Any]
+T0 = "2026-11-22T00:35:12.123456Z"
+T1 = "2026-11-22T00:36:00.000000Z"
+SITE_NAME = "a site name (1-64 characters of a-z, 0-9, _ and -, starting with a letter or digit)"
+SITE_RULE = "must be " + SITE_NAME
+ISO_RULE = "an ISO 8601 UTC time ending in Z (YYYY-MM-DDTHH:MM:SS[.ffffff]Z)"
+MISSING = object()  # a `change` value that removes the field
+
+
+def step(**fields: Any) -> Doc:
+    """A complete step, as stored once submitted."""
+    return {
+        "target": "any",
+        "do": "sleep 5",
+        "alt_do": None,
+        "timeout": 3600,
+        "retry_strategy": {
+            "max_retries": 3, "max_time": None, "sleep": 1, "sleep_factor": 2, "sleep_max": 10,
+        },
+        "epoch": 0,
+        "claimed_by": None,
+        "winner": None,
+        "executioner": None,
+        "step_status": None,
+        "exec_time": None,
+        "start_time": None,
+        "finish_time": None,
+        "attempts": 0,
+        "exit_code": None,
+        "output": None,
+        **fields,
+    }
+
+
+def job(**fields: Any) -> Doc:
+    """The example job of docs/job-document.md, with one history event."""
+    return {
+        "_id": "job-20261122T003512.123456Z-3fa9c2d1",
+        "type": "job",
+        "creator": "global",
+        "priority": 0,
+        "created_at": T0,
+        "updated_at": T0,
+        "step": 0,
+        "job_status": None,
+        "job": [step()],
+        "history": [
+            {"event": "created", "step": 0, "site": "global", "worker": None, "epoch": 0,
+             "at": T0, "detail": None},
+        ],
+        **fields,
+    }
+
+
+def change(doc: Doc, path: tuple[str | int, ...], value: Any) -> Doc:
+    """A copy of doc with the value at path replaced (or removed, for MISSING)."""
+    changed = copy.deepcopy(doc)
+    parent = changed
+    for key in path[:-1]:
+        parent = parent[key]
+    if value is MISSING:
+        del parent[path[-1]]
+    else:
+        parent[path[-1]] = value
+    return changed
+
+
+# --- documents the rules accept ----------------------------------------------------
+
+
+def finished_job() -> Doc:
+    done = step(
+        claimed_by="site-b", winner="site-b", executioner="site-b/w1", step_status="finished",
+        exec_time=1.5, start_time=T0, finish_time=T1, attempts=1, exit_code=0, epoch=1,
+        output={"stdout": "hi\n", "stderr": ""},
+    )
+    return job(step=1, job_status="success", job=[done], keepalive_at=T1)
+
+
+def minimal_job() -> Doc:
+    """Runtime step fields, alt_do and timeout left out: they take their initial values."""
+    return job(job=[{"target": ["a", "b-2", "c_3"], "do": "true", "retry_strategy": {
+        "max_retries": 0}}])
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        job(),
+        finished_job(),
+        minimal_job(),
+        job(priority=-7, future_field={"anything": [1, 2]}),
+        job(priority=2.0),  # JavaScript cannot tell 2.0 from 2
+        {"_id": "job-x", "_rev": "1-abc", "_deleted": True},
+        {"_id": "_design/other", "views": {}},
+    ],
+    ids=["example", "finished", "minimal", "extra-top-level", "integral-float", "deleted",
+         "design"],
+)
+def test_valid_documents_pass(doc: Doc) -> None:
+    assert validate_job(doc) == []
+    check_job(doc)
+
+
+# --- one failing case per rule -----------------------------------------------------
+
+CASES: list[tuple[str, tuple[str | int, ...], Any, str]] = [
+    ("type", ("type",), "task", 'type: must be "job"'),
+    ("creator", ("creator",), "Global", f"creator: {SITE_RULE}"),
+    ("creator-long", ("creator",), "a" * 65, f"creator: {SITE_RULE}"),
+    ("creator-dash", ("creator",), "-a", f"creator: {SITE_RULE}"),
+    ("creator-newline", ("creator",), "a\n", f"creator: {SITE_RULE}"),
+    ("priority", ("priority",), "high", "priority: must be an integer"),
+    ("priority-float", ("priority",), 1.5, "priority: must be an integer"),
+    ("created_at", ("created_at",), "2026-11-22T00:35:12+01:00", f"created_at: must be {ISO_RULE}"),
+    ("updated_at", ("updated_at",), MISSING, "updated_at: is missing"),
+    ("step-range", ("step",), 2, "step: must be between 0 and 1 (the number of steps)"),
+    ("step-negative", ("step",), -1, "step: must be between 0 and 1 (the number of steps)"),
+    ("job_status", ("job_status",), "done",
+     'job_status: must be one of null, "success", "failed", "cancelled"'),
+    ("job-empty", ("job",), [], "job: must be a non-empty list of steps"),
+    ("job-many", ("job",), [step()] * 1001, "job: must have at most 1000 steps"),
+    ("step-not-object", ("job", 0), "sleep 1", "job[0]: must be an object"),
+    ("target", ("job", 0, "target"), 3,
+     'job[0].target: must be "any", a site name or a non-empty list of site names'),
+    ("target-empty", ("job", 0, "target"), [], "job[0].target: must not be an empty list"),
+    ("target-item", ("job", 0, "target"), ["a", "B"], f"job[0].target[1]: {SITE_RULE}"),
+    ("target-duplicate", ("job", 0, "target"), ["a", "a"],
+     "job[0].target[1]: duplicate site name"),
+    ("do", ("job", 0, "do"), "", "job[0].do: must be a non-empty string"),
+    ("do-long", ("job", 0, "do"), "x" * 65537, "job[0].do: must be at most 65536 characters long"),
+    # Lengths count UTF-16 code units, as JavaScript does: each emoji is 2.
+    ("do-long-utf16", ("job", 0, "do"), "\U0001f600" * 32769,
+     "job[0].do: must be at most 65536 characters long"),
+    ("alt_do", ("job", 0, "alt_do"), "", "job[0].alt_do: must be null or a non-empty string"),
+    ("timeout", ("job", 0, "timeout"), 0, "job[0].timeout: must be null or a number > 0"),
+    ("retry-missing", ("job", 0, "retry_strategy"), MISSING, "job[0].retry_strategy: is missing"),
+    ("retry-type", ("job", 0, "retry_strategy"), [], "job[0].retry_strategy: must be an object"),
+    ("max_retries", ("job", 0, "retry_strategy", "max_retries"), MISSING,
+     "job[0].retry_strategy.max_retries: is missing"),
+    ("max_time", ("job", 0, "retry_strategy", "max_time"), 0,
+     "job[0].retry_strategy.max_time: must be null or a number > 0"),
+    ("sleep", ("job", 0, "retry_strategy", "sleep"), -1,
+     "job[0].retry_strategy.sleep: must be null or a number >= 0"),
+    ("sleep_factor", ("job", 0, "retry_strategy", "sleep_factor"), 0.5,
+     "job[0].retry_strategy.sleep_factor: must be null or a number >= 1"),
+    ("sleep_max", ("job", 0, "retry_strategy", "sleep_max"), "10",
+     "job[0].retry_strategy.sleep_max: must be null or a number >= 0"),
+    ("retry-unknown", ("job", 0, "retry_strategy", "jitter"), 1,
+     "job[0].retry_strategy.jitter: unknown field"),
+    ("epoch", ("job", 0, "epoch"), -1, "job[0].epoch: must be an integer >= 0"),
+    ("claimed_by", ("job", 0, "claimed_by"), "", f"job[0].claimed_by: must be null or {SITE_NAME}"),
+    ("winner", ("job", 0, "winner"), 7, f"job[0].winner: must be null or {SITE_NAME}"),
+    ("executioner", ("job", 0, "executioner"), 1, "job[0].executioner: must be null or a string"),
+    ("step_status", ("job", 0, "step_status"), "paused",
+     'job[0].step_status: must be one of null, "running", "finished", "failed"'),
+    ("exec_time", ("job", 0, "exec_time"), -0.5, "job[0].exec_time: must be null or a number >= 0"),
+    ("start_time", ("job", 0, "start_time"), "2026-11-22 00:35:12Z",
+     f"job[0].start_time: must be null or {ISO_RULE}"),
+    ("finish_time", ("job", 0, "finish_time"), "2026-13-01T00:00:00Z",
+     f"job[0].finish_time: must be null or {ISO_RULE}"),
+    ("attempts", ("job", 0, "attempts"), 1.5, "job[0].attempts: must be an integer >= 0"),
+    ("exit_code", ("job", 0, "exit_code"), "1", "job[0].exit_code: must be null or an integer"),
+    ("output", ("job", 0, "output"), "done",
+     "job[0].output: must be null or an object {stdout, stderr}"),
+    ("output-missing", ("job", 0, "output"), {"stdout": ""}, "job[0].output.stderr: is missing"),
+    ("output-long", ("job", 0, "output"), {"stdout": "x" * 4097, "stderr": ""},
+     "job[0].output.stdout: must be at most 4096 characters long"),
+    ("step-unknown", ("job", 0, "command"), "ls", "job[0].command: unknown field"),
+    ("history", ("history",), {}, "history: must be a list"),
+    ("history-item", ("history", 0), "created", "history[0]: must be an object"),
+    ("event", ("history", 0, "event"), "exploded",
+     'history[0].event: must be one of "created", "claimed", "won", "started", "retried", '
+     '"finished", "failed", "released", "cancelled", "stale_finish", "invalid"'),
+    ("event-step", ("history", 0, "step"), None, "history[0].step: must be an integer >= 0"),
+    ("event-site", ("history", 0, "site"), MISSING, "history[0].site: is missing"),
+    ("event-worker", ("history", 0, "worker"), 3, "history[0].worker: must be null or a string"),
+    ("event-epoch", ("history", 0, "epoch"), "1", "history[0].epoch: must be an integer >= 0"),
+    ("event-at", ("history", 0, "at"), "2026-11-22T00:35:12", f"history[0].at: must be {ISO_RULE}"),
+    ("event-detail", ("history", 0, "detail"), [], "history[0].detail: must be null or a string"),
+    ("event-unknown", ("history", 0, "why"), "x", "history[0].why: unknown field"),
+    ("keepalive_at", ("keepalive_at",), None, f"keepalive_at: must be {ISO_RULE}"),
+]
+
+
+@pytest.mark.parametrize(("path", "value", "expected"), [c[1:] for c in CASES],
+                         ids=[c[0] for c in CASES])
+def test_each_rule_has_its_message(path: tuple[str | int, ...], value: Any, expected: str) -> None:
+    assert validate_job(change(job(), path, value)) == [expected]
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        (("priority",), True),
+        (("step",), False),
+        (("job", 0, "epoch"), True),
+        (("job", 0, "attempts"), False),
+        (("job", 0, "exit_code"), True),
+        (("job", 0, "timeout"), True),
+        (("job", 0, "retry_strategy", "max_retries"), True),
+        (("history", 0, "step"), False),
+    ],
+)
+def test_a_bool_is_not_a_number(path: tuple[str | int, ...], value: bool) -> None:
+    assert len(validate_job(change(job(), path, value))) == 1
+
+
+def test_all_errors_are_reported_at_once() -> None:
+    doc = job(priority=None, step="0", job=[step(do=""), {"target": "any"}])
+    assert validate_job(doc) == [
+        "priority: must be an integer",
+        "step: must be an integer",
+        "job[0].do: must be a non-empty string",
+        "job[1].do: is missing",
+        "job[1].retry_strategy: is missing",
+    ]
+
+
+def test_without_type_only_the_type_is_reported() -> None:
+    assert validate_job({"creator": 5}) == ['type: must be "job"']
+    assert validate_job(["not", "an", "object"]) == ["document: must be a JSON object"]
+
+
+def test_unknown_step_fields_are_reported_in_javascript_sort_order() -> None:
+    doc = change(job(), ("job", 0), step(zeta=1, alpha=2, **{"10": 3, "9": 4}))
+    assert [e.split(":")[0] for e in validate_job(doc)] == [
+        "job[0].10", "job[0].9", "job[0].alpha", "job[0].zeta",
+    ]
+
+
+def test_too_large_documents_are_refused() -> None:
+    doc = job(attachment_like="x" * MAX_DOC_SIZE)
+    assert validate_job(doc) == [
+        "document: too large: its JSON exceeds 1048576 characters (1 MiB)"
+    ]
+
+
+def test_check_job_raises_with_every_error() -> None:
+    with pytest.raises(InvalidJob) as raised:
+        check_job(job(priority="1", creator=""))
+    assert raised.value.errors == ["creator: " + SITE_RULE, "priority: must be an integer"]
+    assert str(raised.value) == format_errors(raised.value.errors)
+    assert isinstance(raised.value, ValueError)
+
+
+def test_submission_gets_server_fields_but_keeps_what_it_has() -> None:
+    submission = {"job": [{"target": "any", "do": "true"}]}
+    assert validate_job(submission) == ['type: must be "job"']
+    assert validate_submission(submission) == []
+    assert validate_submission({**submission, "priority": "high"}) == [
+        "priority: must be an integer"
+    ]
+    assert validate_submission({"job": [{"do": "true"}]}) == ["job[0].target: is missing"]
+    assert validate_submission([]) == ["document: must be a JSON object"]
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+def test_json_size_is_what_javascript_measures() -> None:
+    values: list[Any] = [
+        1.0, -0.0, 0.1, 1e21, 1e-7, 123456789.125, -1.5e-7, 2**60, 1e16, 5e-324,
+        "é😀\u2028\x00\x1f\"\\\n", "\ud800", True, None, [], {}, {"a": [1, {"b": None}]},
+    ]
+    docs = [{"v": value, "_rev": "1-a", "_revisions": {"ids": ["a"]}} for value in values]
+    script = (
+        "const docs = JSON.parse(require('fs').readFileSync(0, 'utf8'));"
+        "console.log(JSON.stringify(docs.map(d => { delete d._rev; delete d._revisions;"
+        " return JSON.stringify(d).length; })));"
+    )
+    node = subprocess.run(
+        ["node", "-e", script], input=json.dumps(docs), capture_output=True, text=True, check=True
+    )
+    assert [json_size(doc) for doc in docs] == json.loads(node.stdout)
+
+
+def test_json_size_survives_deep_nesting() -> None:
+    nested: list[Any] = []
+    for _ in range(5000):
+        nested = [nested]
+    assert json_size({"v": nested}) == len('{"v":}') + 2 * 5001
+
+
+# --- the same rules in CouchDB -------------------------------------------------------
+
+
+def upload_design_docs(db_url: str) -> None:
+    for design in load_design_docs():
+        requests.put(f"{db_url}/{design['_id']}", json=design, timeout=10).raise_for_status()
+
+
+def variant(doc: Doc, path: tuple[str | int, ...], value: Any) -> Callable[[], Doc]:
+    return lambda: change(doc, path, value)
+
+
+CORPUS: list[tuple[str, Callable[[], Doc]]] = [
+    ("wrong-type", variant(job(), ("type",), "task")),
+    ("no-type", variant(job(), ("type",), MISSING)),
+    ("creator-uppercase", variant(job(), ("creator",), "Global")),
+    ("priority-string", variant(job(), ("priority",), "high")),
+    ("priority-bool", variant(job(), ("priority",), True)),
+    ("priority-fraction", variant(job(), ("priority",), 0.5)),
+    ("created-not-utc", variant(job(), ("created_at",), "2026-11-22T01:35:12+01:00")),
+    ("updated-missing", variant(job(), ("updated_at",), MISSING)),
+    ("step-out-of-range", variant(job(), ("step",), 3)),
+    ("status-unknown", variant(job(), ("job_status",), "done")),
+    ("job-empty", variant(job(), ("job",), [])),
+    ("job-object", variant(job(), ("job",), {"0": step()})),
+    ("target-empty-list", variant(job(), ("job", 0, "target"), [])),
+    ("target-bad-items", variant(job(), ("job", 0, "target"), ["a", "a", "B", 1, "any"])),
+    ("target-number", variant(job(), ("job", 0, "target"), 7)),
+    ("do-missing", variant(job(), ("job", 0, "do"), MISSING)),
+    ("do-too-long-utf16", variant(job(), ("job", 0, "do"), "\U0001f600" * 32769)),
+    ("retry-bad", variant(job(), ("job", 0, "retry_strategy"),
+                        {"sleep_factor": 0.5, "max_time": 0, "sleep": "1", "extra": None})),
+    ("retry-not-object", variant(job(), ("job", 0, "retry_strategy"), "3 times")),
+    ("output-huge", variant(job(), ("job", 0, "output"), {"stdout": "x" * 5000, "stderr": 1})),
+    ("step-unknown-fields", variant(job(), ("job", 0), step(command="ls", **{"2": 0, "Z": 1}))),
+    ("runtime-bad", variant(job(), ("job", 0), step(
+        epoch=-1, claimed_by="X", winner=True, step_status="paused", attempts=1.5,
+        exit_code="1", start_time="yesterday", exec_time=-1, executioner=[]))),
+    ("history-bad", variant(job(), ("history",), [
+        {"event": "exploded", "step": -1, "at": "2026-11-22T00:35:12", "epoch": "1"}, 5])),
+    ("keepalive-null", variant(job(), ("keepalive_at",), None)),
+    ("too-large", variant(job(), ("blob",), "x" * MAX_DOC_SIZE)),
+    ("too-many-steps", variant(job(), ("job",), [step(do=f"echo {i}") for i in range(1001)])),
+    ("everything-wrong", lambda: {
+        "_id": "job-bad", "type": "job", "creator": 1, "priority": [], "created_at": 0,
+        "step": None,
+        "job_status": False, "job": [None, {"target": "any", "do": 3}], "history": None,
+    }),
+]
+
+
+@pytest.mark.parametrize("make_doc", [c[1] for c in CORPUS], ids=[c[0] for c in CORPUS])
+def test_couchdb_refuses_with_the_python_reason(db_url: str, make_doc: Callable[[], Doc]) -> None:
+    upload_design_docs(db_url)
+    doc = make_doc()
+    expected = validate_job(doc)
+    assert expected, "the corpus holds malformed documents only"
+    response = requests.put(f"{db_url}/{doc['_id']}", json=doc, timeout=10)
+    assert response.status_code == 403, response.text
+    assert response.json() == {"error": "forbidden", "reason": format_errors(expected)}
+
+
+def test_couchdb_accepts_valid_jobs_and_deletions(db_url: str) -> None:
+    upload_design_docs(db_url)
+    for doc in (job(), change(finished_job(), ("_id",), "job-2"), minimal_job() | {"_id": "j3"}):
+        response = requests.put(f"{db_url}/{doc['_id']}", json=doc, timeout=10)
+        assert response.status_code == 201, response.text
+    rev = requests.get(f"{db_url}/j3", timeout=10).json()["_rev"]
+    deletion = {"_id": "j3", "_rev": rev, "_deleted": True}
+    assert requests.put(f"{db_url}/j3", json=deletion, timeout=10).status_code == 201
+    assert requests.get(f"{db_url}/j3", timeout=10).status_code == 404
+    rev = requests.get(f"{db_url}/job-2", timeout=10).json()["_rev"]
+    response = requests.delete(f"{db_url}/job-2", params={"rev": rev}, timeout=10)
+    assert response.status_code == 200, response.text
+
+
+def test_couchdb_refuses_other_documents(db_url: str) -> None:
+    upload_design_docs(db_url)
+    response = requests.post(db_url, json={"hello": "world"}, timeout=10)
+    assert response.status_code == 403
+    assert response.json()["reason"] == 'type: must be "job"'
+
+
+def sized_job(size: int, rev: str | None = None) -> Doc:
+    """A job whose JSON is exactly `size` characters long, as JavaScript counts them."""
+    doc = job(_id="job-sized", numbers=[0.1, 1e21, 2.0, -1e-7], text="é😀\n")
+    if rev:
+        doc["_rev"] = rev
+    doc["blob"] = ""
+    doc["blob"] = "x" * (size - json_size(doc))
+    assert json_size(doc) == size
+    return doc
+
+
+def test_the_size_limit_is_the_same_on_both_sides(db_url: str) -> None:
+    upload_design_docs(db_url)
+    url = f"{db_url}/job-sized"
+    created = requests.put(url, json=sized_job(MAX_DOC_SIZE), timeout=10)
+    assert created.status_code == 201, created.text
+    # An update: the server's document now carries _rev and _revisions, not measured.
+    too_large = sized_job(MAX_DOC_SIZE + 1, rev=created.json()["rev"])
+    response = requests.put(url, json=too_large, timeout=10)
+    assert response.status_code == 403
+    assert response.json()["reason"] == format_errors(validate_job(too_large))
+    at_limit = sized_job(MAX_DOC_SIZE, rev=created.json()["rev"])
+    assert requests.put(url, json=at_limit, timeout=10).status_code == 201
