@@ -1,0 +1,732 @@
+"""Shell-command workers: run one step's `do` (with retries and `alt_do`) and a slot pool.
+
+`run_step` runs a step's command in a process group of its own so a timeout or a
+cancel can kill everything the command started, keeps only the last
+OUTPUT_TAIL_BYTES of each output stream, and applies the step's retry strategy.
+`WorkerPool` holds the site's worker slots (free, booked, busy) and runs steps in
+daemon threads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import IO, Any
+
+logger = logging.getLogger("jobdist.workers")
+
+OUTPUT_TAIL_BYTES = 4096
+KILL_GRACE_SECONDS = 2.0  # between SIGTERM and SIGKILL of a process group
+POLL_SECONDS = 0.05  # how often waits look at the cancel event and the deadline
+READER_JOIN_SECONDS = 2.0  # how long to wait for EOF once the process group is gone
+_READ_CHUNK = 65536
+
+StepKey = tuple[str, int]
+RetryCallback = Callable[[int, str], None]
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """How a step ended; the fields map onto the job document's step fields."""
+
+    ok: bool  # do (or alt_do) finally exited 0
+    used_alt: bool  # the result comes from alt_do
+    exit_code: int | None  # of the last attempt (None if killed by timeout/cancel)
+    attempts: int  # attempts made, do retries and alt_do included
+    exec_time: float  # seconds from the first attempt's start to the end
+    start_time: str  # ISO 8601 UTC with microseconds and "Z"
+    finish_time: str
+    stdout: str  # last OUTPUT_TAIL_BYTES of the last attempt's stdout
+    stderr: str
+    reason: str  # human-readable outcome, e.g. "exit 3 after 4 attempts"
+    cancelled: bool = False
+    timed_out: bool = False
+
+
+def utc_now_iso() -> str:
+    """The current UTC time as the job document writes it: microseconds and a "Z"."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def retry_delays(strategy: Mapping[str, Any]) -> Iterator[float]:
+    """The sleeps before retries 1..max_retries, in order (pure; max_time is applied later).
+
+    `sleep` before the first retry, multiplied by `sleep_factor` for each later one
+    (None: fixed), never above `sleep_max` (None: no cap); None sleep means 0.
+    """
+    delay = float(strategy.get("sleep") or 0)
+    factor = strategy.get("sleep_factor")
+    cap = strategy.get("sleep_max")
+    for _ in range(int(strategy.get("max_retries") or 0)):
+        yield delay if cap is None else min(delay, float(cap))
+        if factor is not None:
+            delay *= factor  # float multiplication saturates at inf instead of raising
+
+
+# --- one attempt: a process group, its output tails, its end ------------------------------
+
+
+class _TailReader:
+    """Reads one pipe to EOF in a daemon thread, keeping only the last `limit` bytes."""
+
+    def __init__(self, stream: IO[bytes], name: str, limit: int = OUTPUT_TAIL_BYTES) -> None:
+        self._stream = stream
+        self._limit = limit
+        self._tail = bytearray()
+        self._truncated = False
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._read_all, name=name, daemon=True)
+        self._thread.start()
+
+    def _read_all(self) -> None:
+        # The reader owns the pipe and closes it only at EOF, so an abandoned reader
+        # (see join) never has its descriptor closed and reused under it.
+        with self._stream:
+            while chunk := self._stream.read(_READ_CHUNK):
+                with self._lock:
+                    self._tail += chunk
+                    if len(self._tail) > self._limit:
+                        del self._tail[: -self._limit]
+                        self._truncated = True
+
+    def join(self, timeout: float) -> bool:
+        """Wait for EOF; False if a process outside the group still holds the pipe open."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def text(self) -> str:
+        """The tail decoded as UTF-8; undecodable bytes and NULs become U+FFFD."""
+        with self._lock:
+            data = bytes(self._tail)
+            if self._truncated:
+                data = _drop_leading_continuation_bytes(data)
+        return data.decode("utf-8", errors="replace").replace("\x00", "\ufffd")
+
+
+def _drop_leading_continuation_bytes(data: bytes) -> bytes:
+    """Cutting a tail may split a UTF-8 character; drop its orphaned continuation bytes."""
+    start = 0
+    while start < min(3, len(data)) and data[start] & 0xC0 == 0x80:
+        start += 1
+    return data[start:]
+
+
+@dataclass(frozen=True)
+class _Attempt:
+    """The end of one attempt of `do` or `alt_do`."""
+
+    number: int
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    timed_out: bool = False
+    cancelled: bool = False
+    outcome: str = ""  # "exit 3", "timed out after 2.0 s", "killed by SIGSEGV", "cancelled"
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not (self.timed_out or self.cancelled)
+
+
+@dataclass(frozen=True)
+class _LogContext:
+    """Who runs what, for log lines; read from the env the caller passes to the command."""
+
+    job: str
+    step: str
+    site: str
+    worker: str
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> _LogContext:
+        return cls(
+            job=env.get("JOBDIST_JOB_ID", "-"),
+            step=env.get("JOBDIST_STEP", "-"),
+            site=env.get("JOBDIST_SITE", "-"),
+            worker=env.get("JOBDIST_WORKER", "-"),
+        )
+
+    def __str__(self) -> str:
+        return f"job={self.job} step={self.step} site={self.site} worker={self.worker}"
+
+
+def _group_has_live_members(pgid: int) -> bool:
+    """Whether any non-zombie process is still in the group.
+
+    Zombies are skipped because orphans re-parented to an init that never reaps
+    (common in containers) would otherwise make every group look alive forever.
+    """
+    proc = Path("/proc")
+    if not proc.is_dir():  # not Linux: fall back to the kernel's answer, zombies included
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+    for stat_file in proc.glob("[0-9]*/stat"):
+        try:
+            fields = stat_file.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # the process ended while we looked
+        state, pgrp = fields[0], int(fields[2])
+        if pgrp == pgid and state not in ("Z", "X"):
+            return True
+    return False
+
+
+def _signal_group(pgid: int, signum: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):  # the group is already empty
+        os.killpg(pgid, signum)
+
+
+def _terminate_group(proc: subprocess.Popen[bytes], log: _LogContext) -> None:
+    """SIGTERM the command's whole process group, then SIGKILL what outlives the grace."""
+    pgid = proc.pid  # start_new_session made the shell its group's leader
+    _signal_group(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + KILL_GRACE_SECONDS
+    while time.monotonic() < deadline:
+        proc.poll()  # reap the shell so it does not count as alive
+        if not _group_has_live_members(pgid):
+            break
+        time.sleep(POLL_SECONDS)
+    else:
+        logger.warning("process group survived SIGTERM, sending SIGKILL %s pgid=%d", log, pgid)
+        _signal_group(pgid, signal.SIGKILL)
+    proc.wait()
+
+
+def _wait_for_exit(
+    proc: subprocess.Popen[bytes], timeout: float | None, cancel: threading.Event
+) -> str:
+    """Wait for the shell to exit; returns "exited", "timed_out" or "cancelled"."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        if cancel.is_set():
+            return "cancelled"
+        remaining = math.inf if deadline is None else deadline - time.monotonic()
+        if remaining <= 0:
+            return "timed_out"
+        try:
+            proc.wait(timeout=min(POLL_SECONDS, remaining))
+            return "exited"
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _exit_outcome(returncode: int) -> tuple[int, str]:
+    """The exit code to record (shell convention 128+N for a signal) and its description."""
+    if returncode >= 0:
+        return returncode, f"exit {returncode}"
+    signum = -returncode
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = f"signal {signum}"
+    return 128 + signum, f"killed by {name}"
+
+
+def _run_attempt(
+    command: str,
+    env: Mapping[str, str],
+    number: int,
+    timeout: float | None,
+    cancel: threading.Event,
+    log: _LogContext,
+) -> _Attempt:
+    """Run `command` once with /bin/sh in a new process group and wait for its end."""
+    logger.info("attempt started %s attempt=%d command=%r", log, number, command)
+    try:
+        proc = subprocess.Popen(
+            ["/bin/sh", "-c", command],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={**os.environ, **env, "JOBDIST_ATTEMPT": str(number)},
+            start_new_session=True,
+            bufsize=0,  # raw pipes: readers get whatever is there, no buffering here
+        )
+    except (OSError, ValueError) as error:  # e.g. a NUL byte in the command
+        logger.error("attempt could not start %s attempt=%d error=%s", log, number, error)
+        return _Attempt(number, None, "", "", outcome=f"could not start: {error}")
+    assert proc.stdout is not None and proc.stderr is not None  # both are PIPE
+    stdout = _TailReader(proc.stdout, f"jobdist-stdout-{proc.pid}")
+    stderr = _TailReader(proc.stderr, f"jobdist-stderr-{proc.pid}")
+    ending = _wait_for_exit(proc, timeout, cancel)
+    if ending != "exited" or _group_has_live_members(proc.pid):
+        # Also after a normal exit: a step's processes must not outlive it, and
+        # leftovers would keep our pipes open.
+        logger.warning("killing process group %s attempt=%d ending=%s", log, number, ending)
+        _terminate_group(proc, log)
+    for reader in (stdout, stderr):
+        if not reader.join(READER_JOIN_SECONDS):
+            logger.warning("a process that left the group still holds an output pipe %s", log)
+    return _attempt_from_ending(ending, proc.returncode, number, timeout, stdout, stderr, log)
+
+
+def _attempt_from_ending(
+    ending: str,
+    returncode: int,
+    number: int,
+    timeout: float | None,
+    stdout: _TailReader,
+    stderr: _TailReader,
+    log: _LogContext,
+) -> _Attempt:
+    tails = {"stdout": stdout.text(), "stderr": stderr.text()}
+    if ending == "timed_out":
+        outcome = f"timed out after {float(timeout or 0)} s"
+        attempt = _Attempt(number, None, timed_out=True, outcome=outcome, **tails)
+    elif ending == "cancelled":
+        attempt = _Attempt(number, None, cancelled=True, outcome="cancelled", **tails)
+    else:
+        exit_code, outcome = _exit_outcome(returncode)
+        attempt = _Attempt(number, exit_code, outcome=outcome, **tails)
+    logger.info("attempt ended %s attempt=%d outcome=%s", log, number, attempt.outcome)
+    return attempt
+
+
+# --- a whole step: retries, alt_do, the result --------------------------------------------
+
+
+@dataclass(frozen=True)
+class _DoPhase:
+    """How `do` ended after its retries."""
+
+    last: _Attempt
+    summary: str  # e.g. "exit 1 after 3 attempts (max_time 10 s reached)"
+    cancelled_while_waiting: bool = False
+
+
+class _StepRun:
+    """One execution of a step. A plain loop rather than tenacity.Retrying: the stop rule
+    (retries, elapsed + next sleep vs max_time, cancel), the cancel-aware sleep, alt_do and
+    per-attempt env all sit outside tenacity's model, so it would need four custom hooks
+    to say what this loop says directly.
+    """
+
+    def __init__(
+        self,
+        step: Mapping[str, Any],
+        env: Mapping[str, str],
+        cancel: threading.Event,
+        on_retry: RetryCallback | None,
+    ) -> None:
+        self._step = step
+        self._env = env
+        self._cancel = cancel
+        self._on_retry = on_retry
+        self._log = _LogContext.from_env(env)
+        self._attempts = 0
+        self._start_time = utc_now_iso()
+        self._started = time.monotonic()
+
+    def run(self) -> StepResult:
+        if self._cancel.is_set():
+            return self._cancelled_before_start()
+        do = self._run_do()
+        if do.cancelled_while_waiting:
+            reason = f"cancelled while waiting to retry ({do.summary})"
+            return self._result(do.last, reason, cancelled=True)
+        if do.last.ok or do.last.cancelled:
+            return self._result(do.last, do.summary)
+        alt_do = self._step.get("alt_do")
+        if not (isinstance(alt_do, str) and alt_do.strip()):
+            return self._result(do.last, do.summary)
+        if self._cancel.is_set():
+            return self._result(do.last, f"cancelled before alt_do ({do.summary})", cancelled=True)
+        logger.info("do failed, running alt_do %s reason=%s", self._log, do.summary)
+        alt = self._attempt(alt_do)
+        return self._result(alt, self._alt_reason(alt, do), used_alt=True)
+
+    def _attempt(self, command: str) -> _Attempt:
+        self._attempts += 1
+        timeout = self._step.get("timeout")
+        return _run_attempt(command, self._env, self._attempts, timeout, self._cancel, self._log)
+
+    def _run_do(self) -> _DoPhase:
+        strategy = self._step.get("retry_strategy") or {}
+        max_time = strategy.get("max_time")
+        attempt = self._attempt(self._step["do"])
+        for retry_number, delay in enumerate(retry_delays(strategy), start=1):
+            if attempt.ok or attempt.cancelled:
+                break
+            if max_time is not None and self._elapsed() + delay > max_time:
+                logger.info("no retry: max_time reached %s max_time=%s", self._log, max_time)
+                summary = f"{self._summary(attempt)} (max_time {max_time} s reached)"
+                return _DoPhase(attempt, summary)
+            if self._cancel.is_set():  # no "retried" event for a retry that cannot happen
+                return _DoPhase(attempt, self._summary(attempt), cancelled_while_waiting=True)
+            self._announce_retry(attempt, retry_number, delay)
+            if self._cancel.wait(min(delay, threading.TIMEOUT_MAX)):
+                return _DoPhase(attempt, self._summary(attempt), cancelled_while_waiting=True)
+            attempt = self._attempt(self._step["do"])
+        return _DoPhase(attempt, self._summary(attempt))
+
+    def _announce_retry(self, failed: _Attempt, retry_number: int, delay: float) -> None:
+        reason = f"{failed.outcome}; retry {retry_number} in {delay} s"
+        logger.info("retrying %s attempt=%d %s", self._log, failed.number, reason)
+        if self._on_retry is None:
+            return
+        try:
+            self._on_retry(failed.number, reason)
+        except Exception:  # a broken history writer must not abort the step
+            logger.exception("on_retry callback failed %s", self._log)
+
+    def _summary(self, attempt: _Attempt) -> str:
+        if self._attempts <= 1:
+            return attempt.outcome
+        return f"{attempt.outcome} after {self._attempts} attempts"
+
+    def _alt_reason(self, alt: _Attempt, do: _DoPhase) -> str:
+        if alt.ok:
+            return f"alt_do succeeded after do failed ({do.summary})"
+        if alt.cancelled:
+            return f"cancelled during alt_do after do failed ({do.summary})"
+        return f"alt_do failed ({alt.outcome}) after do failed ({do.summary})"
+
+    def _elapsed(self) -> float:
+        return time.monotonic() - self._started
+
+    def _result(
+        self, last: _Attempt, reason: str, used_alt: bool = False, cancelled: bool = False
+    ) -> StepResult:
+        cancelled = cancelled or last.cancelled
+        logger.info("step finished %s exit=%s reason=%s", self._log, last.exit_code, reason)
+        return StepResult(
+            ok=last.ok and not cancelled,
+            used_alt=used_alt,
+            exit_code=last.exit_code,
+            attempts=self._attempts,
+            exec_time=self._elapsed(),
+            start_time=self._start_time,
+            finish_time=utc_now_iso(),
+            stdout=last.stdout,
+            stderr=last.stderr,
+            reason=reason,
+            cancelled=cancelled,
+            timed_out=last.timed_out,
+        )
+
+    def _cancelled_before_start(self) -> StepResult:
+        logger.info("step cancelled before its first attempt %s", self._log)
+        now = utc_now_iso()
+        return StepResult(
+            ok=False,
+            used_alt=False,
+            exit_code=None,
+            attempts=0,
+            exec_time=0.0,
+            start_time=now,
+            finish_time=now,
+            stdout="",
+            stderr="",
+            reason="cancelled before start",
+            cancelled=True,
+        )
+
+
+def run_step(
+    step: Mapping[str, Any],
+    env: Mapping[str, str],
+    cancel: threading.Event | None = None,
+    on_retry: RetryCallback | None = None,
+) -> StepResult:
+    """Run a step's `do` with its timeout and retries, then `alt_do` if `do` failed.
+
+    `env` is added to the current environment (the caller passes JOBDIST_JOB_ID,
+    JOBDIST_STEP, JOBDIST_SITE, JOBDIST_EPOCH; JOBDIST_ATTEMPT is set here, 1, 2, ...).
+    Setting `cancel` kills the running attempt's process group and ends the step at
+    once, with no more retries nor alt_do. `on_retry(failed_attempt_number, reason)`
+    is called before each retry's sleep.
+    """
+    return _StepRun(step, env, cancel or threading.Event(), on_retry).run()
+
+
+# --- the worker pool ----------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class Execution:
+    """A step running on a worker slot; compared by identity."""
+
+    key: StepKey  # (job_id, step index)
+    epoch: int
+    worker: str
+    started_at: float  # time.monotonic()
+    cancel: threading.Event
+    thread: threading.Thread = field(init=False, repr=False)
+
+
+DoneCallback = Callable[[Execution, StepResult], None]
+
+
+class WorkerPool:
+    """The site's worker slots, each free, booked (reserved for a claim) or busy (running).
+
+    Slots are named f"{site}/w{n}". Shrinking retires free slots at once and booked or
+    busy ones when they become free, so running work is never killed by a resize.
+    """
+
+    def __init__(self, site: str, size: int, on_done: DoneCallback) -> None:
+        self._site = site
+        self._on_done = on_done
+        self._lock = threading.Lock()
+        self._slots: list[str] = []  # active slots, in name order
+        self._retiring: set[str] = set()  # booked/busy slots to drop once free
+        self._booked: dict[StepKey, str] = {}
+        self._busy: dict[StepKey, Execution] = {}
+        self._closed = False
+        self.resize(size)
+
+    # -- queries --
+
+    def free_count(self) -> int:
+        with self._lock:
+            return len(self._free_slots())
+
+    def is_booked(self, key: StepKey) -> bool:
+        with self._lock:
+            return key in self._booked
+
+    def is_busy(self, key: StepKey) -> bool:
+        with self._lock:
+            return key in self._busy
+
+    def free_workers(self) -> list[str]:
+        """Names of the free slots, in the order `book` takes them."""
+        with self._lock:
+            return [] if self._closed else self._free_slots()
+
+    def bookings(self) -> dict[StepKey, str]:
+        with self._lock:
+            return dict(self._booked)
+
+    def booked_keys(self) -> list[StepKey]:
+        with self._lock:
+            return list(self._booked)
+
+    def running(self) -> list[Execution]:
+        with self._lock:
+            return list(self._busy.values())
+
+    def snapshot(self) -> dict[str, Any]:
+        """The pool's state for /status."""
+        now = time.monotonic()
+        with self._lock:
+            return {
+                "size": len(self._slots),
+                "free": len(self._free_slots()),
+                "booked": len(self._booked),
+                "busy": len(self._busy),
+                "running": [_describe(execution, now) for execution in self._busy.values()],
+            }
+
+    # -- booking and running --
+
+    def book(self, key: StepKey) -> str | None:
+        """Reserve a free slot for `key`; its worker name, or None if no slot is free."""
+        with self._lock:
+            existing = self._worker_of(key)
+            if existing is not None:
+                return existing
+            free = self._free_slots()
+            if self._closed or not free:
+                return None
+            self._booked[key] = free[0]
+            return free[0]
+
+    def unbook(self, key: StepKey) -> None:
+        """Free the slot booked for `key` (no-op if not booked; a busy slot is left alone)."""
+        with self._lock:
+            worker = self._booked.pop(key, None)
+            if worker is not None:
+                self._release(worker)
+
+    def start(
+        self,
+        key: StepKey,
+        epoch: int,
+        step: Mapping[str, Any],
+        env: Mapping[str, str],
+        on_retry: RetryCallback | None = None,
+    ) -> Execution:
+        """Run the step on the key's booked slot (or a free one) in a daemon thread.
+
+        When the step ends its slot is freed first, then on_done(execution, result) is
+        called from the worker thread. The command also sees JOBDIST_WORKER.
+        """
+        with self._lock:
+            worker = self._take_slot_for(key)
+            execution = Execution(key, epoch, worker, time.monotonic(), threading.Event())
+            execution.thread = threading.Thread(
+                target=self._execute,
+                args=(execution, step, {**env, "JOBDIST_WORKER": worker}, on_retry),
+                name=f"jobdist-{worker}",
+                daemon=True,
+            )
+            self._busy[key] = execution
+        logger.info("step started %s epoch=%d", self._where(execution), epoch)
+        execution.thread.start()
+        return execution
+
+    def cancel(self, key: StepKey) -> bool:
+        """Ask the execution running `key` to stop; False if `key` is not running."""
+        with self._lock:
+            execution = self._busy.get(key)
+        if execution is None:
+            return False
+        logger.info("cancelling %s", self._where(execution))
+        execution.cancel.set()
+        return True
+
+    # -- size and lifetime --
+
+    def resize(self, size: int) -> None:
+        """Grow at once; shrink by dropping free slots now and booked/busy ones once free."""
+        if size < 0:
+            raise ValueError(f"pool size must be >= 0, not {size}")
+        with self._lock:
+            while len(self._slots) < size:
+                self._add_slot()
+            excess = len(self._slots) - size
+            if excess > 0:
+                self._retire(excess)
+
+    def shutdown(self, grace: float) -> list[Execution]:
+        """Stop taking work, give running steps `grace` seconds, then cancel the rest.
+
+        Returns the executions that had to be cancelled, once they have all ended.
+        """
+        with self._lock:
+            self._closed = True
+            executions = list(self._busy.values())
+        deadline = time.monotonic() + grace
+        for execution in executions:
+            execution.thread.join(max(0.0, deadline - time.monotonic()))
+        stragglers = [execution for execution in executions if execution.thread.is_alive()]
+        for execution in stragglers:
+            logger.info("shutdown cancels %s", self._where(execution))
+            execution.cancel.set()
+        for execution in stragglers:
+            execution.thread.join()
+        return stragglers
+
+    # -- internals (the caller holds the lock unless said otherwise) --
+
+    def _execute(
+        self,
+        execution: Execution,
+        step: Mapping[str, Any],
+        env: Mapping[str, str],
+        on_retry: RetryCallback | None,
+    ) -> None:
+        """The worker thread's body (no lock held): run, free the slot, then report."""
+        try:
+            result = run_step(step, env, execution.cancel, on_retry)
+        except Exception as error:  # the slot must be freed and the end reported anyway
+            logger.exception("step crashed %s", self._where(execution))
+            result = _crashed_result(execution, error)
+        with self._lock:
+            del self._busy[execution.key]
+            self._release(execution.worker)
+        try:
+            self._on_done(execution, result)
+        except Exception:
+            logger.exception("on_done failed %s", self._where(execution))
+
+    def _where(self, execution: Execution) -> str:
+        job_id, step = execution.key
+        return f"job={job_id} step={step} site={self._site} worker={execution.worker}"
+
+    def _take_slot_for(self, key: StepKey) -> str:
+        if key in self._busy:
+            raise RuntimeError(f"step {key} is already running on {self._busy[key].worker}")
+        if self._closed:
+            raise RuntimeError("the worker pool is shut down")
+        worker = self._booked.pop(key, None)
+        if worker is not None:
+            return worker
+        free = self._free_slots()
+        if not free:
+            raise RuntimeError(f"no free worker slot for step {key}")
+        return free[0]
+
+    def _free_slots(self) -> list[str]:
+        taken = self._busy_or_booked_workers()
+        return [worker for worker in self._slots if worker not in taken]
+
+    def _busy_or_booked_workers(self) -> set[str]:
+        return set(self._booked.values()) | {e.worker for e in self._busy.values()}
+
+    def _worker_of(self, key: StepKey) -> str | None:
+        if key in self._busy:
+            return self._busy[key].worker
+        return self._booked.get(key)
+
+    def _release(self, worker: str) -> None:
+        """A slot stopped being booked or busy: a retiring slot goes away now."""
+        self._retiring.discard(worker)
+
+    def _retire(self, count: int) -> None:
+        """Drop `count` slots: free ones first, highest numbers first; others once free."""
+        free = set(self._free_slots())
+        by_preference = sorted(self._slots, key=lambda w: (w not in free, -_slot_number(w)))
+        for worker in by_preference[:count]:
+            self._slots.remove(worker)
+            if worker not in free:
+                self._retiring.add(worker)
+
+    def _add_slot(self) -> None:
+        """Bring back a retiring slot if there is one, else add the lowest unused name."""
+        if self._retiring:
+            worker = min(self._retiring, key=_slot_number)
+            self._retiring.remove(worker)
+        else:
+            used = {_slot_number(w) for w in self._slots} | {
+                _slot_number(w) for w in self._busy_or_booked_workers()
+            }
+            number = next(n for n in range(1, len(used) + 2) if n not in used)
+            worker = f"{self._site}/w{number}"
+        self._slots.append(worker)
+        self._slots.sort(key=_slot_number)
+
+
+def _slot_number(worker: str) -> int:
+    return int(worker.rsplit("/w", 1)[1])
+
+
+def _describe(execution: Execution, now: float) -> dict[str, Any]:
+    job_id, step = execution.key
+    return {
+        "job_id": job_id,
+        "step": step,
+        "epoch": execution.epoch,
+        "worker": execution.worker,
+        "seconds": round(now - execution.started_at, 1),
+    }
+
+
+def _crashed_result(execution: Execution, error: Exception) -> StepResult:
+    now = utc_now_iso()
+    return StepResult(
+        ok=False,
+        used_alt=False,
+        exit_code=None,
+        attempts=0,
+        exec_time=time.monotonic() - execution.started_at,
+        start_time=now,
+        finish_time=now,
+        stdout="",
+        stderr="",
+        reason=f"worker error: {type(error).__name__}: {error}",
+    )

@@ -1,0 +1,486 @@
+"""Tests of the shell-command workers: real /bin/sh commands, outcomes and generous bounds only."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jobdist import workers
+from jobdist.workers import (
+    OUTPUT_TAIL_BYTES,
+    Execution,
+    StepResult,
+    WorkerPool,
+    retry_delays,
+    run_step,
+)
+
+ISO_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
+JOB_ENV = {
+    "JOBDIST_JOB_ID": "job-1",
+    "JOBDIST_STEP": "0",
+    "JOBDIST_SITE": "alpha",
+    "JOBDIST_EPOCH": "7",
+}
+
+
+def make_step(do: str, **fields: Any) -> dict[str, Any]:
+    retry = {"max_retries": 0, "max_time": None, "sleep": None, "sleep_factor": None}
+    retry.update(fields.pop("retry", {}))
+    return {"do": do, "alt_do": None, "timeout": 30, "retry_strategy": retry, **fields}
+
+
+def wait_until(condition: Callable[[], bool], seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return condition()
+
+
+def process_gone(pid: int) -> bool:
+    """Dead: no /proc entry, or a zombie nobody reaps (this container's init does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+
+
+def run_in_thread(step: dict[str, Any], cancel: threading.Event) -> tuple[threading.Thread, list]:
+    results: list[StepResult] = []
+    thread = threading.Thread(target=lambda: results.append(run_step(step, JOB_ENV, cancel)))
+    thread.start()
+    return thread, results
+
+
+# --- run_step: outcomes -------------------------------------------------------------------
+
+
+def test_success() -> None:
+    result = run_step(make_step("echo hello"), JOB_ENV)
+    assert result.ok and not result.used_alt and not result.cancelled and not result.timed_out
+    assert (result.exit_code, result.attempts, result.reason) == (0, 1, "exit 0")
+    assert (result.stdout, result.stderr) == ("hello\n", "")
+    assert ISO_UTC.match(result.start_time) and ISO_UTC.match(result.finish_time)
+    assert result.start_time <= result.finish_time
+    assert 0 <= result.exec_time < 10
+
+
+def test_env_and_stdin(tmp_path: Path) -> None:
+    out = tmp_path / "env"
+    # `cat` would block if stdin were not /dev/null.
+    command = (
+        'cat; printf \'%s\\n\' "$JOBDIST_JOB_ID" "$JOBDIST_STEP" "$JOBDIST_SITE" '
+        f'"$JOBDIST_EPOCH" "$JOBDIST_ATTEMPT" "$HOME" > {out}'
+    )
+    result = run_step(make_step(command, timeout=10), JOB_ENV)
+    assert result.ok
+    job, step, site, epoch, attempt, home = out.read_text().splitlines()
+    assert (job, step, site, epoch, attempt) == ("job-1", "0", "alpha", "7", "1")
+    assert home  # the current environment is inherited
+
+
+def test_failure_exit_code() -> None:
+    result = run_step(make_step("echo oops >&2; exit 3"), JOB_ENV)
+    assert not result.ok
+    assert (result.exit_code, result.attempts, result.reason) == (3, 1, "exit 3")
+    assert result.stderr == "oops\n"
+
+
+def test_killed_by_signal_uses_shell_exit_code() -> None:
+    result = run_step(make_step("kill -KILL $$"), JOB_ENV)
+    assert not result.ok
+    assert result.exit_code == 128 + 9
+    assert result.reason == "killed by SIGKILL"
+
+
+def test_command_that_cannot_start_fails_cleanly() -> None:
+    result = run_step(make_step("echo a\x00b"), JOB_ENV)
+    assert not result.ok and result.exit_code is None
+    assert result.reason.startswith("could not start")
+
+
+FAIL_UNTIL_THIRD = (
+    "n=$(cat {counter} 2>/dev/null || echo 0); n=$((n+1)); echo $n > {counter}; "
+    'echo "attempt $JOBDIST_ATTEMPT"; [ "$n" -ge 3 ]'
+)
+
+
+def test_retries_then_success(tmp_path: Path) -> None:
+    retries: list[tuple[int, str]] = []
+    step = make_step(FAIL_UNTIL_THIRD.format(counter=tmp_path / "n"), retry={"max_retries": 5})
+    result = run_step(step, JOB_ENV, on_retry=lambda n, why: retries.append((n, why)))
+    assert result.ok and not result.used_alt
+    assert (result.attempts, result.reason, result.stdout) == (
+        3,
+        "exit 0 after 3 attempts",
+        "attempt 3\n",
+    )
+    assert [n for n, _ in retries] == [1, 2]
+    assert retries[0][1].startswith("exit 1; retry 1")
+
+
+def test_retries_exhausted_then_alt_do_succeeds() -> None:
+    step = make_step("exit 1", alt_do="echo alt $JOBDIST_ATTEMPT", retry={"max_retries": 2})
+    result = run_step(step, JOB_ENV)
+    assert result.ok and result.used_alt
+    assert (result.exit_code, result.attempts, result.stdout) == (0, 4, "alt 4\n")
+    assert result.reason == "alt_do succeeded after do failed (exit 1 after 3 attempts)"
+
+
+def test_alt_do_failure() -> None:
+    step = make_step("exit 1", alt_do="exit 7", retry={"max_retries": 1})
+    result = run_step(step, JOB_ENV)
+    assert not result.ok and result.used_alt
+    assert (result.exit_code, result.attempts) == (7, 3)
+    assert result.reason == "alt_do failed (exit 7) after do failed (exit 1 after 2 attempts)"
+
+
+@pytest.mark.parametrize("alt_do", [None, "", "   "])
+def test_blank_alt_do_is_not_run(alt_do: str | None) -> None:
+    result = run_step(make_step("exit 2", alt_do=alt_do), JOB_ENV)
+    assert not result.ok and not result.used_alt
+    assert (result.exit_code, result.attempts) == (2, 1)
+
+
+def test_broken_on_retry_callback_does_not_abort_the_step(tmp_path: Path) -> None:
+    def explode(attempt: int, reason: str) -> None:
+        raise RuntimeError("history writer down")
+
+    step = make_step(FAIL_UNTIL_THIRD.format(counter=tmp_path / "n"), retry={"max_retries": 3})
+    result = run_step(step, JOB_ENV, on_retry=explode)
+    assert result.ok and result.attempts == 3
+
+
+# --- retry schedule -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("strategy", "expected"),
+    [
+        ({"max_retries": 5, "sleep": 1, "sleep_factor": 2, "sleep_max": 5}, [1, 2, 4, 5, 5]),
+        ({"max_retries": 3, "sleep": 3, "sleep_factor": None, "sleep_max": None}, [3, 3, 3]),
+        ({"max_retries": 3, "sleep": 0.5, "sleep_factor": 3}, [0.5, 1.5, 4.5]),
+        ({"max_retries": 2, "sleep": None, "sleep_factor": 2}, [0, 0]),
+        ({"max_retries": 2, "sleep": 4, "sleep_max": 0}, [0, 0]),
+        ({"max_retries": 0, "sleep": 1}, []),
+        ({}, []),
+    ],
+)
+def test_retry_schedule(strategy: dict[str, Any], expected: list[float]) -> None:
+    assert list(retry_delays(strategy)) == expected
+
+
+def test_retry_schedule_survives_huge_growth() -> None:
+    delays = list(
+        retry_delays({"max_retries": 3000, "sleep": 1, "sleep_factor": 10, "sleep_max": 60})
+    )
+    assert len(delays) == 3000 and max(delays) == 60
+
+
+def test_max_time_stops_retries() -> None:
+    step = make_step("exit 1", retry={"max_retries": 100, "sleep": 0.2, "max_time": 1})
+    result = run_step(step, JOB_ENV)
+    assert not result.ok
+    # Retry k needs elapsed >= 0.2 * (k - 1) and elapsed + 0.2 <= 1, so k <= 5.
+    assert 1 <= result.attempts <= 6
+    assert "max_time 1 s reached" in result.reason
+    assert result.exec_time < 10
+
+
+def test_max_time_shorter_than_first_sleep_means_no_retry() -> None:
+    step = make_step("exit 1", retry={"max_retries": 3, "sleep": 10, "max_time": 5})
+    result = run_step(step, JOB_ENV)
+    assert result.attempts == 1
+    assert result.reason == "exit 1 (max_time 5 s reached)"
+
+
+# --- timeouts and cancellation ------------------------------------------------------------
+
+
+def test_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
+    pid_file = tmp_path / "child.pid"
+    step = make_step(f"sleep 100 & echo $! > {pid_file}; sleep 100", timeout=0.5)
+    started = time.monotonic()
+    result = run_step(step, JOB_ENV)
+    assert time.monotonic() - started < 10
+    assert result.timed_out and not result.ok and not result.cancelled
+    assert (result.exit_code, result.attempts, result.reason) == (None, 1, "timed out after 0.5 s")
+    assert wait_until(lambda: process_gone(int(pid_file.read_text())))
+
+
+def test_timed_out_attempts_are_retried() -> None:
+    step = make_step("sleep 100", timeout=0.2, retry={"max_retries": 1})
+    result = run_step(step, JOB_ENV)
+    assert result.timed_out and result.attempts == 2
+    assert result.reason == "timed out after 0.2 s after 2 attempts"
+
+
+def test_group_ignoring_sigterm_gets_sigkill(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(workers, "KILL_GRACE_SECONDS", 0.3)
+    pid_file = tmp_path / "child.pid"
+    # An ignored signal stays ignored across exec, so the sleep ignores SIGTERM too.
+    step = make_step(f"trap '' TERM; sleep 100 & echo $! > {pid_file}; wait", timeout=0.3)
+    result = run_step(step, JOB_ENV)
+    assert result.timed_out
+    assert wait_until(lambda: process_gone(int(pid_file.read_text())))
+
+
+def test_processes_left_behind_by_a_finished_step_are_killed(tmp_path: Path) -> None:
+    pid_file = tmp_path / "child.pid"
+    result = run_step(make_step(f"sleep 100 & echo $! > {pid_file}; echo done"), JOB_ENV)
+    assert result.ok and result.stdout == "done\n"
+    assert wait_until(lambda: process_gone(int(pid_file.read_text())))
+
+
+def test_cancel_mid_run(tmp_path: Path) -> None:
+    marker = tmp_path / "started"
+    step = make_step(f"touch {marker}; sleep 100", alt_do="echo alt", retry={"max_retries": 3})
+    cancel = threading.Event()
+    thread, results = run_in_thread(step, cancel)
+    assert wait_until(marker.exists)
+    cancel.set()
+    thread.join(10)
+    assert not thread.is_alive()
+    (result,) = results
+    assert result.cancelled and not result.ok and not result.used_alt
+    assert (result.exit_code, result.attempts, result.reason) == (None, 1, "cancelled")
+
+
+def test_cancel_during_retry_sleep() -> None:
+    cancel = threading.Event()
+    step = make_step("exit 1", alt_do="echo alt", retry={"max_retries": 3, "sleep": 100})
+    started = time.monotonic()
+    result = run_step(step, JOB_ENV, cancel, on_retry=lambda n, why: cancel.set())
+    assert time.monotonic() - started < 10
+    assert result.cancelled and not result.ok and not result.used_alt
+    assert (result.exit_code, result.attempts) == (1, 1)
+    assert result.reason.startswith("cancelled while waiting to retry")
+
+
+def test_cancelled_before_start_runs_nothing(tmp_path: Path) -> None:
+    cancel = threading.Event()
+    cancel.set()
+    result = run_step(make_step(f"touch {tmp_path / 'ran'}"), JOB_ENV, cancel)
+    assert result.cancelled and result.attempts == 0
+    assert not (tmp_path / "ran").exists()
+
+
+# --- output tails -------------------------------------------------------------------------
+
+
+def test_large_and_binary_output_keeps_only_the_tails() -> None:
+    command = "yes | head -c 5000000; head -c 3000000 /dev/urandom >&2"
+    result = run_step(make_step(command), JOB_ENV)
+    assert result.ok
+    # Each tail byte decodes to at most one character.
+    assert 0 < len(result.stdout) <= OUTPUT_TAIL_BYTES
+    assert 0 < len(result.stderr) <= OUTPUT_TAIL_BYTES
+    assert result.stdout == "y\n" * (OUTPUT_TAIL_BYTES // 2)
+    assert "\x00" not in result.stderr
+    result.stderr.encode("utf-8")  # valid text: no surrogates
+
+
+def test_tail_is_the_end_of_the_stream_and_nuls_are_replaced() -> None:
+    command = "head -c 10000 /dev/zero | tr '\\0' a; printf 'END\\0!'"
+    result = run_step(make_step(command), JOB_ENV)
+    assert len(result.stdout) == OUTPUT_TAIL_BYTES
+    assert result.stdout.endswith("aEND\ufffd!")
+
+
+def test_tail_cut_inside_a_utf8_character_drops_the_fragment() -> None:
+    # 3-byte characters; 4096 is not a multiple of 3, so the cut splits one.
+    result = run_step(
+        make_step("i=0; while [ $i -lt 2000 ]; do printf '€'; i=$((i+1)); done"), JOB_ENV
+    )
+    assert set(result.stdout) == {"€"}
+
+
+# --- worker pool --------------------------------------------------------------------------
+
+
+class DoneLog:
+    """Collects on_done calls and what the pool looked like at that moment."""
+
+    def __init__(self) -> None:
+        self.pool: WorkerPool | None = None
+        self.calls: list[tuple[Execution, StepResult, int, bool]] = []
+        self.event = threading.Event()
+
+    def __call__(self, execution: Execution, result: StepResult) -> None:
+        assert self.pool is not None
+        seen = (self.pool.free_count(), self.pool.is_busy(execution.key))
+        self.calls.append((execution, result, *seen))
+        self.event.set()
+
+    def wait_for(self, count: int) -> None:
+        assert wait_until(lambda: len(self.calls) >= count)
+
+
+@pytest.fixture
+def done() -> DoneLog:
+    return DoneLog()
+
+
+@pytest.fixture
+def make_pool(done: DoneLog) -> Iterator[Callable[[int], WorkerPool]]:
+    pools: list[WorkerPool] = []
+
+    def make(size: int) -> WorkerPool:
+        pool = WorkerPool("alpha", size, done)
+        done.pool = pool
+        pools.append(pool)
+        return pool
+
+    yield make
+    for pool in pools:
+        pool.shutdown(grace=0)
+
+
+def gated_step(gate: Path, **fields: Any) -> dict[str, Any]:
+    """A step that runs until the gate file exists."""
+    return make_step(f"while [ ! -f {gate} ]; do sleep 0.02; done; echo $JOBDIST_WORKER", **fields)
+
+
+K1, K2, K3 = ("job-1", 0), ("job-2", 0), ("job-3", 1)
+
+
+def test_book_unbook_and_idempotent_book(make_pool: Callable[[int], WorkerPool]) -> None:
+    pool = make_pool(2)
+    assert pool.free_count() == 2
+    assert pool.book(K1) == "alpha/w1"
+    assert pool.book(K1) == "alpha/w1"
+    assert pool.book(K2) == "alpha/w2"
+    assert pool.book(K3) is None
+    assert pool.free_count() == 0
+    assert pool.is_booked(K1) and not pool.is_busy(K1)
+    assert sorted(pool.booked_keys()) == [K1, K2]
+    pool.unbook(K1)
+    pool.unbook(K3)  # not booked: no-op
+    assert pool.free_count() == 1 and not pool.is_booked(K1)
+    assert pool.book(K3) == "alpha/w1"
+
+
+def test_start_runs_and_frees_the_slot_before_on_done(
+    make_pool: Callable[[int], WorkerPool], done: DoneLog, tmp_path: Path
+) -> None:
+    pool = make_pool(1)
+    assert pool.book(K1) == "alpha/w1"
+    execution = pool.start(K1, 3, gated_step(tmp_path / "go"), JOB_ENV)
+    assert (execution.key, execution.epoch, execution.worker) == (K1, 3, "alpha/w1")
+    assert pool.is_busy(K1) and not pool.is_booked(K1)
+    assert pool.book(K1) == "alpha/w1"  # idempotent while busy too
+    assert pool.free_count() == 0 and pool.running() == [execution]
+    (tmp_path / "go").touch()
+    done.wait_for(1)
+    finished, result, free_seen, busy_seen = done.calls[0]
+    assert finished is execution
+    assert result.ok and result.stdout == "alpha/w1\n"
+    assert (free_seen, busy_seen) == (1, False)
+    assert pool.running() == []
+
+
+def test_start_without_booking_and_when_full(
+    make_pool: Callable[[int], WorkerPool], done: DoneLog, tmp_path: Path
+) -> None:
+    pool = make_pool(1)
+    pool.start(K1, 0, gated_step(tmp_path / "go"), JOB_ENV)
+    with pytest.raises(RuntimeError):
+        pool.start(K1, 0, make_step("true"), JOB_ENV)
+    with pytest.raises(RuntimeError):
+        pool.start(K2, 0, make_step("true"), JOB_ENV)
+    assert pool.book(K2) is None
+    (tmp_path / "go").touch()
+    done.wait_for(1)
+
+
+def test_cancel_running_execution(make_pool: Callable[[int], WorkerPool], done: DoneLog) -> None:
+    pool = make_pool(1)
+    pool.start(K1, 0, make_step("sleep 100", retry={"max_retries": 5}), JOB_ENV)
+    assert not pool.cancel(K2)
+    assert pool.cancel(K1)
+    done.wait_for(1)
+    result = done.calls[0][1]
+    assert result.cancelled and result.attempts == 1
+    assert pool.free_count() == 1
+
+
+def test_resize_grow_and_shrink_while_busy(
+    make_pool: Callable[[int], WorkerPool], done: DoneLog, tmp_path: Path
+) -> None:
+    pool = make_pool(2)
+    pool.start(K1, 0, gated_step(tmp_path / "go"), JOB_ENV)  # on w1
+    pool.resize(4)
+    assert pool.free_count() == 3
+    pool.resize(1)  # only free slots can go now; the busy one stays
+    assert pool.free_count() == 0 and pool.snapshot()["size"] == 1 and pool.is_busy(K1)
+    pool.resize(0)  # the busy slot retires when its step ends
+    assert pool.snapshot()["size"] == 0 and pool.is_busy(K1)
+    (tmp_path / "go").touch()
+    done.wait_for(1)
+    assert done.calls[0][1].ok  # never killed by the resize
+    assert pool.free_count() == 0 and pool.book(K2) is None
+    pool.resize(2)
+    assert pool.free_count() == 2
+    assert [pool.book(K2), pool.book(K3)] == ["alpha/w1", "alpha/w2"]
+
+
+def test_shrinking_keeps_booked_slots_until_unbooked(
+    make_pool: Callable[[int], WorkerPool],
+) -> None:
+    pool = make_pool(2)
+    assert pool.book(K1) == "alpha/w1"
+    pool.resize(0)
+    assert pool.is_booked(K1) and pool.book(K1) == "alpha/w1"
+    pool.unbook(K1)
+    assert pool.free_count() == 0 and pool.book(K2) is None
+
+
+def test_shutdown_waits_then_cancels_the_rest(
+    make_pool: Callable[[int], WorkerPool], done: DoneLog
+) -> None:
+    pool = make_pool(2)
+    long_run = pool.start(K1, 0, make_step("sleep 100"), JOB_ENV)
+    pool.start(K2, 0, make_step("sleep 0.1; echo short"), JOB_ENV)
+    started = time.monotonic()
+    cancelled = pool.shutdown(grace=1.0)
+    assert time.monotonic() - started < 10
+    assert cancelled == [long_run]
+    results = {execution.key: result for execution, result, *_ in done.calls}
+    assert results[K1].cancelled and not results[K1].ok
+    assert results[K2].ok and results[K2].stdout == "short\n"
+    assert pool.book(K3) is None  # a stopped pool takes no more work
+    with pytest.raises(RuntimeError):
+        pool.start(K3, 0, make_step("true"), JOB_ENV)
+
+
+def test_snapshot_shape(
+    make_pool: Callable[[int], WorkerPool], done: DoneLog, tmp_path: Path
+) -> None:
+    pool = make_pool(3)
+    pool.book(K2)
+    pool.start(K1, 5, gated_step(tmp_path / "go"), JOB_ENV)
+    snapshot = pool.snapshot()
+    assert {key: snapshot[key] for key in ("size", "free", "booked", "busy")} == {
+        "size": 3,
+        "free": 1,
+        "booked": 1,
+        "busy": 1,
+    }
+    (running,) = snapshot["running"]
+    assert set(running) == {"job_id", "step", "epoch", "worker", "seconds"}
+    assert (running["job_id"], running["step"], running["epoch"]) == ("job-1", 0, 5)
+    assert running["worker"] in {"alpha/w1", "alpha/w2", "alpha/w3"}
+    assert running["seconds"] >= 0
+    (tmp_path / "go").touch()
+    done.wait_for(1)
