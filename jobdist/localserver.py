@@ -9,6 +9,8 @@ anything else on the machine.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import shutil
 import signal
@@ -24,6 +26,35 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 class ServerError(RuntimeError):
     """The local server could not be found, started or reached."""
+
+
+# pouchdb-validation 4.2.0 replaces a document's `_revisions` with the stored
+# document's before running validate_doc_update. For a replicated revision
+# (new_edits=false) that throws away the history the revision arrived with,
+# and the revision is silently dropped: with any validate_doc_update in the
+# database, conflicting revisions never replicate. We keep an incoming history.
+VALIDATION_HEAD = "function validate(validationFuncs, newDoc, oldDoc, options) {\n"
+VALIDATION_BUG = VALIDATION_HEAD + "  newDoc._revisions = (oldDoc || {})._revisions;\n"
+VALIDATION_FIX = VALIDATION_HEAD + (
+    "  // jobdist: keep the history a replicated revision arrives with.\n"
+    "  if (!newDoc._revisions) {\n"
+    "    newDoc._revisions = (oldDoc || {})._revisions;\n"
+    "  }\n"
+)
+
+
+def patch_pouchdb_validation(binary: Path) -> bool:
+    """Fix the bug above in the installation of `binary`; True when a file changed."""
+    # binary is node_modules/.bin/pouchdb-server
+    module = binary.parent.parent / "pouchdb-validation" / "lib" / "index.js"
+    try:
+        source = module.read_text()
+    except OSError:
+        return False
+    if VALIDATION_BUG not in source:
+        return False
+    module.write_text(source.replace(VALIDATION_BUG, VALIDATION_FIX))
+    return True
 
 
 def pouchdb_server_binary() -> Path:
@@ -87,8 +118,10 @@ class LocalServer:
         if self.is_alive():
             return
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        binary = pouchdb_server_binary()
+        patch_pouchdb_validation(binary)
         args = [
-            str(pouchdb_server_binary()),
+            str(binary),
             "--port", str(self.port),
             "--host", "127.0.0.1",
             "--dir", str(self.data_dir),
@@ -116,11 +149,20 @@ class LocalServer:
                 raise ServerError(
                     f"pouchdb-server on port {self.port} exited at start; see {self.log_path}"
                 )
-            if answers(self.url):
+            if answers(self.url) and self._answering_is_us():
                 return
             time.sleep(0.05)
         self.stop()
-        raise ServerError(f"pouchdb-server on port {self.port} did not answer in time")
+        raise ServerError(f"pouchdb-server on port {self.port} did not answer in time "
+                          "(or another server holds the port)")
+
+    def _answering_is_us(self) -> bool:
+        """The server on our port wrote its uuid to our config file: it is ours."""
+        try:
+            ours = json.loads((self.data_dir / "config.json").read_text())["couchdb"]["uuid"]
+            return requests.get(self.url, timeout=2).json().get("uuid") == ours
+        except (OSError, ValueError, KeyError, requests.RequestException):
+            return False
 
     def is_alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
@@ -169,7 +211,5 @@ def answers(url: str) -> bool:
 
 def _signal_group(pid: int, sig: int) -> None:
     # The server runs in its own session whose group id is its pid.
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, sig)
-    except ProcessLookupError:
-        pass
