@@ -1,0 +1,213 @@
+"""The local cluster: a CouchDB-compatible server and a daemon for every site.
+
+`up` starts, for each site config of a sites directory, a pouchdb-server on
+the site's port and a `jobdist site run` daemon, both in sessions of their
+own so they outlive the command; sets up continuous replication from every
+site to each of its peers (so every pair of peers replicates both ways);
+and returns when every daemon says it is ready. Pids and logs live under a
+state directory; `down` stops exactly the processes recorded there, after
+checking that each pid is still the process we started.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .config import SiteConfig, load_sites
+from .couch import Couch
+from .daemon import open_site_database
+from .localserver import LocalServer
+
+DEFAULT_STATE_DIR = Path(".jobdist")
+REPLICATION_FILTER = "jobdist/jobs"
+
+
+class ClusterError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Proc:
+    """A process we started: its pid and start time (guards against pid reuse)."""
+
+    pid: int
+    started: str
+
+    @classmethod
+    def of(cls, pid: int) -> Proc:
+        return cls(pid, process_start_time(pid))
+
+    def alive(self) -> bool:
+        return process_start_time(self.pid) == self.started != ""
+
+    def stop(self, timeout: float = 15.0) -> None:
+        if not self.alive():
+            return
+        os.killpg(self.pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while self.alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if self.alive():
+            os.killpg(self.pid, signal.SIGKILL)
+
+
+def process_start_time(pid: int) -> str:
+    """Field 22 of /proc/PID/stat, or "" when there is no such live process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    fields = stat.rsplit(")", 1)[1].split()
+    return "" if fields[0] == "Z" else fields[19]
+
+
+class LocalCluster:
+    def __init__(self, sites_dir: Path, state_dir: Path = DEFAULT_STATE_DIR,
+                 in_memory: bool = False) -> None:
+        self.sites = load_sites(sites_dir)
+        self.sites_dir = Path(sites_dir)
+        self.state_dir = Path(state_dir)
+        self.in_memory = in_memory
+        self.state_file = self.state_dir / "cluster.json"
+
+    # --- lifecycle --------------------------------------------------------------
+
+    def up(self, timeout: float = 60.0) -> None:
+        if self._recorded():
+            raise ClusterError(f"a cluster is already up (state in {self.state_dir}); "
+                               "run `jobdist cluster down` first")
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        state: dict[str, Any] = {"sites_dir": str(self.sites_dir.resolve()), "sites": {}}
+        try:
+            for site in self.sites.values():
+                state["sites"][site.name] = {"server": self._start_server(site)}
+                self._save(state)
+            for site in self.sites.values():
+                open_site_database(site)
+            self.replicate()
+            for site in self.sites.values():
+                state["sites"][site.name]["daemon"] = self._start_daemon(site)
+                self._save(state)
+            self._wait_ready(timeout)
+        except BaseException:
+            self.down()
+            raise
+
+    def down(self) -> list[str]:
+        """Stop every process recorded in the state directory; what was stopped."""
+        state = self._load()
+        stopped = []
+        for name, procs in state.get("sites", {}).items():
+            for role in ("daemon", "server"):
+                if role in procs:
+                    proc = Proc(**procs[role])
+                    if proc.alive():
+                        proc.stop()
+                        stopped.append(f"{name} {role} (pid {proc.pid})")
+        self.state_file.unlink(missing_ok=True)
+        return stopped
+
+    def status(self) -> list[dict[str, Any]]:
+        state = self._load()
+        rows = []
+        for name, site in self.sites.items():
+            procs = state.get("sites", {}).get(name, {})
+            rows.append({
+                "site": name,
+                "url": site.couch_url,
+                "fauxton": f"{site.couch_url}/_utils",
+                "server": _describe(procs.get("server")),
+                "daemon": _describe(procs.get("daemon")),
+            })
+        return rows
+
+    # --- pieces ---------------------------------------------------------------------
+
+    def site_dir(self, name: str) -> Path:
+        return self.state_dir.resolve() / name
+
+    def _start_server(self, site: SiteConfig) -> dict[str, Any]:
+        server = LocalServer(site.port, self.site_dir(site.name) / "couch",
+                             in_memory=self.in_memory)
+        server.start()
+        assert server.pid is not None
+        return Proc.of(server.pid).__dict__
+
+    def _start_daemon(self, site: SiteConfig) -> dict[str, Any]:
+        directory = self.site_dir(site.name)
+        ready = directory / "ready"
+        ready.unlink(missing_ok=True)
+        assert site.path is not None
+        args = [sys.executable, "-m", "jobdist", "site", "run", "--config", str(site.path),
+                "--sites", str(self.sites_dir), "--ready-file", str(ready),
+                "--log-file", str(directory / "daemon.log")]
+        process = subprocess.Popen(args, stdin=subprocess.DEVNULL,
+                                   stdout=subprocess.DEVNULL,
+                                   stderr=open(directory / "daemon.err", "ab"),  # noqa: SIM115
+                                   start_new_session=True)
+        return Proc.of(process.pid).__dict__
+
+    def start_daemon(self, name: str) -> None:
+        """(Re)start one site's daemon, e.g. after a crash test killed it."""
+        state = self._load()
+        state["sites"][name]["daemon"] = self._start_daemon(self.sites[name])
+        self._save(state)
+        self._wait_ready(60.0, only=name)
+
+    def daemon_proc(self, name: str) -> Proc:
+        return Proc(**self._load()["sites"][name]["daemon"])
+
+    def replicate(self) -> None:
+        """Continuous push replication from every site to each of its peers."""
+        for site in self.sites.values():
+            couch = Couch(site.couch_url, user=site.user, password=site.password)
+            replicator = couch.replicator()
+            source = f"{site.couch_url}/{site.database}"
+            for peer_name in site.peers:
+                peer = self.sites[peer_name]
+                replicator.put_replication(
+                    f"jobdist-{site.name}-to-{peer.name}", source,
+                    f"{peer.couch_url}/{peer.database}", filter=REPLICATION_FILTER)
+
+    def _wait_ready(self, timeout: float, only: str | None = None) -> None:
+        deadline = time.monotonic() + timeout
+        waiting = [only] if only else list(self.sites)
+        while waiting:
+            name = waiting[0]
+            if (self.site_dir(name) / "ready").exists():
+                waiting.pop(0)
+                continue
+            if not self.daemon_proc(name).alive():
+                raise ClusterError(f"the daemon of site {name} exited at start; see "
+                                   f"{self.site_dir(name) / 'daemon.log'}")
+            if time.monotonic() > deadline:
+                raise ClusterError(f"the daemon of site {name} did not get ready in time")
+            time.sleep(0.1)
+
+    def _recorded(self) -> bool:
+        state = self._load()
+        return any(Proc(**procs[role]).alive() for procs in state.get("sites", {}).values()
+                   for role in procs)
+
+    def _load(self) -> dict[str, Any]:
+        try:
+            return json.loads(self.state_file.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def _save(self, state: dict[str, Any]) -> None:
+        self.state_file.write_text(json.dumps(state, indent=2))
+
+
+def _describe(proc: dict[str, Any] | None) -> str:
+    if not proc:
+        return "not started"
+    return f"running (pid {proc['pid']})" if Proc(**proc).alive() else "stopped"

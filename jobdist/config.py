@@ -1,0 +1,120 @@
+"""Site configuration: one TOML file per site (sites/NAME.toml).
+
+    name = "reg_a"
+    workers = 2
+    peers = ["global", "reg_b"]        # sites this one replicates with
+
+    [couch]
+    url = "http://127.0.0.1:5985"      # credentials: user/password keys, the URL,
+    database = "jobs"                  # or $JOBDIST_COUCH_USER / $JOBDIST_COUCH_PASSWORD
+
+    [keepalive]
+    period = 5.0                       # seconds between keep-alive passes
+    stale_after = 30.0                 # re-save open jobs unchanged for this long
+
+    [daemon]
+    booking_timeout = 60.0             # give up a claim the creator has not decided
+    shutdown_grace = 10.0              # running steps get this long on SIGTERM
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+SITE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
+
+
+class ConfigError(ValueError):
+    """A site configuration that cannot be used; the message says why and where."""
+
+
+@dataclass(frozen=True)
+class SiteConfig:
+    name: str
+    couch_url: str
+    database: str = "jobs"
+    user: str | None = None
+    password: str | None = field(default=None, repr=False)
+    workers: int = 2
+    peers: tuple[str, ...] = ()
+    keepalive_period: float = 5.0
+    keepalive_stale_after: float = 30.0
+    booking_timeout: float = 60.0
+    shutdown_grace: float = 10.0
+    path: Path | None = None
+
+    @property
+    def port(self) -> int:
+        return urlsplit(self.couch_url).port or 5984
+
+
+def load_site(path: Path | str) -> SiteConfig:
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such site config") from None
+    except (OSError, tomllib.TOMLDecodeError) as error:
+        raise ConfigError(f"{path}: cannot read site config: {error}") from None
+    try:
+        return _site_from(raw, path)
+    except (KeyError, TypeError, ValueError) as error:
+        raise ConfigError(f"{path}: {_describe(error)}") from None
+
+
+def load_sites(directory: Path | str) -> dict[str, SiteConfig]:
+    """Every site config of a sites directory, by name; peers must name known sites."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise ConfigError(f"{directory}: no such sites directory")
+    sites = {}
+    for path in sorted(directory.glob("*.toml")):
+        site = load_site(path)
+        if site.name in sites:
+            raise ConfigError(f"{path}: site name {site.name!r} is used twice")
+        sites[site.name] = site
+    if not sites:
+        raise ConfigError(f"{directory}: no site configs (*.toml) found")
+    for site in sites.values():
+        unknown = sorted(set(site.peers) - set(sites))
+        if unknown:
+            raise ConfigError(f"{site.path}: unknown peers {', '.join(unknown)}")
+    return sites
+
+
+def _site_from(raw: dict[str, Any], path: Path) -> SiteConfig:
+    name = raw["name"]
+    if not isinstance(name, str) or not SITE_NAME.match(name):
+        raise ValueError(f"name {name!r} must be 1-64 of a-z, 0-9, _ and -")
+    couch = raw.get("couch", {})
+    keepalive = raw.get("keepalive", {})
+    daemon = raw.get("daemon", {})
+    workers = int(raw.get("workers", 2))
+    if workers < 0:
+        raise ValueError("workers must be >= 0")
+    return SiteConfig(
+        name=name,
+        couch_url=str(couch["url"]),
+        database=str(couch.get("database", "jobs")),
+        user=couch.get("user") or os.environ.get("JOBDIST_COUCH_USER"),
+        password=couch.get("password") or os.environ.get("JOBDIST_COUCH_PASSWORD"),
+        workers=workers,
+        peers=tuple(raw.get("peers", ())),
+        keepalive_period=float(keepalive.get("period", 5.0)),
+        keepalive_stale_after=float(keepalive.get("stale_after", 30.0)),
+        booking_timeout=float(daemon.get("booking_timeout", 60.0)),
+        shutdown_grace=float(daemon.get("shutdown_grace", 10.0)),
+        path=path,
+    )
+
+
+def _describe(error: Exception) -> str:
+    if isinstance(error, KeyError):
+        return f"missing setting {error.args[0]!r}"
+    return str(error)

@@ -1,0 +1,94 @@
+"""The site daemon: listener, work manager, workers and keep-alive, supervised.
+
+The thesis's process layout (listener_sup over listener, work manager,
+workers and "keep docs alive") as threads of one process. It talks only to
+its own site's CouchDB. SIGTERM or SIGINT stops it gracefully: no new claims,
+running steps get `shutdown_grace` seconds, then are stopped and released.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+
+from .config import SiteConfig
+from .couch import Couch, Database
+from .design import load_design_docs
+from .keepalive import KeepAlive
+from .listener import Listener, load_checkpoint
+from .manager import Manager
+
+log = logging.getLogger("jobdist.daemon")
+
+
+def open_site_database(config: SiteConfig) -> Database:
+    """The site's jobs database, created with our design documents if need be."""
+    couch = Couch(config.couch_url, user=config.user, password=config.password)
+    db = couch.ensure_database(config.database)
+    written = db.sync_design_docs(load_design_docs())
+    if written:
+        log.info("design documents updated site=%s ids=%s", config.name, ",".join(written))
+    return db
+
+
+class Daemon:
+    def __init__(self, config: SiteConfig, known_sites: set[str] | None = None) -> None:
+        self.config = config
+        self.db = open_site_database(config)
+        sites = known_sites or {config.name, *config.peers}
+        self.manager = Manager(config, self.db, sites)
+        self.stop_event = self.manager.stop_event
+        self.started = time.monotonic()
+        self.listener = Listener(self.db, config.name, self.manager.inbox,
+                                 load_checkpoint(self.db, config.name), self.stop_event)
+        self.keepalive = KeepAlive(self.db, config.name, config.keepalive_period,
+                                   config.keepalive_stale_after, self.stop_event)
+
+    def run(self, ready_file: Path | None = None) -> int:
+        self._install_signal_handlers()
+        log.info("site starting site=%s couch=%s db=%s workers=%d", self.config.name,
+                 self.db.couch.url, self.config.database, self.config.workers)
+        self.manager.recover()
+        self.listener.start()
+        self.keepalive.start()
+        if ready_file is not None:
+            ready_file.write_text(str(time.time()))
+        log.info("site ready site=%s", self.config.name)
+        while not self.stop_event.is_set():
+            self.manager.serve_once(timeout=0.5)
+        log.info("site stopping site=%s grace=%.1fs", self.config.name,
+                 self.config.shutdown_grace)
+        self.manager.drain(self.config.shutdown_grace)
+        log.info("site stopped site=%s", self.config.name)
+        return 0
+
+    def stop(self) -> None:
+        self.stop_event.set()
+
+    def _install_signal_handlers(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def handle(signum: int, frame: FrameType | None) -> None:
+            log.info("signal received site=%s signal=%s", self.config.name,
+                     signal.Signals(signum).name)
+            self.stop()
+
+        signal.signal(signal.SIGTERM, handle)
+        signal.signal(signal.SIGINT, handle)
+
+
+def configure_logging(level: str = "INFO", path: Path | None = None) -> None:
+    """One line an event: time, level, component, then key=value fields."""
+    handler: logging.Handler = (
+        logging.FileHandler(path) if path is not None else logging.StreamHandler()
+    )
+    handler.setFormatter(logging.Formatter(
+        "%(asctime)s %(levelname)s %(name)s %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)

@@ -1,0 +1,63 @@
+"""The keep-alive re-saver (thesis 5.2), kept as a backstop.
+
+CouchDB only tells a site about a document when it changes. A job that
+reached every site while all their workers were busy would be forgotten; the
+thesis's creator re-saves its unclaimed jobs periodically so that the other
+sites' listeners see them again. Our managers also scan the `claimable` view
+whenever a worker frees up, so the re-saver is rarely needed; it remains for
+sites that missed a change (a feed gap, a replication that was down).
+
+Rules (core.keepalive): only the creator, only open steps, only documents
+unchanged for `stale_after` seconds, only unconflicted ones, and the re-save
+changes nothing but `keepalive_at`. Highest priority first.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import UTC, datetime, timedelta
+
+from . import core
+from .couch import CouchError, Database, Saved
+from .model import format_time, utc_now
+
+log = logging.getLogger("jobdist.keepalive")
+
+
+class KeepAlive(threading.Thread):
+    def __init__(self, db: Database, site: str, period: float, stale_after: float,
+                 stop: threading.Event) -> None:
+        super().__init__(name=f"keepalive-{site}", daemon=True)
+        self.db = db
+        self.site = site
+        self.period = period
+        self.stale_after = stale_after
+        self.stop_event = stop
+        self.resaved = 0
+
+    def run(self) -> None:
+        while not self.stop_event.wait(self.period):
+            try:
+                self.pass_once()
+            except CouchError as error:
+                log.warning("keep-alive pass failed site=%s error=%s", self.site, error)
+
+    def pass_once(self) -> int:
+        """Re-save the stale open jobs this site created; how many were re-saved."""
+        cutoff = format_time(datetime.now(UTC) - timedelta(seconds=self.stale_after))
+        rows = self.db.view("jobdist", "stale_open", startkey=[self.site],
+                            endkey=[self.site, cutoff])
+        rows.sort(key=lambda row: -row["value"]["priority"])
+        count = 0
+        for row in rows:
+            if self.stop_event.is_set():
+                break
+            leaves = self.db.leaves(row["id"])
+            ctx = core.Context(self.site, utc_now())
+            touched = core.keepalive(leaves, ctx, self.stale_after) if leaves else None
+            if touched is not None and isinstance(self.db.save(touched), Saved):
+                count += 1
+                log.info("keep-alive re-save job=%s site=%s", row["id"], self.site)
+        self.resaved += count
+        return count

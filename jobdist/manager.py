@@ -1,0 +1,341 @@
+"""The work manager: the single owner of a site's decisions.
+
+One thread takes events from its inbox (documents that changed, executions
+that ended or retried), reads the job's live leaves from the local CouchDB,
+asks the pure decision core what to do, and carries the plan out: bookings,
+the write (on a 409 it re-reads and decides again), then launches. Because it
+alone decides, the core's view of the workers is never stale mid-decision.
+
+Beyond the thesis: when a worker frees up, the manager asks the `claimable`
+view for open steps this site may run (highest priority, then oldest), so a
+job that arrived while every worker was busy is not forgotten until the next
+keep-alive re-save.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from . import core
+from .config import SiteConfig
+from .couch import Conflict, CouchError, Database, Saved
+from .listener import Changed, save_checkpoint
+from .model import Doc, utc_now
+from .validation import validate_job
+from .workers import Execution, StepResult, WorkerPool
+
+log = logging.getLogger("jobdist.manager")
+
+DESIGN = "jobdist"
+SCAN_INTERVAL = 2.0  # seconds between claimable scans while workers stay free
+CHECKPOINT_INTERVAL = 2.0
+
+
+@dataclass(frozen=True)
+class Finished:
+    execution: Execution
+    result: StepResult
+
+
+@dataclass(frozen=True)
+class Retried:
+    key: core.Key
+    epoch: int
+    worker: str
+    detail: str
+
+
+class Manager:
+    def __init__(self, config: SiteConfig, db: Database, known_sites: Iterable[str]) -> None:
+        self.config = config
+        self.site = config.name
+        self.db = db
+        self.known_sites = frozenset(known_sites) | {self.site}
+        self.inbox: queue.Queue[object] = queue.Queue(maxsize=10_000)
+        self.pool = WorkerPool(self.site, config.workers, self._on_done)
+        self.executions: dict[core.Key, core.Running] = {}
+        self.booked_at: dict[core.Key, float] = {}
+        self.own_revs: deque[str] = deque(maxlen=4096)
+        self.counts: Counter[str] = Counter()
+        self.draining = False
+        self.stop_event = threading.Event()
+        self.seq: object = None
+        self.saved_seq: object = None
+        self.last_scan = 0.0
+        self.scan_due = True
+        self.last_checkpoint = time.monotonic()
+
+    # --- the loop -------------------------------------------------------------
+
+    def serve_once(self, timeout: float) -> None:
+        batch = self._next_batch(timeout)
+        changed: dict[str, Changed] = {}
+        for item in batch:
+            if isinstance(item, Changed):
+                changed[item.doc_id] = item  # a burst of changes to one doc is one decision
+            else:
+                self._handle(item)
+        for item in changed.values():
+            if item.rev not in self.own_revs:
+                self.process(item.doc_id)
+            self.seq = item.seq
+        self._expire_bookings()
+        self._scan_if_due()
+        self._checkpoint_if_due()
+
+    def _next_batch(self, timeout: float) -> list[object]:
+        try:
+            batch = [self.inbox.get(timeout=timeout)]
+        except queue.Empty:
+            return []
+        while len(batch) < 500:
+            try:
+                batch.append(self.inbox.get_nowait())
+            except queue.Empty:
+                break
+        return batch
+
+    def _handle(self, item: object) -> None:
+        if isinstance(item, Finished):
+            self.finish(item.execution, item.result)
+        elif isinstance(item, Retried):
+            self.note_retry(item)
+
+    # --- deciding -------------------------------------------------------------
+
+    def recover(self) -> None:
+        """Thesis 4.2.2: after a restart, check every promise the documents say we hold."""
+        for row in self.db.iter_view(DESIGN, "involving", key=self.site):
+            self.process(row["id"])
+        self.scan_due = True
+
+    def process(self, doc_id: str) -> None:
+        """Decide about one job until there is nothing more to do right now."""
+        for _ in range(8):
+            leaves = self._leaves(doc_id)
+            if leaves is None:
+                return
+            plan = core.plan(leaves, self.context(), self.pool_view())
+            if plan.action == "none" or not self.execute(doc_id, plan):
+                return
+        log.warning("no settled decision job=%s site=%s", doc_id, self.site)
+
+    def finish(self, execution: Execution, result: StepResult) -> None:
+        key = execution.key
+        running = self.executions.pop(key, None)
+        if running is None:
+            return
+        log.info("step ended job=%s step=%d site=%s worker=%s epoch=%d ok=%s reason=%r",
+                 key[0], key[1], self.site, running.worker, running.epoch, result.ok,
+                 result.reason)
+        self.counts["steps_finished" if result.ok else "steps_failed"] += 1
+        self.scan_due = True
+        for _ in range(8):
+            leaves = self._leaves(key[0])
+            if leaves is None:
+                return
+            plan = core.plan_finish(leaves, self.context(), self.pool_view(), key,
+                                    running.epoch, running.worker, result)
+            written = self.execute(key[0], plan)
+            if written is not None:
+                self.process(key[0])
+                return
+        log.error("could not record the end of job=%s step=%d site=%s", key[0], key[1], self.site)
+
+    def note_retry(self, item: Retried) -> None:
+        leaves = self._leaves(item.key[0])
+        if leaves is not None:
+            self.execute(item.key[0], core.plan_event(
+                leaves, self.context(), item.key, item.epoch, item.worker, "retried", item.detail))
+
+    def _leaves(self, doc_id: str) -> list[Doc] | None:
+        """The job's live leaves, or None when there is nothing valid to decide on."""
+        try:
+            leaves = [leaf for leaf in self.db.leaves(doc_id) if leaf.get("type") == "job"]
+        except CouchError as error:
+            log.warning("cannot read job=%s site=%s error=%s", doc_id, self.site, error)
+            return None
+        valid = []
+        for leaf in leaves:
+            errors = validate_job(leaf)
+            if errors:
+                self._report_invalid(doc_id, leaf["_rev"], errors)
+            else:
+                valid.append(leaf)
+        return valid or None
+
+    def _report_invalid(self, doc_id: str, rev: str, errors: list[str]) -> None:
+        if rev in self.own_revs:
+            return
+        self.own_revs.append(rev)  # report each bad revision once
+        self.counts["invalid_documents"] += 1
+        log.error("invalid job skipped job=%s rev=%s site=%s errors=%r",
+                  doc_id, rev, self.site, "; ".join(errors))
+
+    def context(self) -> core.Context:
+        return core.Context(self.site, utc_now(), self.known_sites,
+                            booking_timeout=self.config.booking_timeout)
+
+    def pool_view(self) -> core.PoolView:
+        if self.draining:
+            return core.PoolView(running=dict(self.executions))
+        now = time.monotonic()
+        return core.PoolView(
+            free_workers=tuple(self.pool.free_workers()),
+            booked={key: core.Booking(worker, now - self.booked_at.get(key, now))
+                    for key, worker in self.pool.bookings().items()},
+            running=dict(self.executions),
+        )
+
+    # --- carrying out a plan --------------------------------------------------------
+
+    def execute(self, doc_id: str, plan: core.Plan) -> Saved | None:
+        """Carry a plan out; the saved revision, or None when it must be re-decided."""
+        for effect in plan.before:
+            self.apply(effect)
+        saved = self.write(doc_id, plan)
+        if saved is None:
+            return None
+        self.counts[f"action_{plan.action}"] += 1
+        log.info("%s job=%s site=%s rev=%s%s", plan.action, doc_id, self.site, saved.rev,
+                 f" detail={plan.detail!r}" if plan.detail else "")
+        for effect in plan.after:
+            self.apply(effect, plan.doc)
+        return saved
+
+    def write(self, doc_id: str, plan: core.Plan) -> Saved | None:
+        """The new revision first, then the losers: never delete progress we failed to keep."""
+        saved = Saved(doc_id, "")
+        try:
+            if plan.doc is not None:
+                result = self.db.save(plan.doc)
+                if isinstance(result, Conflict):
+                    self.counts["write_conflicts"] += 1
+                    return None
+                saved = result
+                self.own_revs.append(saved.rev)
+            if plan.deletions:
+                self.db.bulk_docs([{"_id": doc_id, "_rev": rev, "_deleted": True}
+                                   for rev in plan.deletions])
+                self.counts["conflicts_resolved"] += len(plan.deletions)
+        except CouchError as error:
+            log.warning("write failed job=%s site=%s action=%s error=%s",
+                        doc_id, self.site, plan.action, error)
+            return None
+        return saved
+
+    def apply(self, effect: core.Effect, doc: Doc | None = None) -> None:
+        if isinstance(effect, core.Book):
+            if self.pool.book(effect.key) is not None:
+                self.booked_at.setdefault(effect.key, time.monotonic())
+        elif isinstance(effect, core.Unbook):
+            self.pool.unbook(effect.key)
+            self.booked_at.pop(effect.key, None)
+            self.scan_due = True  # a lost claim: look for other work at once
+        elif isinstance(effect, core.Kill):
+            log.info("killing job=%s step=%d site=%s reason=%r",
+                     effect.key[0], effect.key[1], self.site, effect.reason)
+            self.pool.cancel(effect.key)
+        elif isinstance(effect, core.Launch):
+            assert doc is not None
+            self.launch(effect, doc)
+
+    def launch(self, effect: core.Launch, doc: Doc) -> None:
+        job_id, index = effect.key
+        env = {
+            "JOBDIST_JOB_ID": job_id,
+            "JOBDIST_STEP": str(index),
+            "JOBDIST_SITE": self.site,
+            "JOBDIST_EPOCH": str(effect.epoch),
+        }
+        self.booked_at.pop(effect.key, None)
+        execution = self.pool.start(effect.key, effect.epoch, doc["job"][index], env,
+                                    on_retry=self._retry_reporter(effect))
+        self.executions[effect.key] = core.Running(execution.worker, effect.epoch)
+        self.counts["steps_started"] += 1
+
+    def _retry_reporter(self, effect: core.Launch) -> Any:
+        def report(attempt: int, detail: str) -> None:
+            self.inbox.put(Retried(effect.key, effect.epoch, effect.worker,
+                                   f"attempt {attempt}: {detail}"))
+        return report
+
+    def _on_done(self, execution: Execution, result: StepResult) -> None:
+        # Called from the worker's thread: hand over, decide in the manager's.
+        self.inbox.put(Finished(execution, result))
+
+    # --- housekeeping ----------------------------------------------------------------
+
+    def _expire_bookings(self) -> None:
+        now = time.monotonic()
+        for key, since in list(self.booked_at.items()):
+            if now - since >= self.config.booking_timeout:
+                self.process(key[0])
+                if self.pool.is_booked(key):  # the document no longer exists
+                    self.apply(core.Unbook(key))
+
+    def _scan_if_due(self) -> None:
+        """Claim open steps that arrived while every worker was busy."""
+        if self.draining or not self.pool.free_workers():
+            return
+        now = time.monotonic()
+        if not self.scan_due and now - self.last_scan < SCAN_INTERVAL:
+            return
+        self.last_scan, self.scan_due = now, False
+        for doc_id in self.claimable(limit=4 * max(1, len(self.pool.free_workers()))):
+            if not self.pool.free_workers():
+                return
+            self.process(doc_id)
+
+    def claimable(self, limit: int) -> list[str]:
+        """Open steps this site may run: highest priority first, then oldest."""
+        rows = []
+        try:
+            for target in (self.site, "any"):
+                rows += self.db.view(DESIGN, "claimable", startkey=[target],
+                                     endkey=[target, {}], limit=limit)
+        except CouchError as error:
+            log.warning("claimable scan failed site=%s error=%s", self.site, error)
+            return []
+        rows.sort(key=lambda row: (row["key"][1], row["key"][2]))
+        return list(dict.fromkeys(row["id"] for row in rows))[:limit]
+
+    def _checkpoint_if_due(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if self.seq is None or self.seq == self.saved_seq:
+            return
+        if not force and now - self.last_checkpoint < CHECKPOINT_INTERVAL:
+            return
+        try:
+            save_checkpoint(self.db, self.site, self.seq)
+            self.saved_seq, self.last_checkpoint = self.seq, now
+        except CouchError as error:
+            log.warning("checkpoint not saved site=%s error=%s", self.site, error)
+
+    def drain(self, grace: float) -> None:
+        """Graceful stop: claim nothing more, let running steps end or stop them, release."""
+        self.draining = True
+        for key in list(self.pool.bookings()):
+            self.apply(core.Unbook(key))
+        stopped = self.pool.shutdown(grace)
+        if stopped:
+            log.info("stopped %d running steps site=%s", len(stopped), self.site)
+        while True:
+            try:
+                item = self.inbox.get_nowait()
+            except queue.Empty:
+                break
+            if not isinstance(item, Changed):
+                self._handle(item)
+        self._checkpoint_if_due(force=True)
+
+    def status(self) -> dict[str, Any]:
+        return {"site": self.site, "workers": self.pool.snapshot(), "feed_seq": self.seq,
+                "counts": dict(self.counts)}

@@ -1,0 +1,138 @@
+"""End to end: real pouchdb-servers, real replication, real daemons, real shell steps.
+
+Each step appends to a ledger; the checks are the product's promises: every
+step ran exactly once, on a site its target allows, the steps of each job in
+order, and every job ended as expected.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from jobdist.cluster import LocalCluster
+from jobdist.couch import Database
+from jobdist.model import Doc, new_job, new_step
+from jobdist.scenarios import (
+    THESIS_SCENARIOS,
+    check_ledger,
+    ledger_command,
+    read_ledger,
+    run_scenario,
+    site_db,
+    wait_until_done,
+    write_sites,
+)
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.mark.parametrize("scenario", THESIS_SCENARIOS, ids=lambda s: s.name.split(",")[0])
+def test_thesis_scenario(scenario, tmp_path: Path) -> None:
+    result = run_scenario(scenario, step_seconds=0.3, work_dir=tmp_path)
+    assert check_ledger(result) == []
+    assert result.statuses == {"success": scenario.jobs}
+    # Revisions per step: at most 4 for untargeted steps, 2 for targeted (the thesis's counts).
+    assert max(result.revisions) <= 1 + 4 * len(scenario.targets)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    root = tmp_path_factory.mktemp("cluster")
+    local = LocalCluster(write_sites(root / "sites", 3, keepalive=2.0), root / "state",
+                         in_memory=True)
+    local.up()
+    try:
+        yield local
+    finally:
+        local.down()
+
+
+def submit(cluster: LocalCluster, steps: list[Doc], site: str = "global") -> tuple[Database, str]:
+    db = site_db(cluster, site)
+    job = new_job(site, steps)
+    db.save(job)
+    return db, job["_id"]
+
+
+def run_job(cluster: LocalCluster, steps: list[Doc], timeout: float = 60.0) -> Doc:
+    db, job_id = submit(cluster, steps)
+    return wait_until_done(db, [job_id], timeout)[0]
+
+
+def test_retries_then_success(cluster: LocalCluster, tmp_path: Path) -> None:
+    counter = tmp_path / "count"
+    command = (f"n=$(cat {counter} 2>/dev/null || echo 0); n=$((n+1)); echo $n > {counter}; "
+               f'[ "$n" -ge 3 ] && [ "$JOBDIST_ATTEMPT" = 3 ]')
+    doc = run_job(cluster, [new_step(command, max_retries=4, sleep=0.1, sleep_factor=2)])
+    assert doc["job_status"] == "success"
+    assert doc["job"][0]["attempts"] == 3
+    assert [h["event"] for h in doc["history"]].count("retried") == 2
+
+
+def test_retries_exhausted_then_alt_do_succeeds(cluster: LocalCluster, tmp_path: Path) -> None:
+    marker = tmp_path / "alt"
+    doc = run_job(cluster, [new_step("exit 3", max_retries=2, sleep=0.05,
+                                     alt_do=f"touch {marker}"), new_step("true")])
+    assert doc["job_status"] == "success"  # an alt_do that succeeds lets the job go on
+    assert marker.exists()
+    assert doc["job"][0]["attempts"] == 4
+    assert "alt_do succeeded" in next(
+        h["detail"] for h in doc["history"] if h["event"] == "finished")
+
+
+def test_failing_step_fails_the_job_and_runs_nothing_after(cluster: LocalCluster,
+                                                          tmp_path: Path) -> None:
+    after = tmp_path / "after"
+    doc = run_job(cluster, [new_step("echo boom >&2; exit 7"), new_step(f"touch {after}")])
+    assert doc["job_status"] == "failed"
+    step = doc["job"][0]
+    assert (step["step_status"], step["exit_code"]) == ("failed", 7)
+    assert "boom" in step["output"]["stderr"]
+    assert doc["step"] == 0 and not after.exists()
+
+
+def test_step_timeout_kills_the_command(cluster: LocalCluster) -> None:
+    started = time.monotonic()
+    doc = run_job(cluster, [new_step("sleep 30", timeout=1)])
+    assert doc["job_status"] == "failed"
+    assert "timed out" in doc["history"][-1]["detail"]
+    assert time.monotonic() - started < 25
+
+
+def test_targets_are_respected(cluster: LocalCluster, tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger"
+    doc = run_job(cluster, [new_step(ledger_command(0.1, ledger), target=t)
+                            for t in ("reg_b", ["reg_a", "reg_b"], "global", "reg_a")])
+    assert doc["job_status"] == "success"
+    sites = [row[3] for row in read_ledger(ledger) if row[0] == "start"]
+    assert sites[0] == "reg_b" and sites[1] in ("reg_a", "reg_b")
+    assert sites[2:] == ["global", "reg_a"]
+
+
+def test_daemon_killed_mid_step_and_restarted_job_completes(cluster: LocalCluster,
+                                                             tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger"
+    steps = [new_step(ledger_command(1.5, ledger), target="reg_a") for _ in range(3)]
+    db, job_id = submit(cluster, steps)
+    deadline = time.monotonic() + 30
+    while not any(row[0] == "start" and row[2] == 1 for row in read_ledger(ledger)):
+        assert time.monotonic() < deadline, "step 1 never started"
+        time.sleep(0.05)
+    proc = cluster.daemon_proc("reg_a")
+    import os
+    os.kill(proc.pid, signal.SIGKILL)
+    cluster.start_daemon("reg_a")
+
+    doc = wait_until_done(db, [job_id], 60)[0]
+    assert doc["job_status"] == "success"
+    starts = [(row[2], row[4]) for row in read_ledger(ledger) if row[0] == "start"]
+    assert [s for s, _ in starts] in ([0, 1, 2], [0, 1, 1, 2])
+    if len(starts) == 4:
+        # Step 1 ran again after the crash, in a new epoch, and the history says why.
+        assert starts[1][1] < starts[2][1]
+        assert any(h["event"] == "released" and h["step"] == 1 for h in doc["history"])
