@@ -278,16 +278,28 @@ def runnable_anywhere(step: Doc, ctx: Context) -> bool:
 
 
 def settle_local_work(doc: Doc, ctx: Context, pool: PoolView) -> Decision | None:
-    """Drop bookings and executions for this job that the document no longer backs."""
+    """Drop bookings and executions for this job that the document no longer backs.
+
+    Only a document that has moved past our work ends it. One that is behind it
+    (an older revision, delivered late by the feed) proves nothing: a job never
+    goes back to an earlier step or epoch.
+    """
     job_id = doc["_id"]
     for key, run in pool.running.items():
-        if key[0] == job_id and not backs_execution(doc, key, run.epoch, ctx.site):
+        if key[0] == job_id and moved_past_execution(doc, key, run.epoch, ctx.site):
             reason = "job cancelled" if doc["job_status"] == "cancelled" else "execution superseded"
             return Decision("kill", before=(Kill(key, reason),), detail=reason)
     for key, booking in pool.booked.items():
         if key[0] == job_id and not backs_booking(doc, key, booking, ctx):
             return Decision("free", before=(Unbook(key),), detail="booking no longer needed")
     return None
+
+
+def behind(doc: Doc, key: Key, epoch: int) -> bool:
+    """Is this view of the job older than a step and epoch we already acted on?"""
+    if doc["step"] != key[1]:
+        return doc["step"] < key[1] and doc["job_status"] is None
+    return doc["job"][key[1]].get("epoch", 0) < epoch
 
 
 def backs_execution(doc: Doc, key: Key, epoch: int, site: str) -> bool:
@@ -297,7 +309,13 @@ def backs_execution(doc: Doc, key: Key, epoch: int, site: str) -> bool:
     return step.get("epoch", 0) == epoch and step.get("winner") == site
 
 
+def moved_past_execution(doc: Doc, key: Key, epoch: int, site: str) -> bool:
+    return not backs_execution(doc, key, epoch, site) and not behind(doc, key, epoch)
+
+
 def backs_booking(doc: Doc, key: Key, booking: Booking, ctx: Context) -> bool:
+    if behind(doc, key, 0):
+        return True  # an old view: keep the booking until a current one says otherwise
     if not is_live(doc) or doc["step"] != key[1]:
         return False
     step = doc["job"][key[1]]

@@ -44,7 +44,8 @@ class Daemon:
         self.stop_event = self.manager.stop_event
         self.started = time.monotonic()
         self.listener = Listener(self.db, config.name, self.manager.inbox,
-                                 load_checkpoint(self.db, config.name), self.stop_event)
+                                 load_checkpoint(self.db, config.name), self.stop_event,
+                                 self.manager.wake)
         self.keepalive = KeepAlive(self.db, config.name, config.keepalive_period,
                                    config.keepalive_stale_after, self.stop_event)
 

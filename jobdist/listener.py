@@ -14,6 +14,7 @@ import logging
 import queue
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 from .couch import CouchError, Database
 
@@ -24,11 +25,16 @@ CHECKPOINT = "jobdist-checkpoint"
 
 @dataclass(frozen=True)
 class Changed:
-    """A document changed; `seq` is opaque (an int on pouchdb-server, a string on CouchDB)."""
+    """A document changed; `seq` is opaque (an int on pouchdb-server, a string on CouchDB).
+
+    `doc` is the winning revision as the feed saw it, with `_conflicts` when
+    there are any: an unconflicted job can be decided on without another read.
+    """
 
     doc_id: str
     rev: str
     seq: object
+    doc: dict[str, Any] | None = None
 
 
 def load_checkpoint(db: Database, site: str) -> object:
@@ -42,13 +48,15 @@ def save_checkpoint(db: Database, site: str, seq: object) -> None:
 
 class Listener(threading.Thread):
     def __init__(self, db: Database, site: str, inbox: queue.Queue[object], since: object,
-                 stop: threading.Event, heartbeat_ms: int = 5000) -> None:
+                 stop: threading.Event, wake: threading.Event,
+                 heartbeat_ms: int = 5000) -> None:
         super().__init__(name=f"listener-{site}", daemon=True)
         self.db = db
         self.site = site
         self.inbox = inbox
         self.since = since
         self.stop_event = stop
+        self.wake = wake
         self.heartbeat_ms = heartbeat_ms
         self.reconnects = 0
 
@@ -67,15 +75,17 @@ class Listener(threading.Thread):
 
     def follow(self) -> None:
         for change in self.db.changes(self.since, heartbeat_ms=self.heartbeat_ms,
-                                      stop=self.stop_event):
+                                      stop=self.stop_event, include_docs=True,
+                                      query_params={"conflicts": True}):
             if not change.id.startswith("_design/") and change.revs:
-                self.hand_over(Changed(change.id, change.revs[0], change.seq))
+                self.hand_over(Changed(change.id, change.revs[0], change.seq, change.doc))
             self.since = change.seq
 
     def hand_over(self, item: Changed) -> None:
         while not self.stop_event.is_set():
             try:
                 self.inbox.put(item, timeout=0.5)
+                self.wake.set()
                 return
             except queue.Full:
                 continue

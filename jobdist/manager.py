@@ -14,6 +14,7 @@ keep-alive re-save.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import queue
 import threading
@@ -38,6 +39,15 @@ SCAN_INTERVAL = 2.0  # seconds between claimable scans while workers stay free
 CHECKPOINT_INTERVAL = 2.0
 
 
+def gives_work_up(plan: core.Plan) -> bool:
+    return any(isinstance(effect, core.Unbook | core.Kill) for effect in plan.before)
+
+
+def spread(site: str, doc_id: str) -> int:
+    """A per-site order of equally urgent jobs, so sites do not all claim the same ones."""
+    return int.from_bytes(hashlib.blake2b(f"{site}/{doc_id}".encode(), digest_size=4).digest())
+
+
 @dataclass(frozen=True)
 class Finished:
     execution: Execution
@@ -58,7 +68,11 @@ class Manager:
         self.site = config.name
         self.db = db
         self.known_sites = frozenset(known_sites) | {self.site}
-        self.inbox: queue.Queue[object] = queue.Queue(maxsize=10_000)
+        self.inbox: queue.Queue[object] = queue.Queue(maxsize=10_000)  # from the listener
+        # Workers report here, and are served before any change: a finished step
+        # must not wait behind a burst of replicated changes.
+        self.reports: queue.Queue[Finished | Retried] = queue.Queue()
+        self.wake = threading.Event()  # set by the listener and the workers
         self.pool = WorkerPool(self.site, config.workers, self._on_done)
         self.executions: dict[core.Key, core.Running] = {}
         self.booked_at: dict[core.Key, float] = {}
@@ -75,38 +89,42 @@ class Manager:
     # --- the loop -------------------------------------------------------------
 
     def serve_once(self, timeout: float) -> None:
-        batch = self._next_batch(timeout)
+        self.serve_reports()
         changed: dict[str, Changed] = {}
-        for item in batch:
-            if isinstance(item, Changed):
-                changed[item.doc_id] = item  # a burst of changes to one doc is one decision
-            else:
-                self._handle(item)
-        for item in changed.values():
+        for item in self._next_batch(timeout):
+            changed[item.doc_id] = item  # a burst of changes to one doc is one decision
+        for item in sorted(changed.values(), key=self._claim_order):
+            self.serve_reports()
             if item.rev not in self.own_revs:
-                self.process(item.doc_id)
+                self.process(item.doc_id, item.doc)
             self.seq = item.seq
+        self.serve_reports()
         self._expire_bookings()
         self._scan_if_due()
         self._checkpoint_if_due()
 
-    def _next_batch(self, timeout: float) -> list[object]:
-        try:
-            batch = [self.inbox.get(timeout=timeout)]
-        except queue.Empty:
-            return []
+    def _next_batch(self, timeout: float) -> list[Changed]:
+        if self.inbox.empty() and self.reports.empty():
+            self.wake.wait(timeout)
+        self.wake.clear()  # anything arriving from now on sets it again
+        batch: list[Changed] = []
         while len(batch) < 500:
             try:
-                batch.append(self.inbox.get_nowait())
+                batch.append(self.inbox.get_nowait())  # type: ignore[arg-type]
             except queue.Empty:
                 break
         return batch
 
-    def _handle(self, item: object) -> None:
-        if isinstance(item, Finished):
-            self.finish(item.execution, item.result)
-        elif isinstance(item, Retried):
-            self.note_retry(item)
+    def serve_reports(self) -> None:
+        while True:
+            try:
+                report = self.reports.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(report, Finished):
+                self.finish(report.execution, report.result)
+            else:
+                self.note_retry(report)
 
     # --- deciding -------------------------------------------------------------
 
@@ -116,13 +134,24 @@ class Manager:
             self.process(row["id"])
         self.scan_due = True
 
-    def process(self, doc_id: str) -> None:
-        """Decide about one job until there is nothing more to do right now."""
+    def process(self, doc_id: str, seen: Doc | None = None) -> None:
+        """Decide about one job until there is nothing more to do right now.
+
+        `seen` is the revision the changes feed delivered: when it has no
+        conflicts it is the only leaf, and the first decision needs no read.
+        It may be older than what we already did, so a plan from it that would
+        give work up (free a booking, kill an execution) is made again from a
+        fresh read first.
+        """
         for _ in range(8):
-            leaves = self._leaves(doc_id)
+            from_feed = seen is not None and "_conflicts" not in seen
+            leaves = self._valid(doc_id, [seen]) if from_feed else self._leaves(doc_id)
+            seen = None
             if leaves is None:
                 return
             plan = core.plan(leaves, self.context(), self.pool_view())
+            if from_feed and gives_work_up(plan):
+                continue
             if plan.action == "none" or not self.execute(doc_id, plan):
                 return
         log.warning("no settled decision job=%s site=%s", doc_id, self.site)
@@ -158,12 +187,17 @@ class Manager:
     def _leaves(self, doc_id: str) -> list[Doc] | None:
         """The job's live leaves, or None when there is nothing valid to decide on."""
         try:
-            leaves = [leaf for leaf in self.db.leaves(doc_id) if leaf.get("type") == "job"]
+            leaves = self.db.leaves(doc_id)
         except CouchError as error:
             log.warning("cannot read job=%s site=%s error=%s", doc_id, self.site, error)
             return None
+        return self._valid(doc_id, leaves)
+
+    def _valid(self, doc_id: str, leaves: list[Doc]) -> list[Doc] | None:
         valid = []
         for leaf in leaves:
+            if leaf.get("type") != "job" or leaf.get("_deleted"):
+                continue
             errors = validate_job(leaf)
             if errors:
                 self._report_invalid(doc_id, leaf["_rev"], errors)
@@ -188,11 +222,16 @@ class Manager:
             return core.PoolView(running=dict(self.executions))
         now = time.monotonic()
         return core.PoolView(
-            free_workers=tuple(self.pool.free_workers()),
+            free_workers=self.free_workers(),
             booked={key: core.Booking(worker, now - self.booked_at.get(key, now))
                     for key, worker in self.pool.bookings().items()},
             running=dict(self.executions),
         )
+
+    def free_workers(self) -> tuple[str, ...]:
+        # A worker whose result we have not recorded yet is not free for new work.
+        unreported = {running.worker for running in self.executions.values()}
+        return tuple(w for w in self.pool.free_workers() if w not in unreported)
 
     # --- carrying out a plan --------------------------------------------------------
 
@@ -263,13 +302,15 @@ class Manager:
 
     def _retry_reporter(self, effect: core.Launch) -> Any:
         def report(attempt: int, detail: str) -> None:
-            self.inbox.put(Retried(effect.key, effect.epoch, effect.worker,
-                                   f"attempt {attempt}: {detail}"))
+            self.reports.put(Retried(effect.key, effect.epoch, effect.worker,
+                                     f"attempt {attempt}: {detail}"))
+            self.wake.set()
         return report
 
     def _on_done(self, execution: Execution, result: StepResult) -> None:
         # Called from the worker's thread: hand over, decide in the manager's.
-        self.inbox.put(Finished(execution, result))
+        self.reports.put(Finished(execution, result))
+        self.wake.set()
 
     # --- housekeeping ----------------------------------------------------------------
 
@@ -283,14 +324,14 @@ class Manager:
 
     def _scan_if_due(self) -> None:
         """Claim open steps that arrived while every worker was busy."""
-        if self.draining or not self.pool.free_workers():
+        if self.draining or not self.free_workers():
             return
         now = time.monotonic()
         if not self.scan_due and now - self.last_scan < SCAN_INTERVAL:
             return
         self.last_scan, self.scan_due = now, False
-        for doc_id in self.claimable(limit=4 * max(1, len(self.pool.free_workers()))):
-            if not self.pool.free_workers():
+        for doc_id in self.claimable(limit=4 * len(self.free_workers())):
+            if not self.free_workers():
                 return
             self.process(doc_id)
 
@@ -305,7 +346,13 @@ class Manager:
             log.warning("claimable scan failed site=%s error=%s", self.site, error)
             return []
         rows.sort(key=lambda row: (row["key"][1], row["key"][2]))
-        return list(dict.fromkeys(row["id"] for row in rows))[:limit]
+        window = list(dict.fromkeys(row["id"] for row in rows))[:limit]
+        priority = {row["id"]: row["key"][1] for row in rows}
+        return sorted(window, key=lambda doc_id: (priority[doc_id], spread(self.site, doc_id)))
+
+    def _claim_order(self, item: Changed) -> tuple[int, int]:
+        priority = (item.doc or {}).get("priority", 0)
+        return (-priority if isinstance(priority, int) else 0, spread(self.site, item.doc_id))
 
     def _checkpoint_if_due(self, force: bool = False) -> None:
         now = time.monotonic()
@@ -327,13 +374,7 @@ class Manager:
         stopped = self.pool.shutdown(grace)
         if stopped:
             log.info("stopped %d running steps site=%s", len(stopped), self.site)
-        while True:
-            try:
-                item = self.inbox.get_nowait()
-            except queue.Empty:
-                break
-            if not isinstance(item, Changed):
-                self._handle(item)
+        self.serve_reports()
         self._checkpoint_if_due(force=True)
 
     def status(self) -> dict[str, Any]:

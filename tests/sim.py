@@ -153,6 +153,23 @@ class SimSite:
             action = plan.action
         raise AssertionError(f"{self.name} does not settle on {doc_id}")
 
+    def process_stale(self, doc_id: str, pick: int) -> None:
+        """Decide on an old revision, as a late change from the feed would make us.
+
+        Its writes are refused (it is no longer a leaf); its local effects are not.
+        """
+        bodies = [r for r in self.replica.docs.get(doc_id, {}).values() if r.body is not None]
+        if not bodies:
+            return
+        old = bodies[pick % len(bodies)]
+        view = {**copy.deepcopy(old.body), "_id": doc_id, "_rev": old.rev}
+        plan = core.plan([view], self.ctx(), self.pool())
+        for effect in plan.before:
+            self.apply(effect)
+        if plan.doc is not None and self.replica.write(plan.doc):
+            for effect in plan.after:
+                self.apply(effect)
+
     def finish(self, key: core.Key, outcome: Outcome | None = None) -> None:
         execution = self.running.pop(key)
         plan = core.plan_finish(

@@ -2,7 +2,8 @@
 
 Hypothesis draws the schedule: which site processes which document, which
 replication link delivers which document, which execution finishes, keep-alive
-re-saves, clock advances and (in the fault test) site restarts. After the
+re-saves, clock advances, decisions taken on an old revision (a late change
+from the feed) and (in the fault test) site restarts. After the
 random part the system is driven to quiescence, and the protocol's promises
 are checked.
 """
@@ -38,7 +39,7 @@ def make_world(job_targets: list[list[object]], workers: int) -> tuple[
 
 def random_event(data: st.DataObject, sites: list[SimSite], job_ids: list[str],
                  clock: Clock, faults: bool) -> None:
-    kinds = ["process", "replicate", "replicate", "finish", "keepalive", "tick"]
+    kinds = ["process", "replicate", "replicate", "finish", "keepalive", "tick", "stale"]
     if faults:
         kinds.append("restart")
     kind = data.draw(st.sampled_from(kinds))
@@ -57,6 +58,8 @@ def random_event(data: st.DataObject, sites: list[SimSite], job_ids: list[str],
             assert site.replica.write(touched)
     elif kind == "tick":
         clock.seconds += data.draw(st.sampled_from([0.5, 2.0, 10.0]))
+    elif kind == "stale":
+        site.process_stale(doc_id, data.draw(st.integers(0, 50)))
     elif kind == "restart":
         site.restart()
 
