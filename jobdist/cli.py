@@ -209,5 +209,20 @@ def reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON value")
 
 
+def _register_extensions() -> None:
+    """Commands that live in their own modules (analytics, benchmarks)."""
+    import importlib
+
+    for module, name in (("jobdist.analytics", "report"), ("jobdist.bench", "bench")):
+        try:
+            main.add_command(getattr(importlib.import_module(module), name))
+        except ModuleNotFoundError as error:
+            if error.name != module:
+                raise
+
+
+_register_extensions()
+
+
 if __name__ == "__main__":
     main(prog_name="jobdist")
