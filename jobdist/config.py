@@ -15,6 +15,11 @@
     [daemon]
     booking_timeout = 60.0             # give up a claim the creator has not decided
     shutdown_grace = 10.0              # running steps get this long on SIGTERM
+
+    [admin]
+    port = 7984                        # the daemon's HTTP endpoint; none when unset
+    host = "127.0.0.1"
+    token = "..."                      # or $JOBDIST_ADMIN_TOKEN; required for every POST
 """
 
 from __future__ import annotations
@@ -47,6 +52,9 @@ class SiteConfig:
     keepalive_stale_after: float = 30.0
     booking_timeout: float = 60.0
     shutdown_grace: float = 10.0
+    admin_host: str = "127.0.0.1"
+    admin_port: int | None = None
+    admin_token: str | None = field(default=None, repr=False)
     path: Path | None = None
 
     @property
@@ -95,6 +103,7 @@ def _site_from(raw: dict[str, Any], path: Path) -> SiteConfig:
     couch = raw.get("couch", {})
     keepalive = raw.get("keepalive", {})
     daemon = raw.get("daemon", {})
+    admin = raw.get("admin", {})
     workers = int(raw.get("workers", 2))
     if workers < 0:
         raise ValueError("workers must be >= 0")
@@ -110,6 +119,9 @@ def _site_from(raw: dict[str, Any], path: Path) -> SiteConfig:
         keepalive_stale_after=float(keepalive.get("stale_after", 30.0)),
         booking_timeout=float(daemon.get("booking_timeout", 60.0)),
         shutdown_grace=float(daemon.get("shutdown_grace", 10.0)),
+        admin_host=str(admin.get("host", "127.0.0.1")),
+        admin_port=int(admin["port"]) if "port" in admin else None,
+        admin_token=admin.get("token") or os.environ.get("JOBDIST_ADMIN_TOKEN"),
         path=path,
     )
 
