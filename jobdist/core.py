@@ -569,3 +569,23 @@ def plan_event(leaves: list[Doc], ctx: Context, key: Key, epoch: int, worker: st
         return NOTHING
     return finalize(leaves, merged, Decision(name, note(ctx, name, key, worker, epoch, detail)),
                     ctx)
+
+
+def plan_cancel(leaves: list[Doc], ctx: Context, reason: str) -> Plan:
+    """An operator cancels a job: any site may write it; the merge keeps it (see merge).
+
+    The site running the current step sees the cancellation on its feed and
+    kills the step's process group (settle_local_work).
+    """
+    if not leaves:
+        return NOTHING
+    merged = merge(leaves)
+    if merged["job_status"] is not None:
+        return NOTHING
+
+    def edit(doc: Doc) -> None:
+        doc["job_status"] = "cancelled"
+        if is_live({**doc, "job_status": None}):
+            _log(doc, "cancelled", ctx, detail=reason)
+
+    return finalize(leaves, merged, Decision("cancel", edit, detail=reason), ctx)

@@ -847,3 +847,14 @@ def test_hazard_a_site_restarting_between_won_and_started(free_worker):
     check_no_double_execution(world.ledger)
     assert world.runs(job_id) == [("reg_a", 1 if free_worker else 3)]
     assert merged(world[CREATOR], job_id)["job_status"] == "success"
+
+
+def test_plan_cancel_marks_a_live_job_cancelled_once():
+    doc = running(job(), "reg_a")
+    plan = core.plan_cancel([doc], Context("reg_b", NOW), "operator asked")
+    assert plan.action == "cancel"
+    assert plan.doc["job_status"] == "cancelled"
+    assert plan.doc["history"][-1]["event"] == "cancelled"
+    ended = dict(doc, job_status="success")
+    assert core.plan_cancel([ended], Context("reg_b", NOW), "late").action == "none"
+    assert core.plan_cancel([], Context("reg_b", NOW), "nothing").action == "none"
