@@ -25,9 +25,9 @@ from .config import SiteConfig, load_sites
 from .couch import Couch
 from .daemon import open_site_database
 from .localserver import LocalServer
+from .topology import replications
 
 DEFAULT_STATE_DIR = Path(".jobdist")
-REPLICATION_FILTER = "jobdist/jobs"
 
 
 class ClusterError(RuntimeError):
@@ -167,15 +167,12 @@ class LocalCluster:
 
     def replicate(self) -> None:
         """Continuous push replication from every site to each of its peers."""
-        for site in self.sites.values():
-            couch = Couch(site.couch_url, user=site.user, password=site.password)
-            replicator = couch.replicator()
-            source = f"{site.couch_url}/{site.database}"
-            for peer_name in site.peers:
-                peer = self.sites[peer_name]
-                replicator.put_replication(
-                    f"jobdist-{site.name}-to-{peer.name}", source,
-                    f"{peer.couch_url}/{peer.database}", filter=REPLICATION_FILTER)
+        for link in replications(self.sites):
+            source = link.source
+            couch = Couch(source.couch_url, user=source.user, password=source.password)
+            couch.replicator().put_replication(link.doc_id, link.source_url, link.target_url,
+                                               filter=link.filter,
+                                               query_params=link.query_params)
 
     def _wait_ready(self, timeout: float, only: str | None = None) -> None:
         deadline = time.monotonic() + timeout

@@ -4,6 +4,10 @@
     workers = 2
     peers = ["global", "reg_b"]        # sites this one replicates with
 
+    [replication]
+    filtered = false                   # push to peers only the jobs that concern them
+    relay = false                      # a hub: peers push everything here to pass on
+
     [couch]
     url = "http://127.0.0.1:5985"      # credentials: user/password keys, the URL,
     database = "jobs"                  # or $JOBDIST_COUCH_USER / $JOBDIST_COUCH_PASSWORD
@@ -48,6 +52,8 @@ class SiteConfig:
     password: str | None = field(default=None, repr=False)
     workers: int = 2
     peers: tuple[str, ...] = ()
+    filtered: bool = False
+    relay: bool = False
     keepalive_period: float = 5.0
     keepalive_stale_after: float = 30.0
     booking_timeout: float = 60.0
@@ -104,6 +110,7 @@ def _site_from(raw: dict[str, Any], path: Path) -> SiteConfig:
     keepalive = raw.get("keepalive", {})
     daemon = raw.get("daemon", {})
     admin = raw.get("admin", {})
+    replication = raw.get("replication", {})
     workers = int(raw.get("workers", 2))
     if workers < 0:
         raise ValueError("workers must be >= 0")
@@ -115,6 +122,8 @@ def _site_from(raw: dict[str, Any], path: Path) -> SiteConfig:
         password=couch.get("password") or os.environ.get("JOBDIST_COUCH_PASSWORD"),
         workers=workers,
         peers=tuple(raw.get("peers", ())),
+        filtered=bool(replication.get("filtered", False)),
+        relay=bool(replication.get("relay", False)),
         keepalive_period=float(keepalive.get("period", 5.0)),
         keepalive_stale_after=float(keepalive.get("stale_after", 30.0)),
         booking_timeout=float(daemon.get("booking_timeout", 60.0)),

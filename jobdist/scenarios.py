@@ -69,16 +69,36 @@ class Result:
         return self.makespan / self.ideal
 
 
+TOPOLOGIES = ("mesh", "star", "filtered")
+
+
 def write_sites(directory: Path, count: int, workers: int = 2,
-                keepalive: float = 5.0, stale_after: float = 30.0) -> Path:
-    """A sites directory of `count` fully meshed sites on free ports."""
+                keepalive: float = 5.0, stale_after: float = 30.0,
+                topology: str = "mesh") -> Path:
+    """A sites directory of `count` sites on free ports.
+
+    mesh: every pair replicates; star: `global` is the hub, the others
+    replicate with it only, and it passes on to each only what concerns it;
+    filtered: a mesh where each site pushes to a peer only what concerns it.
+    """
+    if topology not in TOPOLOGIES:
+        raise ValueError(f"unknown topology {topology!r}; choose from {', '.join(TOPOLOGIES)}")
     directory.mkdir(parents=True, exist_ok=True)
-    names = SITE_NAMES[:count]
+    names = SITE_NAMES[:count] if count <= len(SITE_NAMES) else (
+        *SITE_NAMES, *(f"reg_{n}" for n in range(len(SITE_NAMES), count)))
     for name in names:
-        peers = ", ".join(f'"{p}"' for p in names if p != name)
+        hub = name == names[0]
+        if topology == "star":
+            peers = [p for p in names if p != name] if hub else [names[0]]
+        else:
+            peers = [p for p in names if p != name]
+        filtered = topology in ("star", "filtered")
         (directory / f"{name}.toml").write_text(
-            f'name = "{name}"\nworkers = {workers}\npeers = [{peers}]\n\n'
+            f'name = "{name}"\nworkers = {workers}\n'
+            f"peers = [{', '.join(f'{chr(34)}{p}{chr(34)}' for p in peers)}]\n\n"
             f'[couch]\nurl = "http://127.0.0.1:{free_port()}"\ndatabase = "jobs"\n\n'
+            f"[replication]\nfiltered = {str(filtered).lower()}\n"
+            f"relay = {str(topology == 'star' and hub).lower()}\n\n"
             f"[keepalive]\nperiod = {keepalive}\nstale_after = {stale_after}\n\n"
             f"[daemon]\nshutdown_grace = 2.0\n")
     return directory
@@ -145,12 +165,13 @@ def ideal_makespan(scenario: Scenario, workers: int) -> int:
 def run_scenario(scenario: Scenario, step_seconds: float = 0.5, workers: int = 2,
                  keepalive: float = 5.0, timeout: float = 300.0,
                  on_progress: Callable[[int], None] | None = None,
-                 work_dir: Path | None = None) -> Result:
+                 work_dir: Path | None = None, topology: str = "mesh") -> Result:
     with tempfile.TemporaryDirectory(prefix="jobdist-scenario-", dir=work_dir) as tmp:
         root = Path(tmp)
         ledger = root / "ledger.txt"
-        cluster = LocalCluster(write_sites(root / "sites", scenario.sites, workers, keepalive),
-                               root / "state", in_memory=True)
+        sites = write_sites(root / "sites", scenario.sites, workers, keepalive,
+                            topology=topology)
+        cluster = LocalCluster(sites, root / "state", in_memory=True)
         cluster.up()
         try:
             db = site_db(cluster, "global")

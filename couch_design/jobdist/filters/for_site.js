@@ -1,0 +1,27 @@
+function (doc, req) {
+  // Replicate to a site only the jobs that concern it: those it created and
+  // those with a step it may run. Deletions carry no fields: always pass them.
+  if (doc._id.indexOf("_design/") === 0) {
+    return false;
+  }
+  if (doc._deleted) {
+    return true;
+  }
+  if (doc.type !== "job") {
+    return false;
+  }
+  var site = req.query.site;
+  if (!site || doc.creator === site) {
+    return true;
+  }
+  for (var i = 0; i < doc.job.length; i++) {
+    var target = doc.job[i].target;
+    var wanted = typeof target === "string" ? [target] : target;
+    for (var j = 0; j < wanted.length; j++) {
+      if (wanted[j] === "any" || wanted[j] === site) {
+        return true;
+      }
+    }
+  }
+  return false;
+}

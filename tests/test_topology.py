@@ -1,0 +1,107 @@
+"""Topologies (mesh, star) and filtered replication, alone and on real sites."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import requests
+
+from jobdist.cluster import LocalCluster
+from jobdist.config import load_sites
+from jobdist.design import load_design_docs
+from jobdist.model import new_job, new_step
+from jobdist.scenarios import (
+    THESIS_SCENARIOS,
+    check_ledger,
+    run_scenario,
+    site_db,
+    wait_until_done,
+    write_sites,
+)
+from jobdist.topology import JOBS_FOR_SITE, replications
+
+REPO_SITES = Path(__file__).resolve().parent.parent / "sites"
+
+
+def links(sites_dir: Path) -> set[tuple[str, str, str]]:
+    return {(r.source.name, r.target.name, r.filter.split("/")[1])
+            for r in replications(load_sites(sites_dir))}
+
+
+def test_the_shipped_mesh_replicates_every_pair_both_ways() -> None:
+    assert len(links(REPO_SITES)) == 6
+    assert all(kind == "jobs" for _, _, kind in links(REPO_SITES))
+
+
+def test_the_shipped_star_has_a_hub_that_gets_everything_and_filters_what_it_passes_on() -> None:
+    assert links(REPO_SITES / "star") == {
+        ("global", "reg_a", "for_site"), ("global", "reg_b", "for_site"),
+        ("reg_a", "global", "jobs"), ("reg_b", "global", "jobs"),
+    }
+
+
+@pytest.mark.parametrize(("topology", "count", "expected"),
+                         [("mesh", 5, 20), ("filtered", 5, 20), ("star", 5, 8)])
+def test_replication_links_grow_as_the_topology_says(tmp_path: Path, topology: str,
+                                                      count: int, expected: int) -> None:
+    assert len(links(write_sites(tmp_path, count, topology=topology))) == expected
+
+
+def test_unknown_topology_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="unknown topology"):
+        write_sites(tmp_path, 3, topology="ring")
+
+
+def test_for_site_filter_passes_only_jobs_that_concern_the_site(db_url: str) -> None:
+    design = load_design_docs()[0]
+    requests.put(f"{db_url}/{design['_id']}", json=design, timeout=10).raise_for_status()
+    jobs = {
+        "mine": new_job("reg_b", [new_step("true", target="global")]),
+        "any": new_job("global", [new_step("true")]),
+        "listed": new_job("global", [new_step("true", target=["reg_a", "reg_b"])]),
+        "elsewhere": new_job("global", [new_step("true", target="reg_a"),
+                                        new_step("true", target="global")]),
+    }
+    for job in jobs.values():
+        requests.put(f"{db_url}/{job['_id']}", json=job, timeout=10).raise_for_status()
+    gone = jobs["elsewhere"]["_id"] + "-deleted"
+    rev = requests.put(f"{db_url}/{gone}", json=new_job("global", [new_step("x")], job_id=gone),
+                       timeout=10).json()["rev"]
+    requests.delete(f"{db_url}/{gone}", params={"rev": rev}, timeout=10).raise_for_status()
+    changes = requests.get(f"{db_url}/_changes",
+                           params={"filter": JOBS_FOR_SITE, "site": "reg_b"}, timeout=10).json()
+    passed = {row["id"] for row in changes["results"]}
+    assert passed == {jobs["mine"]["_id"], jobs["any"]["_id"], jobs["listed"]["_id"], gone}
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("scenario", [THESIS_SCENARIOS[3], THESIS_SCENARIOS[4]],
+                         ids=["2: 3 sites", "3: targets A,B,A"])
+def test_star_topology_runs_the_thesis_scenarios(scenario, tmp_path: Path) -> None:
+    result = run_scenario(scenario, step_seconds=0.2, work_dir=tmp_path, topology="star")
+    assert check_ledger(result) == []
+    assert result.statuses == {"success": scenario.jobs}
+
+
+@pytest.mark.e2e
+def test_filtered_mesh_keeps_a_targeted_job_away_from_sites_it_does_not_concern(
+        tmp_path: Path) -> None:
+    cluster = LocalCluster(write_sites(tmp_path / "sites", 3, topology="filtered"),
+                           tmp_path / "state", in_memory=True)
+    cluster.up()
+    try:
+        global_db = site_db(cluster, "global")
+        targeted = new_job("global", [new_step("true", target="reg_a"),
+                                      new_step("true", target="global")])
+        anywhere = new_job("global", [new_step("true")])
+        global_db.bulk_docs([targeted, anywhere])
+        done = wait_until_done(global_db, [targeted["_id"], anywhere["_id"]], 60)
+        assert [doc["job_status"] for doc in done] == ["success", "success"]
+        assert wait_until_done(site_db(cluster, "reg_b"), [anywhere["_id"]], 30)
+        assert site_db(cluster, "reg_b").get(targeted["_id"]) is None
+        reg_a_view = wait_until_done(site_db(cluster, "reg_a"), [targeted["_id"]], 30)
+        assert reg_a_view[0]["job_status"] == "success"
+        assert site_db(cluster, "reg_b").get(targeted["_id"]) is None
+    finally:
+        cluster.down()
