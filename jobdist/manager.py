@@ -30,7 +30,7 @@ from .couch import Conflict, CouchError, Database, Saved
 from .listener import Changed, save_checkpoint
 from .model import Doc, utc_now
 from .validation import validate_job
-from .workers import Execution, StepResult, WorkerPool
+from .workers import Execution, StepResult, WorkerPool, kill_orphans
 
 log = logging.getLogger("jobdist.manager")
 
@@ -129,7 +129,13 @@ class Manager:
     # --- deciding -------------------------------------------------------------
 
     def recover(self) -> None:
-        """Thesis 4.2.2: after a restart, check every promise the documents say we hold."""
+        """Thesis 4.2.2: after a restart, check every promise the documents say we hold.
+
+        First stop what a crashed predecessor left running: the documents say
+        those steps run here, and we are about to release and re-run them.
+        """
+        orphans = kill_orphans(self.site, self.db.url)
+        self.counts["orphans_killed"] += len(orphans)
         for row in self.db.iter_view(DESIGN, "involving", key=self.site):
             self.process(row["id"])
         self.scan_due = True
@@ -293,6 +299,7 @@ class Manager:
             "JOBDIST_STEP": str(index),
             "JOBDIST_SITE": self.site,
             "JOBDIST_EPOCH": str(effect.epoch),
+            "JOBDIST_COUCH": self.db.url,  # with JOBDIST_SITE: finds orphans after a crash
         }
         self.booked_at.pop(effect.key, None)
         execution = self.pool.start(effect.key, effect.epoch, doc["job"][index], env,

@@ -730,3 +730,27 @@ def _crashed_result(execution: Execution, error: Exception) -> StepResult:
         stderr="",
         reason=f"worker error: {type(error).__name__}: {error}",
     )
+
+
+def kill_orphans(site: str, couch: str) -> list[int]:
+    """Kill the step process groups a previous daemon of this site left behind.
+
+    A daemon killed with SIGKILL cannot stop its steps, which live in process
+    groups of their own; its successor would run them again next to the old
+    ones. Steps carry JOBDIST_SITE and JOBDIST_COUCH in their environment, so at
+    start-up, before it runs anything, a daemon finds and kills them.
+    """
+    marker = {f"JOBDIST_SITE={site}".encode(), f"JOBDIST_COUCH={couch}".encode()}
+    groups: set[int] = set()
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            variables = set(environ.read_bytes().split(b"\0"))
+            stat = (environ.parent / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone, or not ours to read
+        if marker <= variables and stat[0] not in ("Z", "X"):
+            groups.add(int(stat[2]))
+    for pgid in groups:
+        _signal_group(pgid, signal.SIGKILL)
+        logger.warning("killed orphaned step process group pgid=%d site=%s", pgid, site)
+    return sorted(groups)

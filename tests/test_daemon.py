@@ -1,0 +1,149 @@
+"""The daemon's parts on a real pouchdb-server: listener, keep-alive, graceful stop."""
+
+from __future__ import annotations
+
+import queue
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from jobdist.couch import Couch, Database
+from jobdist.design import load_design_docs
+from jobdist.keepalive import KeepAlive
+from jobdist.listener import Changed, Listener, load_checkpoint, save_checkpoint
+from jobdist.localserver import LocalServer, free_port
+from jobdist.model import format_time, new_job, new_step
+
+
+@pytest.fixture
+def disk_server(tmp_path: Path) -> Iterator[LocalServer]:
+    server = LocalServer(free_port(), tmp_path / "couch")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def jobs_db(server: LocalServer) -> Database:
+    db = Couch(server.url).ensure_database("jobs")
+    db.sync_design_docs(load_design_docs())
+    return db
+
+
+def take(inbox: queue.Queue[object], count: int, timeout: float = 10.0) -> list[Changed]:
+    items = []
+    deadline = time.monotonic() + timeout
+    while len(items) < count:
+        items.append(inbox.get(timeout=max(0.01, deadline - time.monotonic())))
+    return items  # type: ignore[return-value]
+
+
+def start_listener(db: Database, since: object) -> tuple[Listener, queue.Queue[object],
+                                                          threading.Event]:
+    inbox: queue.Queue[object] = queue.Queue(maxsize=5)  # small: back-pressure is exercised
+    stop = threading.Event()
+    listener = Listener(db, "global", inbox, since, stop, threading.Event(), heartbeat_ms=500)
+    listener.start()
+    return listener, inbox, stop
+
+
+def test_listener_hands_over_changes_resumes_from_its_checkpoint_and_reconnects(
+        disk_server: LocalServer) -> None:
+    db = jobs_db(disk_server)
+    first = [new_job("global", [new_step("true")]) for _ in range(12)]
+    db.bulk_docs(first)
+    listener, inbox, stop = start_listener(db, load_checkpoint(db, "global"))
+    try:
+        seen = take(inbox, 12)  # more than the queue holds: the listener waited, lost nothing
+        assert {item.doc_id for item in seen} == {job["_id"] for job in first}
+        assert all(item.doc and item.doc["type"] == "job" for item in seen)
+        save_checkpoint(db, "global", seen[-1].seq)
+
+        disk_server.kill()  # the server dies under the listener...
+        disk_server.start()  # ...and comes back; the feed reconnects
+        late = new_job("global", [new_step("true")])
+        db.save(late)
+        assert take(inbox, 1)[0].doc_id == late["_id"]
+        assert listener.reconnects >= 1
+    finally:
+        stop.set()
+        listener.join(5)
+
+    # A new listener starts from the checkpoint: only what came after it.
+    listener, inbox, stop = start_listener(db, load_checkpoint(db, "global"))
+    try:
+        assert take(inbox, 1)[0].doc_id == late["_id"]
+        with pytest.raises(queue.Empty):
+            inbox.get(timeout=1.0)
+    finally:
+        stop.set()
+        listener.join(5)
+
+
+def test_keepalive_resaves_only_its_own_stale_open_jobs_and_only_their_timestamp(
+        couch_server: LocalServer) -> None:
+    db = Couch(couch_server.url).ensure_database(f"ka_{free_port()}")
+    db.sync_design_docs(load_design_docs())
+    long_ago = format_time(datetime.now(UTC) - timedelta(minutes=10))
+    stale, fresh, claimed, foreign = (
+        new_job("global", [new_step("true")], created_at=long_ago, priority=1),
+        new_job("global", [new_step("true")]),
+        new_job("global", [new_step("true")], created_at=long_ago),
+        new_job("reg_a", [new_step("true")], created_at=long_ago),
+    )
+    claimed["job"][0]["claimed_by"] = "reg_a"
+    db.bulk_docs([stale, fresh, claimed, foreign])
+    keepalive = KeepAlive(db, "global", period=60, stale_after=5, stop=threading.Event())
+
+    assert keepalive.pass_once() == 1
+    after = db.get(stale["_id"])
+    assert after["_rev"].startswith("2-") and after["keepalive_at"] > long_ago
+    changed = {k for k in after if after[k] != stale.get(k)} - {"_rev"}
+    assert changed == {"keepalive_at"}
+    for untouched in (fresh, claimed, foreign):
+        assert db.get(untouched["_id"])["_rev"].startswith("1-")
+    assert keepalive.pass_once() == 0  # just re-saved: not stale any more
+    assert keepalive.resaved == 1
+
+
+def test_sigterm_lets_the_daemon_release_its_running_step_and_exit_zero(
+        disk_server: LocalServer, tmp_path: Path) -> None:
+    db = jobs_db(disk_server)
+    config = tmp_path / "global.toml"
+    config.write_text(f'name = "global"\nworkers = 1\n\n[couch]\nurl = "{disk_server.url}"\n'
+                      f'database = "jobs"\n\n[daemon]\nshutdown_grace = 0.5\n')
+    pid_file = tmp_path / "step.pid"
+    job = new_job("global", [new_step(f"echo $$ > {pid_file}; exec sleep 60")])
+    db.save(job)
+    ready = tmp_path / "ready"
+    daemon = subprocess.Popen(
+        [sys.executable, "-m", "jobdist", "site", "run", "--config", str(config),
+         "--ready-file", str(ready), "--log-file", str(tmp_path / "daemon.log")],
+        start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not pid_file.exists() or not pid_file.read_text().strip():
+            assert time.monotonic() < deadline and daemon.poll() is None, "step never started"
+            time.sleep(0.05)
+        step_pid = int(pid_file.read_text())
+        daemon.terminate()
+        assert daemon.wait(30) == 0
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait()
+    assert not Path(f"/proc/{step_pid}").exists() or "Z" in Path(
+        f"/proc/{step_pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    doc = db.get(job["_id"])
+    step = doc["job"][0]
+    assert (step["step_status"], step["winner"], step["epoch"]) == (None, None, 2)
+    released = doc["history"][-1]
+    assert released["event"] == "released" and "stopped on this site" in released["detail"]
+    assert "site stopped site=global" in (tmp_path / "daemon.log").read_text()
