@@ -65,13 +65,17 @@ class Listener(threading.Thread):
         while not self.stop_event.is_set():
             try:
                 self.follow()
-                backoff = 0.1  # the server closed the stream cleanly: reconnect at once
+                backoff = 0.1
+                continue  # the server closed the stream cleanly: reconnect at once
             except CouchError as error:
-                self.reconnects += 1
                 log.warning("changes feed lost site=%s since=%s error=%s retry_in=%.1fs",
                             self.site, self.since, error, backoff)
-                self.stop_event.wait(backoff)
-                backoff = min(backoff * 2, 5.0)
+            except Exception:  # a listener that died silently would stall the site
+                log.exception("changes feed failed site=%s since=%s retry_in=%.1fs",
+                              self.site, self.since, backoff)
+            self.reconnects += 1
+            self.stop_event.wait(backoff)
+            backoff = min(backoff * 2, 5.0)
 
     def follow(self) -> None:
         for change in self.db.changes(self.since, heartbeat_ms=self.heartbeat_ms,

@@ -96,7 +96,7 @@ class Manager:
         for item in sorted(changed.values(), key=self._claim_order):
             self.serve_reports()
             if item.rev not in self.own_revs:
-                self.process(item.doc_id, item.doc)
+                self.guarded(self.process, item.doc_id, item.doc)
             self.seq = item.seq
         self.serve_reports()
         self._expire_bookings()
@@ -122,9 +122,18 @@ class Manager:
             except queue.Empty:
                 return
             if isinstance(report, Finished):
-                self.finish(report.execution, report.result)
+                self.guarded(self.finish, report.execution, report.result)
             else:
-                self.note_retry(report)
+                self.guarded(self.note_retry, report)
+
+    def guarded(self, handler: Any, *args: Any) -> None:
+        """One job's trouble is logged and skipped; it never stops the site."""
+        try:
+            handler(*args)
+        except Exception:
+            self.counts["handler_errors"] += 1
+            log.exception("error while handling site=%s handler=%s args=%r",
+                          self.site, handler.__name__, [repr(a)[:120] for a in args])
 
     # --- deciding -------------------------------------------------------------
 
@@ -137,7 +146,7 @@ class Manager:
         orphans = kill_orphans(self.site, self.db.url)
         self.counts["orphans_killed"] += len(orphans)
         for row in self.db.iter_view(DESIGN, "involving", key=self.site):
-            self.process(row["id"])
+            self.guarded(self.process, row["id"])
         self.scan_due = True
 
     def process(self, doc_id: str, seen: Doc | None = None) -> None:
@@ -325,7 +334,7 @@ class Manager:
         now = time.monotonic()
         for key, since in list(self.booked_at.items()):
             if now - since >= self.config.booking_timeout:
-                self.process(key[0])
+                self.guarded(self.process, key[0])
                 if self.pool.is_booked(key):  # the document no longer exists
                     self.apply(core.Unbook(key))
 
@@ -340,7 +349,7 @@ class Manager:
         for doc_id in self.claimable(limit=4 * len(self.free_workers())):
             if not self.free_workers():
                 return
-            self.process(doc_id)
+            self.guarded(self.process, doc_id)
 
     def claimable(self, limit: int) -> list[str]:
         """Open steps this site may run: highest priority first, then oldest."""

@@ -147,3 +147,28 @@ def test_sigterm_lets_the_daemon_release_its_running_step_and_exit_zero(
     released = doc["history"][-1]
     assert released["event"] == "released" and "stopped on this site" in released["detail"]
     assert "site stopped site=global" in (tmp_path / "daemon.log").read_text()
+
+
+def test_a_malformed_job_is_logged_and_skipped_and_the_next_job_still_runs(
+        couch_server: LocalServer, caplog: pytest.LogCaptureFixture) -> None:
+    from jobdist.config import SiteConfig
+    from jobdist.manager import Manager
+
+    # No design document yet: CouchDB cannot refuse the bad job, the daemon must cope.
+    db = Couch(couch_server.url).ensure_database(f"bad_{free_port()}")
+    bad = {"_id": "job-bad", "type": "job", "creator": "global", "job": "not a list"}
+    good = new_job("global", [new_step("true")])
+    db.bulk_docs([bad, good])
+    manager = Manager(SiteConfig("global", couch_server.url, db.name, workers=1), db, {"global"})
+    try:
+        manager.process("job-bad")
+        manager.process(good["_id"])
+        deadline = time.monotonic() + 10
+        while db.get(good["_id"])["job_status"] is None:
+            assert time.monotonic() < deadline, "the good job never finished"
+            manager.serve_once(timeout=0.1)
+    finally:
+        manager.pool.shutdown(1.0)
+    assert manager.counts["invalid_documents"] == 1
+    assert "invalid job skipped job=job-bad" in caplog.text
+    assert db.get("job-bad") == {**bad, "_rev": db.get("job-bad")["_rev"]}  # left as it was
