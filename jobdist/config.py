@@ -19,6 +19,9 @@
     [daemon]
     booking_timeout = 60.0             # give up a claim the creator has not decided
     shutdown_grace = 10.0              # running steps get this long on SIGTERM
+    lease = 60.0                       # a winner's promise lasts this long unless renewed
+    heartbeat = 15.0                   # how often a site renews the leases of its steps
+    clock_skew_margin = 10.0           # the creator waits this much past a lease
 
     [admin]
     port = 7984                        # the daemon's HTTP endpoint; none when unset
@@ -58,6 +61,9 @@ class SiteConfig:
     keepalive_stale_after: float = 30.0
     booking_timeout: float = 60.0
     shutdown_grace: float = 10.0
+    lease: float = 60.0
+    heartbeat: float = 15.0
+    clock_skew_margin: float = 10.0
     admin_host: str = "127.0.0.1"
     admin_port: int | None = None
     admin_token: str | None = field(default=None, repr=False)
@@ -114,6 +120,7 @@ def _site_from(raw: dict[str, Any], path: Path) -> SiteConfig:
     workers = int(raw.get("workers", 2))
     if workers < 0:
         raise ValueError("workers must be >= 0")
+    _check_lease(raw.get("daemon", {}))
     return SiteConfig(
         name=name,
         couch_url=str(couch["url"]),
@@ -128,11 +135,21 @@ def _site_from(raw: dict[str, Any], path: Path) -> SiteConfig:
         keepalive_stale_after=float(keepalive.get("stale_after", 30.0)),
         booking_timeout=float(daemon.get("booking_timeout", 60.0)),
         shutdown_grace=float(daemon.get("shutdown_grace", 10.0)),
+        lease=float(daemon.get("lease", 60.0)),
+        heartbeat=float(daemon.get("heartbeat", 15.0)),
+        clock_skew_margin=float(daemon.get("clock_skew_margin", 10.0)),
         admin_host=str(admin.get("host", "127.0.0.1")),
         admin_port=int(admin["port"]) if "port" in admin else None,
         admin_token=admin.get("token") or os.environ.get("JOBDIST_ADMIN_TOKEN"),
         path=path,
     )
+
+
+def _check_lease(daemon: dict[str, Any]) -> None:
+    lease, heartbeat = float(daemon.get("lease", 60.0)), float(daemon.get("heartbeat", 15.0))
+    if not 0 < heartbeat <= lease / 2:
+        raise ValueError(f"daemon.heartbeat ({heartbeat}) must be above 0 and at most half "
+                         f"of daemon.lease ({lease}), so one lost heartbeat is not fatal")
 
 
 def _describe(error: Exception) -> str:

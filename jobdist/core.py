@@ -33,7 +33,9 @@ from .model import (
     allows,
     event,
     is_live,
+    later,
     parse_time,
+    seconds_between,
     sole_target,
     step_phase,
     targets,
@@ -84,6 +86,12 @@ class Context:
     now: str  # ISO 8601 UTC, from the caller's clock
     known_sites: frozenset[str] | None = None  # when set, the creator fails jobs no site can run
     booking_timeout: float = 60.0  # free a booked worker whose claim is not decided by then
+    lease: float = 60.0  # a winner's promise lasts this long unless renewed by its heartbeat
+    skew_margin: float = 10.0  # the creator waits this much past a lease: clocks differ
+
+    def lease_expired(self, step: Doc) -> bool:
+        deadline = step.get("lease_until")
+        return bool(deadline) and seconds_between(deadline, self.now) > self.skew_margin
 
 
 class StepOutcome(Protocol):
@@ -347,7 +355,7 @@ def on_claimed(doc: Doc, step: Doc, ctx: Context, pool: PoolView) -> Decision:
 
 def on_won(doc: Doc, step: Doc, ctx: Context, pool: PoolView) -> Decision:
     if step["winner"] != ctx.site:
-        return STAY
+        return revoke_if_expired(doc, step, ctx)
     key = (doc["_id"], doc["step"])
     worker = pool.worker_for(key)
     if worker is not None:
@@ -368,7 +376,21 @@ def on_running(doc: Doc, step: Doc, ctx: Context, pool: PoolView) -> Decision:
     if step["winner"] == ctx.site and key not in pool.running:
         # Our promise with no worker behind it: the site restarted mid-step.
         return Decision("release", release(ctx, "worker lost (site restarted)"))
+    if step["winner"] != ctx.site:
+        return revoke_if_expired(doc, step, ctx)
     return STAY
+
+
+def revoke_if_expired(doc: Doc, step: Doc, ctx: Context) -> Decision:
+    """The creator takes back a step whose winner stopped renewing its lease.
+
+    The new epoch fences the old execution off: if the winner was only slow or
+    cut off, it kills the step once it sees the epoch, and its report is stale.
+    """
+    if ctx.site != doc["creator"] or not ctx.lease_expired(step):
+        return STAY
+    detail = f"lease of {step['winner']} expired at {step['lease_until']}"
+    return Decision("revoke", release(ctx, detail), detail=detail)
 
 
 def start_decision(doc: Doc, step: Doc, ctx: Context, worker: str, *, assign: bool) -> Decision:
@@ -410,6 +432,7 @@ def assign(ctx: Context) -> Edit:
         step = _current(doc)
         step["winner"] = step["claimed_by"]
         step["epoch"] = step.get("epoch", 0) + 1
+        step["lease_until"] = later(ctx.now, ctx.lease)  # start by then, or be revoked
         _log(doc, "won", ctx, detail=f"winner {step['winner']}")
     return edit
 
@@ -423,6 +446,7 @@ def start(ctx: Context, worker: str, *, assign: bool) -> Edit:
         step["step_status"] = "running"
         step["executioner"] = worker
         step["start_time"] = ctx.now
+        step["lease_until"] = later(ctx.now, ctx.lease)
         _log(doc, "started", ctx, worker=worker)
     return edit
 
@@ -432,7 +456,7 @@ def release(ctx: Context, reason: str) -> Edit:
     def edit(doc: Doc) -> None:
         step = _current(doc)
         step.update(claimed_by=None, winner=None, executioner=None,
-                    step_status=None, start_time=None)
+                    step_status=None, start_time=None, lease_until=None)
         step["epoch"] = step.get("epoch", 0) + 1
         _log(doc, "released", ctx, detail=reason)
     return edit
@@ -501,6 +525,7 @@ def record_outcome(ctx: Context, worker: str, outcome: StepOutcome) -> Edit:
             finish_time=outcome.finish_time,
             attempts=outcome.attempts,
             exit_code=outcome.exit_code,
+            lease_until=None,
             output={"stdout": outcome.stdout, "stderr": outcome.stderr},
         )
         _log(doc, "finished" if outcome.ok else "failed", ctx, worker=worker,
@@ -559,6 +584,18 @@ def keepalive(leaves: list[Doc], ctx: Context, stale_after: float) -> Doc | None
     touched = copy.deepcopy(doc)
     touched["keepalive_at"] = ctx.now
     return touched
+
+
+def plan_renew(leaves: list[Doc], ctx: Context, key: Key, epoch: int) -> Plan:
+    """The heartbeat: push the lease of our current execution forward."""
+    merged = merge(leaves)
+    if not backs_execution(merged, key, epoch, ctx.site):
+        return NOTHING
+
+    def edit(doc: Doc) -> None:
+        _current(doc)["lease_until"] = later(ctx.now, ctx.lease)
+
+    return finalize(leaves, merged, Decision("renew", edit), ctx)
 
 
 def plan_event(leaves: list[Doc], ctx: Context, key: Key, epoch: int, worker: str,

@@ -28,7 +28,7 @@ from . import core
 from .config import SiteConfig
 from .couch import Conflict, CouchError, Database, Saved
 from .listener import Changed, save_checkpoint
-from .model import Doc, utc_now
+from .model import Doc, later, utc_now
 from .validation import validate_job
 from .workers import Execution, StepResult, WorkerPool, kill_orphans
 
@@ -37,10 +37,6 @@ log = logging.getLogger("jobdist.manager")
 DESIGN = "jobdist"
 SCAN_INTERVAL = 2.0  # seconds between claimable scans while workers stay free
 CHECKPOINT_INTERVAL = 2.0
-
-
-def gives_work_up(plan: core.Plan) -> bool:
-    return any(isinstance(effect, core.Unbook | core.Kill) for effect in plan.before)
 
 
 def spread(site: str, doc_id: str) -> int:
@@ -85,6 +81,8 @@ class Manager:
         self.last_scan = 0.0
         self.scan_due = True
         self.last_checkpoint = time.monotonic()
+        self.last_heartbeat = time.monotonic()
+        self.last_lease_scan = 0.0
 
     # --- the loop -------------------------------------------------------------
 
@@ -100,6 +98,8 @@ class Manager:
             self.seq = item.seq
         self.serve_reports()
         self._expire_bookings()
+        self._heartbeat_if_due()
+        self._revoke_expired_leases_if_due()
         self._scan_if_due()
         self._checkpoint_if_due()
 
@@ -152,11 +152,10 @@ class Manager:
     def process(self, doc_id: str, seen: Doc | None = None) -> None:
         """Decide about one job until there is nothing more to do right now.
 
-        `seen` is the revision the changes feed delivered: when it has no
-        conflicts it is the only leaf, and the first decision needs no read.
-        It may be older than what we already did, so a plan from it that would
-        give work up (free a booking, kill an execution) is made again from a
-        fresh read first.
+        `seen` is the revision the changes feed delivered. It may be older than
+        what we did since, so it may only tell us that there is nothing to do
+        (the common case, and then no read is needed); any action is decided
+        again on a fresh read of all leaves.
         """
         for _ in range(8):
             from_feed = seen is not None and "_conflicts" not in seen
@@ -165,7 +164,7 @@ class Manager:
             if leaves is None:
                 return
             plan = core.plan(leaves, self.context(), self.pool_view())
-            if from_feed and gives_work_up(plan):
+            if from_feed and plan.action != "none":
                 continue
             if plan.action == "none" or not self.execute(doc_id, plan):
                 return
@@ -230,7 +229,8 @@ class Manager:
 
     def context(self) -> core.Context:
         return core.Context(self.site, utc_now(), self.known_sites,
-                            booking_timeout=self.config.booking_timeout)
+                            booking_timeout=self.config.booking_timeout,
+                            lease=self.config.lease, skew_margin=self.config.clock_skew_margin)
 
     def pool_view(self) -> core.PoolView:
         if self.draining:
@@ -337,6 +337,40 @@ class Manager:
                 self.guarded(self.process, key[0])
                 if self.pool.is_booked(key):  # the document no longer exists
                     self.apply(core.Unbook(key))
+
+    def _heartbeat_if_due(self) -> None:
+        """Renew the lease of every step we run, so the creator knows we are alive."""
+        now = time.monotonic()
+        if now - self.last_heartbeat < self.config.heartbeat:
+            return
+        self.last_heartbeat = now
+        for key, running in list(self.executions.items()):
+            self.guarded(self.renew, key, running.epoch)
+
+    def renew(self, key: core.Key, epoch: int) -> None:
+        for _ in range(3):
+            leaves = self._leaves(key[0])
+            if leaves is None:
+                return
+            plan = core.plan_renew(leaves, self.context(), key, epoch)
+            if plan.action == "none" or self.execute(key[0], plan) is not None:
+                return
+
+    def _revoke_expired_leases_if_due(self) -> None:
+        """As creator: take back steps whose winner stopped renewing its lease."""
+        now = time.monotonic()
+        if now - self.last_lease_scan < self.config.heartbeat / 2:
+            return
+        self.last_lease_scan = now
+        cutoff = later(utc_now(), -self.config.clock_skew_margin)
+        try:
+            rows = self.db.view(DESIGN, "leases", startkey=[self.site],
+                                endkey=[self.site, cutoff])
+        except CouchError as error:
+            log.warning("lease scan failed site=%s error=%s", self.site, error)
+            return
+        for row in rows:
+            self.guarded(self.process, row["id"])
 
     def _scan_if_due(self) -> None:
         """Claim open steps that arrived while every worker was busy."""

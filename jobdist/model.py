@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 import secrets
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from enum import IntEnum
 from typing import Any
 
@@ -34,6 +34,14 @@ def format_time(moment: datetime) -> str:
 
 def parse_time(text: str) -> datetime:
     return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+
+
+def later(moment: str, seconds: float) -> str:
+    return format_time(parse_time(moment) + timedelta(seconds=seconds))
+
+
+def seconds_between(earlier: str, later_moment: str) -> float:
+    return (parse_time(later_moment) - parse_time(earlier)).total_seconds()
 
 
 def new_job_id(created_at: str) -> str:
@@ -79,6 +87,7 @@ RUNTIME_STEP_FIELDS: dict[str, Any] = {
     "exec_time": None,
     "start_time": None,
     "finish_time": None,
+    "lease_until": None,
     "attempts": 0,
     "exit_code": None,
     "output": None,

@@ -74,7 +74,7 @@ TOPOLOGIES = ("mesh", "star", "filtered")
 
 def write_sites(directory: Path, count: int, workers: int = 2,
                 keepalive: float = 5.0, stale_after: float = 30.0,
-                topology: str = "mesh") -> Path:
+                topology: str = "mesh", lease: float = 60.0) -> Path:
     """A sites directory of `count` sites on free ports.
 
     mesh: every pair replicates; star: `global` is the hub, the others
@@ -100,7 +100,8 @@ def write_sites(directory: Path, count: int, workers: int = 2,
             f"[replication]\nfiltered = {str(filtered).lower()}\n"
             f"relay = {str(topology == 'star' and hub).lower()}\n\n"
             f"[keepalive]\nperiod = {keepalive}\nstale_after = {stale_after}\n\n"
-            f"[daemon]\nshutdown_grace = 2.0\n")
+            f"[daemon]\nshutdown_grace = 2.0\nlease = {lease}\nheartbeat = {lease / 4}\n"
+            f"clock_skew_margin = {lease / 6}\n")
     return directory
 
 

@@ -295,6 +295,7 @@ STEP_FIELDS = [
     Field("exec_time", False, optional_number(">=", 0)),
     Field("start_time", False, OPTIONAL_TIME),
     Field("finish_time", False, OPTIONAL_TIME),
+    Field("lease_until", False, OPTIONAL_TIME),
     Field("attempts", False, COUNT),
     Field("exit_code", False, simple(nullable(is_integer), "must be null or an integer")),
     Field(

@@ -113,8 +113,9 @@ class SimSite:
     """A site: its replica, its workers, and the manager's execution of plans."""
 
     def __init__(self, name: str, workers: int, clock: Clock, ledger: list[Execution],
-                 known_sites: frozenset[str] | None = None) -> None:
+                 known_sites: frozenset[str] | None = None, lease: float = 1e6) -> None:
         self.name = name
+        self.lease = lease
         self.replica = Replica()
         self.workers = [f"{name}/w{n}" for n in range(1, workers + 1)]
         self.clock = clock
@@ -131,7 +132,16 @@ class SimSite:
         self.running.clear()
 
     def ctx(self) -> core.Context:
-        return core.Context(self.name, self.clock.now(), self.known_sites, booking_timeout=30.0)
+        return core.Context(self.name, self.clock.now(), self.known_sites, booking_timeout=30.0,
+                            lease=self.lease, skew_margin=5.0)
+
+    def heartbeat(self) -> None:
+        """Renew the lease of every execution this site runs."""
+        for key, execution in sorted(self.running.items()):
+            plan = core.plan_renew(self.replica.live_leaves(key[0]), self.ctx(), key,
+                                   execution.epoch)
+            if plan.doc is not None:
+                self.execute(key[0], plan)
 
     def pool(self) -> core.PoolView:
         taken = {w for w, _ in self.booked.values()} | {e.worker for e in self.running.values()}
@@ -154,21 +164,18 @@ class SimSite:
         raise AssertionError(f"{self.name} does not settle on {doc_id}")
 
     def process_stale(self, doc_id: str, pick: int) -> None:
-        """Decide on an old revision, as a late change from the feed would make us.
+        """Look at an old revision, as a late change from the feed shows it.
 
-        Its writes are refused (it is no longer a leaf); its local effects are not.
+        As the manager does: an old view may only say there is nothing to do;
+        when it suggests an action, the site decides again on its current leaves.
         """
         bodies = [r for r in self.replica.docs.get(doc_id, {}).values() if r.body is not None]
         if not bodies:
             return
         old = bodies[pick % len(bodies)]
         view = {**copy.deepcopy(old.body), "_id": doc_id, "_rev": old.rev}
-        plan = core.plan([view], self.ctx(), self.pool())
-        for effect in plan.before:
-            self.apply(effect)
-        if plan.doc is not None and self.replica.write(plan.doc):
-            for effect in plan.after:
-                self.apply(effect)
+        if core.plan([view], self.ctx(), self.pool()).action != "none":
+            self.process(doc_id)
 
     def finish(self, key: core.Key, outcome: Outcome | None = None) -> None:
         execution = self.running.pop(key)

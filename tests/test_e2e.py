@@ -139,3 +139,32 @@ def test_daemon_killed_mid_step_and_restarted_job_completes(cluster: LocalCluste
     assert ends == [0, 1, 2]
     released = [h for h in doc["history"] if h["event"] == "released"]
     assert [(h["step"], h["site"], h["epoch"]) for h in released] == [(1, "reg_a", 2)]
+
+
+def test_a_site_that_dies_for_good_loses_its_step_to_another_when_its_lease_expires(
+        tmp_path: Path) -> None:
+    local = LocalCluster(write_sites(tmp_path / "sites", 3, lease=3.0), tmp_path / "state",
+                         in_memory=True)
+    local.up()
+    try:
+        ledger = tmp_path / "ledger"
+        step = new_step(ledger_command(6.0, ledger), target=["reg_a", "reg_b"])
+        db, job_id = submit(local, [step, new_step("true")])
+        deadline = time.monotonic() + 30
+        while not (starts := [row for row in read_ledger(ledger) if row[0] == "start"]):
+            assert time.monotonic() < deadline, "the step never started"
+            time.sleep(0.05)
+        doomed = starts[0][3]
+        os.kill(local.daemon_proc(doomed).pid, signal.SIGKILL)  # and it never comes back
+
+        doc = wait_until_done(db, [job_id], 60)[0]
+        assert doc["job_status"] == "success"
+        runs = [(row[3], row[4]) for row in read_ledger(ledger) if row[0] == "start"]
+        survivor = "reg_b" if doomed == "reg_a" else "reg_a"
+        assert runs[0][0] == doomed and runs[-1][0] == survivor
+        assert runs[-1][1] > runs[0][1]  # a later epoch: the dead site's run is fenced off
+        revoked = [h for h in doc["history"] if h["event"] == "released"]
+        assert revoked and f"lease of {doomed} expired" in revoked[0]["detail"]
+        assert revoked[0]["site"] == "global"  # the creator took it back
+    finally:
+        local.down()

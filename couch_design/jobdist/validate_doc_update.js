@@ -249,6 +249,7 @@ function (newDoc, oldDoc, userCtx, secObj) {
     field("exec_time", false, optionalNumber(">=", 0)),
     field("start_time", false, OPTIONAL_TIME),
     field("finish_time", false, OPTIONAL_TIME),
+    field("lease_until", false, OPTIONAL_TIME),
     field("attempts", false, COUNT),
     field("exit_code", false, simple(nullable(isInteger), "must be null or an integer")),
     field(
