@@ -1,24 +1,92 @@
-"""The `jobdist` command line."""
+"""The `jobdist` command line.
+
+Every command talks to one site's CouchDB (`--site`, default `$JOBDIST_SITE`,
+else `global`) named in a sites directory (`--sites`, default
+`$JOBDIST_SITES`, else `sites`), except `setup` and `watch`, which visit every
+site. What a command shows of a job is the merge of all its live leaf
+revisions (`core.merge`), the same view the daemons decide on, never CouchDB's
+winning revision alone.
+
+Errors people meet (an unknown site, an unreachable CouchDB, a bad job file,
+a missing sites directory or config) are one line on stderr starting with
+`jobdist:` and exit status 2, never a traceback: see `Cli`.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import getpass
+import heapq
 import json
+import math
+import re
 import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import click
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
 
+from jobdist import core
 from jobdist.cluster import DEFAULT_STATE_DIR, ClusterError, LocalCluster
 from jobdist.config import ConfigError, SiteConfig, load_site, load_sites
-from jobdist.couch import Couch, CouchError, Database
+from jobdist.couch import (
+    Conflict,
+    Couch,
+    CouchError,
+    Database,
+    Forbidden,
+    NotFound,
+    Saved,
+    Unavailable,
+)
 from jobdist.localserver import ServerError
-from jobdist.model import job_from_submission
-from jobdist.validation import format_errors, validate_job, validate_submission
+from jobdist.model import (
+    FINAL_STATUSES,
+    Doc,
+    Phase,
+    job_from_submission,
+    step_phase,
+    utc_now,
+)
+from jobdist.retention import RetentionError, parse_duration
+from jobdist.retention import cleanup as run_cleanup
+from jobdist.topology import Replication, owned_by_us, replications
+from jobdist.validation import validate_job, validate_submission
 
 # Exit codes of `validate`: 1 when the job breaks rules, 2 when it cannot be read.
 EXIT_INVALID = 1
 EXIT_UNREADABLE = 2
+# Every command: 2 for an error people meet (see Cli); 1 when the outcome is
+# "no" (a waited-for job failed or was cancelled, a cancel came too late).
+EXIT_ERROR = 2
+EXIT_JOB_NOT_OK = 1
+EXIT_INTERRUPTED = 130
+
+DDOC = "jobdist"
+OWNED_PREFIX = "jobdist-"  # setup owns the `_replicator` documents named so (topology.py)
+STATUSES = ("live", *FINAL_STATUSES)
+SITE_META = "jobdist.site"  # click context meta: the site a command talks to
+
+
+class CliError(Exception):
+    """An error for the user: one or more lines (each printed as one line), an exit code."""
+
+    def __init__(self, *lines: str, code: int = EXIT_ERROR) -> None:
+        super().__init__("; ".join(lines))
+        self.lines = lines
+        self.code = code
+
+
+class UnreadableFile(Exception):
+    """The file is missing, unreadable or not JSON/YAML; the message says which."""
 
 
 class Cli(click.Group):
@@ -27,32 +95,221 @@ class Cli(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except (ConfigError, CouchError, ClusterError, ServerError, UnreadableFile) as error:
+        except CliError as error:
+            for line in error.lines:
+                click.echo(f"jobdist: {line}", err=True)
+            sys.exit(error.code)
+        except CouchError as error:
+            click.echo(f"jobdist: {explain_couch_error(error, ctx.meta.get(SITE_META))}",
+                       err=True)
+            sys.exit(EXIT_ERROR)
+        except (ConfigError, ClusterError, ServerError, UnreadableFile,
+                RetentionError) as error:
             click.echo(f"jobdist: {error}", err=True)
-            sys.exit(EXIT_UNREADABLE)
+            sys.exit(EXIT_ERROR)
 
 
-@click.group(cls=Cli)
-def main() -> None:
-    """A multi-site job distributor on replicated CouchDB."""
+def explain_couch_error(error: CouchError, site: SiteConfig | None) -> str:
+    """One line: what failed, at which site, and what to do about it when we know."""
+    text = str(error)
+    if isinstance(error, Unavailable) and error.status is None:  # no answer at all
+        lowered = text.lower()
+        if "connection refused" in lowered or "errno 111" in lowered:
+            cause = "connection refused"
+        elif "timed out" in lowered or "timeout" in lowered:
+            cause = "timed out"
+        elif any(s in lowered for s in ("name or service not known", "failed to resolve",
+                                        "nodename nor servname", "name resolution")):
+            cause = "unknown host"
+        else:
+            cause = "no answer"
+        where = (f"the CouchDB of site {site.name} at {site.couch_url}" if site is not None
+                 else "CouchDB")
+        return (f"cannot reach {where}: {cause} (is it running? "
+                "`jobdist cluster status` shows the local sites)")
+    if error.status == 401:
+        return (f"{text} (check the site's credentials: user and password in its config, "
+                "or $JOBDIST_COUCH_USER and $JOBDIST_COUCH_PASSWORD)")
+    if isinstance(error, NotFound) and (
+        "Database does not exist" in text or "no_db_file" in text
+        or error.reason in ("missing", "deleted", "missing_named_view")
+    ):
+        return f"{text} (run `jobdist setup` to create the database and its views)"
+    return text
 
 
-sites_option = click.option("--sites", "sites_dir", default="sites", show_default=True,
-                            type=click.Path(path_type=Path), help="Directory of site configs.")
+# --- sites -------------------------------------------------------------------------
+
+sites_option = click.option(
+    "--sites", "sites_dir", default="sites", show_default=True, envvar="JOBDIST_SITES",
+    type=click.Path(path_type=Path), help="Directory of site configs ($JOBDIST_SITES).")
 state_option = click.option("--state", "state_dir", default=str(DEFAULT_STATE_DIR),
                             show_default=True, type=click.Path(path_type=Path),
                             help="Where the local cluster keeps pids and logs.")
-site_option = click.option("--site", "site_name", default="global", show_default=True,
-                           help="The site whose CouchDB to talk to (the job's creator).")
+site_option = click.option(
+    "--site", "--at", "site_name", default=None, envvar="JOBDIST_SITE", metavar="SITE",
+    help="The site whose CouchDB to talk to ($JOBDIST_SITE; default: global, or the only "
+         "site).")
 
 
-def open_site(sites_dir: Path, name: str) -> tuple[SiteConfig, Database]:
-    sites = load_sites(sites_dir)
+def load_site_configs(sites_dir: Path) -> dict[str, SiteConfig]:
+    try:
+        return load_sites(sites_dir)
+    except ConfigError as error:
+        if not Path(sites_dir).is_dir():
+            raise CliError(f"{error} (give --sites DIR or set $JOBDIST_SITES)") from None
+        raise
+
+
+def pick_site(sites: dict[str, SiteConfig], name: str | None) -> SiteConfig:
+    if name is None:
+        if "global" in sites:
+            name = "global"
+        elif len(sites) == 1:
+            name = next(iter(sites))
+        else:
+            raise CliError(f"which site? give --site, one of: {', '.join(sorted(sites))}")
     if name not in sites:
-        raise ConfigError(f"unknown site {name!r}; known: {', '.join(sorted(sites))}")
-    site = sites[name]
-    couch = Couch(site.couch_url, user=site.user, password=site.password)
-    return site, couch.database(site.database)
+        raise CliError(f"unknown site {name!r}; known: {', '.join(sorted(sites))}")
+    return sites[name]
+
+
+def site_couch(site: SiteConfig, *, quick: bool = False) -> Couch:
+    """A connection for a command: a few quick retries, not the daemon's patience."""
+    if quick:
+        return Couch(site.couch_url, user=site.user, password=site.password,
+                     timeout=3.0, retries=1, retry_time=1.0)
+    return Couch(site.couch_url, user=site.user, password=site.password,
+                 timeout=15.0, retries=2, retry_time=3.0)
+
+
+def open_site(sites_dir: Path, name: str | None) -> tuple[SiteConfig, Database]:
+    site = pick_site(load_site_configs(sites_dir), name)
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None:
+        ctx.meta[SITE_META] = site
+    return site, site_couch(site).database(site.database)
+
+
+def read_merged(db: Database, site: SiteConfig, job_id: str) -> tuple[Doc, list[Doc]]:
+    """The job merged from all its live leaves, and the leaves; a CliError when absent."""
+    leaves = [leaf for leaf in db.leaves(job_id) if leaf.get("type") == "job"]
+    if not leaves:
+        raise CliError(f"no job {job_id!r} at site {site.name}")
+    return core.merge(leaves), leaves
+
+
+# --- output helpers ------------------------------------------------------------------
+
+def make_console() -> Console:
+    """Rich output on stdout; wide when it is not a terminal, so rows stay one line."""
+    out = sys.stdout
+    terminal = out.isatty()
+    return Console(file=out, width=None if terminal else 200, highlight=False,
+                   soft_wrap=not terminal)
+
+
+def short_time(value: str | None) -> str:
+    return value[:19].replace("T", " ") if value else "-"
+
+
+def plain(value: Any) -> Text:
+    """User data as text, never as rich markup."""
+    return Text("-" if value is None or value == "" else str(value))
+
+
+def target_text(target: Any) -> str:
+    return ",".join(target) if isinstance(target, list) else str(target)
+
+
+def step_state(doc: Doc, index: int) -> str:
+    step = doc["job"][index]
+    phase = step_phase(step)
+    if phase == Phase.DONE:
+        return str(step["step_status"])
+    status = doc.get("job_status")
+    if status is not None and index >= doc["step"]:
+        if status == "cancelled" and index == doc["step"]:
+            return "cancelled"
+        return "not run"
+    if index > doc["step"]:
+        return "waiting"
+    return {Phase.OPEN: "open", Phase.CLAIMED: "claimed", Phase.WON: "won",
+            Phase.RUNNING: "running"}[phase]
+
+
+def step_where(step: Doc) -> str:
+    if step.get("executioner"):
+        return str(step["executioner"])
+    if step.get("winner"):
+        return str(step["winner"])
+    if step.get("claimed_by"):
+        return f"{step['claimed_by']} (claim)"
+    return "-"
+
+
+def job_status_text(doc: Doc) -> str:
+    status = doc.get("job_status")
+    if status is not None:
+        return str(status)
+    return f"live, step {doc['step'] + 1} of {len(doc['job'])}"
+
+
+def steps_table(doc: Doc) -> Table:
+    table = Table(title="steps", title_justify="left", box=None, pad_edge=False)
+    for name in ("#", "STATUS", "TARGET", "SITE/WORKER", "ATTEMPTS", "EXIT", "STARTED",
+                 "FINISHED", "TOOK", "COMMAND"):
+        table.add_column(name, no_wrap=name != "COMMAND", overflow="fold")
+    for index, step in enumerate(doc["job"]):
+        took = step.get("exec_time")
+        table.add_row(
+            str(index), step_state(doc, index), plain(target_text(step["target"])),
+            plain(step_where(step)), str(step.get("attempts", 0)), plain(step.get("exit_code")),
+            short_time(step.get("start_time")), short_time(step.get("finish_time")),
+            "-" if took is None else f"{took:.1f}s", plain(step["do"]),
+        )
+    return table
+
+
+def history_table(doc: Doc) -> Table:
+    table = Table(title="history", title_justify="left", box=None, pad_edge=False)
+    for name in ("AT", "EVENT", "STEP", "SITE", "WORKER", "EPOCH", "DETAIL"):
+        table.add_column(name, no_wrap=name != "DETAIL", overflow="fold")
+    for entry in doc.get("history", []):
+        table.add_row(short_time(entry.get("at")), plain(entry.get("event")),
+                      plain(entry.get("step")), plain(entry.get("site")),
+                      plain(entry.get("worker")), plain(entry.get("epoch")),
+                      plain(entry.get("detail")))
+    return table
+
+
+def job_header(doc: Doc, leaves: int, site: str) -> Text:
+    conflicts = leaves - 1
+    title = Text(doc["_id"], style="bold")
+    if conflicts:
+        plural = "revision" if conflicts == 1 else "revisions"
+        title.append(f"  ({conflicts} conflicting {plural}, merged)", style="yellow")
+    lines = [
+        title,
+        Text(f"status   {job_status_text(doc)}"),
+        Text(f"creator  {doc['creator']}   priority {doc.get('priority', 0)}   "
+             f"as seen at {site}"),
+        Text(f"created  {short_time(doc['created_at'])}   updated "
+             f"{short_time(doc['updated_at'])}   rev {doc['_rev']}"),
+    ]
+    return Text("\n").join(lines)
+
+
+# --- the command group ------------------------------------------------------------
+
+
+@click.group(cls=Cli, context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """A multi-site job distributor on replicated CouchDB.
+
+    Commands talk to one site's CouchDB, named in the sites directory (--sites,
+    $JOBDIST_SITES) by --site ($JOBDIST_SITE, default global).
+    """
 
 
 @main.group()
@@ -115,85 +372,230 @@ def cluster_status(sites_dir: Path, state_dir: Path) -> None:
                    f"{row['fauxton']}")
 
 
+# --- submit ------------------------------------------------------------------------
+
+
 @main.command()
-@click.argument("file")
+@click.argument("file", required=False)
+@click.option("--format", "file_format", type=click.Choice(["auto", "json", "yaml"]),
+              default="auto", show_default=True,
+              help="How FILE is written; auto: by its extension (.json, .yaml, .yml), "
+                   "else JSON when it starts with { or [, else YAML.")
+@click.option("--step", "steps", multiple=True, metavar="CMD",
+              help="A step's shell command; repeat for more steps, run in order.")
+@click.option("--target", "targets", multiple=True, metavar="SITES",
+              help="Where the step at the same position may run: a site, a comma-separated "
+                   "list of sites, or any. Give none (all any) or one per --step.")
+@click.option("--retries", "retries", multiple=True, type=click.IntRange(min=0), metavar="N",
+              help="Retries after a failed attempt: once for every step, or one per --step.")
+@click.option("--timeout", "timeouts", multiple=True, type=click.FloatRange(min=0, min_open=True),
+              metavar="S", help="Seconds an attempt may run: once for every step, or one per "
+                                "--step.")
+@click.option("--alt", "alts", multiple=True, metavar="CMD",
+              help="Command run when the step's command failed after its retries: once for "
+                   "every step, or one per --step.")
+@click.option("--priority", type=int, default=None,
+              help="Higher runs first (default 0; overrides the file's).")
+@click.option("--wait", is_flag=True,
+              help="Follow the job until it ends; exit 0 on success, 1 if it failed or was "
+                   "cancelled.")
+@click.option("--dry-run", is_flag=True, help="Print the job as it would be submitted; "
+                                              "submit nothing.")
 @sites_option
 @site_option
-def submit(file: str, sites_dir: Path, site_name: str) -> None:
-    """Submit the job in FILE (JSON, `-` for stdin) at a site; print its id."""
-    submission = read_json(file)
-    errors = validate_submission(submission)
+def submit(file: str | None, file_format: str, steps: tuple[str, ...],
+           targets: tuple[str, ...], retries: tuple[int, ...], timeouts: tuple[float, ...],
+           alts: tuple[str, ...], priority: int | None, wait: bool, dry_run: bool,
+           sites_dir: Path, site_name: str | None) -> None:
+    """Submit a job at a site and print its id.
+
+    The job comes from FILE (JSON or YAML, `-` for stdin), or from --step
+    options, e.g.
+
+      jobdist submit --step 'make' --target reg_a --step 'make test' --target any --retries 2
+
+    Targets are checked against the sites directory; every validation error
+    is printed on a line of its own (exit 2).
+    """
+    if file is not None and steps:
+        raise CliError("give a job FILE or --step options, not both")
+    if file is None and not steps:
+        raise CliError("nothing to submit: give a job FILE (`-` for stdin) or --step CMD")
+    if file is not None:
+        if targets or retries or timeouts or alts:
+            raise CliError("--target, --retries, --timeout and --alt go with --step, "
+                           "not with a job FILE")
+        submission = read_job_file(file, file_format)
+        if priority is not None and isinstance(submission, dict):
+            submission["priority"] = priority
+    else:
+        submission = submission_from_flags(steps, targets, retries, timeouts, alts, priority)
+    sites = load_site_configs(sites_dir)
+    errors = validate_submission(submission) + unknown_targets(submission, sites)
     if errors:
-        raise UnreadableFile(format_errors(errors))
+        raise CliError(*errors)
     site, db = open_site(sites_dir, site_name)
     job = job_from_submission(submission, site.name)
     errors = validate_job(job)
     if errors:
-        raise UnreadableFile(format_errors(errors))
-    db.save(job)
-    click.echo(job["_id"])
-
-
-@main.command()
-@click.argument("job_id")
-@click.option("--json", "as_json", is_flag=True, help="Print the whole document.")
-@sites_option
-@site_option
-def show(job_id: str, as_json: bool, sites_dir: Path, site_name: str) -> None:
-    """Show a job as the given site sees it."""
-    _, db = open_site(sites_dir, site_name)
-    doc = db.get(job_id, conflicts=True)
-    if doc is None:
-        raise UnreadableFile(f"no job {job_id!r} at site {site_name}")
-    if as_json:
-        click.echo(json.dumps(doc, indent=2))
+        raise CliError(*errors)
+    if dry_run:
+        click.echo(json.dumps(job, indent=2))
         return
-    click.echo(f"{doc['_id']}  creator {doc['creator']}  status {doc['job_status'] or 'live'}"
-               f"  step {doc['step']}/{len(doc['job'])}  rev {doc['_rev']}")
-    for index, step in enumerate(doc["job"]):
-        click.echo(f"  [{index}] {step.get('step_status') or '-':<9} "
-                   f"target {step['target']!s:<14} ran on {step.get('winner') or '-':<8} "
-                   f"{step['do']}")
+    if isinstance(db.save(job), Conflict):
+        raise CliError(f"a job with id {job['_id']!r} exists at site {site.name} already")
+    click.echo(job["_id"])
+    if wait:
+        final = follow_job(db, site, job["_id"])
+        sys.exit(0 if final["job_status"] == "success" else EXIT_JOB_NOT_OK)
 
 
-@main.command()
-@click.option("--step-seconds", default=0.5, show_default=True,
-              help="How long each step sleeps (the thesis used 5).")
-@click.option("--only", multiple=True, help="Run only scenarios whose name starts so.")
-def demo(step_seconds: float, only: tuple[str, ...]) -> None:
-    """Run the thesis's four evaluation scenarios on local clusters; print a table."""
-    from jobdist.demo import run_demo
+def per_step(name: str, values: tuple[Any, ...], count: int, *, once_for_all: bool) -> list[Any]:
+    """A per-step option's value for each step: none, once for all, or one per step."""
+    if not values:
+        return [None] * count
+    if len(values) == count:
+        return list(values)
+    if once_for_all and len(values) == 1:
+        return [values[0]] * count
+    allowed = "once for every step or once per --step" if once_for_all else "once per --step"
+    raise CliError(f"{name} is given {len(values)} times for {count} steps: give it {allowed}")
 
-    sys.exit(run_demo(step_seconds, only))
+
+def parse_target(text: str) -> str | list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names:
+        raise CliError(f"--target {text!r}: name a site, a comma-separated list, or any")
+    return names[0] if len(names) == 1 else names
 
 
-@main.command()
-@click.argument("file")
-def validate(file: str) -> None:
-    """Check the job in FILE (JSON, `-` for stdin) as it would be stored."""
-    name = "<stdin>" if file == "-" else file
+def submission_from_flags(steps: tuple[str, ...], targets: tuple[str, ...],
+                          retries: tuple[int, ...], timeouts: tuple[float, ...],
+                          alts: tuple[str, ...], priority: int | None) -> Doc:
+    count = len(steps)
+    step_targets = per_step("--target", targets, count, once_for_all=False)
+    step_retries = per_step("--retries", retries, count, once_for_all=True)
+    step_timeouts = per_step("--timeout", timeouts, count, once_for_all=True)
+    step_alts = per_step("--alt", alts, count, once_for_all=True)
+    job = []
+    for index, command in enumerate(steps):
+        target = step_targets[index]
+        job.append({
+            "target": "any" if target is None else parse_target(target),
+            "do": command,
+            "alt_do": step_alts[index],
+            "timeout": step_timeouts[index],
+            "retry_strategy": {"max_retries": step_retries[index] or 0},
+        })
+    return {"job": job, "priority": priority or 0}
+
+
+def unknown_targets(submission: Any, sites: dict[str, SiteConfig]) -> list[str]:
+    """Steps that name a site the sites directory does not know: nobody could run them."""
+    if not isinstance(submission, dict) or not isinstance(submission.get("job"), list):
+        return []
+    errors = []
+    for index, step in enumerate(submission["job"]):
+        target = step.get("target") if isinstance(step, dict) else None
+        names = target if isinstance(target, list) else [target]
+        unknown = [n for n in names if isinstance(n, str) and n != "any" and n not in sites]
+        if unknown:
+            errors.append(f"job[{index}].target: unknown site {', '.join(map(repr, unknown))}; "
+                          f"known: {', '.join(sorted(sites))}")
+    return errors
+
+
+def follow_job(db: Database, site: SiteConfig, job_id: str, interval: float = 0.5) -> Doc:
+    """Show the job's progress until it ends (a live table on a terminal, event lines
+    otherwise); return its final merged document."""
+    console = make_console()
+    seen: set[str] = set()
     try:
-        doc = read_json(file)
-    except UnreadableFile as problem:
-        click.echo(f"{name}: {problem}", err=True)
-        sys.exit(EXIT_UNREADABLE)
-    errors = validate_submission(doc)
-    for error in errors:
-        click.echo(f"{name}: {error}")
-    if errors:
-        sys.exit(EXIT_INVALID)
-    click.echo(f"{name}: ok")
+        doc, _ = read_merged(db, site, job_id)
+        if console.is_terminal:
+            with Live(progress_view(doc), console=console, refresh_per_second=4) as live:
+                while doc["job_status"] is None:
+                    time.sleep(interval)
+                    doc, _ = read_merged(db, site, job_id)
+                    live.update(progress_view(doc))
+        else:
+            while True:
+                for entry in doc.get("history", []):
+                    key = json.dumps(entry, sort_keys=True)
+                    if key not in seen:
+                        seen.add(key)
+                        click.echo(event_line(entry))
+                if doc["job_status"] is not None:
+                    break
+                time.sleep(interval)
+                doc, _ = read_merged(db, site, job_id)
+    except KeyboardInterrupt:
+        click.echo(f"stopped following {job_id}; the job goes on: jobdist show {job_id}",
+                   err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    click.echo(f"{job_id}: {doc['job_status']}{failure_reason(doc)}")
+    return doc
 
 
-class UnreadableFile(Exception):
-    """The file is missing, unreadable or not JSON; the message says which."""
+def progress_view(doc: Doc) -> Group:
+    done = sum(1 for step in doc["job"] if step_phase(step) == Phase.DONE)
+    total = len(doc["job"])
+    width = 30
+    filled = math.floor(width * done / total)
+    bar = Text("[" + "#" * filled + "." * (width - filled) + f"] {done}/{total} steps  ")
+    bar.append(job_status_text(doc), style="bold")
+    return Group(bar, steps_table(doc))
 
 
-def read_json(file: str) -> Any:
+def event_line(entry: Doc) -> str:
+    who = entry.get("worker") or entry.get("site") or "-"
+    detail = f": {entry['detail']}" if entry.get("detail") else ""
+    return (f"{short_time(entry.get('at'))}  step {entry.get('step')}  {entry.get('event')}  "
+            f"{who}{detail}")
+
+
+def failure_reason(doc: Doc) -> str:
+    if doc.get("job_status") != "failed":
+        return ""
+    for entry in reversed(doc.get("history", [])):
+        if entry.get("event") == "failed":
+            return f" (step {entry.get('step')}: {entry.get('detail') or 'failed'})"
+    return ""
+
+
+# --- reading job files ------------------------------------------------------------------
+
+
+def read_job_file(file: str, file_format: str = "auto") -> Any:
+    """A submission from a JSON or YAML file (`-`: stdin), as plain JSON values."""
     try:
         data = click.get_binary_stream("stdin").read() if file == "-" else Path(file).read_bytes()
     except OSError as error:
-        raise UnreadableFile(f"cannot read: {error.strerror or error}") from None
+        raise UnreadableFile(f"{file}: cannot read: {error.strerror or error}") from None
+    if file_format == "auto":
+        file_format = guess_format(file, data)
+    if file_format == "json":
+        try:
+            return parse_json(data)
+        except UnreadableFile as error:
+            raise UnreadableFile(f"{file}: {error}") from None
+    try:
+        return parse_yaml(data)
+    except UnreadableFile as error:
+        raise UnreadableFile(f"{file}: {error}") from None
+
+
+def guess_format(file: str, data: bytes) -> str:
+    suffix = Path(file).suffix.lower() if file != "-" else ""
+    if suffix == ".json":
+        return "json"
+    if suffix in (".yaml", ".yml"):
+        return "yaml"
+    start = data.lstrip(b"\xef\xbb\xbf \t\r\n")[:1]
+    return "json" if start in (b"{", b"[") else "yaml"
+
+
+def parse_json(data: bytes) -> Any:
     try:
         return json.loads(data.decode("utf-8-sig"), parse_constant=reject_constant)
     except UnicodeDecodeError:
@@ -207,6 +609,628 @@ def read_json(file: str) -> Any:
 def reject_constant(name: str) -> Any:
     # NaN and Infinity are not JSON: CouchDB would refuse them.
     raise ValueError(f"{name} is not a JSON value")
+
+
+def parse_yaml(data: bytes) -> Any:
+    import yaml
+
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise UnreadableFile("not valid YAML: not UTF-8 text") from None
+    try:
+        value = yaml.load(text, Loader=_job_yaml_loader())  # a SafeLoader
+    except RecursionError:
+        raise UnreadableFile("not valid YAML: nested too deeply") from None
+    except yaml.YAMLError as error:
+        raise UnreadableFile(f"not valid YAML: {describe_yaml_error(error)}") from None
+    problem = non_json_value(value, "")
+    if problem:
+        raise UnreadableFile(f"not a JSON value in YAML: {problem}")
+    return value
+
+
+def describe_yaml_error(error: Exception) -> str:
+    """`line L, column C: problem (context)` on one line, without PyYAML's source excerpt."""
+    mark = getattr(error, "problem_mark", None)
+    problem = getattr(error, "problem", None)
+    if problem is None:
+        return " ".join(str(error).split())
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    context = getattr(error, "context", None)
+    return " ".join(f"{where}{problem}{f' ({context})' if context else ''}".split())
+
+
+def _job_yaml_loader() -> type:
+    """SafeLoader without timestamps: `2026-01-01` stays text, as in JSON."""
+    import yaml
+
+    class JobLoader(yaml.SafeLoader):
+        pass
+
+    JobLoader.yaml_implicit_resolvers = {
+        first: [(tag, regexp) for tag, regexp in resolvers
+                if tag != "tag:yaml.org,2002:timestamp"]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+    return JobLoader
+
+
+def non_json_value(value: Any, path: str) -> str | None:
+    """Where a YAML value has something JSON cannot hold (a binary, a set, .nan...)."""
+    if value is None or isinstance(value, bool | int | str):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"{path or 'the document'}: {value} is not a " \
+                                                 "JSON number"
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            found = non_json_value(item, f"{path}[{index}]")
+            if found:
+                return found
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                return f"{path or 'the document'}: key {key!r} is not a string (quote it)"
+            found = non_json_value(item, f"{path}.{key}" if path else key)
+            if found:
+                return found
+        return None
+    return f"{path or 'the document'}: a {type(value).__name__} is not a JSON value"
+
+
+# --- show, logs ---------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("job_id")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the merged document (with `_conflicts` when there are).")
+@sites_option
+@site_option
+def show(job_id: str, as_json: bool, sites_dir: Path, site_name: str | None) -> None:
+    """Show a job as a site sees it: its steps and history, merged from all its
+    conflicting revisions (as the daemons merge them)."""
+    site, db = open_site(sites_dir, site_name)
+    doc, leaves = read_merged(db, site, job_id)
+    if as_json:
+        if len(leaves) > 1:
+            doc["_conflicts"] = sorted(leaf["_rev"] for leaf in leaves
+                                       if leaf["_rev"] != doc["_rev"])
+        doc = {"_id": doc.pop("_id"), "_rev": doc.pop("_rev"), **doc}
+        click.echo(json.dumps(doc, indent=2, ensure_ascii=False))
+        return
+    console = make_console()
+    console.print(job_header(doc, len(leaves), site.name))
+    console.print()
+    console.print(steps_table(doc))
+    console.print()
+    console.print(history_table(doc))
+
+
+@main.command()
+@click.argument("job_id")
+@click.option("--step", "only_step", type=int, default=None, help="Only this step (from 0).")
+@sites_option
+@site_option
+def logs(job_id: str, only_step: int | None, sites_dir: Path, site_name: str | None) -> None:
+    """Print each step's output: the last 4 KiB of stdout and stderr."""
+    site, db = open_site(sites_dir, site_name)
+    doc, _ = read_merged(db, site, job_id)
+    indexes = range(len(doc["job"]))
+    if only_step is not None:
+        if only_step not in indexes:
+            raise CliError(f"job {job_id} has steps 0 to {len(doc['job']) - 1}, "
+                           f"not {only_step}")
+        indexes = range(only_step, only_step + 1)
+    for index in indexes:
+        step = doc["job"][index]
+        exit_code = "" if step.get("exit_code") is None else f", exit {step['exit_code']}"
+        click.echo(f"== step {index} ({step_state(doc, index)}{exit_code}, "
+                   f"{step_where(step)}): {step['do']}")
+        output = step.get("output")
+        if not output:
+            click.echo("(no output recorded)")
+            continue
+        for stream in ("stdout", "stderr"):
+            text = output.get(stream) or ""
+            click.echo(f"-- {stream}" + ("" if text else ": (empty)"))
+            if text:
+                click.echo(text, nl=not text.endswith("\n"))
+
+
+# --- list -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JobRow:
+    id: str
+    status: str
+    creator: str
+    priority: int
+    step: int
+    steps: int
+    created_at: str
+    updated_at: str
+    command: str
+
+    def as_json(self) -> Doc:
+        return dict(self.__dict__)
+
+
+def row_from_summary(doc_id: str, created_at: str, value: Doc) -> JobRow:
+    return JobRow(doc_id, value.get("status") or "live", str(value.get("creator")),
+                  int(value.get("priority") or 0), int(value.get("step") or 0),
+                  int(value.get("steps") or 0), created_at, str(value.get("updated_at")),
+                  str(value.get("command")))
+
+
+def summary_of(doc: Doc) -> Doc:
+    """What the by_creator and by_site views emit as a row's value."""
+    steps = doc.get("job") or [{}]
+    current = steps[min(doc.get("step", 0), len(steps) - 1)]
+    return {"status": doc.get("job_status") or "live", "creator": doc.get("creator"),
+            "priority": doc.get("priority"), "step": doc.get("step"), "steps": len(steps),
+            "updated_at": doc.get("updated_at"), "command": str(current.get("do"))[:120]}
+
+
+def list_jobs(db: Database, *, status: str | None = None, creator: str | None = None,
+              site: str | None = None, before: str | None = None,
+              page_size: int = 100) -> Iterator[JobRow]:
+    """Jobs newest first, read a page at a time from a view, never all at once.
+
+    One descending key range per status (the views key on [..., status,
+    created_at]), merged by creation time. --site reads `by_site`, --creator
+    `by_creator`, otherwise `by_status` with the documents; a creator given
+    with a site is checked on the rows.
+    """
+    statuses = [status] if status else list(STATUSES)
+    if site is not None:
+        view, prefix = "by_site", [site]
+    elif creator is not None:
+        view, prefix = "by_creator", [creator]
+    else:
+        view, prefix = "by_status", []
+    if site is not None and creator is not None:
+        page_size = 200  # rows of other creators are skipped: read more at a time
+    streams = [_view_rows(db, view, [*prefix, name], before, page_size) for name in statuses]
+    rows = heapq.merge(*streams, key=lambda row: (row.created_at, row.id), reverse=True)
+    for row in rows:
+        if site is not None and creator is not None and row.creator != creator:
+            continue
+        yield row
+
+
+def _view_rows(db: Database, view: str, prefix: list[Any], before: str | None,
+               page_size: int = 100) -> Iterator[JobRow]:
+    params: dict[str, Any] = {"descending": True, "endkey": prefix,
+                              "startkey": [*prefix, before if before else {}]}
+    if view == "by_status":
+        params |= {"include_docs": True, "reduce": False}
+    for row in db.iter_view(DDOC, view, page_size=page_size, **params):
+        created_at = row["key"][-1]
+        if before and created_at >= before:
+            continue
+        if view == "by_status":
+            if not row.get("doc"):
+                continue
+            yield row_from_summary(row["id"], created_at, summary_of(row["doc"]))
+        else:
+            yield row_from_summary(row["id"], created_at, row["value"] or {})
+
+
+TIME_PREFIX = re.compile(r"^\d{4}(-\d{2}(-\d{2}([T ][0-9:.]*Z?)?)?)?$")
+
+
+@main.command("list")
+@click.option("--status", type=click.Choice(STATUSES), help="Only jobs in this state.")
+@click.option("--site", "involving", metavar="SITE",
+              help="Only jobs that concern SITE: a step targets it by name (alone or in a "
+                   "list; `any` names no site), was won by it or was started there.")
+@click.option("--creator", metavar="SITE", help="Only jobs created at SITE.")
+@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True,
+              help="Show at most this many jobs.")
+@click.option("--before", metavar="TIME",
+              help="Only jobs created before TIME (ISO 8601 UTC, or a prefix such as "
+                   "2026-11-22): the next page after a listing's last job.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per job, one a line.")
+@sites_option
+@click.option("--at", "site_name", default=None, envvar="JOBDIST_SITE", metavar="SITE",
+              help="The site whose CouchDB to ask ($JOBDIST_SITE; default: global, or the "
+                   "only site). Elsewhere --site, here --at: --site filters.")
+def list_command(status: str | None, involving: str | None, creator: str | None, limit: int,
+                 before: str | None, as_json: bool, sites_dir: Path,
+                 site_name: str | None) -> None:
+    """List jobs, newest first, from the site's views (a page at a time)."""
+    if before is not None:
+        before = before.strip().replace(" ", "T")
+        if not TIME_PREFIX.match(before):
+            raise CliError(f"--before {before!r}: give an ISO 8601 time such as "
+                           "2026-11-22T00:35:12Z or a prefix of one")
+    site, db = open_site(sites_dir, site_name)
+    rows = list_jobs(db, status=status, creator=creator, site=involving, before=before,
+                     page_size=min(limit + 1, 100))
+    shown: list[JobRow] = []
+    more = False
+    for row in rows:
+        if len(shown) == limit:
+            more = True
+            break
+        shown.append(row)
+    if as_json:
+        for row in shown:
+            click.echo(json.dumps(row.as_json()))
+        return
+    if not shown:
+        click.echo(f"no jobs match at site {site.name}")
+        return
+    table = Table(box=None, pad_edge=False)
+    for name in ("JOB", "STATUS", "STEP", "CREATOR", "PRIO", "CREATED", "UPDATED", "COMMAND"):
+        table.add_column(name, no_wrap=name != "COMMAND", overflow="fold")
+    for row in shown:
+        step = "-" if row.status != "live" else f"{row.step + 1}/{row.steps}"
+        table.add_row(row.id, row.status, step, plain(row.creator), str(row.priority),
+                      short_time(row.created_at), short_time(row.updated_at), plain(row.command))
+    console = make_console()
+    console.print(table)
+    if more:
+        again = ["jobdist list"]
+        for flag, value in (("--status", status), ("--site", involving),
+                            ("--creator", creator)):
+            if value:
+                again.append(f"{flag} {value}")
+        again.append(f"--before {shown[-1].created_at}")
+        click.echo(f"{len(shown)} newest shown; older: {' '.join(again)}")
+
+
+# --- cancel ------------------------------------------------------------------------------
+
+
+CANCEL_ATTEMPTS = 5
+
+
+@main.command()
+@click.argument("job_id")
+@click.option("--reason", default=None, help="Why (kept in the job's history).")
+@sites_option
+@site_option
+def cancel(job_id: str, reason: str | None, sites_dir: Path, site_name: str | None) -> None:
+    """Cancel a job. The site running its current step sees the change on its
+    feed and kills the step's process group. Exit 1 if the job had already
+    ended otherwise."""
+    site, db = open_site(sites_dir, site_name)
+    reason = reason or f"cancelled by {operator_name()} from the command line"
+    for _ in range(CANCEL_ATTEMPTS):
+        doc, leaves = read_merged(db, site, job_id)
+        if doc["job_status"] == "cancelled":
+            click.echo(f"{job_id} was cancelled already")
+            return
+        if doc["job_status"] is not None:
+            click.echo(f"{job_id} already ended: {doc['job_status']}; nothing to cancel")
+            sys.exit(EXIT_JOB_NOT_OK)
+        plan = core.plan_cancel(leaves, core.Context(site=site.name, now=utc_now()), reason)
+        if plan.doc is None:  # pragma: no cover - plan_cancel writes for every live job
+            raise CliError(f"cannot cancel {job_id}: {plan.action}")
+        # The creator's daemon deletes losing leaves once it has seen this write.
+        if isinstance(db.save(plan.doc), Saved):
+            step = doc["job"][doc["step"]]
+            running = step_phase(step) in (Phase.WON, Phase.RUNNING)
+            where = (f"; step {doc['step']} ({step['do']}) is running at {step_where(step)}, "
+                     "which stops it when the change reaches it") if running else ""
+            click.echo(f"cancelled {job_id} at site {site.name}{where}")
+            return
+        # Conflict: someone wrote since we read; read all leaves again and decide again.
+    raise CliError(f"cannot cancel {job_id}: still conflicting after {CANCEL_ATTEMPTS} tries; "
+                   "try again")
+
+
+def operator_name() -> str:
+    try:
+        return getpass.getuser()
+    except Exception:  # no user name in this environment
+        return "an operator"
+
+
+# --- watch -------------------------------------------------------------------------------
+
+
+@dataclass
+class SiteSnapshot:
+    site: SiteConfig
+    counts: dict[str, int]
+    running: list[Doc]
+    error: str | None = None
+
+
+def snapshot_site(site: SiteConfig) -> SiteSnapshot:
+    db = site_couch(site, quick=True).database(site.database)
+    try:
+        counts = {row["key"][0]: row["value"]
+                  for row in db.view(DDOC, "by_status", group_level=1)}
+        running = db.view(DDOC, "running", startkey=[site.name], endkey=[site.name, {}],
+                          include_docs=True)
+    except CouchError as error:
+        return SiteSnapshot(site, {}, [], explain_couch_error(error, site))
+    return SiteSnapshot(site, counts, running)
+
+
+def watch_view(snapshots: list[SiteSnapshot]) -> Group:
+    sites = Table(title=f"sites at {short_time(utc_now())} UTC", title_justify="left",
+                  box=None, pad_edge=False)
+    for name in ("SITE", "COUCHDB", "WORKERS BUSY", *(s.upper() for s in STATUSES)):
+        sites.add_column(name, no_wrap=True)
+    running = Table(title="running steps", title_justify="left", box=None, pad_edge=False)
+    for name in ("SITE", "WORKER", "JOB", "STEP", "SINCE", "COMMAND"):
+        running.add_column(name, no_wrap=name != "COMMAND", overflow="fold")
+    errors = []
+    for snap in snapshots:
+        site = snap.site
+        if snap.error:
+            sites.add_row(site.name, site.couch_url, Text("unreachable", style="red"))
+            errors.append(Text(snap.error, style="red"))
+            continue
+        sites.add_row(site.name, site.couch_url, f"{len(snap.running)}/{site.workers}",
+                      *(str(snap.counts.get(status, 0)) for status in STATUSES))
+        for row in snap.running:
+            doc = row.get("doc") or {}
+            value = row.get("value") or {}
+            index = value.get("step", 0)
+            steps = doc.get("job") or []
+            command = steps[index].get("do") if index < len(steps) else None
+            running.add_row(site.name, plain(value.get("executioner")), row["id"], str(index),
+                            short_time(row["key"][1]), plain(command))
+    parts: list[Any] = [sites, *errors, Text("")]
+    parts.append(running if running.rows else Text("no steps running"))
+    return Group(*parts)
+
+
+@main.command()
+@click.option("--once", is_flag=True, help="Print one snapshot and exit.")
+@click.option("--interval", type=click.FloatRange(min=0.1), default=2.0, show_default=True,
+              help="Seconds between refreshes.")
+@sites_option
+def watch(once: bool, interval: float, sites_dir: Path) -> None:
+    """A live view of every site: jobs by status, busy workers and running steps."""
+    sites = list(load_site_configs(sites_dir).values())
+
+    def view() -> Group:
+        return watch_view([snapshot_site(site) for site in sites])
+
+    console = make_console()
+    if once:
+        console.print(view())
+        return
+    with contextlib.suppress(KeyboardInterrupt), \
+            Live(view(), console=console, refresh_per_second=4) as live:
+        while True:
+            time.sleep(interval)
+            live.update(view())
+
+
+# --- setup -------------------------------------------------------------------------------
+
+
+SAFE_TO_DELETE_ON_POUCHDB = ("completed", "error", "failed")
+
+
+def planned_replications(sites: dict[str, SiteConfig]) -> list[Replication]:
+    """Which replications should exist: the topology decides (jobdist/topology.py)."""
+    return replications(sites)
+
+
+def replication_endpoint(site: SiteConfig) -> str:
+    """The site's database URL for the replicator, with the site's credentials in it:
+    the replicator runs inside CouchDB and must log in to both ends."""
+    url = f"{site.couch_url.rstrip('/')}/{site.database}"
+    if site.user is None:
+        return url
+    parts = urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    userinfo = quote(site.user, safe="") + (
+        f":{quote(site.password, safe='')}" if site.password else "")
+    return urlunsplit((parts.scheme, f"{userinfo}@{host}", parts.path, parts.query,
+                       parts.fragment))
+
+
+@main.command()
+@sites_option
+@click.option("--site", "only", multiple=True, metavar="SITE",
+              help="Set up only this site (repeatable; default: every site).")
+def setup(sites_dir: Path, only: tuple[str, ...]) -> None:
+    """Create each site's database, upload its design documents, and write the
+    replications the topology needs; remove stale `jobdist-*` replications.
+    Idempotent: a second run changes nothing."""
+    from jobdist.design import load_design_docs
+
+    sites = load_site_configs(sites_dir)
+    chosen = [pick_site(sites, name) for name in only] if only else list(sites.values())
+    designs = load_design_docs()
+    changes = problems = 0
+    ready: list[SiteConfig] = []
+    report = click.echo
+
+    def problem(text: str) -> None:
+        nonlocal problems
+        problems += 1
+        click.echo(f"jobdist: {text}", err=True)
+
+    for site in chosen:
+        couch = site_couch(site)
+        try:
+            db = couch.database(site.database)
+            if couch.is_apache_couchdb() and not couch.database("_users").exists():
+                couch.ensure_database("_users")  # CouchDB logs errors without it
+                changes += 1
+                report(f"{site.name}: created database _users")
+            if not db.exists():
+                couch.ensure_database(site.database)
+                changes += 1
+                report(f"{site.name}: created database {site.database}")
+            written = db.sync_design_docs(designs)
+            changes += len(written)
+            for doc_id in written:
+                report(f"{site.name}: wrote {doc_id}")
+            ready.append(site)
+        except CouchError as error:
+            problem(site_error(site, error))
+    wanted = planned_replications(sites)
+    for site in ready:
+        try:
+            changes += sync_replications(site, [r for r in wanted if r.source.name == site.name],
+                                         report, problem)
+        except CouchError as error:
+            problem(site_error(site, error))
+    if problems:
+        sys.exit(EXIT_JOB_NOT_OK)
+    report(f"setup: {changes} changes" if changes else "setup: nothing to change")
+
+
+def site_error(site: SiteConfig, error: CouchError) -> str:
+    text = explain_couch_error(error, site)
+    return text if f"site {site.name} " in text else f"{site.name}: {text}"
+
+
+def sync_replications(site: SiteConfig, wanted: list[Replication],
+                      report: Callable[[str], None], problem: Callable[[str], None]) -> int:
+    """Write the site's wanted replications, remove its stale ones; the number of changes."""
+    couch = site_couch(site)
+    replicator = couch.replicator()
+    changes = 0
+    for rep in wanted:
+        try:
+            written = replicator.put_replication(
+                rep.doc_id, replication_endpoint(rep.source), replication_endpoint(rep.target),
+                filter=rep.filter, query_params=rep.query_params)
+        except Forbidden as error:
+            # pouchdb-server refuses edits to a running replication (see couch.py).
+            problem(f"{site.name}: cannot update replication {rep.doc_id}: {error.reason}")
+            continue
+        if written:
+            changes += 1
+            report(f"{site.name}: wrote replication {rep.doc_id}")
+    keep = {rep.doc_id for rep in wanted}
+    rows = replicator.all_docs(startkey=OWNED_PREFIX, endkey=OWNED_PREFIX + "\ufff0")
+    for doc_id in sorted(row["id"] for row in rows
+                         if owned_by_us(row["id"]) and row["id"] not in keep):
+        if remove_replication(couch, replicator, doc_id, site, report):
+            changes += 1
+    return changes
+
+
+def remove_replication(couch: Couch, replicator: Database, doc_id: str, site: SiteConfig,
+                       report: Callable[[str], None]) -> bool:
+    """Delete a stale replication document, unless that would crash pouchdb-server.
+
+    pouchdb-server crashes when a running (`triggered`) replication's document
+    is deleted (its replicator reads the deleted document back); one that
+    completed or failed is no longer running and is safe to delete.
+    """
+    for _ in range(3):
+        doc = replicator.get(doc_id)
+        if doc is None:
+            return False
+        state = doc.get("_replication_state")
+        if not couch.is_apache_couchdb() and state not in SAFE_TO_DELETE_ON_POUCHDB:
+            click.echo(f"jobdist: {site.name}: stale replication {doc_id} left in place: "
+                       "pouchdb-server crashes when a running replication is deleted "
+                       "(restart the site with a fresh server to drop it)", err=True)
+            return False
+        if isinstance(replicator.delete(doc_id, doc["_rev"]), Saved):
+            report(f"{site.name}: removed stale replication {doc_id}")
+            return True
+    raise CliError(f"{site.name}: cannot remove replication {doc_id}: it keeps changing")
+
+
+# --- cleanup -----------------------------------------------------------------------------
+
+
+@main.command()
+@click.option("--older-than", "older_than", required=True, metavar="PERIOD",
+              help="Remove finished jobs last updated longer ago than this: 90m, 12h, 30d, 2w.")
+@click.option("--export", "export_path", type=click.Path(path_type=Path, dir_okay=False),
+              help="First append each job (merged, one JSON object a line) to this file; "
+                   "only exported jobs are removed.")
+@click.option("--dry-run", is_flag=True, help="Count what would be removed; change nothing "
+                                              "(and export nothing).")
+@sites_option
+@site_option
+def cleanup(older_than: str, export_path: Path | None, dry_run: bool, sites_dir: Path,
+            site_name: str | None) -> None:
+    """Remove finished jobs (success, failed, cancelled) past a retention period.
+
+    Deletes every revision of each such job at the site; replication carries
+    the deletions to the other sites.
+    """
+    period = parse_duration(older_than)
+    site, db = open_site(sites_dir, site_name)
+    export = None
+    if export_path is not None and not dry_run:
+        try:
+            export = export_path.open("a", encoding="utf-8")
+        except OSError as error:
+            raise CliError(f"{export_path}: cannot write: {error.strerror or error}") from None
+    try:
+        report = run_cleanup(db, period, export=export, dry_run=dry_run)
+    except OSError as error:  # writing the export failed: nothing of that batch was deleted
+        raise CliError(f"{export_path}: cannot write: {error.strerror or error}") from None
+    finally:
+        if export is not None:
+            with contextlib.suppress(OSError):
+                export.close()
+    when = short_time(report.cutoff)
+    if dry_run:
+        click.echo(f"would remove {report.found} finished jobs last updated before {when} UTC "
+                   f"at site {site.name} (dry run: nothing changed)")
+        return
+    deleted = report.deleted
+    if export_path is not None:
+        click.echo(f"exported {report.exported} jobs to {export_path}")
+    click.echo(f"removed {deleted.jobs} of {report.found} finished jobs last updated before "
+               f"{when} UTC at site {site.name} ({deleted.revisions} revisions)")
+    if deleted.changed:
+        click.echo(f"kept {len(deleted.changed)} jobs changed since they were read: "
+                   f"{', '.join(deleted.changed)}")
+    if deleted.refused:
+        for line in deleted.refused:
+            click.echo(f"jobdist: refused: {line}", err=True)
+        sys.exit(EXIT_JOB_NOT_OK)
+
+
+# --- validate ----------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("file")
+@click.option("--format", "file_format", type=click.Choice(["auto", "json", "yaml"]),
+              default="auto", show_default=True,
+              help="How FILE is written (auto: by extension, else by its first character).")
+def validate(file: str, file_format: str) -> None:
+    """Check the job in FILE (JSON or YAML, `-` for stdin) as it would be stored."""
+    name = "<stdin>" if file == "-" else file
+    try:
+        doc = read_job_file(file, file_format)
+    except UnreadableFile as problem:
+        message = str(problem).removeprefix(f"{file}: ")
+        click.echo(f"{name}: {message}", err=True)
+        sys.exit(EXIT_UNREADABLE)
+    errors = validate_submission(doc)
+    for error in errors:
+        click.echo(f"{name}: {error}")
+    if errors:
+        sys.exit(EXIT_INVALID)
+    click.echo(f"{name}: ok")
+
+
+@main.command()
+@click.option("--step-seconds", default=0.5, show_default=True,
+              help="How long each step sleeps (the thesis used 5).")
+@click.option("--only", multiple=True, help="Run only scenarios whose name starts so.")
+def demo(step_seconds: float, only: tuple[str, ...]) -> None:
+    """Run the thesis's four evaluation scenarios on local clusters; print a table."""
+    from jobdist.demo import run_demo
+
+    sys.exit(run_demo(step_seconds, only))
 
 
 def _register_extensions() -> None:

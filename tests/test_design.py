@@ -23,7 +23,7 @@ def test_the_repository_design_doc_has_every_function() -> None:
     assert (DESIGN_DIR / "jobdist" / "validate_doc_update.js").is_file()
     assert design["_id"] == "_design/jobdist"
     assert design["language"] == "javascript"
-    assert VIEWS <= set(design["views"])  # the views the daemon relies on (operators have more)
+    assert set(design["views"]) >= VIEWS  # the views the daemon relies on (operators have more)
     assert design["views"]["by_status"]["reduce"] == "_count"
     assert all(set(view) <= {"map", "reduce"} for view in design["views"].values())
     assert set(design["filters"]) == {"jobs", "for_site"}

@@ -1,0 +1,39 @@
+function (doc) {
+  // Jobs by every site they concern, then status ("live" until the job ends),
+  // then creation time: a site concerns a job when a step targets it by name
+  // (alone or in a list; "any" names no site), is won by it, or was started
+  // there (history). `jobdist list --site SITE [--status S]`, newest first.
+  if (doc.type !== "job" || !Array.isArray(doc.job) || doc.job.length === 0) {
+    return;
+  }
+  var sites = [];
+  function add(site) {
+    if (typeof site === "string" && site !== "any" && sites.indexOf(site) === -1) {
+      sites.push(site);
+    }
+  }
+  doc.job.forEach(function (step) {
+    var targets = Array.isArray(step.target) ? step.target : [step.target];
+    targets.forEach(add);
+    add(step.winner);
+  });
+  (Array.isArray(doc.history) ? doc.history : []).forEach(function (entry) {
+    if (entry && entry.event === "started") {
+      add(entry.site);
+    }
+  });
+  var status = doc.job_status || "live";
+  var current = doc.job[Math.min(doc.step, doc.job.length - 1)] || {};
+  var value = {
+    status: status,
+    creator: doc.creator,
+    priority: doc.priority,
+    step: doc.step,
+    steps: doc.job.length,
+    updated_at: doc.updated_at,
+    command: String(current["do"]).slice(0, 120)
+  };
+  sites.forEach(function (site) {
+    emit([site, status, doc.created_at], value);
+  });
+}

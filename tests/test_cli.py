@@ -1,0 +1,414 @@
+"""The `jobdist` command on a real local 3-site cluster (servers, replication, daemons).
+
+One cluster for the module; every command runs in process (CliRunner) with
+$JOBDIST_SITES pointing at its sites directory.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+from click.testing import CliRunner, Result
+
+from jobdist.cli import main
+from jobdist.cluster import LocalCluster, process_start_time
+from jobdist.core import merge
+from jobdist.couch import Couch, Database
+from jobdist.localserver import LocalServer, free_port
+from jobdist.model import Doc, new_job, new_step
+from jobdist.scenarios import site_db, write_sites
+
+pytestmark = pytest.mark.e2e
+
+SITES = ("global", "reg_a", "reg_b")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    root = tmp_path_factory.mktemp("cli-cluster")
+    local = LocalCluster(write_sites(root / "sites", 3, keepalive=2.0), root / "state",
+                         in_memory=True)
+    try:
+        local.up()
+        yield local
+    finally:
+        local.down()
+
+
+Jobdist = Callable[..., Result]
+
+
+@pytest.fixture
+def jobdist(cluster: LocalCluster) -> Jobdist:
+    def run(*args: str, stdin: str | None = None) -> Result:
+        runner = CliRunner(env={"JOBDIST_SITES": str(cluster.sites_dir), "JOBDIST_SITE": None})
+        result = runner.invoke(main, list(args), input=stdin)
+        assert "Traceback" not in result.output, result.output
+        return result
+
+    return run
+
+
+def wait_for(condition: Callable[[], Any], timeout: float = 15.0, what: str = "") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not in time: {what}")
+        time.sleep(0.1)
+
+
+def merged_at(cluster: LocalCluster, site: str, job_id: str) -> Doc | None:
+    leaves = site_db(cluster, site).leaves(job_id)
+    return merge(leaves) if leaves else None
+
+
+# --- submit, show, logs ---------------------------------------------------------------
+
+
+def test_submit_with_flags_waits_then_show_and_logs(jobdist: Jobdist,
+                                                    cluster: LocalCluster) -> None:
+    result = jobdist("submit", "--step", "echo hello-from-$JOBDIST_SITE",
+                     "--step", "echo to-stderr >&2", "--target", "any", "--target", "reg_b",
+                     "--retries", "1", "--timeout", "60", "--priority", "3", "--wait")
+    assert result.exit_code == 0, result.output
+    job_id = result.stdout.splitlines()[0]
+    assert job_id.startswith("job-")
+    assert result.stdout.rstrip().endswith(f"{job_id}: success")
+    assert " started " in result.stdout  # the progress lines
+
+    doc = merged_at(cluster, "global", job_id)
+    assert doc is not None and doc["priority"] == 3
+    assert [s["target"] for s in doc["job"]] == ["any", "reg_b"]
+    assert all(s["retry_strategy"]["max_retries"] == 1 and s["timeout"] == 60
+               for s in doc["job"])
+    assert doc["job"][1]["executioner"].startswith("reg_b/")
+
+    shown = jobdist("show", job_id)
+    assert shown.exit_code == 0
+    assert job_id in shown.stdout and "status   success" in shown.stdout
+    assert "conflicting" not in shown.stdout
+    lines = shown.stdout.splitlines()
+    step_1 = next(line for line in lines if line.startswith("1 "))
+    assert "finished" in step_1 and "reg_b/w" in step_1 and "echo to-stderr >&2" in step_1
+    assert any(" created " in line for line in lines)  # the history table
+
+    as_json = json.loads(jobdist("show", job_id, "--json", "--site", "reg_a").stdout)
+    assert as_json["_id"] == job_id and as_json["job_status"] == "success"
+
+    logs = jobdist("logs", job_id)
+    assert logs.exit_code == 0
+    assert "hello-from-" in logs.stdout and "to-stderr" in logs.stdout
+    assert jobdist("logs", job_id, "--step", "1").stdout.count("== step") == 1
+
+
+def test_submit_wait_exits_1_when_the_job_fails(jobdist: Jobdist) -> None:
+    result = jobdist("submit", "--step", "echo boom >&2; exit 4", "--wait")
+    assert result.exit_code == 1, result.output
+    assert ": failed (step 0: exit 4" in result.stdout
+
+
+def test_submit_a_yaml_file(jobdist: Jobdist, cluster: LocalCluster, tmp_path: Path) -> None:
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text("priority: 2\njob:\n  - do: echo from yaml\n    target: [reg_a, reg_b]\n"
+                        "    retry_strategy: {max_retries: 0}\n")
+    result = jobdist("submit", str(job_file), "--site", "reg_a", "--wait")
+    assert result.exit_code == 0, result.output
+    doc = merged_at(cluster, "reg_a", result.stdout.splitlines()[0])
+    assert doc is not None
+    assert doc["creator"] == "reg_a" and doc["priority"] == 2
+    assert doc["job"][0]["target"] == ["reg_a", "reg_b"]
+
+
+def write_conflict(db: Database, leaves: list[Doc]) -> None:
+    body = {"new_edits": False, "docs": leaves}
+    requests.post(f"{db.url}/_bulk_docs", json=body, timeout=10).raise_for_status()
+
+
+def test_show_merges_every_conflicting_revision(jobdist: Jobdist,
+                                                cluster: LocalCluster) -> None:
+    # Created at a site with no daemon, for a site nobody runs: nobody resolves it.
+    open_leaf = new_job("archive", [new_step("echo merged", target="nowhere")])
+    done_leaf = copy.deepcopy(open_leaf)
+    done_leaf["job"][0].update(step_status="finished", claimed_by="nowhere", winner="nowhere",
+                               epoch=1, exit_code=0, executioner="nowhere/w0")
+    done_leaf.update(step=1, job_status="success", updated_at=open_leaf["created_at"])
+    done_leaf["history"].append({**done_leaf["history"][0], "event": "finished",
+                                 "site": "nowhere"})
+    open_leaf["_rev"], done_leaf["_rev"] = "1-" + "f" * 32, "1-" + "a" * 32
+    db = site_db(cluster, "global")
+    write_conflict(db, [open_leaf, done_leaf])
+    job_id = open_leaf["_id"]
+    assert db.get(job_id)["job_status"] is None  # CouchDB's winner is the open leaf
+
+    shown = jobdist("show", job_id)
+    assert shown.exit_code == 0, shown.output
+    assert "(1 conflicting revision, merged)" in shown.stdout
+    assert "status   success" in shown.stdout
+    assert any(" finished " in line and "nowhere" in line for line in shown.stdout.splitlines())
+    doc = json.loads(jobdist("show", job_id, "--json").stdout)
+    assert doc["job_status"] == "success" and doc["_rev"] == open_leaf["_rev"]
+    assert doc["_conflicts"] == [done_leaf["_rev"]]
+    assert [h["event"] for h in doc["history"]] == ["created", "finished"]
+
+
+def test_show_an_unknown_job(jobdist: Jobdist) -> None:
+    result = jobdist("show", "job-nope")
+    assert result.exit_code == 2
+    assert result.stderr == "jobdist: no job 'job-nope' at site global\n"
+
+
+# --- list ---------------------------------------------------------------------------------
+
+
+def listing_jobs() -> list[Doc]:
+    """30 jobs nobody can run (their sites do not exist), created in 2030: the newest."""
+    jobs = []
+    for i in range(30):
+        created = f"2030-01-01T00:00:{i:02d}.000000Z"
+        target: str | list[str] = "lst-a" if i % 2 == 0 else ["lst-a", "lst-b"]
+        job = new_job("lister" if i % 3 else "lister2", [new_step(f"echo {i}", target=target)],
+                      created_at=created)
+        status = ("live", "success", "failed", "cancelled")[i % 4]
+        if status != "live":
+            job["job_status"] = status
+        if status == "success":
+            job["step"] = 1
+            job["job"][0]["step_status"] = "finished"
+        if status == "failed":
+            job["job"][0]["step_status"] = "failed"
+        jobs.append(job)
+    return jobs
+
+
+def listed(jobdist: Jobdist, *args: str) -> list[Doc]:
+    result = jobdist("list", "--json", *args)
+    assert result.exit_code == 0, result.output
+    return [json.loads(line) for line in result.stdout.splitlines()]
+
+
+def test_list_filters_and_pages_newest_first(jobdist: Jobdist, cluster: LocalCluster) -> None:
+    jobs = listing_jobs()
+    site_db(cluster, "global").bulk_docs(jobs)
+    newest_first = sorted(jobs, key=lambda job: job["created_at"], reverse=True)
+
+    def ids(selected: list[Doc]) -> list[str]:
+        return [job["_id"] for job in selected]
+
+    def status(job: Doc) -> str:
+        return job["job_status"] or "live"
+
+    # Pages of 7 through the 20 jobs of one creator, each page from where the last ended.
+    pages, before = [], None
+    while True:
+        args = ["--creator", "lister", "--limit", "7"] + (["--before", before] if before else [])
+        page = listed(jobdist, *args)
+        if not page:
+            break
+        assert len(page) <= 7
+        pages.append(page)
+        before = page[-1]["created_at"]
+    assert [len(page) for page in pages] == [7, 7, 6]
+    assert [row["id"] for page in pages for row in page] == ids(
+        [job for job in newest_first if job["creator"] == "lister"])
+
+    assert [r["id"] for r in listed(jobdist, "--limit", "3")] == ids(newest_first[:3])
+    assert [r["id"] for r in listed(jobdist, "--creator", "lister", "--status", "failed")] == ids(
+        [job for job in newest_first if job["creator"] == "lister" and status(job) == "failed"])
+    assert [r["id"] for r in listed(jobdist, "--site", "lst-b", "--limit", "100")] == ids(
+        [job for job in newest_first if isinstance(job["job"][0]["target"], list)])
+    rows = listed(jobdist, "--site", "lst-b", "--creator", "lister2", "--status", "cancelled")
+    assert [r["id"] for r in rows] == ids(
+        [job for job in newest_first if isinstance(job["job"][0]["target"], list)
+         and job["creator"] == "lister2" and status(job) == "cancelled"])
+    assert len(rows) == 3
+    assert all(r["status"] == "cancelled" and r["creator"] == "lister2" for r in rows)
+    assert listed(jobdist, "--site", "lst-nothing") == []
+
+    table = jobdist("list", "--creator", "lister", "--limit", "5")
+    lines = table.stdout.splitlines()
+    assert lines[0].split()[:3] == ["JOB", "STATUS", "STEP"]
+    assert [line.split()[0] for line in lines[1:6]] == ids(
+        [job for job in newest_first if job["creator"] == "lister"][:5])
+    assert lines[6].startswith("5 newest shown; older: jobdist list --creator lister --before ")
+
+
+# --- cancel, watch ------------------------------------------------------------------------
+
+
+def test_cancel_kills_the_running_step_everywhere(jobdist: Jobdist, cluster: LocalCluster,
+                                                  tmp_path: Path) -> None:
+    pid_file = tmp_path / "pid"
+    result = jobdist("submit", "--step", f"echo $$ > {pid_file}; exec sleep 30",
+                     "--step", "echo never", "--target", "reg_a", "--target", "any")
+    assert result.exit_code == 0, result.output
+    job_id = result.stdout.strip()
+    pid = wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(), what="start")
+    pid = int(pid)
+    assert b"sleep" in Path(f"/proc/{pid}/cmdline").read_bytes()
+
+    watched = jobdist("watch", "--once")
+    assert watched.exit_code == 0, watched.output
+    running = next(line for line in watched.stdout.splitlines() if job_id in line).split()
+    assert running[0] == "reg_a" and running[1].startswith("reg_a/w")
+    for site in SITES:
+        assert any(line.startswith(site) for line in watched.stdout.splitlines())
+
+    started = time.monotonic()
+    cancelled = jobdist("cancel", job_id, "--reason", "operator test")
+    assert cancelled.exit_code == 0, cancelled.output
+    assert cancelled.stdout.startswith(f"cancelled {job_id} at site global; step 0")
+    assert "running at reg_a/w" in cancelled.stdout
+
+    for site in SITES:
+        wait_for(lambda site=site: (merged_at(cluster, site, job_id) or {}).get("job_status")
+                 == "cancelled", timeout=10, what=f"cancelled at {site}")
+    wait_for(lambda: process_start_time(pid) == "", timeout=10, what="the step's process ends")
+    assert time.monotonic() - started < 10
+    doc = wait_for(lambda: next((d for d in [merged_at(cluster, "global", job_id)]
+                                 if any(h["event"] == "cancelled" and h["site"] == "reg_a"
+                                        for h in d["history"])), None),
+                   timeout=10, what="reg_a reports the kill")
+    assert doc["job"][1]["step_status"] is None  # the next step never ran
+    assert any(h["event"] == "cancelled" and h["detail"] == "operator test"
+               for h in doc["history"])
+
+    again = jobdist("cancel", job_id)
+    assert (again.exit_code, again.stdout) == (0, f"{job_id} was cancelled already\n")
+
+
+def test_cancel_reads_again_after_a_conflict(jobdist: Jobdist, cluster: LocalCluster,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    job = new_job("archive", [new_step("true", target="nowhere")])  # nobody runs it
+    db = site_db(cluster, "global")
+    db.save(job)
+    real_save = Database.save
+    written: list[Doc] = []
+
+    def racing_save(self: Database, doc: Doc) -> Any:
+        written.append(doc)
+        if len(written) == 1:  # someone else writes between our read and our write
+            real_save(self, {**self.get(doc["_id"]), "priority": 7})
+        return real_save(self, doc)
+
+    monkeypatch.setattr(Database, "save", racing_save)
+    result = jobdist("cancel", job["_id"])
+    assert (result.exit_code, result.stdout) == (0, f"cancelled {job['_id']} at site global\n")
+    assert len(written) == 2 and written[1]["priority"] == 7  # decided again on the new state
+    doc = merged_at(cluster, "global", job["_id"])
+    assert doc is not None and (doc["job_status"], doc["priority"]) == ("cancelled", 7)
+
+
+def test_cancel_a_finished_job_exits_1(jobdist: Jobdist) -> None:
+    job_id = jobdist("submit", "--step", "true", "--wait").stdout.splitlines()[0]
+    result = jobdist("cancel", job_id)
+    assert result.exit_code == 1
+    assert result.stdout == f"{job_id} already ended: success; nothing to cancel\n"
+
+
+def test_watch_once_counts_jobs_per_site(jobdist: Jobdist) -> None:
+    result = jobdist("watch", "--once")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    header = next(line for line in lines if line.startswith("SITE "))
+    assert header.split() == ["SITE", "COUCHDB", "WORKERS", "BUSY", "LIVE", "SUCCESS",
+                              "FAILED", "CANCELLED"]
+    row = next(line for line in lines if line.startswith("global "))
+    assert row.split()[2] in ("0/2", "1/2", "2/2")
+    assert int(row.split()[4]) >= 1  # successes so far
+
+
+# --- setup --------------------------------------------------------------------------------
+
+
+def test_setup_on_the_running_cluster_changes_nothing(jobdist: Jobdist) -> None:
+    result = jobdist("setup")
+    assert (result.exit_code, result.stdout) == (0, "setup: nothing to change\n"), result.output
+
+
+def test_setup_creates_everything_then_changes_nothing(tmp_path: Path) -> None:
+    server = LocalServer(free_port(), tmp_path / "couch", in_memory=True)
+    try:
+        server.start()
+        sites = tmp_path / "sites"
+        sites.mkdir()
+        for name, peer in (("s1", "s2"), ("s2", "s1")):
+            (sites / f"{name}.toml").write_text(
+                f'name = "{name}"\npeers = ["{peer}"]\n[couch]\nurl = "{server.url}"\n'
+                f'database = "jobs_{name}"\n')
+        runner = CliRunner(env={"JOBDIST_SITES": str(sites)})
+
+        first = runner.invoke(main, ["setup"])
+        assert first.exit_code == 0, first.output
+        for name in ("s1", "s2"):
+            assert f"{name}: created database jobs_{name}" in first.stdout
+            assert f"{name}: wrote _design/jobdist" in first.stdout
+        assert "s1: wrote replication jobdist-s1-to-s2" in first.stdout
+        couch = Couch(server.url)
+        replicator = couch.replicator()
+        doc = replicator.get("jobdist-s1-to-s2")
+        assert doc["filter"] == "jobdist/jobs" and "selector" not in doc
+        assert doc["source"].endswith("/jobs_s1") and doc["target"].endswith("/jobs_s2")
+        design_rev = couch.database("jobs_s1").get("_design/jobdist")["_rev"]
+
+        second = runner.invoke(main, ["setup"])
+        assert (second.exit_code, second.stdout) == (0, "setup: nothing to change\n")
+        assert couch.database("jobs_s1").get("_design/jobdist")["_rev"] == design_rev
+
+        # Stale replications we own: a finished one goes; a running one stays on
+        # pouchdb-server (deleting it would crash the server), with a warning.
+        s1, s2 = f"{server.url}/jobs_s1", f"{server.url}/jobs_s2"
+        replicator.put_replication("jobdist-s1-to-old", s1, s2, continuous=False)
+        replicator.put_replication("jobdist-s2-to-gone", s2, s1)
+        replicator.put_replication("theirs-s1-to-s2", s1, s2, continuous=False)
+        wait_for(lambda: replicator.get("jobdist-s1-to-old").get("_replication_state")
+                 == "completed", what="the one-shot replication completes")
+        third = runner.invoke(main, ["setup"])
+        assert third.exit_code == 0, third.output
+        assert third.stdout == "s1: removed stale replication jobdist-s1-to-old\nsetup: 1 changes\n"
+        assert "stale replication jobdist-s2-to-gone left in place" in third.stderr
+        assert replicator.get("jobdist-s1-to-old") is None
+        assert replicator.get("theirs-s1-to-s2") is not None  # not ours: never touched
+        assert server.is_alive()
+        fourth = runner.invoke(main, ["setup"])
+        assert fourth.stdout == "setup: nothing to change\n"
+    finally:
+        server.stop()
+
+
+# --- cleanup across sites -------------------------------------------------------------------
+
+
+def test_cleanup_deletions_replicate_to_every_site(jobdist: Jobdist, cluster: LocalCluster,
+                                                   tmp_path: Path) -> None:
+    old = []
+    for day in (1, 2):
+        job = new_job("global", [new_step("true", target="reg_a")],
+                      created_at=f"2020-01-0{day}T00:00:00.000000Z")
+        job.update(job_status="success", step=1)
+        job["job"][0]["step_status"] = "finished"
+        old.append(job)
+    site_db(cluster, "global").bulk_docs(old)
+    ids = [job["_id"] for job in old]
+    for site in SITES:
+        wait_for(lambda site=site: len(site_db(cluster, site).bulk_get(ids)) == 2,
+                 what=f"old jobs reach {site}")
+
+    export = tmp_path / "old.jsonl"
+    result = jobdist("cleanup", "--older-than", "30d", "--export", str(export))
+    assert result.exit_code == 0, result.output
+    assert f"exported 2 jobs to {export}" in result.stdout
+    assert "removed 2 of 2 finished jobs" in result.stdout
+    assert sorted(json.loads(line)["_id"] for line in export.read_text().splitlines()) == ids
+    for site in SITES:
+        wait_for(lambda site=site: site_db(cluster, site).bulk_get(ids) == [],
+                 timeout=10, what=f"deletions reach {site}")
