@@ -520,16 +520,21 @@ class Database:
 
     def _sync_design_doc(self, doc: Doc) -> bool:
         doc_id = _require_id(doc)
-        wanted = _content(doc)
+        return self._put_if_changed(doc_id, _content(doc), _content,
+                                    f"write design document {doc_id!r} to {self.url}")
+
+    def _put_if_changed(self, doc_id: str, wanted: Doc, settings: Callable[[Doc], Doc],
+                        what: str) -> bool:
+        """Write `wanted` unless the stored document's `settings` equal it; True if written."""
         changed = False
 
         def write() -> SaveResult | None:
             nonlocal changed  # decided afresh by each attempt: only the last one counts
             current = self.get(doc_id)
-            changed = current is None or _content(current) != wanted
+            changed = current is None or settings(current) != wanted
             return self.save(_with_rev(wanted | {"_id": doc_id}, current)) if changed else None
 
-        self._write_until_saved(write, f"write design document {doc_id!r} to {self.url}")
+        self._write_until_saved(write, what)
         return changed
 
     def put_replication(
@@ -561,17 +566,9 @@ class Database:
             wanted["filter"] = filter
         if query_params:
             wanted["query_params"] = query_params
-        written = False
-
-        def write() -> SaveResult | None:
-            nonlocal written  # decided afresh by each attempt: only the last one counts
-            current = self.get(doc_id)
-            written = current is None or _replication_settings(current) != wanted
-            return self.save(_with_rev(wanted | {"_id": doc_id}, current)) if written else None
-
         # Conflicts are expected: the replicator writes its state into the document.
-        self._write_until_saved(write, f"write replication {doc_id!r} to {self.url}")
-        return written
+        return self._put_if_changed(doc_id, wanted, _replication_settings,
+                                    f"write replication {doc_id!r} to {self.url}")
 
     def require_filter(self, filter: str) -> None:
         """Raise NotFound unless this database has the filter function `ddoc/name`.
