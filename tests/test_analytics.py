@@ -1,0 +1,411 @@
+"""`jobdist report` on local[2] against a real pouchdb-server holding hand-made jobs.
+
+Every job below has known timestamps (seconds after T0), so each figure the
+pipeline computes is checked against arithmetic written out here.
+"""
+
+from __future__ import annotations
+
+import csv
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+from click.testing import CliRunner
+
+pytest.importorskip("pyspark")
+pytest.importorskip("matplotlib")
+
+from jobdist import analytics
+from jobdist.couch import Couch, Database, Saved
+from jobdist.localserver import LocalServer, free_port
+from jobdist.model import Doc, event, format_time, new_job, new_step
+
+pytestmark = pytest.mark.spark
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+WORKERS = 2
+ALT_DO_DETAIL = "alt_do succeeded after do failed (exit 1 after 1 attempt)"
+FAILURE_REASON = "exit 1 after 2 attempts"
+
+
+def at(seconds: float) -> str:
+    return format_time(T0 + timedelta(seconds=seconds))
+
+
+def ran(step: Doc, site: str, start: float, finish: float, *, attempts: int = 1,
+        exit_code: int = 0, status: str = "finished") -> None:
+    step.update(epoch=1, claimed_by=site, winner=site, executioner=f"{site}/w1",
+                step_status=status, exec_time=round(finish - start, 6), start_time=at(start),
+                finish_time=at(finish), attempts=attempts, exit_code=exit_code)
+
+
+def job(name: str, created: float, targets: list[str], status: str | None) -> Doc:
+    steps = [new_step(f"step {i}", target=t, alt_do="true") for i, t in enumerate(targets)]
+    doc = new_job("global", steps, created_at=at(created), job_id=f"job-{name}")
+    doc["job_status"] = status
+    doc["step"] = len(targets) if status == "success" else 0
+    return doc
+
+
+def log(doc: Doc, name: str, step: int, site: str, seconds: float,
+        detail: str | None = None) -> None:
+    doc["history"].append(event(name, step=step, site=site, at=at(seconds),
+                                worker=f"{site}/w1", epoch=1, detail=detail))
+
+
+def job_a() -> Doc:
+    """3 steps on reg_a, reg_b, reg_a; one claim, won."""
+    doc = job("a", 0.0, ["any", "reg_b", "reg_a"], "success")
+    ran(doc["job"][0], "reg_a", 0.5, 2.5)
+    ran(doc["job"][1], "reg_b", 3.0, 4.0)
+    ran(doc["job"][2], "reg_a", 4.2, 5.2)
+    log(doc, "claimed", 0, "reg_a", 0.2)
+    log(doc, "won", 0, "global", 0.3, "winner reg_a")
+    for step, (start, finish) in enumerate([(0.5, 2.5), (3.0, 4.0), (4.2, 5.2)]):
+        site = doc["job"][step]["winner"]
+        log(doc, "started", step, site, start)
+        log(doc, "finished", step, site, finish, "exit 0 after 1 attempt")
+    return doc
+
+
+def job_b() -> Doc:
+    """2 steps; reg_a loses the claim on step 0; step 1 is saved by alt_do."""
+    doc = job("b", 1.0, ["any", "any"], "success")
+    ran(doc["job"][0], "reg_b", 1.4, 4.4)
+    ran(doc["job"][1], "reg_a", 5.0, 7.0, attempts=2)
+    log(doc, "claimed", 0, "reg_a", 1.1)
+    log(doc, "claimed", 0, "reg_b", 1.1)
+    log(doc, "won", 0, "global", 1.2, "winner reg_b")
+    log(doc, "started", 0, "reg_b", 1.4)
+    log(doc, "finished", 0, "reg_b", 4.4, "exit 0 after 1 attempt")
+    log(doc, "claimed", 1, "reg_a", 4.6)
+    log(doc, "won", 1, "global", 4.8, "winner reg_a")
+    log(doc, "started", 1, "reg_a", 5.0)
+    log(doc, "finished", 1, "reg_a", 7.0, ALT_DO_DETAIL)
+    return doc
+
+
+def job_c() -> Doc:
+    """Fails at step 1 on reg_b after one retry; step 2 never runs."""
+    doc = job("c", 2.0, ["reg_a", "reg_b", "any"], "failed")
+    doc["step"] = 1
+    ran(doc["job"][0], "reg_a", 2.5, 3.5)
+    ran(doc["job"][1], "reg_b", 3.6, 6.6, attempts=2, exit_code=1, status="failed")
+    log(doc, "started", 0, "reg_a", 2.5)
+    log(doc, "finished", 0, "reg_a", 3.5, "exit 0 after 1 attempt")
+    log(doc, "started", 1, "reg_b", 3.6)
+    log(doc, "retried", 1, "reg_b", 4.6, "attempt 1: exit 1; retry 1 in 1 s")
+    log(doc, "failed", 1, "reg_b", 6.6, FAILURE_REASON)
+    return doc
+
+
+def job_d() -> Doc:
+    """2 steps, both on reg_b, started without claims."""
+    doc = job("d", 3.0, ["reg_b", "reg_b"], "success")
+    ran(doc["job"][0], "reg_b", 3.1, 4.1)
+    ran(doc["job"][1], "reg_b", 4.5, 5.0)
+    return doc
+
+
+def job_e() -> Doc:
+    """Live: created, nothing ran yet."""
+    return job("e", 6.0, ["any"], None)
+
+
+# Revisions each job ends with: the number of times it is written.
+REVISIONS = {"job-a": 5, "job-b": 3, "job-c": 4, "job-d": 1, "job-e": 2}
+
+
+def write_jobs(database: Database) -> None:
+    """Write each job REVISIONS times with _bulk_docs, plus a document that is no job."""
+    docs = {doc["_id"]: doc for doc in (job_a(), job_b(), job_c(), job_d(), job_e())}
+    database.bulk_docs([{"_id": "settings", "type": "settings"}])
+    for round_number in range(max(REVISIONS.values())):
+        batch = [doc for doc_id, doc in docs.items() if REVISIONS[doc_id] > round_number]
+        for doc, result in zip(batch, database.bulk_docs(batch), strict=True):
+            assert isinstance(result, Saved), result
+            doc["_rev"] = result.rev
+
+
+@pytest.fixture(scope="module")
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    session = analytics.start_spark("local[2]", tmp_path_factory.mktemp("spark") / "spark.log")
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+@pytest.fixture(scope="module")
+def jobs_db(couch_server: LocalServer) -> Iterator[str]:
+    """The name of a database on the session server holding the five jobs."""
+    name = f"t_analytics_{uuid.uuid4().hex[:8]}"
+    write_jobs(Couch(couch_server.url).ensure_database(name))
+    try:
+        yield name
+    finally:
+        requests.delete(f"{couch_server.url}/{name}", timeout=10)
+
+
+@pytest.fixture(scope="module")
+def result(spark: Any, couch_server: LocalServer, jobs_db: str,
+           tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
+    out = tmp_path_factory.mktemp("report")
+    return analytics.run_report(couch_server.url, jobs_db, out, "local[2]", WORKERS), out
+
+
+def rows_by(spark: Any, out: Path, table: str, *key: str) -> dict:
+    rows = spark.read.parquet(str(out / f"{table}.parquet")).collect()
+    return {tuple(row[k] for k in key) if len(key) > 1 else row[key[0]]: row for row in rows}
+
+
+# -- per job -------------------------------------------------------------------------
+
+
+def test_jobs_makespan_ideal_and_revisions(spark: Any, result: tuple[dict, Path]) -> None:
+    jobs = rows_by(spark, result[1], "jobs", "job_id")
+    assert set(jobs) == {"job-a", "job-b", "job-c", "job-d", "job-e"}  # not "settings"
+    expected = {  # first start -> last finish, created -> last finish, sum of exec_time
+        "job-a": (5.2 - 0.5, 5.2 - 0.0, 2.0 + 1.0 + 1.0),
+        "job-b": (7.0 - 1.4, 7.0 - 1.0, 3.0 + 2.0),
+        "job-c": (6.6 - 2.5, 6.6 - 2.0, 1.0 + 3.0),
+        "job-d": (5.0 - 3.1, 5.0 - 3.0, 1.0 + 0.5),
+    }
+    for job_id, (makespan, turnaround, ideal) in expected.items():
+        row = jobs[job_id]
+        assert row["makespan_s"] == pytest.approx(makespan)
+        assert row["turnaround_s"] == pytest.approx(turnaround)
+        assert row["ideal_s"] == pytest.approx(ideal)
+        assert row["makespan_ratio"] == pytest.approx(makespan / ideal)
+        assert row["waiting_s"] == pytest.approx(turnaround - ideal)
+    live = jobs["job-e"]
+    assert (live["status"], live["makespan_s"], live["ideal_s"], live["makespan_ratio"]) == (
+        "live", None, 0.0, None)
+    for job_id, revisions in REVISIONS.items():
+        assert jobs[job_id]["revisions"] == revisions
+        assert jobs[job_id]["revisions_per_step"] == pytest.approx(
+            revisions / jobs[job_id]["steps"])
+
+
+def test_jobs_status_attempts_retries_and_claims(spark: Any, result: tuple[dict, Path]) -> None:
+    jobs = rows_by(spark, result[1], "jobs", "job_id")
+    figures = {job_id: (row["status"], row["steps"], row["steps_run"], row["attempts"],
+                        row["retries"], row["claims"], row["lost_claims"], row["alt_do_steps"])
+               for job_id, row in jobs.items()}
+    assert figures == {
+        "job-a": ("success", 3, 3, 3, 0, 1, 0, 0),
+        "job-b": ("success", 2, 2, 1 + 2, 0, 3, 3 - 2, 1),
+        "job-c": ("failed", 3, 2, 1 + 2, 1, 0, 0, 0),
+        "job-d": ("success", 2, 2, 2, 0, 0, 0, 0),
+        "job-e": ("live", 1, 0, 0, 0, 0, 0, 0),
+    }
+    assert jobs["job-d"]["targeted_steps"] == 2 and jobs["job-b"]["targeted_steps"] == 0
+
+
+# -- per step ------------------------------------------------------------------------
+
+
+def test_steps_overhead_from_runnable_to_start(spark: Any, result: tuple[dict, Path]) -> None:
+    steps = rows_by(spark, result[1], "steps", "job_id", "step")
+    expected = {  # start minus created_at (step 0) or minus the previous step's finish
+        ("job-a", 0): 0.5 - 0.0, ("job-a", 1): 3.0 - 2.5, ("job-a", 2): 4.2 - 4.0,
+        ("job-b", 0): 1.4 - 1.0, ("job-b", 1): 5.0 - 4.4,
+        ("job-c", 0): 2.5 - 2.0, ("job-c", 1): 3.6 - 3.5, ("job-c", 2): None,
+        ("job-d", 0): 3.1 - 3.0, ("job-d", 1): 4.5 - 4.1,
+        ("job-e", 0): None,
+    }
+    assert set(steps) == set(expected)
+    for key, overhead in expected.items():
+        assert steps[key]["overhead_s"] == (pytest.approx(overhead) if overhead else None), key
+
+
+def test_steps_site_attempts_exit_code_and_alt_do(spark: Any, result: tuple[dict, Path]) -> None:
+    steps = rows_by(spark, result[1], "steps", "job_id", "step")
+    figures = {key: (row["site"], row["status"], row["attempts"], row["retries"],
+                     row["exit_code"], row["alt_do_used"]) for key, row in steps.items()}
+    assert figures[("job-b", 1)] == ("reg_a", "finished", 2, 0, 0, True)
+    assert figures[("job-c", 1)] == ("reg_b", "failed", 2, 1, 1, False)
+    assert figures[("job-c", 2)] == (None, None, 0, 0, None, False)
+    assert figures[("job-a", 1)] == ("reg_b", "finished", 1, 0, 0, False)
+    assert steps[("job-b", 0)]["exec_time_s"] == pytest.approx(3.0)
+    assert steps[("job-b", 1)]["runnable_at"] == steps[("job-b", 0)]["finish_time"]
+
+
+# -- per site, failures, summary -------------------------------------------------------
+
+
+WINDOW = 7.0 - 0.5  # first start anywhere (job-a step 0) to last finish (job-b step 1)
+SITES = {  # steps, busy seconds, retries, failures, alt_do steps, overhead p50
+    "reg_a": (4, 2.0 + 1.0 + 2.0 + 1.0, 0, 0, 1, 0.5),  # a0 a2 b1 c0
+    "reg_b": (5, 1.0 + 3.0 + 3.0 + 1.0 + 0.5, 1, 1, 0, 0.4),  # a1 b0 c1 d0 d1
+}
+
+
+def test_sites_busy_time_and_utilisation(spark: Any, result: tuple[dict, Path]) -> None:
+    sites = rows_by(spark, result[1], "sites", "site")
+    assert set(sites) == set(SITES)
+    for site, (steps, busy, retries, failures, alt_do, p50) in SITES.items():
+        row = sites[site]
+        assert (row["steps"], row["retries"], row["failures"], row["alt_do_steps"]) == (
+            steps, retries, failures, alt_do)
+        assert row["busy_s"] == pytest.approx(busy)
+        assert row["window_s"] == pytest.approx(WINDOW)
+        assert row["utilisation"] == pytest.approx(busy / (WORKERS * WINDOW))
+        assert row["overhead_p50_s"] == pytest.approx(p50)
+
+
+def test_failures_with_reasons(spark: Any, result: tuple[dict, Path]) -> None:
+    failures = spark.read.parquet(str(result[1] / "failures.parquet")).collect()
+    assert [(f["job_id"], f["step"], f["site"], f["reason"]) for f in failures] == [
+        ("job-c", 1, "reg_b", FAILURE_REASON)]
+
+
+def test_summary_figures(result: tuple[dict, Path]) -> None:
+    summary = result[0]
+    assert (summary["jobs"], summary["steps"], summary["steps_run"]) == (5, 3 + 2 + 3 + 2 + 1, 9)
+    assert summary["status"] == {"success": 3, "failed": 1, "live": 1}
+    assert (summary["lost_claims"], summary["retries"], summary["failures"]) == (1, 1, 1)
+    assert summary["failure_reasons"] == {FAILURE_REASON: 1}
+    assert summary["alt_do_steps"] == 1
+    # Makespans sorted 1.9 4.1 4.7 5.6; percentiles interpolate between neighbours.
+    assert summary["makespan_s"]["p50"] == pytest.approx((4.1 + 4.7) / 2)
+    assert summary["makespan_s"]["p95"] == pytest.approx(4.7 + 0.85 * (5.6 - 4.7))
+    # Overheads sorted 0.1 0.1 0.2 0.4 0.4 0.5 0.5 0.5 0.6: p50 the 5th, p95 at 7.6 of 8.
+    assert summary["overhead_s"]["p50"] == pytest.approx(0.4)
+    assert summary["overhead_s"]["p95"] == pytest.approx(0.5 + 0.6 * (0.6 - 0.5))
+    revisions = summary["revisions_per_job"]
+    assert (revisions["min"], revisions["max"]) == (1, 5)
+    assert revisions["mean"] == pytest.approx((5 + 3 + 4 + 1 + 2) / 5)
+    assert summary["revisions_per_step"] == pytest.approx((5 / 3 + 3 / 2 + 4 / 3 + 1 / 2 + 2) / 5)
+    assert summary["window_s"] == pytest.approx(WINDOW)
+    assert summary["sites"]["reg_b"]["utilisation"] == pytest.approx(8.5 / (WORKERS * WINDOW))
+
+
+# -- outputs ---------------------------------------------------------------------------
+
+
+def test_parquet_and_csv_tables_read_back(spark: Any, result: tuple[dict, Path]) -> None:
+    out = result[1]
+    expected_rows = {"jobs": 5, "steps": 11, "sites": 2, "failures": 1}
+    for table in analytics.TABLES:
+        parquet = spark.read.parquet(str(out / f"{table}.parquet"))
+        with (out / f"{table}.csv").open(newline="") as handle:
+            rows = list(csv.DictReader(handle))
+        assert len(rows) == parquet.count()
+        assert list(rows[0]) == parquet.columns
+        if table in expected_rows:
+            assert len(rows) == expected_rows[table]
+    jobs_csv = {row["job_id"]: row for row in csv.DictReader((out / "jobs.csv").open())}
+    assert float(jobs_csv["job-a"]["makespan_s"]) == pytest.approx(4.7)
+    assert jobs_csv["job-a"]["created_at"] == at(0.0)  # the documents' own time format
+    assert not list(out.glob(".*.parts"))
+
+
+def test_html_report_is_self_contained(result: tuple[dict, Path]) -> None:
+    summary, out = result
+    page = (out / "report.html").read_text()
+    assert page.count('src="data:image/png;base64,') == 4
+    assert "<script" not in page and "<link" not in page and 'src="http' not in page
+    utilisation_a, utilisation_b = 6.0 / (WORKERS * WINDOW), 8.5 / (WORKERS * WINDOW)
+    for text in ("5 (3 success, 1 failed, 1 live)", "9 of 11", "4.400 s / 5.465 s",
+                 "0.400 s / 0.560 s", FAILURE_REASON, f"{utilisation_a:.1%}",
+                 f"{utilisation_b:.1%}"):
+        assert text in page, text
+    assert summary["report"] == str(out / "report.html")
+
+
+def test_empty_database(spark: Any, db_url: str, tmp_path: Path) -> None:
+    couch_url, _, name = db_url.rpartition("/")
+    summary = analytics.run_report(couch_url, name, tmp_path, "local[2]")
+    assert (summary["jobs"], summary["steps"], summary["sites"]) == (0, 0, {})
+    assert summary["makespan_s"]["p50"] is None
+    assert "data:image/png;base64," in (tmp_path / "report.html").read_text()
+
+
+def test_executors_fetch_in_partitions(spark: Any, couch_server: LocalServer, jobs_db: str,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(analytics, "IDS_PER_PARTITION", 2)
+    ids = analytics.list_job_ids(Couch(couch_server.url).database(jobs_db), page_size=2)
+    assert ids == ["job-a", "job-b", "job-c", "job-d", "job-e"]
+    raw = analytics.load_jobs(spark, couch_server.url, jobs_db, ids)
+    assert raw.rdd.getNumPartitions() == 3
+    assert sorted(row["job_id"] for row in raw.collect()) == ids
+
+
+def test_executor_fetch_failure_is_one_line(spark: Any, couch_server: LocalServer,
+                                            tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    database = Couch(couch_server.url).ensure_database(f"t_gone_{uuid.uuid4().hex[:8]}")
+    write_jobs(database)
+    list_ids = analytics.list_job_ids
+
+    def list_then_drop(db: Database, page_size: int = analytics.ID_PAGE) -> list[str]:
+        ids = list_ids(db, page_size)
+        requests.delete(db.url, timeout=10).raise_for_status()  # gone before the executors read
+        return ids
+
+    monkeypatch.setattr(analytics, "list_job_ids", list_then_drop)
+    with pytest.raises(analytics.ReportError) as failure:
+        analytics.run_report(couch_server.url, database.name, tmp_path, "local[2]")
+    message = str(failure.value)
+    assert "\n" not in message and message.startswith("read documents in "), message
+    assert "HTTP 404" in message
+
+
+def test_job_row_is_lenient() -> None:
+    doc = job_d() | {"_rev": "7-abc"}
+    doc["job"][0]["exec_time"] = 2  # an integer where a float is usual
+    doc["job"][1]["start_time"] = "yesterday"
+    row = analytics.job_row(doc)
+    assert row[7] == 7
+    assert row[8][0][6] == 2.0 and isinstance(row[8][0][6], float)
+    assert row[8][1][7] is None
+
+
+# -- the command -----------------------------------------------------------------------
+
+
+def test_command_runs_and_prints_the_summary(couch_server: LocalServer, jobs_db: str,
+                                              spark: Any, tmp_path: Path) -> None:
+    answer = CliRunner().invoke(analytics.report, ["--couch", couch_server.url, "--db", jobs_db,
+                                       "--out", str(tmp_path), "--master", "local[2]"])
+    assert answer.exit_code == 0, answer.output
+    assert "report: " in answer.output and "0.400 s / 0.560 s" in answer.output
+    assert (tmp_path / "report.html").exists()
+
+
+@pytest.mark.parametrize("problem", ["unreachable", "missing database"])
+def test_command_errors_are_one_line(problem: str, couch_server: LocalServer,
+                                     tmp_path: Path) -> None:
+    password = "s3cret-pw"
+    if problem == "unreachable":
+        url, db = f"http://admin:{password}@127.0.0.1:{free_port()}", "jobs"
+    else:
+        url, db = couch_server.url, f"t_missing_{uuid.uuid4().hex[:8]}"
+    answer = CliRunner().invoke(analytics.report, ["--couch", url, "--db", db,
+                                       "--out", str(tmp_path)])
+    assert answer.exit_code == 2
+    lines = answer.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("jobdist report: "), answer.output
+    assert password not in answer.output and "Traceback" not in answer.output
+    if problem == "missing database":
+        assert "does not exist" in lines[0]
+
+
+def test_command_without_java(couch_server: LocalServer, jobs_db: str, tmp_path: Path,
+                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from pyspark.sql import SparkSession
+
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "no-jdk"))
+    monkeypatch.setattr(SparkSession, "getActiveSession", classmethod(lambda cls: None))
+    answer = CliRunner().invoke(analytics.report, ["--couch", couch_server.url, "--db", jobs_db,
+                                       "--out", str(tmp_path)])
+    assert answer.exit_code == 2
+    assert answer.output.strip() == (
+        "jobdist report: Java not found: Spark needs Java 17 or 21 "
+        "(install a JDK or set JAVA_HOME)")
