@@ -22,11 +22,10 @@ import math
 import re
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlsplit, urlunsplit
 
 import click
 from rich.console import Console, Group
@@ -42,7 +41,6 @@ from jobdist.couch import (
     Couch,
     CouchError,
     Database,
-    Forbidden,
     NotFound,
     Saved,
     Unavailable,
@@ -58,7 +56,6 @@ from jobdist.model import (
 )
 from jobdist.retention import RetentionError, parse_duration
 from jobdist.retention import cleanup as run_cleanup
-from jobdist.topology import Replication, owned_by_us, replications
 from jobdist.validation import validate_job, validate_submission
 
 # Exit codes of `validate`: 1 when the job breaks rules, 2 when it cannot be read.
@@ -71,7 +68,6 @@ EXIT_JOB_NOT_OK = 1
 EXIT_INTERRUPTED = 130
 
 DDOC = "jobdist"
-OWNED_PREFIX = "jobdist-"  # setup owns the `_replicator` documents named so (topology.py)
 STATUSES = ("live", *FINAL_STATUSES)
 SITE_META = "jobdist.site"  # click context meta: the site a command talks to
 
@@ -1011,28 +1007,6 @@ def watch(once: bool, interval: float, sites_dir: Path) -> None:
 # --- setup -------------------------------------------------------------------------------
 
 
-SAFE_TO_DELETE_ON_POUCHDB = ("completed", "error", "failed")
-
-
-def planned_replications(sites: dict[str, SiteConfig]) -> list[Replication]:
-    """Which replications should exist: the topology decides (jobdist/topology.py)."""
-    return replications(sites)
-
-
-def replication_endpoint(site: SiteConfig) -> str:
-    """The site's database URL for the replicator, with the site's credentials in it:
-    the replicator runs inside CouchDB and must log in to both ends."""
-    url = f"{site.couch_url.rstrip('/')}/{site.database}"
-    if site.user is None:
-        return url
-    parts = urlsplit(url)
-    host = parts.netloc.rpartition("@")[2]
-    userinfo = quote(site.user, safe="") + (
-        f":{quote(site.password, safe='')}" if site.password else "")
-    return urlunsplit((parts.scheme, f"{userinfo}@{host}", parts.path, parts.query,
-                       parts.fragment))
-
-
 @main.command()
 @sites_option
 @click.option("--site", "only", multiple=True, metavar="SITE",
@@ -1041,105 +1015,27 @@ def setup(sites_dir: Path, only: tuple[str, ...]) -> None:
     """Create each site's database, upload its design documents, and write the
     replications the topology needs; remove stale `jobdist-*` replications.
     Idempotent: a second run changes nothing."""
-    from jobdist.design import load_design_docs
+    from jobdist.setup import setup_sites
 
     sites = load_site_configs(sites_dir)
     chosen = [pick_site(sites, name) for name in only] if only else list(sites.values())
-    designs = load_design_docs()
-    changes = problems = 0
-    ready: list[SiteConfig] = []
-    report = click.echo
+    problems = []
 
     def problem(text: str) -> None:
-        nonlocal problems
-        problems += 1
+        problems.append(text)
         click.echo(f"jobdist: {text}", err=True)
 
-    for site in chosen:
-        couch = site_couch(site)
-        try:
-            db = couch.database(site.database)
-            if couch.is_apache_couchdb() and not couch.database("_users").exists():
-                couch.ensure_database("_users")  # CouchDB logs errors without it
-                changes += 1
-                report(f"{site.name}: created database _users")
-            if not db.exists():
-                couch.ensure_database(site.database)
-                changes += 1
-                report(f"{site.name}: created database {site.database}")
-            written = db.sync_design_docs(designs)
-            changes += len(written)
-            for doc_id in written:
-                report(f"{site.name}: wrote {doc_id}")
-            ready.append(site)
-        except CouchError as error:
-            problem(site_error(site, error))
-    wanted = planned_replications(sites)
-    for site in ready:
-        try:
-            changes += sync_replications(site, [r for r in wanted if r.source.name == site.name],
-                                         report, problem)
-        except CouchError as error:
-            problem(site_error(site, error))
+    changes = setup_sites(sites, chosen, report=click.echo, problem=problem,
+                          warn=lambda text: click.echo(f"jobdist: {text}", err=True),
+                          explain=site_error)
     if problems:
         sys.exit(EXIT_JOB_NOT_OK)
-    report(f"setup: {changes} changes" if changes else "setup: nothing to change")
+    click.echo(f"setup: {changes} changes" if changes else "setup: nothing to change")
 
 
-def site_error(site: SiteConfig, error: CouchError) -> str:
+def site_error(error: CouchError, site: SiteConfig) -> str:
     text = explain_couch_error(error, site)
     return text if f"site {site.name} " in text else f"{site.name}: {text}"
-
-
-def sync_replications(site: SiteConfig, wanted: list[Replication],
-                      report: Callable[[str], None], problem: Callable[[str], None]) -> int:
-    """Write the site's wanted replications, remove its stale ones; the number of changes."""
-    couch = site_couch(site)
-    replicator = couch.replicator()
-    changes = 0
-    for rep in wanted:
-        try:
-            written = replicator.put_replication(
-                rep.doc_id, replication_endpoint(rep.source), replication_endpoint(rep.target),
-                filter=rep.filter, query_params=rep.query_params)
-        except Forbidden as error:
-            # pouchdb-server refuses edits to a running replication (see couch.py).
-            problem(f"{site.name}: cannot update replication {rep.doc_id}: {error.reason}")
-            continue
-        if written:
-            changes += 1
-            report(f"{site.name}: wrote replication {rep.doc_id}")
-    keep = {rep.doc_id for rep in wanted}
-    rows = replicator.all_docs(startkey=OWNED_PREFIX, endkey=OWNED_PREFIX + "\ufff0")
-    for doc_id in sorted(row["id"] for row in rows
-                         if owned_by_us(row["id"]) and row["id"] not in keep):
-        if remove_replication(couch, replicator, doc_id, site, report):
-            changes += 1
-    return changes
-
-
-def remove_replication(couch: Couch, replicator: Database, doc_id: str, site: SiteConfig,
-                       report: Callable[[str], None]) -> bool:
-    """Delete a stale replication document, unless that would crash pouchdb-server.
-
-    pouchdb-server crashes when a running (`triggered`) replication's document
-    is deleted (its replicator reads the deleted document back); one that
-    completed or failed is no longer running and is safe to delete.
-    """
-    for _ in range(3):
-        doc = replicator.get(doc_id)
-        if doc is None:
-            return False
-        state = doc.get("_replication_state")
-        if not couch.is_apache_couchdb() and state not in SAFE_TO_DELETE_ON_POUCHDB:
-            click.echo(f"jobdist: {site.name}: stale replication {doc_id} left in place: "
-                       "pouchdb-server crashes when a running replication is deleted "
-                       "(restart the site with a fresh server to drop it)", err=True)
-            return False
-        if isinstance(replicator.delete(doc_id, doc["_rev"]), Saved):
-            report(f"{site.name}: removed stale replication {doc_id}")
-            return True
-    raise CliError(f"{site.name}: cannot remove replication {doc_id}: it keeps changing")
 
 
 # --- cleanup -----------------------------------------------------------------------------

@@ -22,10 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from .config import SiteConfig, load_sites
-from .couch import Couch
-from .daemon import open_site_database
 from .localserver import LocalServer
-from .topology import replications
+from .setup import setup_sites
 
 DEFAULT_STATE_DIR = Path(".jobdist")
 
@@ -90,9 +88,7 @@ class LocalCluster:
             for site in self.sites.values():
                 state["sites"][site.name] = {"server": self._start_server(site)}
                 self._save(state)
-            for site in self.sites.values():
-                open_site_database(site)
-            self.replicate()
+            setup_sites(self.sites)
             for site in self.sites.values():
                 state["sites"][site.name]["daemon"] = self._start_daemon(site)
                 self._save(state)
@@ -164,15 +160,6 @@ class LocalCluster:
 
     def daemon_proc(self, name: str) -> Proc:
         return Proc(**self._load()["sites"][name]["daemon"])
-
-    def replicate(self) -> None:
-        """Continuous push replication from every site to each of its peers."""
-        for link in replications(self.sites):
-            source = link.source
-            couch = Couch(source.couch_url, user=source.user, password=source.password)
-            couch.replicator().put_replication(link.doc_id, link.source_url, link.target_url,
-                                               filter=link.filter,
-                                               query_params=link.query_params)
 
     def _wait_ready(self, timeout: float, only: str | None = None) -> None:
         deadline = time.monotonic() + timeout

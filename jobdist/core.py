@@ -154,6 +154,7 @@ class Plan:
 
 
 NOTHING = Plan("none")
+WON_CLAIM = "won the claim"  # the detail of a start the creator assigned to us
 
 
 # --- merging leaves ---------------------------------------------------------
@@ -368,7 +369,8 @@ def on_won(doc: Doc, step: Doc, ctx: Context, pool: PoolView) -> Decision:
     other, worker = taken
     decision = start_decision(doc, step, ctx, worker, assign=False)
     return Decision(decision.action, decision.edit, (Unbook(other), *decision.before),
-                    decision.after, f"worker taken from the claim on {other[0]} step {other[1]}")
+                    decision.after,
+                    f"{WON_CLAIM}; worker taken from the claim on {other[0]} step {other[1]}")
 
 
 def on_running(doc: Doc, step: Doc, ctx: Context, pool: PoolView) -> Decision:
@@ -401,6 +403,7 @@ def start_decision(doc: Doc, step: Doc, ctx: Context, worker: str, *, assign: bo
         start(ctx, worker, assign=assign),
         before=(Book(key, worker),),
         after=(Launch(key, epoch, worker),),
+        detail="" if assign else WON_CLAIM,
     )
 
 

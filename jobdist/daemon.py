@@ -4,6 +4,7 @@ The thesis's process layout (listener_sup over listener, work manager,
 workers and "keep docs alive") as threads of one process. It talks only to
 its own site's CouchDB. SIGTERM or SIGINT stops it gracefully: no new claims,
 running steps get `shutdown_grace` seconds, then are stopped and released.
+With `[admin] port` set it also serves its admin HTTP endpoint (jobdist/admin.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
+from .admin import AdminServer
 from .config import SiteConfig
 from .couch import Couch, Database
 from .design import load_design_docs
@@ -48,27 +50,50 @@ class Daemon:
                                  self.manager.wake)
         self.keepalive = KeepAlive(self.db, config.name, config.keepalive_period,
                                    config.keepalive_stale_after, self.stop_event)
+        self.admin: AdminServer | None = None
+
+    @property
+    def uptime(self) -> float:
+        """Seconds since the daemon was created."""
+        return time.monotonic() - self.started
+
+    @property
+    def feed_position(self) -> object:
+        """The last change the manager decided on: opaque (int or CouchDB sequence)."""
+        return self.manager.seq
 
     def run(self, ready_file: Path | None = None) -> int:
         self._install_signal_handlers()
         log.info("site starting site=%s couch=%s db=%s workers=%d", self.config.name,
                  self.db.couch.url, self.config.database, self.config.workers)
-        self.manager.recover()
-        self.listener.start()
-        self.keepalive.start()
-        if ready_file is not None:
-            ready_file.write_text(str(time.time()))
-        log.info("site ready site=%s", self.config.name)
-        while not self.stop_event.is_set():
-            self.manager.serve_once(timeout=0.5)
-        log.info("site stopping site=%s grace=%.1fs", self.config.name,
-                 self.config.shutdown_grace)
-        self.manager.drain(self.config.shutdown_grace)
+        self._start_admin()  # first: a port that is taken fails before any work starts
+        try:
+            self.manager.recover()
+            self.listener.start()
+            self.keepalive.start()
+            if ready_file is not None:
+                ready_file.write_text(str(time.time()))
+            log.info("site ready site=%s", self.config.name)
+            while not self.stop_event.is_set():
+                self.manager.serve_once(timeout=0.5)
+            log.info("site stopping site=%s grace=%.1fs", self.config.name,
+                     self.config.shutdown_grace)
+            self.manager.drain(self.config.shutdown_grace)
+        finally:
+            if self.admin is not None:  # kept through the drain, to watch steps stop
+                self.admin.stop()
         log.info("site stopped site=%s", self.config.name)
         return 0
 
     def stop(self) -> None:
         self.stop_event.set()
+
+    def _start_admin(self) -> None:
+        if self.config.admin_port is None:
+            return
+        self.admin = AdminServer(self, self.config.admin_host, self.config.admin_port,
+                                 self.config.admin_token)
+        self.admin.start()
 
     def _install_signal_handlers(self) -> None:
         if threading.current_thread() is not threading.main_thread():

@@ -258,6 +258,8 @@ class Manager:
         if saved is None:
             return None
         self.counts[f"action_{plan.action}"] += 1
+        if plan.detail.startswith(core.WON_CLAIM):
+            self.counts["claims_won"] += 1
         log.info("%s job=%s site=%s rev=%s%s", plan.action, doc_id, self.site, saved.rev,
                  f" detail={plan.detail!r}" if plan.detail else "")
         for effect in plan.after:

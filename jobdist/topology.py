@@ -13,6 +13,7 @@ peer marked `relay = true` (a hub), which must receive everything to pass it on.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from urllib.parse import quote, urlsplit, urlunsplit
 
 from .config import SiteConfig
 
@@ -33,12 +34,26 @@ class Replication:
         return f"jobdist-{self.source.name}-to-{self.target.name}"
 
     @property
-    def source_url(self) -> str:
-        return f"{self.source.couch_url}/{self.source.database}"
+    def source_endpoint(self) -> str:
+        return endpoint(self.source)
 
     @property
-    def target_url(self) -> str:
-        return f"{self.target.couch_url}/{self.target.database}"
+    def target_endpoint(self) -> str:
+        return endpoint(self.target)
+
+
+def endpoint(site: SiteConfig) -> str:
+    """The site's database URL for the replicator, with the site's credentials in it:
+    the replicator runs inside CouchDB and must log in to both ends."""
+    url = f"{site.couch_url.rstrip('/')}/{site.database}"
+    if site.user is None:
+        return url
+    parts = urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    userinfo = quote(site.user, safe="") + (
+        f":{quote(site.password, safe='')}" if site.password else "")
+    return urlunsplit((parts.scheme, f"{userinfo}@{host}", parts.path, parts.query,
+                       parts.fragment))
 
 
 def replications(sites: dict[str, SiteConfig]) -> list[Replication]:
@@ -54,5 +69,8 @@ def replications(sites: dict[str, SiteConfig]) -> list[Replication]:
     return wanted
 
 
+OWNED_PREFIX = "jobdist-"
+
+
 def owned_by_us(doc_id: str) -> bool:
-    return doc_id.startswith("jobdist-")
+    return doc_id.startswith(OWNED_PREFIX)

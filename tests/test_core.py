@@ -373,7 +373,7 @@ def test_winner_without_a_worker_takes_the_oldest_undecided_booking():
     assert plan.action == "start"
     assert plan.before == (Unbook(("job-y", 1)), Book(KEY, "reg_a/w2"))
     assert plan.after == (Launch(KEY, 1, "reg_a/w2"),)
-    assert plan.detail == "worker taken from the claim on job-y step 1"
+    assert plan.detail == "won the claim; worker taken from the claim on job-y step 1"
 
 
 def test_winner_with_no_worker_at_all_releases_with_a_new_epoch():

@@ -1,0 +1,182 @@
+"""Setting sites up: databases, design documents, replications. Idempotent.
+
+Used by `jobdist setup`, by the local cluster, and by docker-compose's one-shot
+setup service (`python -m jobdist.setup --sites DIR`). For each
+site: its jobs database (and `_users` on Apache CouchDB, which logs errors
+without it), our design documents, and the `_replicator` documents the
+topology calls for (jobdist/topology.py), with the sites' credentials in the
+endpoints because the replicator runs inside CouchDB. Stale `jobdist-*`
+replications are removed, except a running one on pouchdb-server, which
+crashes when such a document is deleted. A second run changes nothing.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import click
+
+from .config import ConfigError, SiteConfig, load_sites
+from .couch import Couch, CouchError, Database, Forbidden, Saved
+from .design import load_design_docs
+from .topology import OWNED_PREFIX, Replication, owned_by_us, replications
+
+Say = Callable[[str], None]
+
+# Replication states in which pouchdb-server's replicator no longer reads the document.
+SAFE_TO_DELETE_ON_POUCHDB = ("completed", "error", "failed")
+
+
+def couch_of(site: SiteConfig, **options: float) -> Couch:
+    return Couch(site.couch_url, user=site.user, password=site.password, **options)
+
+
+def setup_sites(sites: dict[str, SiteConfig], chosen: list[SiteConfig] | None = None, *,
+                report: Say = lambda _: None, problem: Say | None = None,
+                warn: Say | None = None,
+                explain: Callable[[CouchError, SiteConfig], str] | None = None) -> int:
+    """Set the chosen sites (default: all) up; the number of changes made.
+
+    Without `problem`, the first error raises; with it, each site's error is
+    reported (in `explain`'s words) and the other sites are still set up.
+    `warn` (default: `report`) hears of what was left alone on purpose.
+    """
+    explain = explain or (lambda error, site: f"{site.name}: {error}")
+    ready = []
+    changes = 0
+    for site in chosen or list(sites.values()):  # every database first: replications target them
+        try:
+            changes += setup_database(site, report)
+            ready.append(site)
+        except CouchError as error:
+            if problem is None:
+                raise
+            problem(explain(error, site))
+    wanted = replications(sites)
+    for site in ready:
+        try:
+            changes += sync_replications(site, [r for r in wanted if r.source.name == site.name],
+                                         {r.doc_id for r in wanted}, report, problem or _raise,
+                                         warn or report)
+        except CouchError as error:
+            if problem is None:
+                raise
+            problem(explain(error, site))
+    return changes
+
+
+def setup_database(site: SiteConfig, report: Say) -> int:
+    couch = couch_of(site)
+    changes = 0
+    if couch.is_apache_couchdb() and not couch.database("_users").exists():
+        couch.ensure_database("_users")
+        changes += 1
+        report(f"{site.name}: created database _users")
+    db = couch.database(site.database)
+    if not db.exists():
+        couch.ensure_database(site.database)
+        changes += 1
+        report(f"{site.name}: created database {site.database}")
+    for doc_id in db.sync_design_docs(load_design_docs()):
+        changes += 1
+        report(f"{site.name}: wrote {doc_id}")
+    couch.replicator()
+    return changes
+
+
+def sync_replications(site: SiteConfig, wanted: list[Replication], keep: set[str],
+                      report: Say, problem: Say, warn: Say) -> int:
+    """Write the site's wanted replications, remove stale ones; the number of changes.
+
+    `keep` holds every wanted replication of the topology: sites that share a
+    server share its `_replicator` database, so only what no site wants is stale.
+    """
+    couch = couch_of(site)
+    replicator = couch.replicator()
+    changes = 0
+    for link in wanted:
+        try:
+            written = replicator.put_replication(
+                link.doc_id, link.source_endpoint, link.target_endpoint,
+                filter=link.filter, query_params=link.query_params)
+        except Forbidden as error:
+            # pouchdb-server refuses edits to a running replication (see couch.py).
+            problem(f"{site.name}: cannot update replication {link.doc_id}: {error.reason}")
+            continue
+        if written:
+            changes += 1
+            report(f"{site.name}: wrote replication {link.doc_id} ({link.filter})")
+    rows = replicator.all_docs(startkey=OWNED_PREFIX, endkey=OWNED_PREFIX + "\ufff0")
+    for doc_id in sorted(row["id"] for row in rows
+                         if owned_by_us(row["id"]) and row["id"] not in keep):
+        if remove_replication(couch, replicator, doc_id, site, report, problem, warn):
+            changes += 1
+    return changes
+
+
+def remove_replication(couch: Couch, replicator: Database, doc_id: str, site: SiteConfig,
+                       report: Say, problem: Say, warn: Say) -> bool:
+    """Delete a stale replication document, unless that would crash pouchdb-server.
+
+    pouchdb-server crashes when a running (`triggered`) replication's document
+    is deleted (its replicator reads the deleted document back); one that
+    completed or failed is no longer running and is safe to delete.
+    """
+    for _ in range(3):
+        doc = replicator.get(doc_id)
+        if doc is None:
+            return False
+        state = doc.get("_replication_state")
+        if not couch.is_apache_couchdb() and state not in SAFE_TO_DELETE_ON_POUCHDB:
+            warn(f"{site.name}: stale replication {doc_id} left in place: pouchdb-server "
+                 "crashes when a running replication is deleted (restart the site with a "
+                 "fresh server to drop it)")
+            return False
+        if isinstance(replicator.delete(doc_id, doc["_rev"]), Saved):
+            report(f"{site.name}: removed stale replication {doc_id}")
+            return True
+    problem(f"{site.name}: cannot remove replication {doc_id}: it keeps changing")
+    return False
+
+
+def wait_for_servers(sites: dict[str, SiteConfig], timeout: float) -> None:
+    """Return once every site's server answers; CouchError naming the first that does not."""
+    deadline = time.monotonic() + timeout
+    for site in sites.values():
+        couch = couch_of(site, timeout=5.0, retries=1)
+        while True:
+            try:
+                couch.info()
+                break
+            except CouchError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(1.0)
+
+
+def _raise(text: str) -> None:
+    raise CouchError(text)
+
+
+@click.command()
+@click.option("--sites", "sites_dir", required=True, type=click.Path(path_type=Path),
+              help="Directory of site configs (*.toml).")
+@click.option("--timeout", default=120.0, show_default=True,
+              help="Seconds to wait for the servers to answer.")
+def main(sites_dir: Path, timeout: float) -> None:
+    """Create databases, design documents and replications for every site; idempotent."""
+    try:
+        sites = load_sites(sites_dir)
+        wait_for_servers(sites, timeout)
+        changes = setup_sites(sites, report=click.echo)
+    except (ConfigError, CouchError) as error:
+        click.echo(f"jobdist setup: {error}", err=True)
+        sys.exit(2)
+    click.echo(f"setup done: {changes} changes")
+
+
+if __name__ == "__main__":
+    main()
