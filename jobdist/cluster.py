@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import SiteConfig, load_sites
-from .localserver import LocalServer
+from .localserver import LocalServer, answers
 from .setup import setup_sites
 
 DEFAULT_STATE_DIR = Path(".jobdist")
@@ -130,12 +130,30 @@ class LocalCluster:
     def site_dir(self, name: str) -> Path:
         return self.state_dir.resolve() / name
 
-    def _start_server(self, site: SiteConfig) -> dict[str, Any]:
-        server = LocalServer(site.port, self.site_dir(site.name) / "couch",
-                             in_memory=self.in_memory)
-        server.start()
-        assert server.pid is not None
-        return Proc.of(server.pid).__dict__
+    def _start_server(self, site: SiteConfig, timeout: float = 60.0) -> dict[str, Any]:
+        """A supervisor process that runs the site's server and restarts it if it dies."""
+        data = self.site_dir(site.name) / "couch"
+        data.mkdir(parents=True, exist_ok=True)
+        (data / "server.pid").unlink(missing_ok=True)
+        args = [sys.executable, "-m", "jobdist.localserver", "--port", str(site.port),
+                "--dir", str(data), *(["--in-memory"] if self.in_memory else [])]
+        with open(data / "supervisor.log", "ab") as log:
+            process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                       start_new_session=True)
+        supervisor = Proc.of(process.pid)
+        probe = LocalServer(site.port, data)  # never started: only asks who answers
+        deadline = time.monotonic() + timeout
+        while not (answers(probe.url) and probe.answering_is_us()):
+            if not supervisor.alive() or time.monotonic() > deadline:
+                supervisor.stop()
+                raise ClusterError(f"the server of site {site.name} did not start on port "
+                                   f"{site.port}; see {data / 'supervisor.log'}")
+            time.sleep(0.05)
+        return supervisor.__dict__
+
+    def server_pid(self, name: str) -> int:
+        """The pid of the site's pouchdb-server itself (its supervisor writes it)."""
+        return int((self.site_dir(name) / "couch" / "server.pid").read_text())
 
     def _start_daemon(self, site: SiteConfig) -> dict[str, Any]:
         directory = self.site_dir(site.name)

@@ -11,17 +11,20 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 
 import requests
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+log = logging.getLogger("jobdist.localserver")
 
 
 class ServerError(RuntimeError):
@@ -149,14 +152,14 @@ class LocalServer:
                 raise ServerError(
                     f"pouchdb-server on port {self.port} exited at start; see {self.log_path}"
                 )
-            if answers(self.url) and self._answering_is_us():
+            if answers(self.url) and self.answering_is_us():
                 return
             time.sleep(0.05)
         self.stop()
         raise ServerError(f"pouchdb-server on port {self.port} did not answer in time "
                           "(or another server holds the port)")
 
-    def _answering_is_us(self) -> bool:
+    def answering_is_us(self) -> bool:
         """The server on our port wrote its uuid to our config file: it is ours."""
         try:
             ours = json.loads((self.data_dir / "config.json").read_text())["couchdb"]["uuid"]
@@ -213,3 +216,52 @@ def _signal_group(pid: int, sig: int) -> None:
     # The server runs in its own session whose group id is its pid.
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, sig)
+
+
+def supervise(server: LocalServer, stop: threading.Event, pid_file: Path | None = None) -> None:
+    """Keep the server running until `stop` is set: restart it whenever it dies.
+
+    Restarts back off (up to 10 s) while the server keeps dying at once, so a
+    server that cannot start does not spin.
+    """
+    backoff = 0.5
+    while not stop.is_set():
+        started = time.monotonic()
+        try:
+            server.start()
+        except ServerError as error:
+            log.error("server did not start port=%d error=%s", server.port, error)
+        else:
+            if pid_file is not None:
+                pid_file.write_text(str(server.pid))
+            while server.is_alive() and not stop.wait(0.2):
+                pass
+            if stop.is_set():
+                break
+            log.warning("server died port=%d pid=%s: restarting", server.port, server.pid)
+        if time.monotonic() - started > 30:
+            backoff = 0.5  # it ran for a while: this is a new failure, not a crash loop
+        stop.wait(backoff)
+        backoff = min(backoff * 2, 10.0)
+    server.stop()
+
+
+def main() -> None:
+    """`python -m jobdist.localserver --port P --dir D [--in-memory]`: a supervised server."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--dir", type=Path, required=True)
+    parser.add_argument("--in-memory", action="store_true")
+    args = parser.parse_args()
+    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    server = LocalServer(args.port, args.dir, in_memory=args.in_memory)
+    supervise(server, stop, args.dir / "server.pid")
+
+
+if __name__ == "__main__":
+    main()
