@@ -23,6 +23,11 @@
     heartbeat = 15.0                   # how often a site renews the leases of its steps
     clock_skew_margin = 10.0           # the creator waits this much past a lease
 
+    [retention]                        # optional: the daemon removes its own old jobs
+    older_than = "30d"                 # finished jobs last updated longer ago (90m, 12h, 30d)
+    interval = 3600.0                  # seconds between passes
+    export = "/var/lib/jobdist/removed.jsonl"   # append each job here before removing it
+
     [admin]
     port = 7984                        # the daemon's HTTP endpoint; none when unset
     host = "127.0.0.1"
@@ -64,6 +69,9 @@ class SiteConfig:
     lease: float = 60.0
     heartbeat: float = 15.0
     clock_skew_margin: float = 10.0
+    retention_older_than: str | None = None
+    retention_interval: float = 3600.0
+    retention_export: Path | None = None
     admin_host: str = "127.0.0.1"
     admin_port: int | None = None
     admin_token: str | None = field(default=None, repr=False)
@@ -117,6 +125,14 @@ def _site_from(raw: dict[str, Any], path: Path) -> SiteConfig:
     daemon = raw.get("daemon", {})
     admin = raw.get("admin", {})
     replication = raw.get("replication", {})
+    retention = raw.get("retention", {})
+    if "older_than" in retention:
+        from .retention import RetentionError, parse_duration
+
+        try:
+            parse_duration(str(retention["older_than"]))
+        except RetentionError as error:
+            raise ValueError(f"retention.older_than: {error}") from None
     workers = int(raw.get("workers", 2))
     if workers < 0:
         raise ValueError("workers must be >= 0")
@@ -138,6 +154,10 @@ def _site_from(raw: dict[str, Any], path: Path) -> SiteConfig:
         lease=float(daemon.get("lease", 60.0)),
         heartbeat=float(daemon.get("heartbeat", 15.0)),
         clock_skew_margin=float(daemon.get("clock_skew_margin", 10.0)),
+        retention_older_than=(str(retention["older_than"]) if "older_than" in retention
+                              else None),
+        retention_interval=float(retention.get("interval", 3600.0)),
+        retention_export=Path(retention["export"]) if "export" in retention else None,
         admin_host=str(admin.get("host", "127.0.0.1")),
         admin_port=int(admin["port"]) if "port" in admin else None,
         admin_token=admin.get("token") or os.environ.get("JOBDIST_ADMIN_TOKEN"),

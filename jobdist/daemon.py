@@ -23,6 +23,7 @@ from .design import load_design_docs
 from .keepalive import KeepAlive
 from .listener import Listener, load_checkpoint
 from .manager import Manager
+from .retention import PeriodicCleanup, parse_duration
 
 log = logging.getLogger("jobdist.daemon")
 
@@ -50,6 +51,9 @@ class Daemon:
                                  self.manager.wake)
         self.keepalive = KeepAlive(self.db, config.name, config.keepalive_period,
                                    config.keepalive_stale_after, self.stop_event)
+        self.retention = None if config.retention_older_than is None else PeriodicCleanup(
+            self.db, config.name, parse_duration(config.retention_older_than),
+            config.retention_interval, config.retention_export, self.stop_event)
         self.admin: AdminServer | None = None
 
     @property
@@ -71,6 +75,8 @@ class Daemon:
             self.manager.recover()
             self.listener.start()
             self.keepalive.start()
+            if self.retention is not None:
+                self.retention.start()
             if ready_file is not None:
                 ready_file.write_text(str(time.time()))
             log.info("site ready site=%s", self.config.name)

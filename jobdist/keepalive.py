@@ -42,6 +42,8 @@ class KeepAlive(threading.Thread):
                 self.pass_once()
             except CouchError as error:
                 log.warning("keep-alive pass failed site=%s error=%s", self.site, error)
+            except Exception:  # a dead re-saver would silently forget jobs
+                log.exception("keep-alive pass failed site=%s", self.site)
 
     def pass_once(self) -> int:
         """Re-save the stale open jobs this site created; how many were re-saved."""

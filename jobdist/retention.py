@@ -19,16 +19,21 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
+import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import IO, Any
 
 from .core import merge
 from .couch import Conflict, Database, Rejected, Saved
 from .model import FINAL_STATUSES, Doc, format_time
+
+log = logging.getLogger("jobdist.retention")
 
 DDOC = "jobdist"
 VIEW = "finished_before"  # key: updated_at of finished jobs
@@ -220,3 +225,38 @@ def cleanup(db: Database, older_than: timedelta, *, export: IO[str] | None = Non
             flush()
     flush()
     return report
+
+
+class PeriodicCleanup(threading.Thread):
+    """A daemon's retention: every `interval`, remove the finished jobs it created
+    that are past `older_than`, exported first when `export` is set."""
+
+    def __init__(self, db: Database, site: str, older_than: timedelta, interval: float,
+                 export: Path | None, stop: threading.Event) -> None:
+        super().__init__(name=f"retention-{site}", daemon=True)
+        self.db = db
+        self.site = site
+        self.older_than = older_than
+        self.interval = interval
+        self.export = export
+        self.stop_event = stop
+        self.removed = 0
+
+    def run(self) -> None:
+        while not self.stop_event.wait(self.interval):
+            try:
+                self.pass_once()
+            except Exception:  # retention must never take the site down
+                log.exception("retention pass failed site=%s", self.site)
+
+    def pass_once(self) -> Report:
+        if self.export is None:
+            report = cleanup(self.db, self.older_than, creator=self.site)
+        else:
+            with open(self.export, "a", encoding="utf-8") as out:
+                report = cleanup(self.db, self.older_than, export=out, creator=self.site)
+        self.removed += report.deleted.jobs
+        if report.deleted.jobs:
+            log.info("retention removed jobs=%d site=%s cutoff=%s", report.deleted.jobs,
+                     self.site, report.cutoff)
+        return report

@@ -197,3 +197,27 @@ def test_cleanup_function_for_the_daemon(site: tuple[Path, Database]) -> None:
     assert report.found == report.deleted.jobs == len(expected) + 2
     remaining = {row["id"] for row in db.all_docs() if not row["id"].startswith("_design/")}
     assert remaining == {"job-old-but-live"}
+
+
+def test_the_daemons_periodic_cleanup_removes_only_its_own_old_jobs(
+        site: tuple[Path, Database], tmp_path: Path) -> None:
+    import threading
+
+    from jobdist.retention import PeriodicCleanup
+
+    _, db = site
+    mine_old, mine_new, theirs_old, live_old = (
+        job("mine-old", at(40)), job("mine-new", at(1)), job("theirs-old", at(40)),
+        job("live-old", at(40), status=None))
+    theirs_old["creator"] = "reg_a"
+    db.bulk_docs([mine_old, mine_new, theirs_old, live_old])
+    export = tmp_path / "removed.jsonl"
+    runner = PeriodicCleanup(db, mine_old["creator"], timedelta(days=30), 3600, export,
+                             threading.Event())
+    report = runner.pass_once()
+    assert report.deleted.jobs == 1 and runner.removed == 1
+    assert db.get(mine_old["_id"]) is None
+    for kept in (mine_new, theirs_old, live_old):
+        assert db.get(kept["_id"]) is not None
+    assert [json.loads(line)["_id"] for line in export.read_text().splitlines()] == [
+        mine_old["_id"]]
