@@ -179,6 +179,11 @@ def merge(leaves: list[Doc]) -> Doc:
         return merged
     merged["history"] = union_history(leaves)
     merged["updated_at"] = max(leaf["updated_at"] for leaf in leaves)
+    # An epoch once issued is never issued again, even when the branch that
+    # issued it loses (a step chained on top of a finish that was revoked):
+    # otherwise two executions of one step could share a fencing token.
+    for index, step in enumerate(merged["job"]):
+        step["epoch"] = max(leaf["job"][index].get("epoch", 0) for leaf in leaves)
     touched = [leaf["keepalive_at"] for leaf in leaves if leaf.get("keepalive_at")]
     if touched:
         merged["keepalive_at"] = max(touched)
@@ -552,7 +557,9 @@ def chain_next(merged: Doc, decision: Decision, ctx: Context, pool: PoolView) ->
     step = _current(after_finish)
     key = (after_finish["_id"], after_finish["step"])
     worker = pool.worker_for(key)
-    if worker is None or not allows(step, ctx.site):
+    if worker is None or not allows(step, ctx.site) or key in pool.running:
+        # (A run of that step still here is a stale one, chained onto a finish
+        # that was revoked: it is killed first, once the document shows why.)
         return decision
     follow = start_decision(after_finish, step, ctx, worker, assign=True)
     first, second = decision.edit, follow.edit
@@ -589,10 +596,18 @@ def keepalive(leaves: list[Doc], ctx: Context, stale_after: float) -> Doc | None
     return touched
 
 
-def plan_renew(leaves: list[Doc], ctx: Context, key: Key, epoch: int) -> Plan:
-    """The heartbeat: push the lease of our current execution forward."""
+def plan_renew(leaves: list[Doc], ctx: Context, key: Key, epoch: int,
+               renew_below: float | None = None) -> Plan:
+    """The heartbeat: push the lease of our current execution forward.
+
+    With `renew_below`, only a lease with less than that many seconds left is
+    renewed: a step that started a moment ago needs no write yet.
+    """
     merged = merge(leaves)
     if not backs_execution(merged, key, epoch, ctx.site):
+        return NOTHING
+    deadline = merged["job"][key[1]].get("lease_until")
+    if renew_below is not None and deadline and seconds_between(ctx.now, deadline) > renew_below:
         return NOTHING
 
     def edit(doc: Doc) -> None:

@@ -566,6 +566,10 @@ class Database:
             wanted["filter"] = filter
         if query_params:
             wanted["query_params"] = query_params
+        if not self.couch.is_apache_couchdb():
+            # pouchdb-server checkpoints at both ends after every batch by default:
+            # a quarter of its requests. CouchDB checkpoints on a timer already.
+            wanted["checkpoint"] = "target"
         # Conflicts are expected: the replicator writes its state into the document.
         return self._put_if_changed(doc_id, wanted, _replication_settings,
                                     f"write replication {doc_id!r} to {self.url}")

@@ -64,7 +64,8 @@ class Manager:
         self.site = config.name
         self.db = db
         self.known_sites = frozenset(known_sites) | {self.site}
-        self.inbox: queue.Queue[object] = queue.Queue(maxsize=10_000)  # from the listener
+        # From the listener; bounded so a burst pushes back on the feed, not on memory.
+        self.inbox: queue.Queue[object] = queue.Queue(maxsize=1_000)
         # Workers report here, and are served before any change: a finished step
         # must not wait behind a burst of replicated changes.
         self.reports: queue.Queue[Finished | Retried] = queue.Queue()
@@ -88,14 +89,16 @@ class Manager:
 
     def serve_once(self, timeout: float) -> None:
         self.serve_reports()
+        batch = self._next_batch(timeout)
         changed: dict[str, Changed] = {}
-        for item in self._next_batch(timeout):
+        for item in batch:
             changed[item.doc_id] = item  # a burst of changes to one doc is one decision
         for item in sorted(changed.values(), key=self._claim_order):
             self.serve_reports()
             if item.rev not in self.own_revs:
                 self.guarded(self.process, item.doc_id, item.doc)
-            self.seq = item.seq
+        if batch:
+            self.seq = batch[-1].seq  # feed order: the checkpoint never goes back
         self.serve_reports()
         self._expire_bookings()
         self._heartbeat_if_due()
@@ -188,7 +191,10 @@ class Manager:
                                     running.epoch, running.worker, result)
             written = self.execute(key[0], plan)
             if written is not None:
-                self.process(key[0])
+                # What we just wrote is the state (a later conflict comes through the
+                # feed): it can say "nothing to do" without another read.
+                seen = {**plan.doc, "_rev": written.rev} if plan.doc and written.rev else None
+                self.process(key[0], seen)
                 return
         log.error("could not record the end of job=%s step=%d site=%s", key[0], key[1], self.site)
 
@@ -305,6 +311,10 @@ class Manager:
 
     def launch(self, effect: core.Launch, doc: Doc) -> None:
         job_id, index = effect.key
+        if effect.key in self.executions:  # the core never asks this; never run a step twice
+            log.error("not launching a step already running here job=%s step=%d site=%s",
+                      job_id, index, self.site)
+            return
         env = {
             "JOBDIST_JOB_ID": job_id,
             "JOBDIST_STEP": str(index),
@@ -354,7 +364,8 @@ class Manager:
             leaves = self._leaves(key[0])
             if leaves is None:
                 return
-            plan = core.plan_renew(leaves, self.context(), key, epoch)
+            plan = core.plan_renew(leaves, self.context(), key, epoch,
+                                   renew_below=self.config.lease - self.config.heartbeat)
             if plan.action == "none" or self.execute(key[0], plan) is not None:
                 return
 

@@ -124,12 +124,24 @@ class SimSite:
         self.booked: dict[core.Key, tuple[str, float]] = {}
         self.running: dict[core.Key, Execution] = {}
         self.killed: list[Execution] = []
+        self.dying: list[Execution] = []  # killed, their cancelled result not yet reported
         self.restart()
 
     def restart(self) -> None:
         """A crash: every booking and execution is gone, the replica stays."""
         self.booked.clear()
         self.running.clear()
+        self.dying.clear()
+
+    def report_killed(self) -> None:
+        """Killed executions report a cancelled result, as a real worker does."""
+        while self.dying:
+            execution = self.dying.pop(0)
+            plan = core.plan_finish(
+                self.replica.live_leaves(execution.key[0]), self.ctx(), self.pool(),
+                execution.key, execution.epoch, execution.worker,
+                Outcome(ok=False, cancelled=True, exit_code=None, reason="cancelled"))
+            self.execute(execution.key[0], plan)
 
     def ctx(self) -> core.Context:
         return core.Context(self.name, self.clock.now(), self.known_sites, booking_timeout=30.0,
@@ -201,19 +213,30 @@ class SimSite:
         elif isinstance(effect, core.Unbook):
             self.booked.pop(effect.key, None)
         elif isinstance(effect, core.Launch):
+            assert effect.key not in self.running, f"{self.name} runs {effect.key} twice at once"
             worker, _ = self.booked.pop(effect.key)
             assert worker == effect.worker
             execution = Execution(effect.key, effect.epoch, effect.worker, self.name)
             self.running[effect.key] = execution
             self.ledger.append(execution)
         elif isinstance(effect, core.Kill):
-            self.killed.append(self.running.pop(effect.key))
+            execution = self.running.pop(effect.key)
+            self.killed.append(execution)
+            self.dying.append(execution)
 
 
-def check_no_double_execution(ledger: list[Execution]) -> None:
-    """No step of a job ever has two executions in the same epoch."""
-    seen: dict[tuple[str, int, int], str] = {}
+def check_no_double_execution(ledger: list[Execution], *, per_site: bool = False) -> None:
+    """No step of a job ever has two executions with the same fencing token.
+
+    The token is the epoch; with `per_site` it is (epoch, site): after a
+    revocation, a site on a losing branch can issue an epoch number that
+    another site issues too, and a report still only counts for the step's
+    current epoch *and* winner (core.backs_execution).
+    """
+    seen: dict[tuple[object, ...], str] = {}
     for execution in ledger:
-        ident = (*execution.key, execution.epoch)
+        ident: tuple[object, ...] = (*execution.key, execution.epoch)
+        if per_site:
+            ident = (*ident, execution.site)
         assert ident not in seen, f"two executions of {ident}: {seen[ident]} and {execution.site}"
         seen[ident] = execution.site

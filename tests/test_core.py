@@ -858,3 +858,32 @@ def test_plan_cancel_marks_a_live_job_cancelled_once():
     ended = dict(doc, job_status="success")
     assert core.plan_cancel([ended], Context("reg_b", NOW), "late").action == "none"
     assert core.plan_cancel([], Context("reg_b", NOW), "nothing").action == "none"
+
+
+def test_merge_never_forgets_an_epoch_a_losing_branch_issued():
+    # reg_a finished step 0 and chained step 1 at epoch 1, while the creator
+    # revoked step 0 (epoch 2): the revocation wins, but step 1's epoch 1 was
+    # used, so the next execution of step 1 must get a higher one.
+    chained = job("any", "any", rev="3-b")
+    chained["step"] = 1
+    chained["job"][0].update(epoch=1, winner="reg_a", claimed_by="reg_a", step_status="finished")
+    chained["job"][1].update(epoch=1, winner="reg_a", claimed_by="reg_a", step_status="running")
+    revoked = job("any", "any", rev="3-a")
+    revoked["job"][0]["epoch"] = 2
+    merged = core.merge([chained, revoked])
+    assert merged["step"] == 0 and merged["job"][0]["epoch"] == 2
+    assert merged["job"][1]["epoch"] == 1
+
+
+def test_renew_only_touches_a_lease_that_is_running_out():
+    doc = running(job(), "reg_a", epoch=1)
+    doc["job"][0]["lease_until"] = "2026-01-01T00:01:00.000000Z"
+    running_out = core.plan_renew(
+        [doc], Context("reg_a", "2026-01-01T00:00:50.000000Z", lease=60), KEY, 1,
+        renew_below=45)
+    assert running_out.action == "renew"  # 10 s left
+    assert running_out.doc["job"][0]["lease_until"] == "2026-01-01T00:01:50.000000Z"
+    plenty = core.plan_renew(
+        [doc], Context("reg_a", "2026-01-01T00:00:10.000000Z", lease=60), KEY, 1,
+        renew_below=45)
+    assert plenty.action == "none"  # 50 s left: no write yet

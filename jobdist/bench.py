@@ -1,0 +1,761 @@
+"""`jobdist bench`: our speed against the thesis's figures and the server's own limits.
+
+Every benchmark starts fresh local sites (pouchdb-server in memory, one
+daemon per site) in a temporary directory and stops them afterwards. Figures
+that depend on this machine's load are also given as ratios measured in the
+same run (against the ideal makespan, the same server's raw write rate, the
+thesis's estimate), so they can be compared across runs. docs/performance.md
+says what each figure means, what bounds it and how it was measured.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import json
+import os
+import re
+import statistics
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+import requests
+from rich.console import Console
+from rich.table import Table
+
+from . import core
+from .cluster import LocalCluster
+from .couch import Couch, Database
+from .design import load_design_docs
+from .model import Doc, new_job, new_step, parse_time, utc_now
+from .scenarios import (
+    SITE_NAMES,
+    THESIS_SCENARIOS,
+    Result,
+    check_ledger,
+    run_scenario,
+    site_db,
+    submit_all,
+    wait_until_done,
+    write_sites,
+)
+from .workers import StepResult
+
+TOPOLOGIES = ("mesh", "star", "filtered")
+REPLICATOR_AGENT = "node-fetch"  # pouchdb-server's replicator; our daemons send python-requests
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+@click.group("bench")
+def bench() -> None:
+    """Benchmarks against the thesis's figures and the local server's own limits."""
+
+
+# --- shared helpers -------------------------------------------------------------------
+
+
+def percentile(values: list[float], pct: float) -> float:
+    """Nearest-rank percentile: a value that was really measured."""
+    ordered = sorted(values)
+    rank = max(1, round(pct / 100 * len(ordered) + 0.5 - 1e-9))
+    return ordered[min(rank, len(ordered)) - 1]
+
+
+def seconds_between(start: str, end: str) -> float:
+    return (parse_time(end) - parse_time(start)).total_seconds()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a live process (0 when it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def memory_kib(pid: int) -> dict[str, int]:
+    """VmRSS (now) and VmHWM (peak) of a live process, in KiB."""
+    wanted = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            wanted[key] = int(value.split()[0])
+    return wanted
+
+
+def cluster_pids(cluster: LocalCluster) -> dict[str, list[int]]:
+    """The pids of the pouchdb-servers (not their supervisors) and of the daemons."""
+    return {"server": [cluster.server_pid(name) for name in cluster.sites],
+            "daemon": [cluster.daemon_proc(name).pid for name in cluster.sites]}
+
+
+def write_site_configs(directory: Path, count: int, workers: int,
+                       topology: str = "mesh", keepalive: float = 5.0) -> Path:
+    """write_sites, refusing topologies (or site counts) it cannot write yet."""
+    knows_topology = "topology" in inspect.signature(write_sites).parameters
+    if topology != "mesh" and not knows_topology:
+        raise click.ClickException(f"topology {topology} is not available yet")
+    if count > len(SITE_NAMES) and not knows_topology:
+        raise click.ClickException(f"at most {len(SITE_NAMES)} sites are available yet")
+    extra = {"topology": topology} if knows_topology else {}
+    return write_sites(directory, count, workers, keepalive, **extra)
+
+
+@contextlib.contextmanager
+def local_cluster(count: int, workers: int, topology: str = "mesh",
+                  keepalive: float = 5.0) -> Iterator[LocalCluster]:
+    """Fresh in-memory sites in a temporary directory, always stopped afterwards."""
+    with tempfile.TemporaryDirectory(prefix="jobdist-bench-") as tmp:
+        root = Path(tmp)
+        sites = write_site_configs(root / "sites", count, workers, topology, keepalive)
+        cluster = LocalCluster(sites, root / "state", in_memory=True)
+        cluster.up()
+        try:
+            yield cluster
+        finally:
+            cluster.down()
+
+
+def print_json(payload: Any) -> None:
+    click.echo(json.dumps(payload, indent=2))
+
+
+# --- request logs: what each server was asked, and by whom ---------------------------
+
+
+@dataclass(frozen=True)
+class Request:
+    method: str
+    path: str
+    agent: str
+    body_bytes: int
+
+
+# A debug entry: "[date] [debug] [<pid>] 'POST' /jobs/_bulk_docs {1,1} from "ip"", then
+# "Headers: [{'Name', value},", one header a line, no closing bracket; the next entry
+# starts with "[Sun, 22 Nov ...".
+_DEBUG_ENTRY = re.compile(r"\[debug\] \[<[^>]*>\] '(\w+)' (\S+) \{1,1\} from [^\n]*\n"
+                          r"Headers: \[(.*?)\n(?=\[\w{3}, |\Z)", re.DOTALL)
+_HEADER = re.compile(r"\{'([^']+)', ([^}]*)\}")
+
+
+class ServerLog:
+    """pouchdb-server's log.txt at debug level: one entry per request, headers included.
+
+    The User-Agent tells the replicator (node-fetch) from our daemons
+    (python-requests); Content-Length is the request body. Responses are
+    not logged, so `_changes` and `_bulk_get` answers are not in the bytes.
+    """
+
+    def __init__(self, server_url: str, path: Path) -> None:
+        self.path = path
+        requests.put(f"{server_url}/_config/log/level", json="debug",
+                     timeout=10).raise_for_status()
+        self.offset = path.stat().st_size if path.exists() else 0
+
+    def requests_since_start(self) -> list[Request]:
+        with self.path.open("rb") as handle:
+            handle.seek(self.offset)
+            return parse_requests(handle.read().decode("utf-8", errors="replace"))
+
+
+def parse_requests(text: str) -> list[Request]:
+    found = []
+    for method, path, headers in _DEBUG_ENTRY.findall(text):
+        fields = {k.lower(): v.strip() for k, v in _HEADER.findall(headers)}
+        length = fields.get("content-length", "0")
+        found.append(Request(method, path, fields.get("user-agent", ""),
+                             int(length) if length.isdigit() else 0))
+    return found
+
+
+def request_kind(request: Request) -> str:
+    """Who sent a request and what it was, with document ids and checkpoints folded."""
+    # Everything not the replicator is python-requests: the daemons and the bench's own polls.
+    who = "replicator" if request.agent.startswith(REPLICATOR_AGENT) else "jobdist"
+    path, _, query = request.path.partition("?")
+    parts = path.split("/")
+    if len(parts) > 2 and not parts[2].startswith("_"):
+        parts[2] = "{doc}" + (" open_revs" if "open_revs" in query else "")
+    elif len(parts) > 3 and parts[2] == "_local":
+        parts[3:] = ["{local}"]
+    elif parts[-1] == "_changes":
+        feed = re.search(r"feed=(\w+)", query)
+        parts[-1] += f" feed={feed.group(1) if feed else 'normal'}"
+    return f"{who} {request.method} {'/'.join(parts)}"
+
+
+def request_census(logs: list[ServerLog]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for log in logs:
+        for request in log.requests_since_start():
+            kind = request_kind(request)
+            counts[kind] = counts.get(kind, 0) + 1
+    return dict(sorted(counts.items(), key=lambda item: -item[1]))
+
+
+# --- bench thesis ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ThesisRow:
+    scenario: str
+    sites: int
+    jobs: int
+    steps: int
+    targeted: bool  # every step names its site(s)
+    makespan: float
+    ideal: float  # the true lower bound: steps of a job run one after another
+    thesis_optimum: float  # the thesis's formula, 15 s * jobs / workers, scaled
+    revisions_min: int
+    revisions_max: int
+    revisions_per_step: float  # writes after the submission, per step, mean over jobs
+    revisions_per_step_max: float
+    jobs_ok: int
+    problems: list[str]
+    thesis: str
+
+    @property
+    def ratio_ideal(self) -> float:
+        return self.makespan / self.ideal
+
+    @property
+    def ratio_thesis(self) -> float:
+        return self.makespan / self.thesis_optimum
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self) | {"ratio_ideal": self.ratio_ideal,
+                               "ratio_thesis": self.ratio_thesis}
+
+
+def thesis_row(result: Result) -> ThesisRow:
+    scenario = result.scenario
+    steps = len(scenario.targets)
+    per_step = [(revisions - 1) / steps for revisions in result.revisions]
+    return ThesisRow(
+        scenario=scenario.name, sites=scenario.sites, jobs=scenario.jobs, steps=steps,
+        targeted="any" not in scenario.targets,
+        makespan=result.makespan, ideal=result.ideal, thesis_optimum=result.thesis_optimum,
+        revisions_min=min(result.revisions), revisions_max=max(result.revisions),
+        revisions_per_step=statistics.fmean(per_step), revisions_per_step_max=max(per_step),
+        jobs_ok=result.statuses.get("success", 0), problems=check_ledger(result),
+        thesis=scenario.thesis,
+    )
+
+
+def thesis_table(rows: list[ThesisRow], step_seconds: float) -> Table:
+    table = Table(title=f"thesis scenarios at {step_seconds} s steps (the thesis: 5 s), "
+                        "2 workers a site")
+    for column in ("scenario", "makespan", "ideal", "/ideal", "thesis formula", "/formula",
+                   "revs/job min/max", "revs/step mean/max", "jobs ok", "thesis (5 s steps)"):
+        table.add_column(column)
+    for row in rows:
+        table.add_row(
+            row.scenario, f"{row.makespan:.2f} s", f"{row.ideal:.2f} s",
+            f"{row.ratio_ideal:.2f}", f"{row.thesis_optimum:.2f} s", f"{row.ratio_thesis:.2f}",
+            f"{row.revisions_min}/{row.revisions_max}",
+            f"{row.revisions_per_step:.2f}/{row.revisions_per_step_max:.2f}"
+            + (" (targeted)" if row.targeted else ""),
+            f"{row.jobs_ok}/{row.jobs}", row.thesis,
+        )
+    return table
+
+
+@bench.command("thesis")
+@click.option("--step-seconds", default=1.0, show_default=True,
+              help="How long each step sleeps (the thesis used 5).")
+@click.option("--only", multiple=True, help="Run only scenarios whose name starts so.")
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable results.")
+def thesis_command(step_seconds: float, only: tuple[str, ...], as_json: bool) -> None:
+    """The thesis's scenarios (section 6), each on fresh local sites, beside its figures."""
+    chosen = [s for s in THESIS_SCENARIOS if not only or s.name.startswith(only)]
+    if not chosen:
+        raise click.ClickException(f"no scenario starts with {' or '.join(only)}")
+    rows = [thesis_row(run_scenario(scenario, step_seconds)) for scenario in chosen]
+    if as_json:
+        print_json({"step_seconds": step_seconds, "scenarios": [r.as_json() for r in rows]})
+        return
+    console = Console()
+    console.print(thesis_table(rows, step_seconds))
+    for row in rows:
+        for problem in row.problems:
+            console.print(f"[red]problem[/] {row.scenario}: {problem}")
+
+
+# --- bench throughput -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RawRates:
+    """What the server itself sustains: docs per second, one PUT each and in one _bulk_docs."""
+
+    docs: int
+    single_put_per_s: float
+    bulk_docs_per_s: float
+
+
+def raw_write_rates(couch: Couch, docs: int) -> RawRates:
+    """Write job-shaped documents into a fresh database with our design documents."""
+    db = couch.ensure_database(f"bench_raw_{uuid.uuid4().hex[:8]}")
+    try:
+        db.sync_design_docs(load_design_docs())  # the same validation the jobs database runs
+        singles = [new_job("global", [new_step("true")]) for _ in range(docs)]
+        started = time.perf_counter()
+        for doc in singles:
+            db.save(doc)
+        single_rate = docs / (time.perf_counter() - started)
+        batch = [new_job("global", [new_step("true")]) for _ in range(docs)]
+        started = time.perf_counter()
+        db.bulk_docs(batch)
+        bulk_rate = docs / (time.perf_counter() - started)
+    finally:
+        couch.session.delete(db.url, timeout=30)
+    return RawRates(docs, single_rate, bulk_rate)
+
+
+@dataclass(frozen=True)
+class Revisions:
+    """Every revision of some documents: the winning branches, conflicts and deletions."""
+
+    total: int  # distinct revisions in the revision trees, creations included
+    conflict_leaves: int  # leaves beside the winner, live or deleted
+
+
+def all_revision_ids(db: Database, doc_id: str) -> tuple[set[str], int]:
+    """The ids of every revision in a document's tree, and how many leaves it has."""
+    resp = db.couch.session.get(db.doc_url(doc_id), timeout=30,
+                                params={"open_revs": "all", "revs": "true"})
+    if resp.status_code == 404:  # a filtered replication never brought it here
+        return set(), 0
+    resp.raise_for_status()
+    leaves = [item["ok"] for item in resp.json() if "ok" in item]
+    revs = set()
+    for leaf in leaves:
+        history = leaf.get("_revisions") or {}
+        start = history.get("start", 0)
+        revs.update(f"{start - i}-{rev}" for i, rev in enumerate(history.get("ids", [])))
+    return revs, len(leaves)
+
+
+def count_revisions(db: Database, ids: list[str]) -> Revisions:
+    total = conflicts = 0
+    for doc_id in ids:
+        revs, leaves = all_revision_ids(db, doc_id)
+        total += len(revs)
+        conflicts += leaves - 1
+    return Revisions(total, conflicts)
+
+
+def scheduling_overheads(docs: list[Doc], since: str) -> list[float]:
+    """Per step: its start minus when both it was runnable and its worker was free.
+
+    A worker is free from the end of its previous step (or from `since`, when
+    the sites were ready); the step is runnable from its job's creation. What
+    remains is the time the protocol took: feeds, claims, replication, writes.
+    """
+    starts = sorted(
+        (step["start_time"], step["winner"], step["executioner"], step["finish_time"],
+         doc["created_at"])
+        for doc in docs for step in doc["job"][:1] if step.get("start_time"))
+    free_since: dict[tuple[str, str], str] = {}
+    overheads = []
+    for start, site, worker, finish, created in starts:
+        free = free_since.get((site, worker), since)
+        overheads.append(seconds_between(max(created, free), start))
+        free_since[(site, worker)] = finish
+    return overheads
+
+
+@dataclass(frozen=True)
+class Throughput:
+    jobs: int
+    sites: int
+    workers: int
+    wall: float  # submission until every job is seen done at the submitting site
+    execution_window: float  # first creation to last step's end, from the documents
+    latency: dict[str, float]  # submit-to-start, seconds
+    overhead: dict[str, float]  # scheduling overhead, seconds (see scheduling_overheads)
+    revisions_per_step: float  # writes per step after the submission, conflicts included
+    conflict_leaves: int
+    raw: RawRates
+    cpu: dict[str, float]  # CPU seconds during the run, by role
+    jobs_ok: int
+    requests: dict[str, int]  # by sender and kind, when asked for (see ServerLog)
+
+    @property
+    def steps_per_s(self) -> float:
+        return self.jobs / self.wall
+
+    @property
+    def writes_per_s(self) -> float:
+        """Writes the jobs caused, submissions included, per second of wall time."""
+        return self.jobs * (self.revisions_per_step + 1) / self.wall
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self) | {"steps_per_s": self.steps_per_s,
+                               "writes_per_s": self.writes_per_s,
+                               "steps_per_s_in_window": self.jobs / self.execution_window,
+                               "writes_per_s_vs_single_put": self.writes_per_s
+                               / self.raw.single_put_per_s}
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {"p50": percentile(values, 50), "p95": percentile(values, 95),
+            "p99": percentile(values, 99), "max": max(values)}
+
+
+def server_logs(cluster: LocalCluster) -> list[ServerLog]:
+    return [ServerLog(site.couch_url, cluster.site_dir(name) / "couch" / "log.txt")
+            for name, site in cluster.sites.items()]
+
+
+def run_throughput(jobs: int, sites: int, workers: int, raw_docs: int,
+                   timeout: float, census: bool = False) -> Throughput:
+    with local_cluster(sites, workers) as cluster:
+        db = site_db(cluster, "global")
+        raw = raw_write_rates(db.couch, raw_docs)
+        logs = server_logs(cluster) if census else []
+        pids = cluster_pids(cluster)
+        cpu_before = {role: sum(map(cpu_seconds, p)) for role, p in pids.items()}
+        ready = utc_now()
+        started = time.monotonic()
+        ids = submit_all(db, "global", [new_step("true")], jobs)
+        docs = wait_until_done(db, ids, timeout)
+        wall = time.monotonic() - started
+        cpu = {role: sum(map(cpu_seconds, p)) - cpu_before[role] for role, p in pids.items()}
+        requests = request_census(logs)
+        revisions = count_revisions(db, ids)
+    return Throughput(
+        jobs=jobs, sites=sites, workers=workers, wall=wall,
+        execution_window=seconds_between(
+            min(d["created_at"] for d in docs),
+            max(d["job"][0]["finish_time"] for d in docs)),
+        latency=summary([seconds_between(d["created_at"], d["job"][0]["start_time"])
+                         for d in docs]),
+        overhead=summary(scheduling_overheads(docs, ready)),
+        revisions_per_step=(revisions.total - jobs) / jobs,
+        conflict_leaves=revisions.conflict_leaves,
+        raw=raw, cpu=cpu | {"wall": wall},
+        jobs_ok=sum(d["job_status"] == "success" for d in docs),
+        requests=requests,
+    )
+
+
+def throughput_table(r: Throughput) -> Table:
+    table = Table(title=f"{r.jobs} single-step `true` jobs, {r.sites} sites x {r.workers} "
+                        "workers, submitted at once at global")
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    ms = 1000.0
+    rows = [
+        ("steps/s (until all seen done at global)", f"{r.steps_per_s:.1f}"),
+        ("steps/s (first creation to last step end)",
+         f"{r.jobs / r.execution_window:.1f}"),
+        ("submit-to-start p50/p95/p99", "/".join(
+            f"{r.latency[p] * ms:.0f}" for p in ("p50", "p95", "p99")) + " ms"),
+        ("scheduling overhead p50/p95/p99", "/".join(
+            f"{r.overhead[p] * ms:.0f}" for p in ("p50", "p95", "p99")) + " ms"),
+        ("writes per step (after submission)", f"{r.revisions_per_step:.2f}"),
+        ("conflict leaves (all jobs)", str(r.conflict_leaves)),
+        ("writes/s caused by the jobs", f"{r.writes_per_s:.1f}"),
+        (f"raw single PUTs/s ({r.raw.docs} docs, same server)",
+         f"{r.raw.single_put_per_s:.1f}"),
+        (f"raw _bulk_docs docs/s ({r.raw.docs} docs)", f"{r.raw.bulk_docs_per_s:.1f}"),
+        ("job writes/s / raw single PUTs/s",
+         f"{r.writes_per_s / r.raw.single_put_per_s:.2f}"),
+        ("CPU s: servers / daemons / wall",
+         f"{r.cpu['server']:.1f} / {r.cpu['daemon']:.1f} / {r.cpu['wall']:.1f}"),
+        ("jobs ok", f"{r.jobs_ok}/{r.jobs}"),
+    ]
+    for name, value in rows:
+        table.add_row(name, value)
+    return table
+
+
+@bench.command("throughput")
+@click.option("--jobs", default=500, show_default=True, help="Single-step jobs to submit.")
+@click.option("--sites", default=3, show_default=True, help="Sites in a full mesh.")
+@click.option("--workers", default=4, show_default=True, help="Workers a site.")
+@click.option("--raw-writes", default=500, show_default=True,
+              help="Documents for the server's raw write rate.")
+@click.option("--timeout", default=600.0, show_default=True, help="Seconds to wait for jobs.")
+@click.option("--requests", "census", is_flag=True,
+              help="Also count the servers' requests by sender and kind (debug logs: slower).")
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable results.")
+def throughput_command(jobs: int, sites: int, workers: int, raw_writes: int, timeout: float,
+                       census: bool, as_json: bool) -> None:
+    """Steps per second, scheduling latency and writes per step, beside the raw write rate."""
+    result = run_throughput(jobs, sites, workers, raw_writes, timeout, census)
+    if as_json:
+        print_json(result.as_json())
+        return
+    console = Console()
+    console.print(throughput_table(result))
+    if census:
+        console.print(census_table(result.requests, result.jobs))
+
+
+def census_table(counts: dict[str, int], steps: int) -> Table:
+    table = Table(title=f"requests to all servers, per step ({sum(counts.values())} in all)")
+    table.add_column("sender and request")
+    table.add_column("per step", justify="right")
+    for kind, count in counts.items():
+        table.add_row(kind, f"{count / steps:.2f}")
+    table.add_row("all", f"{sum(counts.values()) / steps:.2f}")
+    return table
+
+
+# --- bench replication ----------------------------------------------------------------------
+
+
+def parse_site_range(text: str) -> list[int]:
+    """"2..5" -> [2, 3, 4, 5]; "3" -> [3]; "2,4" -> [2, 4]."""
+    try:
+        if ".." in text:
+            low, high = (int(part) for part in text.split("..", 1))
+            counts = list(range(low, high + 1))
+        else:
+            counts = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: use N, N..M or N,M,...") from None
+    if not counts or min(counts) < 2:
+        raise click.BadParameter(f"{text!r}: replication needs at least 2 sites")
+    return counts
+
+
+@dataclass(frozen=True)
+class ReplicationRow:
+    topology: str
+    sites: int
+    jobs: int
+    steps: int
+    revisions_per_job: float  # distinct revisions written at their origin, per job
+    replicated_per_job: float  # revisions written into a site by replication, per job
+    replication_requests_per_job: float
+    replication_kib_per_job: float  # request bodies the replicators sent
+    makespan: float
+
+    @property
+    def replicated_per_step(self) -> float:
+        return self.replicated_per_job / self.steps
+
+    @property
+    def thesis_per_step(self) -> int:
+        """The thesis's 4.3 estimate for a full mesh: 4 (N - 1)^2 documents per step."""
+        return 4 * (self.sites - 1) ** 2
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self) | {"replicated_per_step": self.replicated_per_step,
+                               "thesis_per_step": self.thesis_per_step}
+
+
+def replication_jobs(sites: list[str], count: int, step_seconds: float) -> list[list[Doc]]:
+    """Half the jobs may run anywhere, half are bound to one site (round robin)."""
+    command = f"sleep {step_seconds}"
+    jobs = []
+    for index in range(count):
+        target = "any" if index % 2 == 0 else sites[(index // 2) % len(sites)]
+        jobs.append([new_step(command, target=target) for _ in range(3)])
+    return jobs
+
+
+def update_seqs(dbs: dict[str, Database]) -> dict[str, int]:
+    # pouchdb-server's seqs are integers: one per revision written, _local docs excluded.
+    return {name: int(db.info()["update_seq"]) for name, db in dbs.items()}
+
+
+def wait_until_quiet(dbs: dict[str, Database], quiet: float = 1.5,
+                     timeout: float = 60.0) -> dict[str, int]:
+    """The update seqs once no site has written anything for `quiet` seconds."""
+    deadline = time.monotonic() + timeout
+    last, since = update_seqs(dbs), time.monotonic()
+    while time.monotonic() - since < quiet and time.monotonic() < deadline:
+        time.sleep(0.25)
+        now = update_seqs(dbs)
+        if now != last:
+            last, since = now, time.monotonic()
+    return last
+
+
+def distinct_revisions(dbs: dict[str, Database], ids: list[str]) -> int:
+    """Revisions in the union of every site's trees: each was written once, at its origin."""
+    total = 0
+    for doc_id in ids:
+        union: set[str] = set()
+        for db in dbs.values():
+            union |= all_revision_ids(db, doc_id)[0]
+        total += len(union)
+    return total
+
+
+def submit_jobs(db: Database, jobs: list[list[Doc]]) -> list[str]:
+    docs = [new_job("global", steps) for steps in jobs]
+    db.bulk_docs(docs)
+    return [doc["_id"] for doc in docs]
+
+
+def run_replication(topology: str, count: int, jobs: int, step_seconds: float,
+                    workers: int) -> ReplicationRow:
+    with local_cluster(count, workers, topology) as cluster:
+        dbs = {name: site_db(cluster, name) for name in cluster.sites}
+        logs = server_logs(cluster)
+        before = update_seqs(dbs)
+        started = time.monotonic()
+        ids = submit_jobs(dbs["global"], replication_jobs(list(cluster.sites), jobs,
+                                                          step_seconds))
+        wait_until_done(dbs["global"], ids, timeout=300)
+        makespan = time.monotonic() - started
+        after = wait_until_quiet(dbs)
+        revisions = distinct_revisions(dbs, ids)
+        replicator = [r for log in logs for r in log.requests_since_start()
+                      if r.agent.startswith(REPLICATOR_AGENT)]
+    written = sum(after.values()) - sum(before.values())
+    return ReplicationRow(
+        topology=topology, sites=count, jobs=jobs, steps=3,
+        revisions_per_job=revisions / jobs,
+        replicated_per_job=(written - revisions) / jobs,
+        replication_requests_per_job=len(replicator) / jobs,
+        replication_kib_per_job=sum(r.body_bytes for r in replicator) / 1024 / jobs,
+        makespan=makespan,
+    )
+
+
+def replication_table(topology: str, rows: list[ReplicationRow]) -> Table:
+    table = Table(title=f"replication, {topology}: documents written by replication "
+                        "(the thesis's 4.3 estimate: 4(N-1)^2 a step, full mesh)")
+    for column in ("sites", "revs/job", "replicated/job", "replicated/step",
+                   "thesis/step", "measured/thesis", "repl. requests/job",
+                   "repl. KiB sent/job", "makespan"):
+        table.add_column(column, justify="right")
+    for row in rows:
+        table.add_row(
+            str(row.sites), f"{row.revisions_per_job:.1f}", f"{row.replicated_per_job:.1f}",
+            f"{row.replicated_per_step:.1f}", str(row.thesis_per_step),
+            f"{row.replicated_per_step / row.thesis_per_step:.2f}",
+            f"{row.replication_requests_per_job:.1f}", f"{row.replication_kib_per_job:.1f}",
+            f"{row.makespan:.1f} s",
+        )
+    return table
+
+
+@bench.command("replication")
+@click.option("--sites", "site_range", default="2..5", show_default=True,
+              help="Site counts: N, N..M or N,M,...")
+@click.option("--topology", "topologies", multiple=True, type=click.Choice(TOPOLOGIES),
+              help="Repeat for several; default: all three.")
+@click.option("--jobs", default=12, show_default=True,
+              help="3-step jobs: half run anywhere, half on one site.")
+@click.option("--step-seconds", default=0.2, show_default=True)
+@click.option("--workers", default=2, show_default=True, help="Workers a site.")
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable results.")
+def replication_command(site_range: str, topologies: tuple[str, ...], jobs: int,
+                        step_seconds: float, workers: int, as_json: bool) -> None:
+    """Documents moved by replication per job as the number of sites grows."""
+    counts = parse_site_range(site_range)
+    results = {topology: [run_replication(topology, count, jobs, step_seconds, workers)
+                          for count in counts]
+               for topology in topologies or TOPOLOGIES}
+    if as_json:
+        print_json({t: [row.as_json() for row in rows] for t, rows in results.items()})
+        return
+    console = Console()
+    for topology, rows in results.items():
+        console.print(replication_table(topology, rows))
+
+
+# --- bench memory ---------------------------------------------------------------------------
+
+
+def finished_job(creator: str, steps: int) -> Doc:
+    """A job as it looks once every step ran: history, times and outputs filled in."""
+    doc = new_job(creator, [new_step("true") for _ in range(steps)])
+    now = doc["created_at"]
+    ctx = core.Context(creator, now)
+    outcome = StepResult(ok=True, used_alt=False, exit_code=0, attempts=1, exec_time=0.01,
+                         start_time=now, finish_time=now, stdout="", stderr="",
+                         reason="exit 0")
+    for _ in range(steps):
+        core.start(ctx, f"{creator}/w0", assign=True)(doc)
+        core.record_outcome(ctx, f"{creator}/w0", outcome)(doc)
+    return doc
+
+
+def fill(db: Database, count: int, steps: int, chunk: int = 500) -> None:
+    for start in range(0, count, chunk):
+        db.bulk_docs([finished_job("global", steps) for _ in range(min(chunk, count - start))])
+
+
+def wait_caught_up(db: Database, site: str, pid: int, seq: int, timeout: float) -> float:
+    """Seconds until the daemon has read the whole feed.
+
+    Its checkpoint (saved every 2 s) reaching `seq` proves it; but the
+    checkpoint may stop short of the last change (see docs/performance.md),
+    so a checkpointed daemon idle for 2 s (under 2% of a core) counts too:
+    finished jobs give it nothing else to do.
+    """
+    started = time.monotonic()
+    idle_since, cpu = started, cpu_seconds(pid)
+    while time.monotonic() - started < timeout:
+        time.sleep(0.25)
+        saved = db.get_local(f"jobdist-checkpoint-{site}")
+        now, used = time.monotonic(), cpu_seconds(pid)
+        if used - cpu > 0.005:
+            idle_since, cpu = now, used
+        if saved is not None and (int(saved["seq"]) >= seq or now - idle_since >= 2.0):
+            return idle_since - started
+    raise click.ClickException(f"the daemon did not read {seq} changes in {timeout} s")
+
+
+@dataclass(frozen=True)
+class Memory:
+    jobs: int
+    ready_s: float  # restart until the daemon said it was ready
+    caught_up_s: float  # ready until its checkpoint passed every job
+    rss_mib: float  # once caught up
+    peak_mib: float  # VmHWM: the most it ever held
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def run_memory(jobs: int, steps: int, timeout: float) -> Memory:
+    with local_cluster(1, 2) as cluster:
+        db = site_db(cluster, "global")
+        cluster.daemon_proc("global").stop()
+        fill(db, jobs, steps)
+        seq = int(db.last_seq())
+        started = time.monotonic()
+        cluster.start_daemon("global")  # a restart reads the whole feed and recovers
+        ready = time.monotonic() - started
+        pid = cluster.daemon_proc("global").pid
+        caught_up = wait_caught_up(db, "global", pid, seq, timeout)
+        memory = memory_kib(pid)
+    return Memory(jobs, ready, caught_up, memory["VmRSS"] / 1024, memory["VmHWM"] / 1024)
+
+
+@bench.command("memory")
+@click.option("--jobs", default=10_000, show_default=True, help="Finished jobs to pre-fill.")
+@click.option("--steps", default=3, show_default=True, help="Steps per job.")
+@click.option("--timeout", default=600.0, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable results.")
+def memory_command(jobs: int, steps: int, timeout: float, as_json: bool) -> None:
+    """A daemon's memory after a restart on a database of finished jobs."""
+    result = run_memory(jobs, steps, timeout)
+    if as_json:
+        print_json(result.as_json())
+        return
+    table = Table(title=f"one site daemon restarted on {jobs} finished {steps}-step jobs")
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    table.add_row("restart to ready", f"{result.ready_s:.1f} s")
+    table.add_row("ready to feed caught up", f"{result.caught_up_s:.1f} s")
+    table.add_row("RSS once caught up", f"{result.rss_mib:.1f} MiB")
+    table.add_row("peak RSS (VmHWM)", f"{result.peak_mib:.1f} MiB")
+    Console().print(table)

@@ -1,0 +1,180 @@
+"""`jobdist bench`: each subcommand at a tiny size on real local sites, and its helpers.
+
+No timed assertions: the machine is shared, so only the shape of the output
+and the arithmetic between its parts are checked.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from jobdist.bench import (
+    RawRates,
+    ReplicationRow,
+    Request,
+    Throughput,
+    bench,
+    census_table,
+    parse_requests,
+    parse_site_range,
+    percentile,
+    replication_table,
+    request_kind,
+    scheduling_overheads,
+    throughput_table,
+)
+
+LOG_SAMPLE = """\
+[Sun, 22 Nov 2026 01:11:42 GMT] [info] [<0.000.0>] 127.0.0.1 - - PUT /_config/log/level 200
+[Sun, 22 Nov 2026 01:11:42 GMT] [debug] [<0.000.0>] 'POST' /jobs/_bulk_docs {1,1} from "127.0.0.1"
+Headers: [{'Accept', application/json},
+          {'Content-Length', 717},
+          {'User-Agent', node-fetch/1.0 (+https://github.com/bitinn/node-fetch)}
+[Sun, 22 Nov 2026 01:11:42 GMT] [info] [<0.000.0>] 127.0.0.1 - - POST /jobs/_bulk_docs 201
+[Sun, 22 Nov 2026 01:11:42 GMT] [debug] [<0.000.0>] 'GET' /jobs/j1?open_revs=all {1,1} from "::1"
+Headers: [{'Accept', */*},
+          {'User-Agent', python-requests/2.34.2}
+"""
+
+
+def run_json(*args: str) -> Any:
+    result = CliRunner().invoke(bench, [*args, "--json"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output)
+
+
+def rendered(table: Any) -> str:
+    from rich.console import Console
+
+    console = Console(width=200, record=True)
+    console.print(table)
+    return console.export_text()
+
+
+# --- helpers -------------------------------------------------------------------------------
+
+
+def test_percentile_is_a_measured_value() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert percentile(values, 50) == 50.0
+    assert percentile(values, 95) == 95.0
+    assert percentile(values, 99) == 99.0
+    assert percentile([3.0], 99) == 3.0
+
+
+def test_site_range() -> None:
+    assert parse_site_range("2..5") == [2, 3, 4, 5]
+    assert parse_site_range("3") == [3]
+    assert parse_site_range("2,4") == [2, 4]
+    for bad in ("1..3", "x", ""):
+        with pytest.raises(click.BadParameter):
+            parse_site_range(bad)
+
+
+def test_server_log_entries_and_kinds() -> None:
+    found = parse_requests(LOG_SAMPLE)
+    assert found == [
+        Request("POST", "/jobs/_bulk_docs", "node-fetch/1.0 (+https://github.com/bitinn/node-fetch)",
+                717),
+        Request("GET", "/jobs/j1?open_revs=all", "python-requests/2.34.2", 0),
+    ]
+    assert [request_kind(r) for r in found] == [
+        "replicator POST /jobs/_bulk_docs", "jobdist GET /jobs/{doc} open_revs"]
+    assert request_kind(Request("PUT", "/jobs/_local/abc%3D", "node-fetch/1.0", 9)) == (
+        "replicator PUT /jobs/_local/{local}")
+
+
+def test_scheduling_overhead_counts_from_runnable_and_free() -> None:
+    def job(created: str, start: str, finish: str, worker: str) -> dict[str, Any]:
+        step = {"start_time": start, "finish_time": finish, "winner": "a",
+                "executioner": worker}
+        return {"created_at": created, "job": [step]}
+
+    t = "2026-01-01T00:00:0{}.000000Z".format
+    docs = [job(t(0), t(1), t(3), "a/w0"),  # worker free since 0: waited 1 s
+            job(t(0), t(4), t(5), "a/w0")]  # worker busy until 3: waited 1 s after that
+    assert scheduling_overheads(docs, since=t(0)) == [1.0, 1.0]
+
+
+def test_tables_render() -> None:
+    row = ReplicationRow("mesh", 3, 4, 3, 9.0, 18.0, 40.0, 12.5, 2.0)
+    assert row.replicated_per_step == 6.0 and row.thesis_per_step == 16
+    assert "0.38" in rendered(replication_table("mesh", [row]))
+    spread = {"p50": 0.1, "p95": 0.2, "p99": 0.3, "max": 0.4}
+    result = Throughput(10, 2, 2, 2.0, 1.5, spread, spread, 3.0, 1, RawRates(50, 200.0, 2000.0),
+                        {"server": 1.0, "daemon": 0.5, "wall": 2.0}, 10, {"replicator GET /": 5})
+    assert result.steps_per_s == 5.0 and result.writes_per_s == 20.0
+    assert "100/200/300 ms" in rendered(throughput_table(result))
+    assert "0.50" in rendered(census_table(result.requests, 10))
+
+
+# --- the subcommands on real local sites -------------------------------------------------------
+
+
+@pytest.mark.e2e
+def test_bench_is_a_jobdist_command() -> None:
+    from jobdist.cli import main
+
+    result = CliRunner().invoke(main, ["bench", "--help"])
+    assert result.exit_code == 0
+    for command in ("thesis", "throughput", "replication", "memory"):
+        assert command in result.output
+
+
+@pytest.mark.e2e
+def test_thesis_scenario_one() -> None:
+    out = run_json("thesis", "--step-seconds", "0.1", "--only", "1:")
+    assert out["step_seconds"] == 0.1
+    [row] = out["scenarios"]
+    assert row["scenario"].startswith("1:") and row["problems"] == []
+    assert row["jobs_ok"] == row["jobs"] == 1
+    assert row["makespan"] >= row["ideal"] == pytest.approx(0.3)
+    assert row["ratio_ideal"] == pytest.approx(row["makespan"] / row["ideal"])
+    assert row["ratio_thesis"] == pytest.approx(row["makespan"] / row["thesis_optimum"])
+    assert 1 <= row["revisions_min"] <= row["revisions_max"]
+    assert row["revisions_per_step_max"] == pytest.approx((row["revisions_max"] - 1) / 3)
+
+
+@pytest.mark.e2e
+def test_throughput_small() -> None:
+    out = run_json("throughput", "--jobs", "20", "--sites", "2", "--workers", "2",
+                   "--raw-writes", "50")
+    assert out["jobs_ok"] == out["jobs"] == 20
+    assert out["steps_per_s"] == pytest.approx(20 / out["wall"])
+    assert 0 < out["latency"]["p50"] <= out["latency"]["p95"] <= out["latency"]["p99"]
+    assert 0 <= out["overhead"]["p50"] <= out["overhead"]["p99"]
+    # A step is at least its start and its end; each job has one step.
+    assert out["revisions_per_step"] >= 2
+    assert out["raw"]["single_put_per_s"] > 0 and out["raw"]["bulk_docs_per_s"] > 0
+    assert out["writes_per_s_vs_single_put"] == pytest.approx(
+        out["writes_per_s"] / out["raw"]["single_put_per_s"])
+    assert out["cpu"]["server"] > 0
+
+
+@pytest.mark.e2e
+def test_replication_mesh_two_and_three_sites() -> None:
+    out = run_json("replication", "--sites", "2..3", "--topology", "mesh", "--jobs", "4",
+                   "--step-seconds", "0.05")
+    rows = out["mesh"]
+    assert [row["sites"] for row in rows] == [2, 3]
+    for row in rows:
+        # The creation, each start (chained to the previous end) and the last end.
+        assert row["revisions_per_job"] >= 1 + 3 + 1
+        # Every other site gets at least the final revision, at most every revision
+        # (ones superseded before the replicator reads them travel as history only).
+        others = row["sites"] - 1
+        assert others <= row["replicated_per_job"] <= others * row["revisions_per_job"]
+        assert row["thesis_per_step"] == 4 * (row["sites"] - 1) ** 2
+        assert row["replication_requests_per_job"] > 0
+
+
+@pytest.mark.e2e
+def test_memory_small() -> None:
+    out = run_json("memory", "--jobs", "200", "--timeout", "60")
+    assert out["jobs"] == 200
+    assert 0 < out["rss_mib"] <= out["peak_mib"]
