@@ -19,23 +19,20 @@ from types import FrameType
 from .admin import AdminServer
 from .config import SiteConfig
 from .couch import Couch, Database
-from .design import load_design_docs
 from .keepalive import KeepAlive
 from .listener import Listener, load_checkpoint
 from .manager import Manager
 from .retention import PeriodicCleanup, parse_duration
+from .setup import setup_database
 
 log = logging.getLogger("jobdist.daemon")
 
 
 def open_site_database(config: SiteConfig) -> Database:
     """The site's jobs database, created with our design documents if need be."""
+    setup_database(config, report=lambda line: log.info("setup %s", line))
     couch = Couch(config.couch_url, user=config.user, password=config.password)
-    db = couch.ensure_database(config.database)
-    written = db.sync_design_docs(load_design_docs())
-    if written:
-        log.info("design documents updated site=%s ids=%s", config.name, ",".join(written))
-    return db
+    return couch.database(config.database)
 
 
 class Daemon:

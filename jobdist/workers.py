@@ -419,20 +419,7 @@ class _StepRun:
 
     def _cancelled_before_start(self) -> StepResult:
         logger.info("step cancelled before its first attempt %s", self._log)
-        now = utc_now_iso()
-        return StepResult(
-            ok=False,
-            used_alt=False,
-            exit_code=None,
-            attempts=0,
-            exec_time=0.0,
-            start_time=now,
-            finish_time=now,
-            stdout="",
-            stderr="",
-            reason="cancelled before start",
-            cancelled=True,
-        )
+        return _not_run("cancelled before start", 0.0, cancelled=True)
 
 
 def run_step(
@@ -717,19 +704,16 @@ def _describe(execution: Execution, now: float) -> dict[str, Any]:
 
 
 def _crashed_result(execution: Execution, error: Exception) -> StepResult:
+    return _not_run(f"worker error: {type(error).__name__}: {error}",
+                    time.monotonic() - execution.started_at)
+
+
+def _not_run(reason: str, exec_time: float, *, cancelled: bool = False) -> StepResult:
+    """A result for a step whose command never ran to an exit code."""
     now = utc_now_iso()
-    return StepResult(
-        ok=False,
-        used_alt=False,
-        exit_code=None,
-        attempts=0,
-        exec_time=time.monotonic() - execution.started_at,
-        start_time=now,
-        finish_time=now,
-        stdout="",
-        stderr="",
-        reason=f"worker error: {type(error).__name__}: {error}",
-    )
+    return StepResult(ok=False, used_alt=False, exit_code=None, attempts=0,
+                      exec_time=exec_time, start_time=now, finish_time=now,
+                      stdout="", stderr="", reason=reason, cancelled=cancelled)
 
 
 def kill_orphans(site: str, couch: str) -> list[int]:
