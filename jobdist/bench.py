@@ -45,6 +45,7 @@ from .scenarios import (
     wait_until_done,
     write_sites,
 )
+from .setup import admin_couch_of
 from .workers import StepResult
 
 TOPOLOGIES = ("mesh", "star", "filtered")
@@ -154,9 +155,10 @@ class ServerLog:
     not logged, so `_changes` and `_bulk_get` answers are not in the bytes.
     """
 
-    def __init__(self, server_url: str, path: Path) -> None:
+    def __init__(self, server_url: str, path: Path,
+                 admin: tuple[str, str] | None = None) -> None:
         self.path = path
-        requests.put(f"{server_url}/_config/log/level", json="debug",
+        requests.put(f"{server_url}/_config/log/level", json="debug", auth=admin,
                      timeout=10).raise_for_status()
         self.offset = path.stat().st_size if path.exists() else 0
 
@@ -412,7 +414,8 @@ def summary(values: list[float]) -> dict[str, float]:
 
 
 def server_logs(cluster: LocalCluster) -> list[ServerLog]:
-    return [ServerLog(site.couch_url, cluster.site_dir(name) / "couch" / "log.txt")
+    return [ServerLog(site.couch_url, cluster.site_dir(name) / "couch" / "log.txt",
+                      (site.admin_user, site.admin_password or "") if site.admin_user else None)
             for name, site in cluster.sites.items()]
 
 
@@ -420,7 +423,7 @@ def run_throughput(jobs: int, sites: int, workers: int, raw_docs: int,
                    timeout: float, census: bool = False) -> Throughput:
     with local_cluster(sites, workers) as cluster:
         db = site_db(cluster, "global")
-        raw = raw_write_rates(db.couch, raw_docs)
+        raw = raw_write_rates(admin_couch_of(cluster.sites["global"]), raw_docs)
         logs = server_logs(cluster) if census else []
         pids = cluster_pids(cluster)
         cpu_before = {role: sum(map(cpu_seconds, p)) for role, p in pids.items()}

@@ -124,8 +124,8 @@ def explain_couch_error(error: CouchError, site: SiteConfig | None) -> str:
         return (f"cannot reach {where}: {cause} (is it running? "
                 "`jobdist cluster status` shows the local sites)")
     if error.status == 401:
-        return (f"{text} (check the site's credentials: user and password in its config, "
-                "or $JOBDIST_COUCH_USER and $JOBDIST_COUCH_PASSWORD)")
+        return (f"{text} (check the site's credentials: the file its config's "
+                "couch.credentials names, or $JOBDIST_COUCH_USER and $JOBDIST_COUCH_PASSWORD)")
     if isinstance(error, NotFound) and (
         "Database does not exist" in text or "no_db_file" in text
         or error.reason in ("missing", "deleted", "missing_named_view")
@@ -1031,6 +1031,46 @@ def setup(sites_dir: Path, only: tuple[str, ...]) -> None:
     if problems:
         sys.exit(EXIT_JOB_NOT_OK)
     click.echo(f"setup: {changes} changes" if changes else "setup: nothing to change")
+
+
+@main.command()
+@sites_option
+@click.option("--compose-env", "compose_env", type=click.Path(path_type=Path),
+              help="Also write docker-compose's variables (passwords, admin token) to this "
+                   "env file, e.g. .env.")
+def secrets(sites_dir: Path, compose_env: Path | None) -> None:
+    """Write the credentials files the site configs name and nobody has written yet
+    (random passwords, mode 600); existing ones are kept. `jobdist cluster up` does
+    this by itself."""
+    from jobdist.cluster import ensure_credentials
+
+    sites = load_site_configs(sites_dir)
+    missing = [path for site in sites.values()
+               for path in (site.credentials, site.admin_credentials)
+               if path is not None and not path.exists()]
+    ensure_credentials(sites, sites_dir)
+    for path in dict.fromkeys(missing):
+        click.echo(f"wrote {path}")
+    if compose_env is not None:
+        write_compose_env(compose_env, list(sites))
+        click.echo(f"wrote {compose_env}")
+    if not missing and compose_env is None:
+        click.echo("secrets: nothing to write")
+
+
+def write_compose_env(path: Path, site_names: list[str]) -> None:
+    """docker-compose's secrets as an env file only its owner reads; never overwritten."""
+    import os
+    import secrets as random_secrets
+
+    if path.exists():
+        raise CliError(f"{path} exists already: it holds the deployment's secrets, "
+                       "and new ones would lock the sites out")
+    names = ["COUCHDB_PASSWORD", "JOBDIST_ADMIN_TOKEN",
+             *(f"JOBDIST_PASSWORD_{name.upper()}" for name in site_names)]
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as file:
+        file.writelines(f"{name}={random_secrets.token_urlsafe(24)}\n" for name in names)
 
 
 def site_error(error: CouchError, site: SiteConfig) -> str:

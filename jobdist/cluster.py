@@ -4,7 +4,10 @@
 the site's port and a `jobdist site run` daemon, both in sessions of their
 own so they outlive the command; sets up continuous replication from every
 site to each of its peers (so every pair of peers replicates both ways);
-and returns when every daemon says it is ready. Pids and logs live under a
+and returns when every daemon says it is ready. Security is on: the
+credentials files the configs name are generated when missing (random
+passwords, mode 600), each server gets its admin, and setup creates the
+site users and locks the jobs databases to them. Pids and logs live under a
 state directory; `down` stops exactly the processes recorded there, after
 checking that each pid is still the process we started.
 """
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -21,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import SiteConfig, load_sites
+from .config import SiteConfig, load_sites, write_credentials
 from .localserver import LocalServer, answers
 from .setup import setup_sites
 
@@ -83,6 +87,7 @@ class LocalCluster:
             raise ClusterError(f"a cluster is already up (state in {self.state_dir}); "
                                "run `jobdist cluster down` first")
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.sites = ensure_credentials(self.sites, self.sites_dir)
         state: dict[str, Any] = {"sites_dir": str(self.sites_dir.resolve()), "sites": {}}
         try:
             for site in self.sites.values():
@@ -96,6 +101,13 @@ class LocalCluster:
         except BaseException:
             self.down()
             raise
+
+    def __enter__(self) -> LocalCluster:
+        self.up()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.down()
 
     def down(self) -> list[str]:
         """Stop every process recorded in the state directory; what was stopped."""
@@ -137,6 +149,8 @@ class LocalCluster:
         (data / "server.pid").unlink(missing_ok=True)
         args = [sys.executable, "-m", "jobdist.localserver", "--port", str(site.port),
                 "--dir", str(data), *(["--in-memory"] if self.in_memory else [])]
+        if site.admin_credentials is not None:
+            args += ["--admin-credentials", str(site.admin_credentials)]
         with open(data / "supervisor.log", "ab") as log:
             process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                        start_new_session=True)
@@ -155,7 +169,8 @@ class LocalCluster:
         """The pid of the site's pouchdb-server itself (its supervisor writes it)."""
         return int((self.site_dir(name) / "couch" / "server.pid").read_text())
 
-    def _start_daemon(self, site: SiteConfig) -> dict[str, Any]:
+    def _start_daemon(self, site: SiteConfig,
+                      env: dict[str, str] | None = None) -> dict[str, Any]:
         directory = self.site_dir(site.name)
         ready = directory / "ready"
         ready.unlink(missing_ok=True)
@@ -164,17 +179,32 @@ class LocalCluster:
                 "--sites", str(self.sites_dir), "--ready-file", str(ready),
                 "--log-file", str(directory / "daemon.log")]
         process = subprocess.Popen(args, stdin=subprocess.DEVNULL,
+                                   env={**os.environ, **(env or {})},
                                    stdout=subprocess.DEVNULL,
                                    stderr=open(directory / "daemon.err", "ab"),  # noqa: SIM115
                                    start_new_session=True)
         return Proc.of(process.pid).__dict__
 
-    def start_daemon(self, name: str) -> None:
-        """(Re)start one site's daemon, e.g. after a crash test killed it."""
+    def start_daemon(self, name: str, env: dict[str, str] | None = None) -> None:
+        """(Re)start one site's daemon, e.g. after a crash test killed it; `env` adds
+        to its environment (the fault suite skews a clock with JOBDIST_CLOCK_OFFSET)."""
         state = self._load()
-        state["sites"][name]["daemon"] = self._start_daemon(self.sites[name])
+        state["sites"][name]["daemon"] = self._start_daemon(self.sites[name], env)
         self._save(state)
         self._wait_ready(60.0, only=name)
+
+    def stop_site(self, name: str) -> None:
+        """Stop a site's daemon and its server (the supervisor too): the site is down."""
+        procs = self._load()["sites"][name]
+        for role in ("daemon", "server"):
+            Proc(**procs[role]).stop()
+
+    def start_site(self, name: str) -> None:
+        """Start a stopped site's server again, then its daemon."""
+        state = self._load()
+        state["sites"][name]["server"] = self._start_server(self.sites[name])
+        self._save(state)
+        self.start_daemon(name)
 
     def daemon_proc(self, name: str) -> Proc:
         return Proc(**self._load()["sites"][name]["daemon"])
@@ -207,6 +237,19 @@ class LocalCluster:
 
     def _save(self, state: dict[str, Any]) -> None:
         self.state_file.write_text(json.dumps(state, indent=2))
+
+
+def ensure_credentials(sites: dict[str, SiteConfig], sites_dir: Path) -> dict[str, SiteConfig]:
+    """Write the credentials files the site configs name but nobody has written yet
+    (a user per site, one admin), then read the configs again to pick them up."""
+    written = False
+    for site in sites.values():
+        wanted = ((site.credentials, f"jobdist_{site.name}"), (site.admin_credentials, "admin"))
+        for path, user in wanted:
+            if path is not None and not path.exists():
+                write_credentials(path, user, secrets.token_urlsafe(24))
+                written = True
+    return load_sites(sites_dir) if written else sites
 
 
 def _describe(proc: dict[str, Any] | None) -> str:

@@ -7,10 +7,16 @@
     [replication]
     filtered = false                   # push to peers only the jobs that concern them
     relay = false                      # a hub: peers push everything here to pass on
+    peer_urls = { reg_b = "https://gw.example:6984" }   # reach a peer elsewhere than its url
 
     [couch]
-    url = "http://127.0.0.1:5985"      # credentials: user/password keys, the URL,
-    database = "jobs"                  # or $JOBDIST_COUCH_USER / $JOBDIST_COUCH_PASSWORD
+    url = "http://127.0.0.1:5985"
+    database = "jobs"
+    credentials = "../.jobdist/secrets/reg_a.toml"      # the site's user (daemon, replications)
+    admin_credentials = "../.jobdist/secrets/admin.toml"  # only `jobdist setup` uses it
+
+    [commands]
+    allow = ['rsync .*', '/opt/backup/bin/[a-z-]+( .*)?']  # regexes a command must fully match
 
     [keepalive]
     period = 5.0                       # seconds between keep-alive passes
@@ -32,13 +38,24 @@
     port = 7984                        # the daemon's HTTP endpoint; none when unset
     host = "127.0.0.1"
     token = "..."                      # or $JOBDIST_ADMIN_TOKEN; required for every POST
+
+Credentials files are TOML (`user = "..."`, `password = "..."`), relative paths
+are read from the config file's directory, and a file that others may read is
+refused. The environment overrides the files: $JOBDIST_COUCH_USER_REG_A and
+$JOBDIST_COUCH_PASSWORD_REG_A for site reg_a, else $JOBDIST_COUCH_USER and
+$JOBDIST_COUCH_PASSWORD (and the same with JOBDIST_COUCH_ADMIN_ for the admin).
+A password never appears in a repr, a log line or an error.
+Without `[commands] allow` a site runs any command; with it, only those that
+fully match one of the patterns.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import stat
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,10 +75,16 @@ class SiteConfig:
     database: str = "jobs"
     user: str | None = None
     password: str | None = field(default=None, repr=False)
+    credentials: Path | None = None
+    admin_credentials: Path | None = None
+    admin_user: str | None = None
+    admin_password: str | None = field(default=None, repr=False)
+    allowed_commands: tuple[re.Pattern[str], ...] | None = None
     workers: int = 2
     peers: tuple[str, ...] = ()
     filtered: bool = False
     relay: bool = False
+    peer_urls: Mapping[str, str] = field(default_factory=dict, hash=False)
     keepalive_period: float = 5.0
     keepalive_stale_after: float = 30.0
     booking_timeout: float = 60.0
@@ -80,6 +103,12 @@ class SiteConfig:
     @property
     def port(self) -> int:
         return urlsplit(self.couch_url).port or 5984
+
+    def allows(self, command: str) -> bool:
+        """May this site run `command` (its `[commands] allow` list, if any)?"""
+        if self.allowed_commands is None:
+            return True
+        return any(pattern.fullmatch(command) for pattern in self.allowed_commands)
 
 
 def load_site(path: Path | str) -> SiteConfig:
@@ -137,16 +166,26 @@ def _site_from(raw: dict[str, Any], path: Path) -> SiteConfig:
     if workers < 0:
         raise ValueError("workers must be >= 0")
     _check_lease(raw.get("daemon", {}))
+    credentials = _path_setting(couch, "credentials", path)
+    admin_credentials = _path_setting(couch, "admin_credentials", path)
+    user, password = _login(couch, credentials, "JOBDIST_COUCH", name)
+    admin_user, admin_password = _login({}, admin_credentials, "JOBDIST_COUCH_ADMIN", name)
     return SiteConfig(
         name=name,
         couch_url=str(couch["url"]),
         database=str(couch.get("database", "jobs")),
-        user=couch.get("user") or os.environ.get("JOBDIST_COUCH_USER"),
-        password=couch.get("password") or os.environ.get("JOBDIST_COUCH_PASSWORD"),
+        user=user,
+        password=password,
+        credentials=credentials,
+        admin_credentials=admin_credentials,
+        admin_user=admin_user,
+        admin_password=admin_password,
+        allowed_commands=_allow_list(raw.get("commands", {})),
         workers=workers,
         peers=tuple(raw.get("peers", ())),
         filtered=bool(replication.get("filtered", False)),
         relay=bool(replication.get("relay", False)),
+        peer_urls={str(k): str(v) for k, v in replication.get("peer_urls", {}).items()},
         keepalive_period=float(keepalive.get("period", 5.0)),
         keepalive_stale_after=float(keepalive.get("stale_after", 30.0)),
         booking_timeout=float(daemon.get("booking_timeout", 60.0)),
@@ -163,6 +202,71 @@ def _site_from(raw: dict[str, Any], path: Path) -> SiteConfig:
         admin_token=admin.get("token") or os.environ.get("JOBDIST_ADMIN_TOKEN"),
         path=path,
     )
+
+
+def _path_setting(section: dict[str, Any], key: str, config_path: Path) -> Path | None:
+    if key not in section:
+        return None
+    value = Path(str(section[key])).expanduser()
+    return value if value.is_absolute() else config_path.parent / value
+
+
+def _login(couch: dict[str, Any], credentials: Path | None, env_prefix: str,
+           site: str) -> tuple[str | None, str | None]:
+    """(user, password): the environment (PREFIX_USER_SITE before PREFIX_USER), else the
+    credentials file, else inline keys."""
+    user, password = couch.get("user"), couch.get("password")
+    if credentials is not None and credentials.exists():
+        user, password = read_credentials(credentials)
+    return (_env(f"{env_prefix}_USER", site) or user,
+            _env(f"{env_prefix}_PASSWORD", site) or password)
+
+
+def _env(name: str, site: str) -> str | None:
+    return os.environ.get(f"{name}_{site.upper()}") or os.environ.get(name)
+
+
+def read_credentials(path: Path) -> tuple[str, str]:
+    """A credentials file's (user, password); refused when others may read it."""
+    mode = path.stat().st_mode
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise ValueError(f"credentials file {path} may be read by others (mode "
+                         f"{stat.S_IMODE(mode):o}): run `chmod 600 {path}`")
+    try:
+        raw = tomllib.loads(path.read_text())
+        return str(raw["user"]), str(raw["password"])
+    except (OSError, tomllib.TOMLDecodeError, KeyError) as error:
+        # Never echo the file: it holds a password.
+        raise ValueError(f"credentials file {path} must hold `user` and `password` "
+                         f"({type(error).__name__})") from None
+
+
+def write_credentials(path: Path, user: str, password: str) -> None:
+    """Write a credentials file only its owner can read, in a directory only it can enter."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as file:
+        file.write(f"user = {_toml_string(user)}\npassword = {_toml_string(password)}\n")
+    os.chmod(path, 0o600)  # an existing file keeps its mode through O_CREAT
+
+
+def _toml_string(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _allow_list(commands: dict[str, Any]) -> tuple[re.Pattern[str], ...] | None:
+    if "allow" not in commands:
+        return None
+    patterns = commands["allow"]
+    if not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
+        raise ValueError("commands.allow must be a list of regular expressions")
+    compiled = []
+    for pattern in patterns:
+        try:
+            compiled.append(re.compile(pattern))
+        except re.error as error:
+            raise ValueError(f"commands.allow: bad pattern {pattern!r}: {error}") from None
+    return tuple(compiled)
 
 
 def _check_lease(daemon: dict[str, Any]) -> None:

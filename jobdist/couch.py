@@ -171,6 +171,13 @@ class Couch:
             self._apache = "couchdb" in self.info()
         return self._apache
 
+    def session_user(self) -> str | None:
+        """The user this connection logs in as; None when anonymous or refused."""
+        resp = self._send("GET", f"{self.url}/_session", what=f"read the session at {self.url}")
+        if resp.status_code != 200:
+            return None
+        return self._check(resp, what="read the session").get("userCtx", {}).get("name")
+
     def database(self, name: str) -> Database:
         return Database(self, name)
 
@@ -284,6 +291,14 @@ class Database:
 
     def last_seq(self) -> object:
         return self.info()["update_seq"]
+
+    def security(self) -> Doc:
+        return self.couch._fetch("GET", f"{self.url}/_security",
+                                 what=f"read _security of {self.url}")
+
+    def put_security(self, security: Doc) -> None:
+        self.couch._fetch("PUT", f"{self.url}/_security", json=security,
+                          what=f"write _security of {self.url}")
 
     # -- documents ------------------------------------------------------------------
 

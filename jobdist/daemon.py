@@ -13,26 +13,36 @@ import logging
 import signal
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from types import FrameType
 
 from .admin import AdminServer
 from .config import SiteConfig
-from .couch import Couch, Database
+from .couch import Database, Forbidden
 from .keepalive import KeepAlive
 from .listener import Listener, load_checkpoint
 from .manager import Manager
 from .retention import PeriodicCleanup, parse_duration
-from .setup import setup_database
+from .setup import check_database, couch_of, setup_database
 
 log = logging.getLogger("jobdist.daemon")
 
 
 def open_site_database(config: SiteConfig) -> Database:
-    """The site's jobs database, created with our design documents if need be."""
-    setup_database(config, report=lambda line: log.info("setup %s", line))
-    couch = Couch(config.couch_url, user=config.user, password=config.password)
-    return couch.database(config.database)
+    """The site's jobs database, with our design documents.
+
+    The daemon logs in as its site's user, never as the admin. With security
+    on, `jobdist setup` has set the database up and the daemon only checks;
+    on a server without admins (a test or a fresh development server) it sets
+    the database up itself.
+    """
+    as_site = replace(config, admin_user=None, admin_password=None)
+    try:
+        setup_database(as_site, report=lambda line: log.info("setup %s", line))
+    except Forbidden:
+        check_database(config)
+    return couch_of(config).database(config.database)
 
 
 class Daemon:

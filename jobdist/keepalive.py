@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import logging
 import threading
-from datetime import UTC, datetime, timedelta
 
 from . import core
 from .couch import CouchError, Database, Saved
-from .model import format_time, utc_now
+from .model import later, utc_now
 
 log = logging.getLogger("jobdist.keepalive")
 
@@ -47,7 +46,7 @@ class KeepAlive(threading.Thread):
 
     def pass_once(self) -> int:
         """Re-save the stale open jobs this site created; how many were re-saved."""
-        cutoff = format_time(datetime.now(UTC) - timedelta(seconds=self.stale_after))
+        cutoff = later(utc_now(), -self.stale_after)
         rows = self.db.view("jobdist", "stale_open", startkey=[self.site],
                             endkey=[self.site, cutoff])
         rows.sort(key=lambda row: -row["value"]["priority"])

@@ -31,7 +31,9 @@ class ServerError(RuntimeError):
     """The local server could not be found, started or reached."""
 
 
-# pouchdb-validation 4.2.0 replaces a document's `_revisions` with the stored
+# Two bugs of pouchdb-server 4.2.0, patched in the installation we run.
+#
+# pouchdb-validation replaces a document's `_revisions` with the stored
 # document's before running validate_doc_update. For a replicated revision
 # (new_edits=false) that throws away the history the revision arrived with,
 # and the revision is silently dropped: with any validate_doc_update in the
@@ -44,20 +46,45 @@ VALIDATION_FIX = VALIDATION_HEAD + (
     "    newDoc._revisions = (oldDoc || {})._revisions;\n"
     "  }\n"
 )
+# express-pouchdb, with admins configured (no admin party): a database creation
+# by a non-admin gets a rejected promise where a database was expected, and the
+# whole server dies on `db.info is not a function` (pouchdb-server#374). One
+# anonymous `PUT /x` would take a site down; we answer the refusal instead.
+CREATE_DB_BUG = (
+    "      var db = req.PouchDB.new(name, utils.makeOpts(req));\n"
+    "      db.info(function (err) {"
+)
+CREATE_DB_FIX = (
+    "      var db = req.PouchDB.new(name, utils.makeOpts(req));\n"
+    "      // jobdist: refused by security, PouchDB.new() is a rejected promise.\n"
+    "      if (typeof db.info !== 'function') {\n"
+    "        return Promise.resolve(db).then(function () {\n"
+    "          utils.sendJSON(res, 500, {error: 'unknown_error', reason: 'not created'});\n"
+    "        }, function (err) {\n"
+    "          utils.sendError(res, err);\n"
+    "        });\n"
+    "      }\n"
+    "      db.info(function (err) {"
+)
+PATCHES = (
+    ("pouchdb-validation/lib/index.js", VALIDATION_BUG, VALIDATION_FIX),
+    ("express-pouchdb/lib/routes/db.js", CREATE_DB_BUG, CREATE_DB_FIX),
+)
 
 
-def patch_pouchdb_validation(binary: Path) -> bool:
-    """Fix the bug above in the installation of `binary`; True when a file changed."""
-    # binary is node_modules/.bin/pouchdb-server
-    module = binary.parent.parent / "pouchdb-validation" / "lib" / "index.js"
-    try:
-        source = module.read_text()
-    except OSError:
-        return False
-    if VALIDATION_BUG not in source:
-        return False
-    module.write_text(source.replace(VALIDATION_BUG, VALIDATION_FIX))
-    return True
+def patch_pouchdb_server(binary: Path) -> list[str]:
+    """Fix the bugs above in the installation of `binary`; the files changed."""
+    modules = binary.parent.parent  # binary is node_modules/.bin/pouchdb-server
+    changed = []
+    for relative, bug, fix in PATCHES:
+        try:
+            source = (modules / relative).read_text()
+        except OSError:
+            continue
+        if bug in source:
+            (modules / relative).write_text(source.replace(bug, fix))
+            changed.append(relative)
+    return changed
 
 
 def pouchdb_server_binary() -> Path:
@@ -97,10 +124,12 @@ class LocalServer:
         *,
         in_memory: bool = False,
         startup_timeout: float = 30.0,
+        admin: tuple[str, str] | None = None,
     ) -> None:
         self.port = port
         self.data_dir = Path(data_dir)
         self.in_memory = in_memory
+        self.admin = admin  # (user, password): no admin party when set
         self.startup_timeout = startup_timeout
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -122,13 +151,14 @@ class LocalServer:
             return
         self.data_dir.mkdir(parents=True, exist_ok=True)
         binary = pouchdb_server_binary()
-        patch_pouchdb_validation(binary)
+        patch_pouchdb_server(binary)
+        self._write_admin()
         args = [
             str(binary),
             "--port", str(self.port),
             "--host", "127.0.0.1",
             "--dir", str(self.data_dir),
-            "--config", str(self.data_dir / "config.json"),
+            "--config", str(self.config_path),
             "--no-stdout-logs",
         ]
         if self.in_memory:
@@ -144,6 +174,30 @@ class LocalServer:
                 start_new_session=True,
             )
         self._wait_until_ready()
+
+    @property
+    def config_path(self) -> Path:
+        return self.data_dir / "config.json"
+
+    def _write_admin(self) -> None:
+        """Name the server admin in the server's config file, before it starts.
+
+        pouchdb-server replaces the plain password with a salted hash at start;
+        an admin already there is left alone. Only the owner may read the file.
+        """
+        if self.admin is None:
+            return
+        try:
+            config = json.loads(self.config_path.read_text())
+        except (OSError, ValueError):
+            config = {}
+        user, password = self.admin
+        if user not in config.get("admins", {}):
+            config.setdefault("admins", {})[user] = password
+            fd = os.open(self.config_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as file:
+                json.dump(config, file)
+        os.chmod(self.config_path, 0o600)
 
     def _wait_until_ready(self) -> None:
         deadline = time.monotonic() + self.startup_timeout
@@ -162,7 +216,7 @@ class LocalServer:
     def answering_is_us(self) -> bool:
         """The server on our port wrote its uuid to our config file: it is ours."""
         try:
-            ours = json.loads((self.data_dir / "config.json").read_text())["couchdb"]["uuid"]
+            ours = json.loads(self.config_path.read_text())["couchdb"]["uuid"]
             return requests.get(self.url, timeout=2).json().get("uuid") == ours
         except (OSError, ValueError, KeyError, requests.RequestException):
             return False
@@ -247,19 +301,24 @@ def supervise(server: LocalServer, stop: threading.Event, pid_file: Path | None 
 
 
 def main() -> None:
-    """`python -m jobdist.localserver --port P --dir D [--in-memory]`: a supervised server."""
+    """`python -m jobdist.localserver --port P --dir D [--in-memory] [--admin-credentials F]`:
+    a supervised server; with F (a credentials file), F's user is its admin."""
     import argparse
+
+    from .config import read_credentials
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--dir", type=Path, required=True)
     parser.add_argument("--in-memory", action="store_true")
+    parser.add_argument("--admin-credentials", type=Path)
     args = parser.parse_args()
+    admin = read_credentials(args.admin_credentials) if args.admin_credentials else None
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s %(message)s")
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
-    server = LocalServer(args.port, args.dir, in_memory=args.in_memory)
+    server = LocalServer(args.port, args.dir, in_memory=args.in_memory, admin=admin)
     supervise(server, stop, args.dir / "server.pid")
 
 

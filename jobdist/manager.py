@@ -70,7 +70,7 @@ class Manager:
         # must not wait behind a burst of replicated changes.
         self.reports: queue.Queue[Finished | Retried] = queue.Queue()
         self.wake = threading.Event()  # set by the listener and the workers
-        self.pool = WorkerPool(self.site, config.workers, self._on_done)
+        self.pool = WorkerPool(self.site, config.workers, self._on_done, config.allows)
         self.executions: dict[core.Key, core.Running] = {}
         self.booked_at: dict[core.Key, float] = {}
         self.own_revs: deque[str] = deque(maxlen=4096)

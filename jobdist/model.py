@@ -8,12 +8,15 @@ shape and nothing about I/O: builders for new jobs, and small readers such as
 from __future__ import annotations
 
 import copy
+import os
 import secrets
 from datetime import UTC, datetime, timedelta
 from enum import IntEnum
 from typing import Any
 
 Doc = dict[str, Any]
+
+CLOCK_OFFSET = float(os.environ.get("JOBDIST_CLOCK_OFFSET", "0") or 0)
 
 ANY = "any"
 FINAL_STATUSES = ("success", "failed", "cancelled")
@@ -24,8 +27,12 @@ HISTORY_EVENTS = (
 
 
 def utc_now() -> str:
-    """The time as ISO 8601 UTC with microseconds: sortable as a string."""
-    return format_time(datetime.now(UTC))
+    """The time as ISO 8601 UTC with microseconds: sortable as a string.
+
+    The daemon's one wall clock for the protocol (leases, keep-alive). The fault
+    suite skews a site's clock by setting $JOBDIST_CLOCK_OFFSET (seconds).
+    """
+    return format_time(datetime.now(UTC) + timedelta(seconds=CLOCK_OFFSET))
 
 
 def format_time(moment: datetime) -> str:

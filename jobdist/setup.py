@@ -1,11 +1,15 @@
 """Setting sites up: databases, design documents, replications. Idempotent.
 
 Used by `jobdist setup`, by the local cluster, and by docker-compose's one-shot
-setup service (`python -m jobdist.setup --sites DIR`). For each
-site: its jobs database (and `_users` on Apache CouchDB, which logs errors
-without it), our design documents, and the `_replicator` documents the
-topology calls for (jobdist/topology.py), with the sites' credentials in the
-endpoints because the replicator runs inside CouchDB. Stale `jobdist-*`
+setup service (`python -m jobdist.setup --sites DIR`). It logs in as the
+server admin (`admin_credentials`) where a site has one. For each site: its
+jobs database (and `_users` on Apache CouchDB, which logs errors without it),
+our design documents, a user for every site (role `jobdist`: the daemon of
+that site and the replications it pushes log in as it), the database's
+`_security` (members: role `jobdist`; nobody else may read or write), and the
+`_replicator` documents the topology calls for (jobdist/topology.py), with the
+pushing site's credentials in the endpoints because the replicator runs
+inside CouchDB. Stale `jobdist-*`
 replications are removed, except a running one on pouchdb-server, which
 crashes when such a document is deleted. A second run changes nothing.
 """
@@ -16,6 +20,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -30,8 +35,26 @@ Say = Callable[[str], None]
 SAFE_TO_DELETE_ON_POUCHDB = ("completed", "error", "failed")
 
 
+SITE_ROLE = "jobdist"
+
+
 def couch_of(site: SiteConfig, **options: float) -> Couch:
+    """The site's server as the site's own user (what the daemon and the CLI use)."""
     return Couch(site.couch_url, user=site.user, password=site.password, **options)
+
+
+def admin_couch_of(site: SiteConfig, **options: float) -> Couch:
+    """The site's server as its admin, where the config names one; else as the site."""
+    if site.admin_user is None:
+        return couch_of(site, **options)
+    return Couch(site.couch_url, user=site.admin_user, password=site.admin_password, **options)
+
+
+def security_object(site: SiteConfig) -> dict[str, Any]:
+    """Only the admin administers the jobs database; only site users read and write it."""
+    admins = [site.admin_user] if site.admin_user else []
+    return {"admins": {"names": admins, "roles": []},
+            "members": {"names": [], "roles": [SITE_ROLE]}}
 
 
 def setup_sites(sites: dict[str, SiteConfig], chosen: list[SiteConfig] | None = None, *,
@@ -47,9 +70,10 @@ def setup_sites(sites: dict[str, SiteConfig], chosen: list[SiteConfig] | None = 
     explain = explain or (lambda error, site: f"{site.name}: {error}")
     ready = []
     changes = 0
+    logins = site_logins(sites)
     for site in chosen or list(sites.values()):  # every database first: replications target them
         try:
-            changes += setup_database(site, report)
+            changes += setup_database(site, report, logins)
             ready.append(site)
         except CouchError as error:
             if problem is None:
@@ -68,8 +92,14 @@ def setup_sites(sites: dict[str, SiteConfig], chosen: list[SiteConfig] | None = 
     return changes
 
 
-def setup_database(site: SiteConfig, report: Say) -> int:
-    couch = couch_of(site)
+def site_logins(sites: dict[str, SiteConfig]) -> dict[str, str]:
+    """Every site's user and password: each must exist on every server."""
+    return {site.user: site.password or "" for site in sites.values() if site.user}
+
+
+def setup_database(site: SiteConfig, report: Say, logins: dict[str, str] | None = None) -> int:
+    """The site's jobs database, design documents, users and `_security`; changes made."""
+    couch = admin_couch_of(site)
     changes = 0
     if couch.is_apache_couchdb() and not couch.database("_users").exists():
         couch.ensure_database("_users")
@@ -83,8 +113,39 @@ def setup_database(site: SiteConfig, report: Say) -> int:
     for doc_id in db.sync_design_docs(load_design_docs()):
         changes += 1
         report(f"{site.name}: wrote {doc_id}")
+    if site.admin_user is not None:  # without an admin there is no one to lock out
+        for user, password in sorted((logins or {}).items()):
+            if ensure_user(couch, site, user, password):
+                changes += 1
+                report(f"{site.name}: wrote user {user}")
+        if db.security() != security_object(site):
+            db.put_security(security_object(site))
+            changes += 1
+            report(f"{site.name}: wrote _security of {site.database}")
     couch.replicator()
     return changes
+
+
+def ensure_user(couch: Couch, site: SiteConfig, user: str, password: str) -> bool:
+    """Create the user, or set its password if that no longer logs in; True on a write."""
+    if Couch(site.couch_url, user=user, password=password, retries=1).session_user() == user:
+        return False
+    users = couch.database("_users")
+    doc_id = f"org.couchdb.user:{user}"
+    current = users.get(doc_id) or {}
+    doc = {**current, "_id": doc_id, "name": user, "password": password,
+           "roles": [SITE_ROLE], "type": "user"}
+    users.save(doc)
+    return True
+
+
+def check_database(site: SiteConfig) -> None:
+    """For a daemon without admin rights: the database must have been set up already."""
+    db = couch_of(site).database(site.database)
+    missing = [doc["_id"] for doc in load_design_docs() if db.get(doc["_id"]) is None]
+    if missing:
+        raise CouchError(f"{site.name}: the database {site.database} is not set up "
+                         f"({', '.join(missing)} missing): run `jobdist setup`")
 
 
 def sync_replications(site: SiteConfig, wanted: list[Replication], keep: set[str],
@@ -94,7 +155,7 @@ def sync_replications(site: SiteConfig, wanted: list[Replication], keep: set[str
     `keep` holds every wanted replication of the topology: sites that share a
     server share its `_replicator` database, so only what no site wants is stale.
     """
-    couch = couch_of(site)
+    couch = admin_couch_of(site)
     replicator = couch.replicator()
     changes = 0
     for link in wanted:
@@ -146,7 +207,7 @@ def wait_for_servers(sites: dict[str, SiteConfig], timeout: float) -> None:
     """Return once every site's server answers; CouchError naming the first that does not."""
     deadline = time.monotonic() + timeout
     for site in sites.values():
-        couch = couch_of(site, timeout=5.0, retries=1)
+        couch = admin_couch_of(site, timeout=5.0, retries=1)
         while True:
             try:
                 couch.info()

@@ -8,6 +8,8 @@ both ways instead of N(N-1)).
 With `filtered = true`, a site pushes to a peer only the jobs that concern it
 (the `for_site` filter: jobs it created or may run, thesis 7.2), except to a
 peer marked `relay = true` (a hub), which must receive everything to pass it on.
+A site reaches a peer at the peer's `couch.url` unless its `[replication]
+peer_urls` names another address (a gateway, a VPN end, or a fault proxy).
 """
 
 from __future__ import annotations
@@ -35,23 +37,25 @@ class Replication:
 
     @property
     def source_endpoint(self) -> str:
-        return endpoint(self.source)
+        return endpoint(self.source.couch_url, self.source.database, self.source)
 
     @property
     def target_endpoint(self) -> str:
-        return endpoint(self.target)
+        url = self.source.peer_urls.get(self.target.name, self.target.couch_url)
+        return endpoint(url, self.target.database, self.source)
 
 
-def endpoint(site: SiteConfig) -> str:
-    """The site's database URL for the replicator, with the site's credentials in it:
-    the replicator runs inside CouchDB and must log in to both ends."""
-    url = f"{site.couch_url.rstrip('/')}/{site.database}"
-    if site.user is None:
+def endpoint(couch_url: str, database: str, login: SiteConfig) -> str:
+    """A database URL for the replicator, with `login`'s credentials in it: the
+    replicator runs inside CouchDB and must log in to both ends. A replication
+    logs in as the site that pushes (its user exists on every site)."""
+    url = f"{couch_url.rstrip('/')}/{database}"
+    if login.user is None:
         return url
     parts = urlsplit(url)
     host = parts.netloc.rpartition("@")[2]
-    userinfo = quote(site.user, safe="") + (
-        f":{quote(site.password, safe='')}" if site.password else "")
+    userinfo = quote(login.user, safe="") + (
+        f":{quote(login.password, safe='')}" if login.password else "")
     return urlunsplit((parts.scheme, f"{userinfo}@{host}", parts.path, parts.query,
                        parts.fragment))
 

@@ -131,6 +131,7 @@ class _Attempt:
     stderr: str
     timed_out: bool = False
     cancelled: bool = False
+    refused: bool = False  # the site's allow-list forbids the command: it never ran
     outcome: str = ""  # "exit 3", "timed out after 2.0 s", "killed by SIGSEGV", "cancelled"
 
     @property
@@ -320,9 +321,11 @@ class _StepRun:
         env: Mapping[str, str],
         cancel: threading.Event,
         on_retry: RetryCallback | None,
+        allows: Callable[[str], bool],
     ) -> None:
         self._step = step
         self._env = env
+        self._allows = allows
         self._cancel = cancel
         self._on_retry = on_retry
         self._log = _LogContext.from_env(env)
@@ -350,6 +353,11 @@ class _StepRun:
 
     def _attempt(self, command: str) -> _Attempt:
         self._attempts += 1
+        if not self._allows(command):
+            logger.warning("command refused %s command=%r", self._log, command)
+            return _Attempt(self._attempts, None, "", "", refused=True,
+                            outcome="refused: the command matches no pattern of this "
+                                    "site's [commands] allow list")
         timeout = self._step.get("timeout")
         return _run_attempt(command, self._env, self._attempts, timeout, self._cancel, self._log)
 
@@ -358,8 +366,8 @@ class _StepRun:
         max_time = strategy.get("max_time")
         attempt = self._attempt(self._step["do"])
         for retry_number, delay in enumerate(retry_delays(strategy), start=1):
-            if attempt.ok or attempt.cancelled:
-                break
+            if attempt.ok or attempt.cancelled or attempt.refused:
+                break  # a refused command would be refused again
             if max_time is not None and self._elapsed() + delay > max_time:
                 logger.info("no retry: max_time reached %s max_time=%s", self._log, max_time)
                 summary = f"{self._summary(attempt)} (max_time {max_time} s reached)"
@@ -422,11 +430,16 @@ class _StepRun:
         return _not_run("cancelled before start", 0.0, cancelled=True)
 
 
+def allow_all(command: str) -> bool:
+    return True
+
+
 def run_step(
     step: Mapping[str, Any],
     env: Mapping[str, str],
     cancel: threading.Event | None = None,
     on_retry: RetryCallback | None = None,
+    allows: Callable[[str], bool] = allow_all,
 ) -> StepResult:
     """Run a step's `do` with its timeout and retries, then `alt_do` if `do` failed.
 
@@ -434,9 +447,10 @@ def run_step(
     JOBDIST_STEP, JOBDIST_SITE, JOBDIST_EPOCH; JOBDIST_ATTEMPT is set here, 1, 2, ...).
     Setting `cancel` kills the running attempt's process group and ends the step at
     once, with no more retries nor alt_do. `on_retry(failed_attempt_number, reason)`
-    is called before each retry's sleep.
+    is called before each retry's sleep. A command `allows` refuses is not run: the
+    attempt fails at once, without retries (alt_do, if allowed, still runs).
     """
-    return _StepRun(step, env, cancel or threading.Event(), on_retry).run()
+    return _StepRun(step, env, cancel or threading.Event(), on_retry, allows).run()
 
 
 # --- the worker pool ----------------------------------------------------------------------
@@ -464,9 +478,11 @@ class WorkerPool:
     busy ones when they become free, so running work is never killed by a resize.
     """
 
-    def __init__(self, site: str, size: int, on_done: DoneCallback) -> None:
+    def __init__(self, site: str, size: int, on_done: DoneCallback,
+                 allows: Callable[[str], bool] = allow_all) -> None:
         self._site = site
         self._on_done = on_done
+        self._allows = allows
         self._lock = threading.Lock()
         self._slots: list[str] = []  # active slots, in name order
         self._retiring: set[str] = set()  # booked/busy slots to drop once free
@@ -619,7 +635,7 @@ class WorkerPool:
     ) -> None:
         """The worker thread's body (no lock held): run, free the slot, then report."""
         try:
-            result = run_step(step, env, execution.cancel, on_retry)
+            result = run_step(step, env, execution.cancel, on_retry, self._allows)
         except Exception as error:  # the slot must be freed and the end reported anyway
             logger.exception("step crashed %s", self._where(execution))
             result = _crashed_result(execution, error)

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import requests
 from click.testing import CliRunner, Result
 
 from jobdist.cli import main
@@ -131,7 +130,7 @@ def test_submit_a_yaml_file(jobdist: Jobdist, cluster: LocalCluster, tmp_path: P
 
 def write_conflict(db: Database, leaves: list[Doc]) -> None:
     body = {"new_edits": False, "docs": leaves}
-    requests.post(f"{db.url}/_bulk_docs", json=body, timeout=10).raise_for_status()
+    db.couch.session.post(f"{db.url}/_bulk_docs", json=body, timeout=10).raise_for_status()
 
 
 def test_show_merges_every_conflicting_revision(jobdist: Jobdist,

@@ -105,9 +105,12 @@ def test_daemons_run_the_site_with_env_credentials_after_setup(
         service = compose["services"][name]
         assert service["build"] == "."
         env = service["environment"]
-        assert REQUIRED_ENV_REF.match(env["JOBDIST_COUCH_PASSWORD"])
+        # Each daemon logs in as its own site's user, never as the CouchDB admin.
+        assert env["JOBDIST_COUCH_USER"] == f"jobdist_{site.name}"
+        assert env["JOBDIST_COUCH_PASSWORD"] == (
+            f"${{JOBDIST_PASSWORD_{site.name.upper()}:?set JOBDIST_PASSWORD_{site.name.upper()}}}")
         assert REQUIRED_ENV_REF.match(env["JOBDIST_ADMIN_TOKEN"])
-        assert ENV_REF.match(env["JOBDIST_COUCH_USER"])
+        assert not any("ADMIN_USER" in key or "ADMIN_PASSWORD" in key for key in env)
         assert service["depends_on"]["setup"]["condition"] == "service_completed_successfully"
         assert "/status" in " ".join(service["healthcheck"]["test"])
         host_port = f"${{ADMIN_PORT_{site.name.upper()}:-{DEFAULT_ADMIN_PORTS[site.name]}}}"
@@ -126,7 +129,11 @@ def test_setup_waits_for_every_server_and_runs_once(
     assert setup["restart"] == "no"
     assert setup["depends_on"] == {server_service(site): {"condition": "service_healthy"}
                                    for site in sites.values()}
-    assert REQUIRED_ENV_REF.match(setup["environment"]["JOBDIST_COUCH_PASSWORD"])
+    env = setup["environment"]
+    assert REQUIRED_ENV_REF.match(env["JOBDIST_COUCH_ADMIN_PASSWORD"])
+    for site in sites.values():  # setup creates every site's user on every server
+        assert env[f"JOBDIST_COUCH_USER_{site.name.upper()}"] == f"jobdist_{site.name}"
+        assert REQUIRED_ENV_REF.match(env[f"JOBDIST_COUCH_PASSWORD_{site.name.upper()}"])
 
 
 def test_no_secret_is_written_in_the_compose_file() -> None:
@@ -262,14 +269,15 @@ def test_setup_command_reports_an_unreachable_server(tmp_path: Path) -> None:
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
 
 
-def test_replication_endpoints_carry_the_sites_credentials() -> None:
+def test_replication_endpoints_carry_the_pushing_sites_credentials() -> None:
     site = SiteConfig("global", "http://couchdb-global:5984", "jobs")
-    assert endpoint(site) == "http://couchdb-global:5984/jobs"
+    assert endpoint(site.couch_url, "jobs", site) == "http://couchdb-global:5984/jobs"
     with_password = SiteConfig("global", "http://couchdb-global:5984", "jobs",
-                               user="admin", password="p@ss:w/rd")
-    assert endpoint(with_password) == "http://admin:p%40ss%3Aw%2Frd@couchdb-global:5984/jobs"
+                               user="jobdist_global", password="p@ss:w/rd")
+    assert endpoint("http://couchdb-reg-a:5984", "jobs", with_password) == (
+        "http://jobdist_global:p%40ss%3Aw%2Frd@couchdb-reg-a:5984/jobs")
     renamed = SiteConfig("global", "https://old:one@h", "db", user="new")
-    assert endpoint(renamed) == "https://new@h/db"
+    assert endpoint(renamed.couch_url, "db", renamed) == "https://new@h/db"
 
 
 # --- the compose project on a Docker engine ------------------------------------------------
@@ -353,6 +361,7 @@ def test_compose_runs_scenario_1() -> None:
     env = {**os.environ, "COUCHDB_PASSWORD": secrets.token_urlsafe(16),
            "JOBDIST_ADMIN_TOKEN": secrets.token_urlsafe(16)}
     for name in ("GLOBAL", "REG_A", "REG_B"):  # never the defaults: a local cluster may hold them
+        env[f"JOBDIST_PASSWORD_{name}"] = secrets.token_urlsafe(16)
         env[f"COUCH_PORT_{name}"] = str(free_port())
         env[f"ADMIN_PORT_{name}"] = str(free_port())
     compose = ["docker", "compose", "-p", project, "-f", str(COMPOSE_FILE)]

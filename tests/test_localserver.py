@@ -33,8 +33,9 @@ def test_the_local_cluster_restarts_a_site_server_that_dies(tmp_path: Path) -> N
     cluster = LocalCluster(write_sites(tmp_path / "sites", 1), tmp_path / "state")
     cluster.up()
     try:
-        url = cluster.sites["global"].couch_url
-        requests.put(f"{url}/jobs/kept", json={"type": "note"}, timeout=5)
+        site = cluster.sites["global"]
+        url, login = site.couch_url, (site.user, site.password)
+        requests.put(f"{url}/jobs/kept", json={"type": "note"}, auth=login, timeout=5)
         first = cluster.server_pid("global")
         os.kill(first, signal.SIGKILL)
         deadline = time.monotonic() + 30
@@ -46,7 +47,8 @@ def test_the_local_cluster_restarts_a_site_server_that_dies(tmp_path: Path) -> N
                 pass
             assert time.monotonic() < deadline, "the server was not restarted"
             time.sleep(0.1)
-        assert requests.get(f"{url}/jobs/_design/jobdist", timeout=5).ok  # data on disk kept
+        # Data on disk kept, the admin and the users too.
+        assert requests.get(f"{url}/jobs/_design/jobdist", auth=login, timeout=5).ok
     finally:
         stopped = cluster.down()
     assert any("server" in line for line in stopped)

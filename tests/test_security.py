@@ -1,0 +1,214 @@
+"""Security: credentials, authentication on real servers, and the command allow-list.
+
+The local cluster runs with authentication on (no admin party): an admin that
+only setup uses, a user per site, the jobs database locked to the site users.
+Passwords must never show in logs, errors, /status or job documents.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+
+from jobdist.cluster import LocalCluster
+from jobdist.config import ConfigError, load_site, load_sites, write_credentials
+from jobdist.couch import Couch, Forbidden
+from jobdist.model import new_job, new_step
+from jobdist.scenarios import site_db, wait_until_done, write_sites
+from jobdist.setup import setup_sites
+from jobdist.workers import run_step
+
+ADMIN_TOKEN = "admin-token-of-the-test"
+
+
+def write_site(directory: Path, body: str) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "solo.toml"
+    path.write_text(f'name = "solo"\n{body}\n[couch]\nurl = "http://127.0.0.1:5999"\n'
+                    'credentials = "secrets/solo.toml"\n')
+    return path
+
+
+# --- credentials -----------------------------------------------------------------------------
+
+
+def test_credentials_file_is_read_relative_to_the_config(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("JOBDIST_COUCH_USER", "JOBDIST_COUCH_PASSWORD"):
+        monkeypatch.delenv(name, raising=False)
+    path = write_site(tmp_path, "")
+    write_credentials(tmp_path / "secrets" / "solo.toml", "jobdist_solo", 'pa"ss\\word')
+    site = load_site(path)
+    assert (site.user, site.password) == ("jobdist_solo", 'pa"ss\\word')
+    assert stat.S_IMODE((tmp_path / "secrets").stat().st_mode) == 0o700
+    assert 'pa"ss' not in repr(site)
+
+
+def test_a_credentials_file_others_may_read_is_refused(tmp_path: Path) -> None:
+    path = write_site(tmp_path, "")
+    secret = tmp_path / "secrets" / "solo.toml"
+    write_credentials(secret, "jobdist_solo", "hunter22")
+    os.chmod(secret, 0o644)
+    with pytest.raises(ConfigError, match=r"may be read by others.*chmod 600") as raised:
+        load_site(path)
+    assert "hunter22" not in str(raised.value)
+
+
+def test_a_broken_credentials_file_is_not_echoed(tmp_path: Path) -> None:
+    path = write_site(tmp_path, "")
+    secret = tmp_path / "secrets" / "solo.toml"
+    write_credentials(secret, "jobdist_solo", "hunter22")
+    secret.write_text('user = "jobdist_solo"\npasword = "hunter22"\n')
+    with pytest.raises(ConfigError, match="must hold `user` and `password`") as raised:
+        load_site(path)
+    assert "hunter22" not in str(raised.value)
+
+
+def test_the_environment_overrides_files_site_by_site(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write_site(tmp_path, "")
+    write_credentials(tmp_path / "secrets" / "solo.toml", "from_file", "file-password")
+    monkeypatch.setenv("JOBDIST_COUCH_USER", "generic")
+    monkeypatch.setenv("JOBDIST_COUCH_PASSWORD_SOLO", "site-password")
+    site = load_site(path)
+    assert (site.user, site.password) == ("generic", "site-password")
+
+
+def test_allow_list_patterns_are_checked_when_loaded(tmp_path: Path) -> None:
+    site = load_site(write_site(tmp_path / "ok", '[commands]\nallow = ["rsync .*", "true"]\n'))
+    assert site.allows("rsync -a /a /b") and site.allows("true")
+    assert not site.allows("rm -rf /") and not site.allows("true; rm -rf /")
+    assert load_site(write_site(tmp_path / "all", "")).allows("anything at all")
+    with pytest.raises(ConfigError, match="bad pattern"):
+        load_site(write_site(tmp_path / "bad", '[commands]\nallow = ["rsync ("]\n'))
+
+
+# --- the allow-list in the worker ------------------------------------------------------------
+
+
+def test_a_refused_command_never_runs_nor_retries(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    step = new_step(f"touch {marker}", max_retries=3, sleep=0.01)
+    result = run_step(step, {}, allows=lambda command: command == "true")
+    assert not result.ok and result.attempts == 1 and not marker.exists()
+    assert "allow list" in result.reason
+
+
+def test_an_allowed_alt_do_runs_after_a_refused_do(tmp_path: Path) -> None:
+    step = new_step("rm -rf /tmp/nothing-here", alt_do="true")
+    result = run_step(step, {}, allows=lambda command: command == "true")
+    assert result.ok and result.used_alt
+    assert "refused" in result.reason
+
+
+# --- a local cluster with authentication on ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    root = tmp_path_factory.mktemp("secured")
+    sites_dir = write_sites(root / "sites", 2, keepalive=2.0)
+    with open(sites_dir / "reg_a.toml", "a") as config:  # reg_a runs only `echo ...`
+        config.write('\n[commands]\nallow = ["echo [a-z ]*"]\n')
+    with open(sites_dir / "global.toml", "a") as config:
+        config.write(f'\n[admin]\nport = 0\ntoken = "{ADMIN_TOKEN}"\n')
+    with LocalCluster(sites_dir, root / "state", in_memory=True) as cluster:
+        yield cluster
+
+
+def test_generated_secrets_only_their_owner_reads(secured: LocalCluster) -> None:
+    secrets_dir = secured.sites_dir / "secrets"
+    assert stat.S_IMODE(secrets_dir.stat().st_mode) == 0o700
+    files = sorted(path.name for path in secrets_dir.iterdir())
+    assert files == ["admin.toml", "global.toml", "reg_a.toml"]
+    for path in secrets_dir.iterdir():
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_nobody_without_credentials_reads_or_writes(secured: LocalCluster) -> None:
+    site = secured.sites["global"]
+    url = f"{site.couch_url}/{site.database}"
+    assert requests.get(f"{url}/_all_docs", timeout=10).status_code == 401
+    assert requests.put(f"{url}/intruder", json={}, timeout=10).status_code == 401
+    assert requests.get(f"{url}/_all_docs", auth=(site.user, "wrong"),
+                        timeout=10).status_code == 401
+    # Anonymous database creation once crashed pouchdb-server (patched in localserver).
+    assert requests.put(f"{site.couch_url}/newdb", timeout=10).status_code == 401
+    assert requests.get(site.couch_url, timeout=10).status_code == 200
+
+
+def test_a_site_user_works_jobs_but_administers_nothing(secured: LocalCluster) -> None:
+    site = secured.sites["global"]
+    couch = Couch(site.couch_url, user=site.user, password=site.password, retries=1)
+    assert couch.session_user() == site.user
+    db = couch.database(site.database)
+    assert db.get("_design/jobdist") is not None
+    with pytest.raises(Forbidden):
+        db.save({"_id": "_design/mine", "views": {}})
+    with pytest.raises(Forbidden):
+        db.put_security({"members": {"names": [], "roles": []}})
+    with pytest.raises(Forbidden):
+        couch.ensure_database("another")
+
+
+def test_setup_again_changes_nothing(secured: LocalCluster) -> None:
+    assert setup_sites(load_sites(secured.sites_dir)) == 0
+
+
+def test_jobs_run_across_sites_and_no_password_leaks(secured: LocalCluster) -> None:
+    db = site_db(secured, "global")
+    job = new_job("global", [new_step("echo hello", target="reg_a"),
+                             new_step("echo world", target="global")])
+    db.save(job)
+    [done] = wait_until_done(db, [job["_id"]], 60)
+    assert done["job_status"] == "success"
+    status = requests.get(f"http://127.0.0.1:{admin_port(secured)}/status", timeout=10).text
+    passwords = {s.password for s in secured.sites.values()} | {
+        s.admin_password for s in secured.sites.values()}
+    texts = [status, str(done), *(p.read_text(errors="replace")
+                                  for p in secured.state_dir.rglob("*") if p.is_file()
+                                  and p.suffix in (".log", ".err", ".json", ""))]
+    for password in passwords:
+        assert password and not any(password in text for text in texts)
+
+
+def admin_port(cluster: LocalCluster) -> int:
+    """The port the global daemon's admin endpoint took (port 0: it logs the one it got)."""
+    log = (cluster.site_dir("global") / "daemon.log").read_text()
+    line = next(line for line in log.splitlines() if "admin endpoint" in line)
+    return int(line.rsplit(":", 1)[1].split()[0].rstrip("/"))
+
+
+def test_a_step_outside_the_allow_list_fails_with_the_reason(secured: LocalCluster) -> None:
+    db = site_db(secured, "global")
+    job = new_job("global", [new_step("touch /tmp/jobdist-should-not-exist", target="reg_a")])
+    db.save(job)
+    [done] = wait_until_done(db, [job["_id"]], 60)
+    assert done["job_status"] == "failed"
+    failed = [entry for entry in done["history"] if entry["event"] == "failed"]
+    assert failed and "allow list" in failed[0]["detail"]
+    assert not Path("/tmp/jobdist-should-not-exist").exists()
+
+
+def test_a_wrong_password_is_one_line_without_the_password(secured: LocalCluster,
+                                                           tmp_path: Path) -> None:
+    env = {**os.environ, "JOBDIST_COUCH_PASSWORD": "not-the-password-42"}
+    result = subprocess.run([sys.executable, "-m", "jobdist", "list", "--sites",
+                             str(secured.sites_dir)], capture_output=True, text=True,
+                            env=env, timeout=60)
+    assert result.returncode == 2
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert "401" in result.stderr and "credentials" in result.stderr
+    assert "not-the-password-42" not in result.stderr + result.stdout
+
+
+def test_the_admin_endpoint_refuses_writes_without_the_token(secured: LocalCluster) -> None:
+    url = f"http://127.0.0.1:{admin_port(secured)}"
+    assert requests.post(f"{url}/workers", json={"size": 1}, timeout=10).status_code == 401
