@@ -921,6 +921,48 @@ def cancel(job_id: str, reason: str | None, sites_dir: Path, site_name: str | No
                    "try again")
 
 
+@main.command()
+@click.option("--from", "gone", required=True, metavar="SITE",
+              help="The creator site that is gone for good.")
+@click.option("--reason", default=None, help="Why (kept in each job's history).")
+@click.option("--dry-run", is_flag=True, help="Count the jobs; change nothing.")
+@sites_option
+@site_option
+def adopt(gone: str, reason: str | None, dry_run: bool, sites_dir: Path,
+          site_name: str | None) -> None:
+    """Make this site (--site) the creator of every live job that SITE created.
+
+    For a creator site lost for good: without its creator a job's claims wait
+    forever. Use it only once SITE is down for good or cut off: if SITE still
+    runs behind a partition, both arbitrate until it sees the adoption, and a
+    step may then run twice (in two epochs, recorded in the history)."""
+    site, db = open_site(sites_dir, site_name)
+    if gone == site.name:
+        raise CliError(f"site {site.name} cannot adopt its own jobs: run this at another site "
+                       "(--site)")
+    reason = reason or f"adopted by {operator_name()} from the command line"
+    ids = [row.id for row in list_jobs(db, status="live", creator=gone)]
+    if dry_run:
+        click.echo(f"{len(ids)} live jobs created by {gone} would be adopted by {site.name}")
+        return
+    adopted = sum(adopt_job(db, site, job_id, gone, reason) for job_id in ids)
+    click.echo(f"{site.name} adopted {adopted} live jobs created by {gone}")
+
+
+def adopt_job(db: Database, site: SiteConfig, job_id: str, gone: str, reason: str) -> bool:
+    """Write one adoption, reading again after a conflict; False when nothing was due."""
+    for _ in range(CANCEL_ATTEMPTS):
+        leaves = [leaf for leaf in db.leaves(job_id) if leaf.get("type") == "job"]
+        plan = core.plan_adopt(leaves, core.Context(site=site.name, now=utc_now()), gone,
+                               reason)
+        if plan.doc is None:
+            return False
+        if isinstance(db.save(plan.doc), Saved):
+            return True
+    raise CliError(f"cannot adopt {job_id}: still conflicting after {CANCEL_ATTEMPTS} tries; "
+                   "run the command again")
+
+
 def operator_name() -> str:
     try:
         return getpass.getuser()

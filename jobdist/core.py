@@ -187,6 +187,11 @@ def merge(leaves: list[Doc]) -> Doc:
     touched = [leaf["keepalive_at"] for leaf in leaves if leaf.get("keepalive_at")]
     if touched:
         merged["keepalive_at"] = max(touched)
+    # An adoption outranks whatever the gone creator wrote meanwhile (plan_adopt).
+    adoptions = [entry for entry in merged["history"] if entry["event"] == "adopted"]
+    if adoptions:
+        latest = max(adoptions, key=lambda entry: (entry["epoch"], entry["at"], entry["site"]))
+        merged["creator"] = latest["site"]
     # A cancellation is an operator's order: it survives any concurrent write
     # except the job having really ended first.
     if merged["job_status"] is None and any(
@@ -624,6 +629,35 @@ def plan_event(leaves: list[Doc], ctx: Context, key: Key, epoch: int, worker: st
         return NOTHING
     return finalize(leaves, merged, Decision(name, note(ctx, name, key, worker, epoch, detail)),
                     ctx)
+
+
+def plan_adopt(leaves: list[Doc], ctx: Context, gone: str, reason: str) -> Plan:
+    """An operator makes this site the creator of a live job whose creator `gone` is
+    gone for good: from then on this site arbitrates its claims, revokes expired
+    leases and keeps it alive.
+
+    Nothing else changes: a claim waiting for a decision is decided by the new
+    creator, a running step keeps its lease. The `adopted` event carries the
+    adoption's term in its epoch field; the merge takes the creator of the
+    highest term, so a late write of the gone creator cannot take the job back.
+    If `gone` is in fact alive behind a partition, both sites arbitrate until it
+    sees the adoption: a step may then run twice, in two epochs, recorded.
+    """
+    if not leaves:
+        return NOTHING
+    merged = merge(leaves)
+    if merged["creator"] != gone or gone == ctx.site or not is_live(merged):
+        return NOTHING
+    term = 1 + max((entry["epoch"] for entry in merged["history"]
+                    if entry["event"] == "adopted"), default=0)
+    detail = f"creator {gone} -> {ctx.site}: {reason}"
+
+    def edit(doc: Doc) -> None:
+        doc["creator"] = ctx.site
+        doc["history"].append(event("adopted", step=doc["step"], site=ctx.site, at=ctx.now,
+                                    worker=None, epoch=term, detail=detail))
+
+    return finalize(leaves, merged, Decision("adopt", edit, detail=detail), ctx)
 
 
 def plan_cancel(leaves: list[Doc], ctx: Context, reason: str) -> Plan:

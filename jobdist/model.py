@@ -22,7 +22,7 @@ ANY = "any"
 FINAL_STATUSES = ("success", "failed", "cancelled")
 HISTORY_EVENTS = (
     "created", "claimed", "won", "started", "retried", "finished", "failed",
-    "released", "cancelled", "stale_finish", "invalid",
+    "released", "cancelled", "stale_finish", "invalid", "adopted",
 )
 
 
@@ -40,7 +40,10 @@ def format_time(moment: datetime) -> str:
 
 
 def parse_time(text: str) -> datetime:
-    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+    """Any time the rules accept: the fraction may be missing or have up to 9 digits."""
+    whole, _, fraction = text.removesuffix("Z").partition(".")
+    moment = datetime.strptime(whole, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=UTC)
+    return moment.replace(microsecond=int(fraction[:6].ljust(6, "0")))
 
 
 def later(moment: str, seconds: float) -> str:

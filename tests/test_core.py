@@ -655,6 +655,54 @@ def test_keepalive_only_for_the_creator_of_a_live_open_unconflicted_job(case):
     assert result is None
 
 
+# --- adoption: a creator gone for good --------------------------------------------------------
+
+def adopt(leaves: list[Doc], site: str = "reg_a", gone: str = CREATOR) -> Plan:
+    return core.plan_adopt(leaves, ctx(site), gone, "global burned down")
+
+
+def test_adoption_makes_this_site_the_creator_and_records_the_term():
+    plan = adopt([claimed(job(), "reg_b")])
+    assert plan.action == "adopt" and plan.doc is not None
+    assert plan.doc["creator"] == "reg_a"
+    adopted = plan.doc["history"][-1]
+    assert (adopted["event"], adopted["site"], adopted["epoch"]) == ("adopted", "reg_a", 1)
+    assert adopted["detail"] == "creator global -> reg_a: global burned down"
+    assert plan.doc["job"][0]["claimed_by"] == "reg_b"  # the claim waits for the new creator
+    # ... which now decides it, while the gone creator no longer would.
+    assert decide(plan.doc, "reg_a").action == "assign"
+    assert decide(plan.doc, CREATOR).action == "none"
+
+
+def test_adoption_is_only_for_live_jobs_of_the_gone_creator():
+    done = job()
+    done["job_status"] = "success"
+    assert adopt([]).action == "none"
+    assert adopt([done]).action == "none"
+    assert adopt([job(creator="reg_b")]).action == "none"
+    assert adopt([job()], site=CREATOR).action == "none"
+
+
+def test_merge_keeps_the_adopter_against_late_writes_of_the_gone_creator():
+    adopted = adopt([job()]).doc
+    assert adopted is not None
+    adopted["_rev"] = "2-a"
+    late = running(job(rev="3-f"), "reg_b")  # further along, and still names global
+    merged = core.merge([adopted, late])
+    assert merged["creator"] == "reg_a"
+    assert merged["job"][0]["winner"] == "reg_b"
+
+
+def test_a_second_adoption_takes_a_higher_term():
+    first = adopt([job()]).doc
+    assert first is not None
+    second = core.plan_adopt([first], ctx("reg_b"), "reg_a", "reg_a too").doc
+    assert second is not None
+    assert [e["epoch"] for e in second["history"] if e["event"] == "adopted"] == [1, 2]
+    second["_rev"], first["_rev"] = "3-a", "2-f"
+    assert core.merge([first, second])["creator"] == "reg_b"
+
+
 # --- hazard scenarios on the simulated replicated store --------------------------------------
 
 class World:

@@ -1,0 +1,73 @@
+"""A creator site lost for good: another site adopts its jobs, which then end.
+
+Without its creator a job's claims on `any` steps wait forever (nobody else
+may pick a winner). `jobdist adopt --from global --site reg_a` hands the
+arbitration to reg_a; every job then ends, each step run once.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from jobdist.cli import main
+from jobdist.cluster import LocalCluster
+from jobdist.couch import Database
+from jobdist.model import new_step
+from jobdist.scenarios import (
+    ledger_command,
+    read_ledger,
+    site_db,
+    submit_all,
+    wait_until_done,
+    write_sites,
+)
+
+pytestmark = pytest.mark.e2e
+
+
+def test_a_site_adopts_the_jobs_of_a_creator_gone_for_good(tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger.txt"
+    sites = write_sites(tmp_path / "sites", 3, keepalive=1.0, stale_after=2.0, lease=6.0)
+    with LocalCluster(sites, tmp_path / "state", in_memory=True) as cluster:
+        steps = [new_step(ledger_command(0.2, ledger)) for _ in range(2)]
+        # The creator's daemon is gone before it decides anything; its server
+        # lives just long enough to replicate the jobs, then goes too.
+        cluster.daemon_proc("global").stop()
+        ids = submit_all(site_db(cluster, "global"), "global", steps, 4)
+        reg_a = site_db(cluster, "reg_a")
+        wait_until_present(reg_a, ids)
+        cluster.stop_site("global")
+        time.sleep(3.0)  # claims are made, and wait for a creator that is gone
+        assert not any(doc.get("job_status") for doc in reg_a.bulk_get(ids))
+
+        result = CliRunner().invoke(main, ["adopt", "--from", "global", "--sites", str(sites),
+                                           "--site", "reg_a"])
+        assert result.exit_code == 0, result.output
+        assert "reg_a adopted 4 live jobs created by global" in result.output
+        docs = wait_until_done(reg_a, ids, 60)
+    assert collections.Counter(doc["job_status"] for doc in docs) == {"success": 4}
+    assert all(doc["creator"] == "reg_a" for doc in docs)
+    runs = collections.Counter((job, step) for kind, job, step, _, _ in read_ledger(ledger)
+                               if kind == "start")
+    assert set(runs) == {(job_id, step) for job_id in ids for step in (0, 1)}
+    assert set(runs.values()) == {1}
+
+
+def test_a_site_cannot_adopt_its_own_jobs(tmp_path: Path) -> None:
+    sites = write_sites(tmp_path / "sites", 1)
+    result = CliRunner().invoke(main, ["adopt", "--from", "global", "--sites", str(sites),
+                                       "--site", "global"])
+    assert result.exit_code == 2
+    assert "cannot adopt its own jobs" in result.output
+
+
+def wait_until_present(db: Database, ids: list[str], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while len(db.bulk_get(ids)) < len(ids):
+        assert time.monotonic() < deadline, "the jobs did not replicate"
+        time.sleep(0.1)
