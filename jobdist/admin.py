@@ -59,6 +59,10 @@ COUNTERS = (
     ("conflicts_resolved", "conflicts_resolved", "Losing revisions this site deleted."),
     ("write_conflicts", "write_conflicts", "Writes refused with 409 and decided again."),
     ("invalid_documents", "invalid_documents", "Job revisions skipped as invalid."),
+    ("writes_refused", "writes_refused", "Writes CouchDB refused (403), e.g. a job past the "
+                                         "size limit."),
+    ("jobs_skipped", "jobs_skipped", "Jobs passed by until they change: invalid, unreadable "
+                                     "or refused."),
 )
 
 

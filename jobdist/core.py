@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from .model import (
     ANY,
@@ -40,8 +40,10 @@ from .model import (
     step_phase,
     targets,
 )
+from .validation import MAX_DOC_SIZE, format_errors, json_length, json_size, validate_job
 
 Key = tuple[str, int]  # (job id, step index): what a booking or an execution is for
+Rejected = tuple[str, str]  # (leaf rev, why no site may act on it)
 
 
 # --- inputs -----------------------------------------------------------------
@@ -88,10 +90,20 @@ class Context:
     booking_timeout: float = 60.0  # free a booked worker whose claim is not decided by then
     lease: float = 60.0  # a winner's promise lasts this long unless renewed by its heartbeat
     skew_margin: float = 10.0  # the creator waits this much past a lease: clocks differ
+    # How long this site has seen each `lease_until` of the job unchanged, by its
+    # own clock (None: not tracked). A lease past its deadline is revoked only once
+    # it has also been silent that long for `lease` + `skew_margin`: a winner whose
+    # renewals arrive keeps its step whatever the clocks say, and a creator back
+    # from an outage, whose copy may be stale, first gives renewals time to arrive.
+    lease_silence: Mapping[str, float] | None = None
 
     def lease_expired(self, step: Doc) -> bool:
         deadline = step.get("lease_until")
-        return bool(deadline) and seconds_between(deadline, self.now) > self.skew_margin
+        if not deadline or seconds_between(deadline, self.now) <= self.skew_margin:
+            return False
+        if self.lease_silence is None:
+            return True
+        return self.lease_silence.get(deadline, 0.0) > self.lease + self.skew_margin
 
 
 class StepOutcome(Protocol):
@@ -190,7 +202,9 @@ def merge(leaves: list[Doc]) -> Doc:
     # An adoption outranks whatever the gone creator wrote meanwhile (plan_adopt).
     adoptions = [entry for entry in merged["history"] if entry["event"] == "adopted"]
     if adoptions:
-        latest = max(adoptions, key=lambda entry: (entry["epoch"], entry["at"], entry["site"]))
+        # (`epoch` is optional in an event: a foreign write may leave it out.)
+        latest = max(adoptions,
+                     key=lambda entry: (entry.get("epoch", 0), entry["at"], entry["site"]))
         merged["creator"] = latest["site"]
     # A cancellation is an operator's order: it survives any concurrent write
     # except the job having really ended first.
@@ -217,6 +231,42 @@ def same_content(a: Doc, b: Doc) -> bool:
     }
 
 
+def usable_leaves(leaves: list[Doc]) -> tuple[list[Doc], list[Rejected]]:
+    """The leaves to merge, and why each other leaf is left out.
+
+    A leaf that breaks the rules (written where validation was off) is left
+    out, and so is a valid one that defines another job than the winning valid
+    leaf (other creation time or steps): merging those mixes two jobs. (Not the
+    creator: an adoption changes it.)
+    """
+    valid: list[Doc] = []
+    rejected: list[Rejected] = []
+    for leaf in leaves:
+        errors = validate_job(leaf)
+        if errors:
+            rejected.append((leaf["_rev"], format_errors(errors)))
+        else:
+            valid.append(leaf)
+    if not valid:
+        return [], rejected
+    reference = max(valid, key=couch_order)
+    usable = [leaf for leaf in valid if definition(leaf) == definition(reference)]
+    rejected += [(leaf["_rev"], f"defines another job than revision {reference['_rev']}")
+                 for leaf in valid if definition(leaf) != definition(reference)]
+    return usable, rejected
+
+
+SUBMITTED_STEP_FIELDS = ("target", "do", "alt_do", "timeout", "retry_strategy")
+
+
+def definition(doc: Doc) -> str:
+    """What the submitter fixed for good: no write by any site changes it."""
+    steps = [{name: step.get(name) for name in SUBMITTED_STEP_FIELDS} for step in doc["job"]]
+    for step in steps:  # an unset retry setting and a null one are the same
+        step["retry_strategy"] = {k: v for k, v in step["retry_strategy"].items() if v is not None}
+    return json.dumps([doc["created_at"], steps], sort_keys=True)
+
+
 # --- planning ---------------------------------------------------------------
 
 Edit = Callable[[Doc], None]
@@ -234,15 +284,21 @@ class Decision:
 STAY = Decision("none")
 
 
-def plan(leaves: list[Doc], ctx: Context, pool: PoolView) -> Plan:
-    """What this site does about the job whose live leaves these are."""
+def plan(leaves: list[Doc], ctx: Context, pool: PoolView,
+         rejected: Sequence[Rejected] = ()) -> Plan:
+    """What this site does about the job whose usable leaves these are.
+
+    `rejected` are the job's other leaves (see usable_leaves): the creator
+    records each in the history as `invalid` and deletes it.
+    """
     if not leaves:
         return NOTHING
     merged = merge(leaves)
-    return finalize(leaves, merged, decide(merged, ctx, pool), ctx)
+    return finalize(leaves, merged, decide(merged, ctx, pool), ctx, rejected)
 
 
-def finalize(leaves: list[Doc], merged: Doc, decision: Decision, ctx: Context) -> Plan:
+def finalize(leaves: list[Doc], merged: Doc, decision: Decision, ctx: Context,
+             rejected: Sequence[Rejected] = ()) -> Plan:
     """Turn a decision into the revision to write; the creator also cleans conflicts."""
     doc = None
     if decision.edit is not None:
@@ -255,12 +311,30 @@ def finalize(leaves: list[Doc], merged: Doc, decision: Decision, ctx: Context) -
         base = next(leaf for leaf in leaves if leaf["_rev"] == merged["_rev"])
         if doc is None and not same_content(base, merged):
             doc = merged  # the winning leaf alone would lose progress: write the merge
+    if ctx.site == merged["creator"] and rejected:
+        if doc is None:
+            doc = copy.deepcopy(merged)
+            doc["updated_at"] = ctx.now
+        record_rejected(doc, ctx, rejected)
+        deletions += tuple(rev for rev, _ in rejected)
     action = decision.action
     if action == "none" and (doc is not None or deletions):
         action = "resolve"
     if doc is not None:
         doc.pop("_conflicts", None)
+        fit(doc, keep_events_from=len(merged["history"]))
     return Plan(action, doc, deletions, decision.before, decision.after, decision.detail)
+
+
+def record_rejected(doc: Doc, ctx: Context, rejected: Sequence[Rejected]) -> None:
+    """An `invalid` event per rejected leaf, once: a deletion that failed is tried again."""
+    index = min(doc["step"], len(doc["job"]) - 1)
+    for rev, reason in rejected:
+        detail = f"revision {rev} skipped: {reason}"[:MAX_DETAIL]
+        if not any(entry["event"] == "invalid" and (entry.get("detail") or "").startswith(
+                f"revision {rev} ") for entry in doc["history"]):
+            doc["history"].append(event("invalid", step=index, site=ctx.site, at=ctx.now,
+                                        detail=detail))
 
 
 def decide(doc: Doc, ctx: Context, pool: PoolView) -> Decision:
@@ -270,9 +344,17 @@ def decide(doc: Doc, ctx: Context, pool: PoolView) -> Decision:
         return local
     if not is_live(doc):
         return STAY
+    if not known(doc["creator"], ctx):
+        return on_unknown_creator(doc, ctx)
     step = doc["job"][doc["step"]]
     if ctx.site == doc["creator"] and not runnable_anywhere(step, ctx):
         return Decision("fail", fail_job(ctx, f"no known site matches target {step['target']!r}"))
+    holder = step_holder(step)
+    waiting = Phase.OPEN < step_phase(step) < Phase.DONE
+    if ctx.site == doc["creator"] and waiting and not known(holder, ctx):
+        # No site of ours will ever start, run or finish it: give it back at once.
+        detail = f"held by {holder!r}, which is not a known site"
+        return Decision("release", release(ctx, detail), detail=detail)
     match step_phase(step):
         case Phase.OPEN:
             return on_open(doc, step, ctx, pool)
@@ -288,6 +370,31 @@ def decide(doc: Doc, ctx: Context, pool: PoolView) -> Decision:
             if ctx.site != doc["creator"]:
                 return STAY
             return Decision("fail", fail_job(ctx, "inconsistent: the current step already ended"))
+
+
+IGNORE = "ignore"  # an action: nothing to do here until the document changes
+
+
+def known(site: Any, ctx: Context) -> bool:
+    return ctx.known_sites is None or site == ctx.site or site in ctx.known_sites
+
+
+def step_holder(step: Doc) -> Any:
+    """The site a claimed, won or running step waits on (None when it names none)."""
+    return step.get("winner") if step_phase(step) >= Phase.WON else step.get("claimed_by")
+
+
+def on_unknown_creator(doc: Doc, ctx: Context) -> Decision:
+    """Nobody can arbitrate a job whose creator is no known site: one site ends it.
+
+    The first known site by name, so that exactly one site writes; the others
+    leave it alone rather than book workers for claims nobody will decide.
+    """
+    assert ctx.known_sites is not None
+    reason = f"creator {doc['creator']!r} is not a known site"
+    if ctx.site != min(ctx.known_sites | {ctx.site}):
+        return Decision(IGNORE, detail=reason)
+    return Decision("fail", fail_job(ctx, f"{reason}: nobody can arbitrate it"), detail=reason)
 
 
 def runnable_anywhere(step: Doc, ctx: Context) -> bool:
@@ -385,10 +492,11 @@ def on_won(doc: Doc, step: Doc, ctx: Context, pool: PoolView) -> Decision:
 
 def on_running(doc: Doc, step: Doc, ctx: Context, pool: PoolView) -> Decision:
     key = (doc["_id"], doc["step"])
-    if step["winner"] == ctx.site and key not in pool.running:
+    winner = step.get("winner")  # a foreign write may have left it out
+    if winner == ctx.site and key not in pool.running:
         # Our promise with no worker behind it: the site restarted mid-step.
         return Decision("release", release(ctx, "worker lost (site restarted)"))
-    if step["winner"] != ctx.site:
+    if winner != ctx.site:
         return revoke_if_expired(doc, step, ctx)
     return STAY
 
@@ -401,7 +509,7 @@ def revoke_if_expired(doc: Doc, step: Doc, ctx: Context) -> Decision:
     """
     if ctx.site != doc["creator"] or not ctx.lease_expired(step):
         return STAY
-    detail = f"lease of {step['winner']} expired at {step['lease_until']}"
+    detail = f"lease of {step.get('winner')} expired at {step['lease_until']}"
     return Decision("revoke", release(ctx, detail), detail=detail)
 
 
@@ -481,6 +589,86 @@ def fail_job(ctx: Context, reason: str) -> Edit:
         doc["job_status"] = "failed"
         _log(doc, "failed", ctx, detail=reason)
     return edit
+
+
+def plan_refused(leaves: list[Doc], ctx: Context, reason: str) -> Plan:
+    """The server refused the revision we meant to write: the creator ends the job.
+
+    A refusal is for good (a count past its bound, no room left under the size
+    limit): retrying the same write cannot help. Only the creator writes, as
+    for any failure it decides; if even that is refused, the job is left alone.
+    """
+    if not leaves:
+        return NOTHING
+    merged = merge(leaves)
+    if ctx.site != merged["creator"] or not is_live(merged):
+        return NOTHING
+    detail = f"the server refused the next revision: {reason}"[:MAX_DETAIL]
+    return finalize(leaves, merged, Decision("fail", fail_job(ctx, detail), detail=detail), ctx)
+
+
+# --- staying under the size limit ------------------------------------------------
+
+MAX_DETAIL = 1000  # characters of an event's detail we write, or keep when short of room
+BOOKKEEPING_EVENTS = ("claimed", "won", "released", "retried", "stale_finish")
+
+
+def fit(doc: Doc, keep_events_from: int, limit: int = MAX_DOC_SIZE) -> None:
+    """Shed what matters least until the revision fits under the server's size limit.
+
+    Outputs and history grow with every step; past the limit every write is
+    refused and the job could never end. In order, until it fits: the outputs
+    of all but the newest step that has one (oldest first), bookkeeping events
+    (oldest first), long event details, the newest output. Events from
+    `keep_events_from` on are this revision's own, and stay: a write that only
+    fits without its own event (a claim on a full document) is better refused.
+    The size is kept up to date piece by piece: measuring 1 MiB takes milliseconds.
+    """
+    size = json_size(doc)
+    for shed in (shed_old_outputs, shed_bookkeeping, shed_long_details, shed_all_outputs):
+        if size <= limit:
+            return
+        size = shed(doc, size, limit, keep_events_from)
+
+
+def shed_old_outputs(doc: Doc, size: int, limit: int, _: int) -> int:
+    with_output = [step for step in doc["job"] if step.get("output") is not None]
+    return shed_outputs(with_output[:-1], size, limit)
+
+
+def shed_all_outputs(doc: Doc, size: int, limit: int, _: int) -> int:
+    return shed_outputs([step for step in doc["job"] if step.get("output") is not None],
+                        size, limit)
+
+
+def shed_outputs(steps: list[Doc], size: int, limit: int) -> int:
+    for step in steps:
+        if size <= limit:
+            break
+        size -= json_length(step["output"]) - json_length(None)
+        step["output"] = None
+    return size
+
+
+def shed_bookkeeping(doc: Doc, size: int, limit: int, keep_from: int) -> int:
+    kept = []
+    for index, entry in enumerate(doc["history"]):
+        if size > limit and index < keep_from and entry["event"] in BOOKKEEPING_EVENTS:
+            size -= json_length(entry) + 1  # and its comma
+        else:
+            kept.append(entry)
+    doc["history"] = kept
+    return size
+
+
+def shed_long_details(doc: Doc, size: int, limit: int, keep_from: int) -> int:
+    for entry in doc["history"][:keep_from]:
+        detail = entry.get("detail")
+        if size > limit and isinstance(detail, str) and len(detail) > MAX_DETAIL:
+            shorter = detail[:MAX_DETAIL] + "..."
+            size += json_length(shorter) - json_length(detail)
+            entry["detail"] = shorter
+    return size
 
 
 # --- finishing an execution ---------------------------------------------------
@@ -586,7 +774,7 @@ def keepalive(leaves: list[Doc], ctx: Context, stale_after: float) -> Doc | None
     claimed, only when nothing changed for `stale_after` seconds, and only on an
     unconflicted document; it changes nothing but `keepalive_at`.
     """
-    if len(leaves) != 1:
+    if len(leaves) != 1 or validate_job(leaves[0]):
         return None
     doc = leaves[0]
     if doc["creator"] != ctx.site or not is_live(doc):

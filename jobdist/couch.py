@@ -79,6 +79,10 @@ class Forbidden(CouchError):
     reason: str
 
 
+class Undecodable(CouchError):
+    """The server answered, but not with JSON we can read (e.g. nested too deeply)."""
+
+
 class Unavailable(CouchError):
     """Connection error, timeout or 5xx that outlasted the retries: back off and retry later."""
 
@@ -226,8 +230,9 @@ class Couch:
             raise self._http_error(resp, what)
         try:
             return resp.json()
-        except ValueError:
-            raise CouchError(self._clean(f"{what}: the answer is not JSON")) from None
+        except (ValueError, RecursionError) as error:  # Recursion: nested too deep for us
+            raise Undecodable(self._clean(f"{what}: the answer is not JSON we can read: "
+                                          f"{type(error).__name__}")) from None
 
     def _http_error(self, resp: requests.Response, what: str) -> CouchError:
         status = resp.status_code

@@ -49,16 +49,31 @@ class KeepAlive(threading.Thread):
         cutoff = later(utc_now(), -self.stale_after)
         rows = self.db.view("jobdist", "stale_open", startkey=[self.site],
                             endkey=[self.site, cutoff])
-        rows.sort(key=lambda row: -row["value"]["priority"])
+        rows.sort(key=row_priority, reverse=True)
         count = 0
         for row in rows:
             if self.stop_event.is_set():
                 break
-            leaves = self.db.leaves(row["id"])
-            ctx = core.Context(self.site, utc_now())
-            touched = core.keepalive(leaves, ctx, self.stale_after) if leaves else None
-            if touched is not None and isinstance(self.db.save(touched), Saved):
-                count += 1
-                log.info("keep-alive re-save job=%s site=%s", row["id"], self.site)
+            try:
+                count += self.resave(row["id"])
+            except CouchError as error:  # this job only (refused, unreadable): the rest go on
+                log.warning("keep-alive re-save failed job=%s site=%s error=%s", row["id"],
+                            self.site, error)
         self.resaved += count
         return count
+
+    def resave(self, job_id: str) -> bool:
+        leaves = self.db.leaves(job_id)
+        ctx = core.Context(self.site, utc_now())
+        touched = core.keepalive(leaves, ctx, self.stale_after) if leaves else None
+        if touched is None or not isinstance(self.db.save(touched), Saved):
+            return False
+        log.info("keep-alive re-save job=%s site=%s", job_id, self.site)
+        return True
+
+
+def row_priority(row: dict[str, object]) -> int:
+    """A row's priority; a document written around validation may hold anything there."""
+    value = row.get("value")
+    priority = value.get("priority") if isinstance(value, dict) else None
+    return priority if isinstance(priority, int) and not isinstance(priority, bool) else 0

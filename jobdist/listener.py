@@ -6,6 +6,11 @@ when the server goes away, and hands each change over through a bounded
 queue. When the manager falls behind, `put` blocks and TCP pushes back on the
 server: a burst slows the feed down instead of growing memory or crashing
 the listener, which is what happened to the thesis's (section 6.4).
+
+A change whose document we cannot decode (nested too deeply for Python's JSON
+parser, say) would fail every reconnect at the same place and stall the site:
+the second time the feed fails without moving, the listener passes that change
+without its document, and the manager reads (and skips) the job itself.
 """
 
 from __future__ import annotations
@@ -59,9 +64,11 @@ class Listener(threading.Thread):
         self.wake = wake
         self.heartbeat_ms = heartbeat_ms
         self.reconnects = 0
+        self.with_docs = True  # False while passing a change whose document we cannot decode
 
     def run(self) -> None:
         backoff = 0.1
+        failed_at: object = None
         while not self.stop_event.is_set():
             try:
                 self.follow()
@@ -70,20 +77,29 @@ class Listener(threading.Thread):
             except CouchError as error:
                 log.warning("changes feed lost site=%s since=%s error=%s retry_in=%.1fs",
                             self.site, self.since, error, backoff)
+            except RecursionError:
+                log.error("changes feed line nested too deeply to decode site=%s since=%s",
+                          self.site, self.since)
             except Exception:  # a listener that died silently would stall the site
                 log.exception("changes feed failed site=%s since=%s retry_in=%.1fs",
                               self.site, self.since, backoff)
+            self.with_docs = self.since != failed_at
+            failed_at = self.since
             self.reconnects += 1
             self.stop_event.wait(backoff)
             backoff = min(backoff * 2, 5.0)
 
     def follow(self) -> None:
+        with_docs = self.with_docs
         for change in self.db.changes(self.since, heartbeat_ms=self.heartbeat_ms,
-                                      stop=self.stop_event, include_docs=True,
+                                      stop=self.stop_event, include_docs=with_docs,
                                       query_params={"conflicts": True}):
             if not change.id.startswith("_design/") and change.revs:
                 self.hand_over(Changed(change.id, change.revs[0], change.seq, change.doc))
             self.since = change.seq
+            if not with_docs:  # past the change that failed: documents again
+                self.with_docs = True
+                return
 
     def hand_over(self, item: Changed) -> None:
         while not self.stop_event.is_set():

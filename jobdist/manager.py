@@ -19,17 +19,16 @@ import logging
 import queue
 import threading
 import time
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from . import core
 from .config import SiteConfig
-from .couch import Conflict, CouchError, Database, Saved
+from .couch import Conflict, CouchError, Database, Forbidden, Saved, Undecodable
 from .listener import Changed, save_checkpoint
-from .model import Doc, later, utc_now
-from .validation import validate_job
+from .model import Doc, is_live, later, utc_now
 from .workers import Execution, StepResult, WorkerPool, kill_orphans
 
 log = logging.getLogger("jobdist.manager")
@@ -37,6 +36,8 @@ log = logging.getLogger("jobdist.manager")
 DESIGN = "jobdist"
 SCAN_INTERVAL = 2.0  # seconds between claimable scans while workers stay free
 CHECKPOINT_INTERVAL = 2.0
+MAX_SKIPPED = 10_000  # jobs remembered as not to be acted on until they change
+Found = tuple[list[Doc], list[core.Rejected]]  # a job's usable leaves, and the others
 
 
 def spread(site: str, doc_id: str) -> int:
@@ -74,6 +75,10 @@ class Manager:
         self.executions: dict[core.Key, core.Running] = {}
         self.booked_at: dict[core.Key, float] = {}
         self.own_revs: deque[str] = deque(maxlen=4096)
+        # Jobs nothing can be done about until a new revision arrives (invalid,
+        # unreadable, refused by the server's rules), and why: scans pass them by.
+        self.skipped: OrderedDict[str, str] = OrderedDict()
+        self.refusals: dict[str, str] = {}  # job -> the server's reason, for the caller
         self.counts: Counter[str] = Counter()
         self.draining = False
         self.stop_event = threading.Event()
@@ -84,6 +89,9 @@ class Manager:
         self.last_checkpoint = time.monotonic()
         self.last_heartbeat = time.monotonic()
         self.last_lease_scan = 0.0
+        # When this daemon first saw each live lease (job -> lease_until ->
+        # monotonic time): see core.Context.lease_silence.
+        self.leases_seen: dict[str, dict[str, float]] = {}
 
     # --- the loop -------------------------------------------------------------
 
@@ -95,7 +103,10 @@ class Manager:
             changed[item.doc_id] = item  # a burst of changes to one doc is one decision
         for item in sorted(changed.values(), key=self._claim_order):
             self.serve_reports()
-            if item.rev not in self.own_revs:
+            self.skipped.pop(item.doc_id, None)  # a new revision: worth a new look
+            # Our own write needs no decision, unless a conflict came back with it:
+            # then it is the creator's to clean up.
+            if item.rev not in self.own_revs or (item.doc or {}).get("_conflicts"):
                 self.guarded(self.process, item.doc_id, item.doc)
         if batch:
             self.seq = batch[-1].seq  # feed order: the checkpoint never goes back
@@ -162,14 +173,22 @@ class Manager:
         """
         for _ in range(8):
             from_feed = seen is not None and "_conflicts" not in seen
-            leaves = self._valid(doc_id, [seen]) if from_feed else self._leaves(doc_id)
+            found = self._valid(doc_id, [seen]) if from_feed else self._leaves(doc_id)
             seen = None
-            if leaves is None:
+            if found is None:
                 return
-            plan = core.plan(leaves, self.context(), self.pool_view())
+            leaves, rejected = found
+            plan = core.plan(leaves, self.context(self._lease_silence(doc_id, leaves)),
+                             self.pool_view(), rejected)
+            if plan.action == core.IGNORE:
+                self._skip(doc_id, plan.detail)
+                return
             if from_feed and plan.action != "none":
                 continue
-            if plan.action == "none" or not self.execute(doc_id, plan):
+            if plan.action == "none":
+                return
+            if not self.execute(doc_id, plan):
+                self._after_refusal(doc_id, leaves)
                 return
         log.warning("no settled decision job=%s site=%s", doc_id, self.site)
 
@@ -184,12 +203,15 @@ class Manager:
         self.counts["steps_finished" if result.ok else "steps_failed"] += 1
         self.scan_due = True
         for _ in range(8):
-            leaves = self._leaves(key[0])
-            if leaves is None:
+            found = self._leaves(key[0])
+            if found is None:
                 return
+            leaves = found[0]
             plan = core.plan_finish(leaves, self.context(), self.pool_view(), key,
                                     running.epoch, running.worker, result)
             written = self.execute(key[0], plan)
+            if written is None and self._after_refusal(key[0], leaves):
+                return
             if written is not None:
                 # What we just wrote is the state (a later conflict comes through the
                 # feed): it can say "nothing to do" without another read.
@@ -199,44 +221,91 @@ class Manager:
         log.error("could not record the end of job=%s step=%d site=%s", key[0], key[1], self.site)
 
     def note_retry(self, item: Retried) -> None:
-        leaves = self._leaves(item.key[0])
-        if leaves is not None:
+        found = self._leaves(item.key[0])
+        if found is not None:
             self.execute(item.key[0], core.plan_event(
-                leaves, self.context(), item.key, item.epoch, item.worker, "retried", item.detail))
+                found[0], self.context(), item.key, item.epoch, item.worker, "retried",
+                item.detail))
+            self.refusals.pop(item.key[0], None)  # a lost event: the finish still counts
 
-    def _leaves(self, doc_id: str) -> list[Doc] | None:
-        """The job's live leaves, or None when there is nothing valid to decide on."""
+    def _leaves(self, doc_id: str) -> Found | None:
+        """The job's usable leaves and the others, or None when there is nothing to decide on."""
         try:
             leaves = self.db.leaves(doc_id)
+        except (Undecodable, RecursionError, ValueError) as error:
+            # Nested too deeply for Python's JSON parser, or an id no URL can hold:
+            # no revision of it will ever be readable here.
+            self.counts["invalid_documents"] += 1
+            self._skip(doc_id, f"cannot decode: {type(error).__name__}: {str(error)[:200]}")
+            return None
         except CouchError as error:
             log.warning("cannot read job=%s site=%s error=%s", doc_id, self.site, error)
             return None
         return self._valid(doc_id, leaves)
 
-    def _valid(self, doc_id: str, leaves: list[Doc]) -> list[Doc] | None:
-        valid = []
-        for leaf in leaves:
-            if leaf.get("type") != "job" or leaf.get("_deleted"):
-                continue
-            errors = validate_job(leaf)
-            if errors:
-                self._report_invalid(doc_id, leaf["_rev"], errors)
-            else:
-                valid.append(leaf)
-        return valid or None
+    def _valid(self, doc_id: str, leaves: list[Doc]) -> Found | None:
+        jobs = [leaf for leaf in leaves if leaf.get("type") == "job" and not leaf.get("_deleted")]
+        usable, rejected = core.usable_leaves(jobs)
+        for rev, reason in rejected:
+            self._report_invalid(doc_id, rev, reason)
+        if not usable:
+            if jobs:  # not a deletion: a job nothing can be done about as it stands
+                self._skip(doc_id, "no valid revision")
+            return None
+        return usable, rejected
 
-    def _report_invalid(self, doc_id: str, rev: str, errors: list[str]) -> None:
+    def _report_invalid(self, doc_id: str, rev: str, reason: str) -> None:
         if rev in self.own_revs:
             return
         self.own_revs.append(rev)  # report each bad revision once
         self.counts["invalid_documents"] += 1
         log.error("invalid job skipped job=%s rev=%s site=%s errors=%r",
-                  doc_id, rev, self.site, "; ".join(errors))
+                  doc_id, rev, self.site, reason)
 
-    def context(self) -> core.Context:
+    def _skip(self, doc_id: str, reason: str) -> None:
+        """Leave the job alone until a new revision of it arrives on the feed."""
+        if doc_id not in self.skipped:
+            log.warning("job skipped until it changes job=%s site=%s reason=%r",
+                        doc_id, self.site, reason)
+            self.counts["jobs_skipped"] += 1
+        self.skipped[doc_id] = reason
+        self.skipped.move_to_end(doc_id)
+        while len(self.skipped) > MAX_SKIPPED:
+            self.skipped.popitem(last=False)
+
+    def _after_refusal(self, doc_id: str, leaves: list[Doc]) -> bool:
+        """After a write the server refused for good: end the job if we may, else skip it.
+
+        False when the write was not refused (a conflict: decide again).
+        """
+        reason = self.refusals.pop(doc_id, None)
+        if reason is None:
+            return False
+        plan = core.plan_refused(leaves, self.context(), reason)
+        if not (plan.writes and self.execute(doc_id, plan)):
+            self.refusals.pop(doc_id, None)
+            self._skip(doc_id, f"write refused: {reason}")
+        return True
+
+    def _lease_silence(self, doc_id: str, leaves: list[Doc]) -> dict[str, float]:
+        """Note the job's current leases; how long each has been seen unchanged.
+
+        Every site notes them (a site may become the creator by adoption); only
+        the creator acts on them. A job whose step holds no lease is forgotten.
+        """
+        now = time.monotonic()
+        before = self.leases_seen.pop(doc_id, {})
+        seen = {lease: before.get(lease, now) for leaf in leaves if is_live(leaf)
+                and (lease := leaf["job"][leaf["step"]].get("lease_until"))}
+        if seen:
+            self.leases_seen[doc_id] = seen
+        return {lease: now - since for lease, since in seen.items()}
+
+    def context(self, lease_silence: dict[str, float] | None = None) -> core.Context:
         return core.Context(self.site, utc_now(), self.known_sites,
                             booking_timeout=self.config.booking_timeout,
-                            lease=self.config.lease, skew_margin=self.config.clock_skew_margin)
+                            lease=self.config.lease, skew_margin=self.config.clock_skew_margin,
+                            lease_silence=lease_silence)
 
     def pool_view(self) -> core.PoolView:
         if self.draining:
@@ -288,10 +357,23 @@ class Manager:
                                    for rev in plan.deletions])
                 self.counts["conflicts_resolved"] += len(plan.deletions)
         except CouchError as error:
-            log.warning("write failed job=%s site=%s action=%s error=%s",
-                        doc_id, self.site, plan.action, error)
+            if isinstance(error, Forbidden) and error.status == 403:  # not a 401: a login
+                self._refused(doc_id, plan, error)
+            else:
+                log.warning("write failed job=%s site=%s action=%s error=%s",
+                            doc_id, self.site, plan.action, error)
             return None
         return saved
+
+    def _refused(self, doc_id: str, plan: core.Plan, error: Forbidden) -> None:
+        """The server's rules refuse the revision: the same write can never succeed."""
+        self.counts["writes_refused"] += 1
+        log.error("write refused job=%s site=%s action=%s error=%s",
+                  doc_id, self.site, plan.action, error)
+        for effect in plan.before:  # a worker booked for a write that never happens is lost
+            if isinstance(effect, core.Book):
+                self.apply(core.Unbook(effect.key))
+        self.refusals[doc_id] = error.reason or str(error)
 
     def apply(self, effect: core.Effect, doc: Doc | None = None) -> None:
         if isinstance(effect, core.Book):
@@ -361,13 +443,15 @@ class Manager:
 
     def renew(self, key: core.Key, epoch: int) -> None:
         for _ in range(3):
-            leaves = self._leaves(key[0])
-            if leaves is None:
+            found = self._leaves(key[0])
+            if found is None:
                 return
-            plan = core.plan_renew(leaves, self.context(), key, epoch,
+            plan = core.plan_renew(found[0], self.context(), key, epoch,
                                    renew_below=self.config.lease - self.config.heartbeat)
             if plan.action == "none" or self.execute(key[0], plan) is not None:
                 return
+            if self.refusals.pop(key[0], None) is not None:
+                return  # the lease lapses; the finish will say what happened
 
     def _revoke_expired_leases_if_due(self) -> None:
         """As creator: take back steps whose winner stopped renewing its lease."""
@@ -381,9 +465,11 @@ class Manager:
                                 endkey=[self.site, cutoff])
         except CouchError as error:
             log.warning("lease scan failed site=%s error=%s", self.site, error)
+            self.leases_seen.clear()  # renewals go unseen meanwhile: count afresh after
             return
         for row in rows:
-            self.guarded(self.process, row["id"])
+            if row["id"] not in self.skipped:
+                self.guarded(self.process, row["id"])
 
     def _scan_if_due(self) -> None:
         """Claim open steps that arrived while every worker was busy."""
@@ -401,13 +487,17 @@ class Manager:
     def claimable(self, limit: int) -> list[str]:
         """Open steps this site may run: highest priority first, then oldest."""
         rows = []
+        # Skipped jobs may sort first (a hostile priority): read past them, or they
+        # would fill the window on every scan and starve everything behind them.
+        extra = min(len(self.skipped), 1000)
         try:
             for target in (self.site, "any"):
                 rows += self.db.view(DESIGN, "claimable", startkey=[target],
-                                     endkey=[target, {}], limit=limit)
+                                     endkey=[target, {}], limit=limit + extra)
         except CouchError as error:
             log.warning("claimable scan failed site=%s error=%s", self.site, error)
             return []
+        rows = [row for row in rows if row["id"] not in self.skipped]
         rows.sort(key=lambda row: (row["key"][1], row["key"][2]))
         window = list(dict.fromkeys(row["id"] for row in rows))[:limit]
         priority = {row["id"]: row["key"][1] for row in rows}

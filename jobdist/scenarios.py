@@ -3,8 +3,10 @@
 Each scenario brings up its own local cluster (in-memory servers on free
 ports), submits its jobs at the creator site at once, waits until every job
 has ended, and measures makespan and revisions per job. Every step appends
-`start`/`end` lines to a ledger file, so a run can be checked: every step ran
-exactly once, on a site its target allows, the steps of a job in order.
+`start`/`end` lines to a ledger file, so a run can be checked (`audit_run`):
+every step ran exactly once, on a site its target allows, the steps of a job in
+order; under faults, a step that ran again did so in a new epoch and the job's
+history says why.
 """
 
 from __future__ import annotations
@@ -12,16 +14,18 @@ from __future__ import annotations
 import collections
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .cluster import LocalCluster
+from .core import merge
 from .couch import Couch, Database
 from .localserver import free_port
-from .model import ANY, Doc, new_job, new_step
+from .model import ANY, Doc, allows, new_job, new_step
 
 SITE_NAMES = ("global", "reg_a", "reg_b")
+LedgerRow = tuple[str, str, int, str, int]  # (kind, job id, step, site, epoch)
 
 
 @dataclass(frozen=True)
@@ -62,7 +66,8 @@ class Result:
     thesis_optimum: float  # the thesis's formula: steps * jobs * step / workers
     revisions: list[int]
     statuses: collections.Counter[str]
-    ledger: list[tuple[str, str, int, str, int]] = field(default_factory=list)
+    ledger: list[LedgerRow] = field(default_factory=list)
+    docs: list[Doc] = field(default_factory=list)  # each job as it ended
 
     @property
     def ratio(self) -> float:
@@ -74,12 +79,15 @@ TOPOLOGIES = ("mesh", "star", "filtered")
 
 def write_sites(directory: Path, count: int, workers: int = 2,
                 keepalive: float = 5.0, stale_after: float = 30.0,
-                topology: str = "mesh", lease: float = 60.0) -> Path:
-    """A sites directory of `count` sites on free ports.
+                topology: str = "mesh", lease: float = 60.0, booking_timeout: float = 60.0,
+                peer_urls: Mapping[str, Mapping[str, str]] | None = None) -> Path:
+    """A sites directory of `count` sites on free ports, with authentication on
+    (the local cluster writes the credentials files under `secrets/`).
 
     mesh: every pair replicates; star: `global` is the hub, the others
     replicate with it only, and it passes on to each only what concerns it;
     filtered: a mesh where each site pushes to a peer only what concerns it.
+    `peer_urls[site][peer]`: where `site` sends its replication to `peer` (a proxy).
     """
     if topology not in TOPOLOGIES:
         raise ValueError(f"unknown topology {topology!r}; choose from {', '.join(TOPOLOGIES)}")
@@ -96,13 +104,19 @@ def write_sites(directory: Path, count: int, workers: int = 2,
         (directory / f"{name}.toml").write_text(
             f'name = "{name}"\nworkers = {workers}\n'
             f"peers = [{', '.join(f'{chr(34)}{p}{chr(34)}' for p in peers)}]\n\n"
-            f'[couch]\nurl = "http://127.0.0.1:{free_port()}"\ndatabase = "jobs"\n\n'
+            f'[couch]\nurl = "http://127.0.0.1:{free_port()}"\ndatabase = "jobs"\n'
+            f'credentials = "secrets/{name}.toml"\nadmin_credentials = "secrets/admin.toml"\n\n'
             f"[replication]\nfiltered = {str(filtered).lower()}\n"
-            f"relay = {str(topology == 'star' and hub).lower()}\n\n"
+            f"relay = {str(topology == 'star' and hub).lower()}\n"
+            f"peer_urls = {_toml_table((peer_urls or {}).get(name, {}))}\n\n"
             f"[keepalive]\nperiod = {keepalive}\nstale_after = {stale_after}\n\n"
             f"[daemon]\nshutdown_grace = 2.0\nlease = {lease}\nheartbeat = {lease / 4}\n"
-            f"clock_skew_margin = {lease / 6}\n")
+            f"clock_skew_margin = {lease / 6}\nbooking_timeout = {booking_timeout}\n")
     return directory
+
+
+def _toml_table(values: Mapping[str, str]) -> str:
+    return "{ " + ", ".join(f'{key} = "{value}"' for key, value in values.items()) + " }"
 
 
 def site_db(cluster: LocalCluster, name: str) -> Database:
@@ -132,7 +146,16 @@ def wait_until_done(db: Database, ids: list[str], timeout: float,
         time.sleep(0.1)
 
 
-def read_ledger(path: Path) -> list[tuple[str, str, int, str, int]]:
+def merged_docs(db: Database, ids: list[str]) -> dict[str, Doc]:
+    """Each job that exists, by id, merged from all its leaves (histories unioned)."""
+    docs = {doc["_id"]: doc for doc in db.bulk_get(ids, conflicts=True)}
+    for doc_id, doc in docs.items():
+        if doc.get("_conflicts"):
+            docs[doc_id] = merge(db.leaves(doc_id))
+    return docs
+
+
+def read_ledger(path: Path) -> list[LedgerRow]:
     """(kind, job id, step, site, epoch) per line."""
     if not path.exists():
         return []
@@ -193,30 +216,161 @@ def run_scenario(scenario: Scenario, step_seconds: float = 0.5, workers: int = 2
             revisions=[int(doc["_rev"].split("-")[0]) for doc in docs],
             statuses=collections.Counter(doc["job_status"] for doc in docs),
             ledger=read_ledger(ledger),
+            docs=docs,
         )
 
 
 def check_ledger(result: Result) -> list[str]:
-    """What is wrong with a run: steps run twice, out of order, or on a wrong site."""
-    problems = []
-    starts = [row for row in result.ledger if row[0] == "start"]
-    ends = {(row[1], row[2]) for row in result.ledger if row[0] == "end"}
-    runs = collections.Counter((row[1], row[2]) for row in starts)
-    for (job_id, step), count in runs.items():
-        if count != 1:
-            problems.append(f"{job_id} step {step} started {count} times")
-        if (job_id, step) not in ends:
-            problems.append(f"{job_id} step {step} never ended")
-    by_job: dict[str, list[int]] = collections.defaultdict(list)
-    for _, job_id, step, site, _ in starts:
-        by_job[job_id].append(step)
-        target = result.scenario.targets[step]
-        if target not in (ANY, site):
-            problems.append(f"{job_id} step {step} ran on {site}, target {target}")
-    for job_id, steps in by_job.items():
-        if steps != sorted(steps):
-            problems.append(f"{job_id} steps out of order: {steps}")
-    expected = result.scenario.jobs * len(result.scenario.targets)
-    if len(runs) != expected:
-        problems.append(f"{len(runs)} steps ran, expected {expected}")
+    """What is wrong with a fault-free run: any step run twice is wrong here."""
+    docs = {doc["_id"]: doc for doc in result.docs}
+    audit = audit_run(result.ledger, docs, list(docs), expect=None)
+    problems = audit.problems + [f"ran again with no fault: {run}" for run in audit.duplicates]
+    if len(docs) != result.scenario.jobs:
+        problems.append(f"{len(docs)} jobs ended, expected {result.scenario.jobs}")
     return problems
+
+
+@dataclass
+class Audit:
+    """The promises of a run, checked from its ledger and its jobs' final documents."""
+
+    jobs: int
+    lost: list[str] = field(default_factory=list)  # submitted jobs missing or never ended
+    problems: list[str] = field(default_factory=list)  # broken promises, lost jobs included
+    duplicates: list[str] = field(default_factory=list)  # extra runs, each with its reason
+    runs: int = 0  # step executions the ledger shows
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def audit_run(ledger: list[LedgerRow], docs: Mapping[str, Doc], submitted: list[str],
+              expect: str | None = "success") -> Audit:
+    """Check a run: no job lost, every job ended as `expect`ed (None: any end), the
+    steps of a job ran in order, each on a site its target allows, and each step
+    that counted ran once. Any other run of a step is a duplicate: allowed only
+    with a fencing token of its own and when the history says why (`why_superseded`).
+
+    The fencing token is the epoch and the site (core.backs_execution): after a
+    revocation, a site on the losing side of a partition may issue an epoch number
+    that a site on the other side issues too.
+    """
+    audit = Audit(jobs=len(submitted), runs=sum(row[0] == "start" for row in ledger))
+    runs: dict[str, list[tuple[int, LedgerRow]]] = collections.defaultdict(list)
+    for line, row in enumerate(ledger):
+        runs[row[1]].append((line, row))
+    for job_id in submitted:
+        doc = docs.get(job_id)
+        if doc is None or not doc.get("job_status"):
+            audit.lost.append(job_id)
+            audit.problems.append(f"{job_id} {'missing' if doc is None else 'never ended'}")
+            continue
+        if expect is not None and doc["job_status"] != expect:
+            audit.problems.append(f"{job_id} ended {doc['job_status']}, expected {expect}")
+        _audit_job(doc, runs.pop(job_id, []), audit)
+    audit.problems += [f"{job_id} ran but was never submitted" for job_id in runs]
+    return audit
+
+
+Run = tuple[int, int, str]  # (step, epoch, site): one execution, by its fencing token
+
+
+@dataclass
+class JobRuns:
+    """One job's executions in the ledger: the lines that started and ended each."""
+
+    starts: dict[Run, list[int]] = field(default_factory=lambda: collections.defaultdict(list))
+    ends: dict[Run, int] = field(default_factory=dict)
+
+    def add(self, line: int, row: LedgerRow) -> None:
+        kind, _, step, site, epoch = row
+        if kind == "start":
+            self.starts[(step, epoch, site)].append(line)
+        else:
+            self.ends[(step, epoch, site)] = line
+
+
+def counted(doc: Doc) -> dict[Run, Doc]:
+    """The executions whose result the job kept: each ended step's, by its winner."""
+    return {(index, step["epoch"], step["winner"]): step for index, step in enumerate(doc["job"])
+            if step["step_status"] in ("finished", "failed")}
+
+
+def _audit_job(doc: Doc, rows: list[tuple[int, LedgerRow]], audit: Audit) -> None:
+    runs = JobRuns()
+    for line, row in rows:
+        runs.add(line, row)
+    audit.problems += _misplaced(doc, runs) + _counted_in_order(doc, runs)
+    kept = counted(doc)
+    for run in sorted(set(runs.starts) - set(kept)):
+        where = f"{doc['_id']} step {run[0]} epoch {run[1]} on {run[2]}"
+        reason = why_superseded(doc["history"], run)
+        if reason is None:
+            audit.problems.append(f"{where}: ran, did not count, and the history says nothing")
+        else:
+            audit.duplicates.append(f"{where}: {reason}")
+
+
+def _misplaced(doc: Doc, runs: JobRuns) -> list[str]:
+    """Two executions sharing a fencing token, or a run on a site the target forbids."""
+    problems = []
+    for (index, epoch, site), lines in runs.starts.items():
+        where = f"{doc['_id']} step {index}"
+        if len(lines) > 1:
+            problems.append(f"{where} ran {len(lines)} times on {site} in epoch {epoch}")
+        if index >= len(doc["job"]) or not allows(doc["job"][index], site):
+            problems.append(f"{where} ran on {site}, not a target")
+    return problems
+
+
+def _counted_in_order(doc: Doc, runs: JobRuns) -> list[str]:
+    """Each ended step has its run, started after the run of the step before ended."""
+    problems, previous_end = [], -1
+    for run, step in sorted(counted(doc).items()):
+        where = f"{doc['_id']} step {run[0]}"
+        if not runs.starts.get(run):
+            problems.append(f"{where} {step['step_status']} with no run in epoch {run[1]} "
+                            f"on {run[2]}")
+            continue
+        line = runs.starts[run][0]
+        if line < previous_end:
+            problems.append(f"{where} started before step {run[0] - 1} ended")
+        if step["step_status"] == "finished" and run not in runs.ends:
+            problems.append(f"{where} finished, but its run never ended")
+        previous_end = runs.ends.get(run, line)
+    return problems
+
+
+def why_superseded(history: list[Doc], run: Run) -> str | None:
+    """What the history records about a run that did not count: its stale finish, a
+    cancellation in its epoch, a release that ended its epoch (a release moves the
+    step to the next epoch) written by its site or naming it (a revoked lease), or
+    a finish of the step before that it was chained on, in the same revision by the
+    same site, itself superseded."""
+    step, epoch, site = run
+    for entry in history:
+        if entry["step"] == step and _ends_epoch(entry, epoch, site):
+            return f"{entry['event']} by {entry['site']}: {entry['detail']}"
+    started = {e["at"] for e in history
+               if (e["event"], e["step"], e["epoch"], e["site"]) == ("started", *run)}
+    for entry in history:
+        if (entry["event"], entry["step"], entry["site"]) == ("finished", step - 1, site) and \
+                entry["at"] in started:
+            reason = why_superseded(history, (step - 1, entry["epoch"], site))
+            if reason is not None:
+                return f"chained on step {step - 1} epoch {entry['epoch']}, {reason}"
+    return None
+
+
+def _ends_epoch(entry: Doc, epoch: int, site: str) -> bool:
+    """Does this event of the run's step end the run's epoch?"""
+    names = entry["site"] == site or site in (entry.get("detail") or "")
+    match entry["event"]:
+        case "stale_finish":
+            return entry["epoch"] == epoch and names
+        case "cancelled":
+            return entry["epoch"] == epoch
+        case "released":
+            return entry["epoch"] == epoch + 1 and names
+    return False

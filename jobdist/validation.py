@@ -23,17 +23,20 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+from .model import HISTORY_EVENTS
+
 MAX_DOC_SIZE = 1024 * 1024
+MAX_DEPTH = 32  # levels of objects and lists; Python's JSON parser gives up near 1000
 MAX_STEPS = 1000
 MAX_DO_LENGTH = 65536
 MAX_STREAM_LENGTH = 4096
+MAX_ID_LENGTH = 256
+# Counts stay far below 2**53: past it, JavaScript cannot add 1 and epochs stop growing.
+MAX_COUNT = 1_000_000_000
+MAX_RETRIES = 1000
 
 JOB_STATUSES = (None, "success", "failed", "cancelled")
 STEP_STATUSES = (None, "running", "finished", "failed")
-HISTORY_EVENTS = (
-    "created", "claimed", "won", "started", "retried", "finished", "failed",
-    "released", "cancelled", "stale_finish", "invalid",
-)
 # Revision metadata the server adds to the document it validates: not measured.
 UNMEASURED_FIELDS = ("_rev", "_revisions")
 
@@ -52,6 +55,12 @@ ISO_UTC_REASON = "must be " + ISO_UTC_RULE
 # In a str decoded from JSON, every surrogate code point is a lone one.
 LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 TARGET_REASON = 'must be "any", a site name or a non-empty list of site names'
+CONTROL_CHARACTER = re.compile("[\x00-\x1f\x7f]")
+ID_REASON = (
+    f"must be a string of 1-{MAX_ID_LENGTH} characters, without control characters "
+    "or unpaired surrogates"
+)
+DAYS_IN_MONTH = (31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
 
 
 class InvalidJob(ValueError):
@@ -107,7 +116,24 @@ def is_site_name(value: Any) -> bool:
 
 
 def is_iso_utc(value: Any) -> bool:
-    return is_string(value) and ISO_UTC.fullmatch(value) is not None
+    return is_string(value) and ISO_UTC.fullmatch(value) is not None and is_calendar_day(value)
+
+
+def is_calendar_day(text: str) -> bool:
+    """A day that exists (no February 30) in a year >= 1 (what datetime can represent)."""
+    year, month, day = int(text[0:4]), int(text[5:7]), int(text[8:10])
+    leap = year % 4 == 0 and (year % 100 != 0 or year % 400 == 0)
+    return year >= 1 and day <= DAYS_IN_MONTH[month - 1] + (1 if month == 2 and leap else 0)
+
+
+def is_doc_id(value: Any) -> bool:
+    """An id a daemon can put in a URL and a step's environment."""
+    return (
+        is_string(value)
+        and 1 <= text_length(value) <= MAX_ID_LENGTH
+        and CONTROL_CHARACTER.search(value) is None
+        and LONE_SURROGATE.search(value) is None
+    )
 
 
 def text_length(text: str) -> int:
@@ -119,8 +145,8 @@ def nullable(test: Callable[[Any], bool]) -> Callable[[Any], bool]:
     return lambda value: value is None or test(value)
 
 
-def natural(value: Any) -> bool:
-    return is_integer(value) and value >= 0
+def count_up_to(maximum: int) -> Callable[[Any], bool]:
+    return lambda value: is_integer(value) and 0 <= value <= maximum
 
 
 def one_of(choices: tuple[Any, ...]) -> Callable[[Any], bool]:
@@ -265,10 +291,11 @@ SITE = simple(is_site_name, SITE_NAME_REASON)
 OPTIONAL_SITE = simple(nullable(is_site_name), "must be null or " + SITE_NAME_RULE)
 TIME = simple(is_iso_utc, ISO_UTC_REASON)
 OPTIONAL_TIME = simple(nullable(is_iso_utc), "must be null or " + ISO_UTC_RULE)
-COUNT = simple(natural, "must be an integer >= 0")
+COUNT = simple(count_up_to(MAX_COUNT), f"must be an integer between 0 and {MAX_COUNT}")
+RETRIES = simple(count_up_to(MAX_RETRIES), f"must be an integer between 0 and {MAX_RETRIES}")
 
 RETRY_STRATEGY_FIELDS = [
-    Field("max_retries", True, COUNT),
+    Field("max_retries", True, RETRIES),
     Field("max_time", False, optional_number(">", 0)),
     Field("sleep", False, optional_number(">=", 0)),
     Field("sleep_factor", False, optional_number(">=", 1)),
@@ -320,6 +347,7 @@ EVENT_FIELDS = [
 def job_fields(step_count: int | None) -> list[Field]:
     """Top-level fields; other top-level fields are allowed (forward compatibility)."""
     return [
+        Field("_id", False, simple(is_doc_id, ID_REASON)),
         Field("creator", True, SITE),
         Field("priority", True, simple(is_integer, "must be an integer")),
         Field("created_at", True, TIME),
@@ -341,7 +369,11 @@ def validate_job(doc: Any) -> list[str]:
     if doc.get("type") != "job":
         return ['type: must be "job"']
     errors: list[str] = []
-    if json_size(doc) > MAX_DOC_SIZE:
+    # Depth first: measuring the size of a very deep document would overflow JavaScript's stack.
+    if too_deep(doc):
+        errors.append(f"document: too deeply nested: more than {MAX_DEPTH} levels of objects "
+                      "and lists")
+    elif json_size(doc) > MAX_DOC_SIZE:
         errors.append(f"document: too large: its JSON exceeds {MAX_DOC_SIZE} characters (1 MiB)")
     steps = doc.get("job")
     step_count = len(steps) if is_list(steps) and steps else None
@@ -353,7 +385,23 @@ def is_design_doc(doc: dict[str, Any]) -> bool:
     return is_string(doc.get("_id")) and doc["_id"].startswith("_design/")
 
 
-# --- size, measured as JSON.stringify(doc).length ------------------------------
+# --- depth and size, measured as JSON.stringify(doc).length --------------------------
+
+
+def too_deep(doc: dict[str, Any]) -> bool:
+    """Does any object or list sit more than MAX_DEPTH levels deep (the document is 1)?"""
+    # Iterative, like json_length: a deep document must not exhaust the stack.
+    pending = [(value, 2) for key, value in doc.items() if key not in UNMEASURED_FIELDS]
+    while pending:
+        value, depth = pending.pop()
+        if not (is_object(value) or is_list(value)):
+            continue
+        if depth > MAX_DEPTH:
+            return True
+        children = value.values() if is_object(value) else value
+        pending.extend((child, depth + 1) for child in children)
+    return False
+
 
 
 def json_size(doc: dict[str, Any]) -> int:

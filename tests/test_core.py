@@ -935,3 +935,20 @@ def test_renew_only_touches_a_lease_that_is_running_out():
         [doc], Context("reg_a", "2026-01-01T00:00:10.000000Z", lease=60), KEY, 1,
         renew_below=45)
     assert plenty.action == "none"  # 50 s left: no write yet
+
+
+def test_the_creator_revokes_only_a_lease_it_has_itself_seen_silent_for_a_lease():
+    """Deadlines are written on the winner's clock and read on the creator's: past its
+    deadline, a lease is revoked only once the creator has also seen it unchanged
+    for a lease and a margin on its own clock (renewals change it)."""
+    doc = step(running(job(), "reg_a"), lease_until=at(100))
+
+    def plan_at(seconds: float, silence: dict[str, float] | None) -> str:
+        now = Context(CREATOR, at(seconds), lease=60, skew_margin=10, lease_silence=silence)
+        return core.plan([doc], now, pool()).action
+
+    assert plan_at(111, None) == "revoke"  # untracked: the deadline alone decides
+    assert plan_at(105, {at(100): 500.0}) == "none"  # silent long, but within the margin
+    assert plan_at(111, {at(100): 69.0}) == "none"  # seen for less than 60 + 10 s
+    assert plan_at(111, {}) == "none"  # never seen before: seen just now
+    assert plan_at(111, {at(100): 71.0}) == "revoke"

@@ -34,6 +34,8 @@ SITE_NAME = "a site name (1-64 characters of a-z, 0-9, _ and -, starting with a 
 SITE_RULE = "must be " + SITE_NAME
 ISO_RULE = "an ISO 8601 UTC time ending in Z (YYYY-MM-DDTHH:MM:SS[.ffffff]Z)"
 MISSING = object()  # a `change` value that removes the field
+COUNT_RULE = "must be an integer between 0 and 1000000000"
+ID_RULE = "must be a string of 1-256 characters, without control characters or unpaired surrogates"
 
 
 def step(**fields: Any) -> Doc:
@@ -112,10 +114,20 @@ def minimal_job() -> Doc:
         "max_retries": 0}}])
 
 
+def nested(depth: int) -> Any:
+    """A list `depth` levels deep (a value at the top level of a document is at level 2)."""
+    value: Any = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
 @pytest.mark.parametrize(
     "doc",
     [
         job(),
+        job(_id="j" * 256, leap=["2024-02-29T23:59:59Z"], deep=nested(31),
+            created_at="2024-02-29T00:00:00.123456789Z", updated_at="2024-02-29T00:00:00Z"),
         finished_job(),
         minimal_job(),
         job(priority=-7, future_field={"anything": [1, 2]}),
@@ -123,7 +135,7 @@ def minimal_job() -> Doc:
         {"_id": "job-x", "_rev": "1-abc", "_deleted": True},
         {"_id": "_design/other", "views": {}},
     ],
-    ids=["example", "finished", "minimal", "extra-top-level", "integral-float", "deleted",
+    ids=["example", "edges", "finished", "minimal", "extra-top-level", "integral-float", "deleted",
          "design"],
 )
 def test_valid_documents_pass(doc: Doc) -> None:
@@ -177,7 +189,7 @@ CASES: list[tuple[str, tuple[str | int, ...], Any, str]] = [
      "job[0].retry_strategy.sleep_max: must be null or a number >= 0"),
     ("retry-unknown", ("job", 0, "retry_strategy", "jitter"), 1,
      "job[0].retry_strategy.jitter: unknown field"),
-    ("epoch", ("job", 0, "epoch"), -1, "job[0].epoch: must be an integer >= 0"),
+    ("epoch", ("job", 0, "epoch"), -1, f"job[0].epoch: {COUNT_RULE}"),
     ("claimed_by", ("job", 0, "claimed_by"), "", f"job[0].claimed_by: must be null or {SITE_NAME}"),
     ("winner", ("job", 0, "winner"), 7, f"job[0].winner: must be null or {SITE_NAME}"),
     ("executioner", ("job", 0, "executioner"), 1, "job[0].executioner: must be null or a string"),
@@ -188,7 +200,7 @@ CASES: list[tuple[str, tuple[str | int, ...], Any, str]] = [
      f"job[0].start_time: must be null or {ISO_RULE}"),
     ("finish_time", ("job", 0, "finish_time"), "2026-13-01T00:00:00Z",
      f"job[0].finish_time: must be null or {ISO_RULE}"),
-    ("attempts", ("job", 0, "attempts"), 1.5, "job[0].attempts: must be an integer >= 0"),
+    ("attempts", ("job", 0, "attempts"), 1.5, f"job[0].attempts: {COUNT_RULE}"),
     ("exit_code", ("job", 0, "exit_code"), "1", "job[0].exit_code: must be null or an integer"),
     ("output", ("job", 0, "output"), "done",
      "job[0].output: must be null or an object {stdout, stderr}"),
@@ -200,15 +212,28 @@ CASES: list[tuple[str, tuple[str | int, ...], Any, str]] = [
     ("history-item", ("history", 0), "created", "history[0]: must be an object"),
     ("event", ("history", 0, "event"), "exploded",
      'history[0].event: must be one of "created", "claimed", "won", "started", "retried", '
-     '"finished", "failed", "released", "cancelled", "stale_finish", "invalid"'),
-    ("event-step", ("history", 0, "step"), None, "history[0].step: must be an integer >= 0"),
+     '"finished", "failed", "released", "cancelled", "stale_finish", "invalid", "adopted"'),
+    ("event-step", ("history", 0, "step"), None, f"history[0].step: {COUNT_RULE}"),
     ("event-site", ("history", 0, "site"), MISSING, "history[0].site: is missing"),
     ("event-worker", ("history", 0, "worker"), 3, "history[0].worker: must be null or a string"),
-    ("event-epoch", ("history", 0, "epoch"), "1", "history[0].epoch: must be an integer >= 0"),
+    ("event-epoch", ("history", 0, "epoch"), "1", f"history[0].epoch: {COUNT_RULE}"),
     ("event-at", ("history", 0, "at"), "2026-11-22T00:35:12", f"history[0].at: must be {ISO_RULE}"),
     ("event-detail", ("history", 0, "detail"), [], "history[0].detail: must be null or a string"),
     ("event-unknown", ("history", 0, "why"), "x", "history[0].why: unknown field"),
     ("keepalive_at", ("keepalive_at",), None, f"keepalive_at: must be {ISO_RULE}"),
+    ("time-february-30", ("updated_at",), "2026-02-30T00:00:00Z",
+     f"updated_at: must be {ISO_RULE}"),
+    ("time-not-leap", ("created_at",), "2025-02-29T00:00:00Z", f"created_at: must be {ISO_RULE}"),
+    ("time-year-zero", ("created_at",), "0000-01-01T00:00:00Z", f"created_at: must be {ISO_RULE}"),
+    ("max_retries-huge", ("job", 0, "retry_strategy", "max_retries"), 1001,
+     "job[0].retry_strategy.max_retries: must be an integer between 0 and 1000"),
+    ("epoch-huge", ("job", 0, "epoch"), 10**9 + 1,
+     f"job[0].epoch: {COUNT_RULE}"),
+    ("id-empty", ("_id",), "", f"_id: {ID_RULE}"),
+    ("id-long", ("_id",), "j" * 257, f"_id: {ID_RULE}"),
+    ("id-control", ("_id",), "job-\x7f", f"_id: {ID_RULE}"),
+    ("id-surrogate", ("_id",), "job-\udc80", f"_id: {ID_RULE}"),
+    ("id-type", ("_id",), 5, f"_id: {ID_RULE}"),
 ]
 
 
@@ -302,6 +327,14 @@ def test_json_size_is_what_javascript_measures() -> None:
     assert [json_size(doc) for doc in docs] == json.loads(node.stdout)
 
 
+def test_deep_documents_are_refused_without_measuring_them() -> None:
+    assert validate_job(job(deep=nested(31))) == []
+    expected = ["document: too deeply nested: more than 32 levels of objects and lists"]
+    assert validate_job(job(deep=nested(32))) == expected
+    assert validate_job(job(deep={"a": nested(31)})) == expected
+    assert validate_job(job(deep=nested(100_000))) == expected  # no RecursionError
+
+
 def test_json_size_survives_deep_nesting() -> None:
     nested: list[Any] = []
     for _ in range(5000):
@@ -352,6 +385,14 @@ CORPUS: list[tuple[str, Callable[[], Doc]]] = [
     ("keepalive-null", variant(job(), ("keepalive_at",), None)),
     ("too-large", variant(job(), ("blob",), "x" * MAX_DOC_SIZE)),
     ("too-many-steps", variant(job(), ("job",), [step(do=f"echo {i}") for i in range(1001)])),
+    ("too-deep", variant(job(), ("deep",), {"a": nested(31)})),
+    ("impossible-days", variant(job(), ("job", 0), step(
+        start_time="2026-02-29T00:00:00Z", finish_time="2100-02-29T00:00:00Z",
+        lease_until="2026-04-31T00:00:00Z"))),
+    ("bad-ids", variant(job(), ("_id",), "job-\x7f\x01")),
+    ("id-too-long", variant(job(), ("_id",), "é" * 257)),
+    ("counts-too-large", variant(job(), ("job", 0), step(
+        epoch=10**9 + 1, attempts=2**53, retry_strategy={"max_retries": 1001}))),
     ("everything-wrong", lambda: {
         "_id": "job-bad", "type": "job", "creator": 1, "priority": [], "created_at": 0,
         "step": None,

@@ -6,15 +6,20 @@ function (newDoc, oldDoc, userCtx, secObj) {
   "use strict";
 
   var MAX_DOC_SIZE = 1024 * 1024;
+  var MAX_DEPTH = 32;  // levels of objects and lists; Python's JSON parser gives up near 1000
   var MAX_STEPS = 1000;
   var MAX_DO_LENGTH = 65536;
   var MAX_STREAM_LENGTH = 4096;
+  var MAX_ID_LENGTH = 256;
+  // Counts stay far below 2**53: past it, JavaScript cannot add 1 and epochs stop growing.
+  var MAX_COUNT = 1000000000;
+  var MAX_RETRIES = 1000;
 
   var JOB_STATUSES = [null, "success", "failed", "cancelled"];
   var STEP_STATUSES = [null, "running", "finished", "failed"];
   var HISTORY_EVENTS = [
     "created", "claimed", "won", "started", "retried", "finished", "failed",
-    "released", "cancelled", "stale_finish", "invalid"
+    "released", "cancelled", "stale_finish", "invalid", "adopted"
   ];
   // Revision metadata the server adds to the document it validates: not measured.
   var UNMEASURED_FIELDS = ["_rev", "_revisions"];
@@ -31,6 +36,12 @@ function (newDoc, oldDoc, userCtx, secObj) {
   var ISO_UTC_RULE = "an ISO 8601 UTC time ending in Z (YYYY-MM-DDTHH:MM:SS[.ffffff]Z)";
   var ISO_UTC_REASON = "must be " + ISO_UTC_RULE;
   var TARGET_REASON = 'must be "any", a site name or a non-empty list of site names';
+  var CONTROL_CHARACTER = /[\u0000-\u001f\u007f]/;
+  // A high surrogate not followed by a low one, or a low one not preceded by a high one.
+  var LONE_SURROGATE = /[\ud800-\udbff](?![\udc00-\udfff])|(^|[^\ud800-\udbff])[\udc00-\udfff]/;
+  var ID_REASON = "must be a string of 1-" + MAX_ID_LENGTH + " characters, without control " +
+    "characters or unpaired surrogates";
+  var DAYS_IN_MONTH = [31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31];
 
   // --- value tests -----------------------------------------------------------
 
@@ -59,7 +70,22 @@ function (newDoc, oldDoc, userCtx, secObj) {
   }
 
   function isIsoUtc(value) {
-    return isString(value) && ISO_UTC.test(value);
+    return isString(value) && ISO_UTC.test(value) && isCalendarDay(value);
+  }
+
+  function isCalendarDay(text) {
+    // A day that exists (no February 30) in a year >= 1 (what Python's datetime can represent).
+    var year = parseInt(text.slice(0, 4), 10);
+    var month = parseInt(text.slice(5, 7), 10);
+    var day = parseInt(text.slice(8, 10), 10);
+    var leap = year % 4 === 0 && (year % 100 !== 0 || year % 400 === 0);
+    return year >= 1 && day <= DAYS_IN_MONTH[month - 1] + (month === 2 && leap ? 1 : 0);
+  }
+
+  function isDocId(value) {
+    // An id a daemon can put in a URL and a step's environment.
+    return isString(value) && value.length >= 1 && value.length <= MAX_ID_LENGTH &&
+      !CONTROL_CHARACTER.test(value) && !LONE_SURROGATE.test(value);
   }
 
   function has(obj, name) {
@@ -70,8 +96,8 @@ function (newDoc, oldDoc, userCtx, secObj) {
     return function (value) { return value === null || test(value); };
   }
 
-  function natural(value) {
-    return isInteger(value) && value >= 0;
+  function countUpTo(maximum) {
+    return function (value) { return isInteger(value) && value >= 0 && value <= maximum; };
   }
 
   function oneOf(choices) {
@@ -219,10 +245,11 @@ function (newDoc, oldDoc, userCtx, secObj) {
   var OPTIONAL_SITE = simple(nullable(isSiteName), "must be null or " + SITE_NAME_RULE);
   var TIME = simple(isIsoUtc, ISO_UTC_REASON);
   var OPTIONAL_TIME = simple(nullable(isIsoUtc), "must be null or " + ISO_UTC_RULE);
-  var COUNT = simple(natural, "must be an integer >= 0");
+  var COUNT = simple(countUpTo(MAX_COUNT), "must be an integer between 0 and " + MAX_COUNT);
+  var RETRIES = simple(countUpTo(MAX_RETRIES), "must be an integer between 0 and " + MAX_RETRIES);
 
   var RETRY_STRATEGY_FIELDS = [
-    field("max_retries", true, COUNT),
+    field("max_retries", true, RETRIES),
     field("max_time", false, optionalNumber(">", 0)),
     field("sleep", false, optionalNumber(">=", 0)),
     field("sleep_factor", false, optionalNumber(">=", 1)),
@@ -273,6 +300,7 @@ function (newDoc, oldDoc, userCtx, secObj) {
   function jobFields(stepCount) {
     // Top-level fields; other top-level fields are allowed (forward compatibility).
     return [
+      field("_id", false, simple(isDocId, ID_REASON)),
       field("creator", true, SITE),
       field("priority", true, simple(isInteger, "must be an integer")),
       field("created_at", true, TIME),
@@ -286,6 +314,9 @@ function (newDoc, oldDoc, userCtx, secObj) {
   }
 
   function validateJob(doc) {
+    if (!isObject(doc)) {
+      return ["document: must be a JSON object"];
+    }
     if (doc._deleted === true || isDesignDoc(doc)) {
       return [];
     }
@@ -293,7 +324,11 @@ function (newDoc, oldDoc, userCtx, secObj) {
       return ['type: must be "job"'];
     }
     var errors = [];
-    if (jsonSize(doc) > MAX_DOC_SIZE) {
+    // Depth first: measuring the size of a very deep document would overflow the stack.
+    if (tooDeep(doc)) {
+      errors.push("document: too deeply nested: more than " + MAX_DEPTH +
+                  " levels of objects and lists");
+    } else if (jsonSize(doc) > MAX_DOC_SIZE) {
       errors.push("document: too large: its JSON exceeds " + MAX_DOC_SIZE + " characters (1 MiB)");
     }
     var steps = doc.job;
@@ -304,6 +339,32 @@ function (newDoc, oldDoc, userCtx, secObj) {
 
   function isDesignDoc(doc) {
     return isString(doc._id) && doc._id.indexOf("_design/") === 0;
+  }
+
+  function tooDeep(doc) {
+    // Does any object or list sit more than MAX_DEPTH levels deep (the document is 1)?
+    // Iterative: a deep document must not exhaust the stack.
+    var pending = [];
+    Object.keys(doc).forEach(function (key) {
+      if (UNMEASURED_FIELDS.indexOf(key) === -1) {
+        pending.push([doc[key], 2]);
+      }
+    });
+    while (pending.length > 0) {
+      var item = pending.pop();
+      var value = item[0];
+      if (value === null || typeof value !== "object") {
+        continue;
+      }
+      if (item[1] > MAX_DEPTH) {
+        return true;
+      }
+      var keys = Object.keys(value);
+      for (var i = 0; i < keys.length; i++) {
+        pending.push([value[keys[i]], item[1] + 1]);
+      }
+    }
+    return false;
   }
 
   function jsonSize(doc) {

@@ -1,0 +1,195 @@
+"""What every fault scenario shares: a local cluster on short leases (optionally
+with a fault proxy on every replication link), seeded random jobs whose steps
+write the ledger, the end-of-run audit (jobdist.scenarios.audit_run) and the
+scenario's summary.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from jobdist.cluster import LocalCluster
+from jobdist.config import load_sites
+from jobdist.couch import Database, Saved
+from jobdist.localserver import free_port
+from jobdist.model import Doc, new_job, new_step
+from jobdist.scenarios import (
+    SITE_NAMES,
+    Audit,
+    audit_run,
+    ledger_command,
+    merged_docs,
+    read_ledger,
+    site_db,
+    wait_until_done,
+    write_sites,
+)
+
+from .proxy import FaultProxy, ProxyHub
+
+log = logging.getLogger("jobdist.faults")
+
+LEASE = 6.0  # write_sites derives heartbeat 1.5 s and clock-skew margin 1 s from it
+TARGETS: tuple[str | list[str], ...] = (
+    "any", "any", "global", "reg_a", "reg_b", ["reg_a", "reg_b"], ["global", "reg_b"])
+Link = tuple[str, str]  # (pushing site, receiving site): one replication
+
+
+def wait_for(condition: Callable[[], object], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+@dataclass
+class Trial:
+    """One scenario's run: its cluster, randomness, jobs, ledger and fault counts."""
+
+    name: str
+    seed: int
+    root: Path
+    cluster: LocalCluster
+    links: dict[Link, FaultProxy] = field(default_factory=dict)
+    faults: Counter[str] = field(default_factory=Counter)
+    ids: list[str] = field(default_factory=list)
+    notes: dict[str, Any] = field(default_factory=dict)
+    audit: Audit | None = None
+    docs: dict[str, Doc] = field(default_factory=dict)  # the jobs as they ended, merged
+    rounds: int = 0
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.seed)
+        self.ledger = self.root / "ledger.txt"
+        self.started = time.monotonic()
+
+    def db(self, site: str = "global") -> Database:
+        return site_db(self.cluster, site)
+
+    def fault(self, kind: str, detail: str = "") -> None:
+        self.faults[kind] += 1
+        log.warning("fault %s %s at %.1fs", kind, detail, time.monotonic() - self.started)
+
+    def steps(self, count: int, seconds: tuple[float, float] = (0.2, 0.5),
+              targets: tuple[str | list[str], ...] = TARGETS) -> list[Doc]:
+        return [new_step(ledger_command(round(self.rng.uniform(*seconds), 2), self.ledger),
+                         target=self.rng.choice(targets)) for _ in range(count)]
+
+    def submit(self, jobs: list[list[Doc]], creator: str = "global") -> list[str]:
+        """Create the jobs at `creator` in one `_bulk_docs` request."""
+        docs = [new_job(creator, steps) for steps in jobs]
+        results = self.db(creator).bulk_docs(docs)
+        assert all(isinstance(r, Saved) for r in results), results
+        self.ids += [doc["_id"] for doc in docs]
+        return [doc["_id"] for doc in docs]
+
+    def live(self) -> int:
+        """How many jobs have not ended yet, as the creator sees them."""
+        return sum(1 for doc in self.db().bulk_get(self.ids) if not doc.get("job_status"))
+
+    def runs(self) -> int:
+        return sum(row[0] == "start" for row in read_ledger(self.ledger))
+
+    def finish(self, timeout: float, expect: str | None = "success") -> Audit:
+        """Wait until every site sees every job ended, then audit the run."""
+        creator = self.db()
+        for site in self.cluster.sites:
+            wait_until_done(self.db(site), self.ids, timeout)
+        self.docs = merged_docs(creator, self.ids)
+        (self.root / "jobs.json").write_text(json.dumps(self.docs, indent=1))  # to look into
+        self.audit = audit_run(read_ledger(self.ledger), self.docs, self.ids, expect)
+        self.audit.problems += self._disagreements(self.docs) + self._daemon_trouble()
+        return self.audit
+
+    def events(self, name: str, detail: str = "") -> list[Doc]:
+        """The history events of that name (and with `detail` in theirs) of every job."""
+        return [entry for doc in self.docs.values() for entry in doc["history"]
+                if entry["event"] == name and detail in (entry.get("detail") or "")]
+
+    def restart_daemons(self, offsets: dict[str, float]) -> None:
+        """Restart the sites' daemons with their protocol clocks skewed by `offsets`."""
+        for site, offset in offsets.items():
+            self.cluster.daemon_proc(site).stop()
+            self.cluster.start_daemon(site, env={"JOBDIST_CLOCK_OFFSET": str(offset)})
+
+    def _disagreements(self, docs: dict[str, Doc]) -> list[str]:
+        ended = {doc_id: doc["job_status"] for doc_id, doc in docs.items()}
+        problems = []
+        for site in self.cluster.sites:
+            for doc in self.db(site).bulk_get(self.ids):
+                if doc["job_status"] != ended.get(doc["_id"]):
+                    problems.append(f"{doc['_id']} ended {doc['job_status']} at {site}, "
+                                    f"{ended.get(doc['_id'])} at the creator")
+        return problems
+
+    def _daemon_trouble(self) -> list[str]:
+        """A daemon that died, or logged an error or a traceback (stderr included)."""
+        problems = [f"the daemon of {site} is not running" for site in self.cluster.sites
+                    if not self.cluster.daemon_proc(site).alive()]
+        for site in self.cluster.sites:
+            for name in ("daemon.log", "daemon.err"):
+                path = self.cluster.site_dir(site) / name
+                lines = path.read_text(errors="replace").splitlines() if path.exists() else []
+                problems += [f"{site} {name}: {line[:200]}" for line in lines
+                             if " ERROR " in line or line.startswith("Traceback")]
+        return problems
+
+    def summary(self) -> dict[str, Any]:
+        audit = self.audit
+        return {
+            "scenario": self.name,
+            "seed": self.seed,
+            "seconds": round(time.monotonic() - self.started, 1),
+            "trials": self.rounds,
+            "faults": dict(self.faults),
+            "jobs": len(self.ids),
+            "runs": audit.runs if audit else None,
+            "lost": len(audit.lost) if audit else None,
+            "duplicates_explained": len(audit.duplicates) if audit else None,
+            "problems": audit.problems if audit else ["did not finish"],
+            "duplicates": audit.duplicates if audit else [],
+            **self.notes,
+        }
+
+
+@contextmanager
+def trial(name: str, seed: int, tmp_path: Path, summaries: list[dict[str, Any]], *,
+          sites: int = 3, in_memory: bool = True, proxied: bool = False,
+          **options: Any) -> Iterator[Trial]:
+    """A started cluster of `sites` sites for one scenario; always stopped afterwards.
+
+    `proxied` puts a FaultProxy on every replication link; `options` go to
+    write_sites (workers, lease, booking_timeout, ...). The summary is recorded,
+    written to tmp_path/summary.json and logged however the scenario ends.
+    """
+    log.warning("scenario %s seed=%d", name, seed)
+    names = SITE_NAMES[:sites]
+    ports = {(a, b): free_port() for a in names for b in names if a != b} if proxied else {}
+    peer_urls = {a: {b: f"http://127.0.0.1:{port}" for (src, b), port in ports.items()
+                     if src == a} for a in names}
+    sites_dir = write_sites(tmp_path / "sites", sites, **{"lease": LEASE, **options},
+                            peer_urls=peer_urls)
+    couch_ports = {site.name: site.port for site in load_sites(sites_dir).values()}
+    cluster = LocalCluster(sites_dir, tmp_path / "state", in_memory=in_memory)
+    hub = ProxyHub()
+    run = Trial(name, seed, tmp_path, cluster)
+    try:
+        run.links = {link: hub.proxy(port, couch_ports[link[1]]) for link, port in ports.items()}
+        cluster.up()
+        yield run
+    finally:
+        cluster.down()
+        hub.close()
+        summary = run.summary()
+        summaries.append(summary)
+        (tmp_path / "summary.json").write_text(json.dumps(summary, indent=2))
+        log.warning("summary %s", json.dumps(summary))
