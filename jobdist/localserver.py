@@ -162,7 +162,10 @@ class LocalServer:
         """Start the server and return once `GET /` answers."""
         if self.is_alive():
             return
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        # Only the owner may enter: LevelDB files and config.json hold the
+        # replications' credentials and the admin's hash in the clear to anyone else.
+        self.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(self.data_dir, 0o700)
         binary = pouchdb_server_binary()
         patch_pouchdb_server(binary)
         self._write_admin()
@@ -181,6 +184,7 @@ class LocalServer:
             self.process = subprocess.Popen(
                 args,
                 cwd=self.data_dir,
+                umask=0o077,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -36,6 +36,7 @@ log = logging.getLogger("jobdist.manager")
 DESIGN = "jobdist"
 SCAN_INTERVAL = 2.0  # seconds between claimable scans while workers stay free
 CHECKPOINT_INTERVAL = 2.0
+MAX_LEASES_SEEN = 100_000  # jobs whose leases we time; the least recently seen go first
 MAX_SKIPPED = 10_000  # jobs remembered as not to be acted on until they change
 Found = tuple[list[Doc], list[core.Rejected]]  # a job's usable leaves, and the others
 
@@ -298,13 +299,17 @@ class Manager:
         seen = {lease: before.get(lease, now) for leaf in leaves if is_live(leaf)
                 and (lease := leaf["job"][leaf["step"]].get("lease_until"))}
         if seen:
-            self.leases_seen[doc_id] = seen
+            self.leases_seen[doc_id] = seen  # re-inserted: the dict stays oldest first
+        while len(self.leases_seen) > MAX_LEASES_SEEN:  # forgetting only delays a revocation
+            del self.leases_seen[next(iter(self.leases_seen))]
         return {lease: now - since for lease, since in seen.items()}
 
     def context(self, lease_silence: dict[str, float] | None = None) -> core.Context:
         return core.Context(self.site, utc_now(), self.known_sites,
                             booking_timeout=self.config.booking_timeout,
                             lease=self.config.lease, skew_margin=self.config.clock_skew_margin,
+                            runs=(self.config.allows if self.config.allowed_commands is not None
+                                  else None),
                             lease_silence=lease_silence)
 
     def pool_view(self) -> core.PoolView:

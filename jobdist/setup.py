@@ -68,6 +68,8 @@ def setup_sites(sites: dict[str, SiteConfig], chosen: list[SiteConfig] | None = 
     `warn` (default: `report`) hears of what was left alone on purpose.
     """
     explain = explain or (lambda error, site: f"{site.name}: {error}")
+    for site in sites.values():  # every site's user is created and used by replications
+        site.require_credentials()
     ready = []
     changes = 0
     logins = site_logins(sites)

@@ -236,6 +236,16 @@ def _exit_outcome(returncode: int) -> tuple[int, str]:
     return 128 + signum, f"killed by {name}"
 
 
+SECRET_VARIABLES = ("JOBDIST_COUCH_", "JOBDIST_ADMIN_TOKEN")
+
+
+def step_environment() -> dict[str, str]:
+    """The daemon's environment without its secrets: a step's output is stored in the
+    job document and replicated everywhere, and `env` would print them."""
+    return {name: value for name, value in os.environ.items()
+            if not name.startswith(SECRET_VARIABLES)}
+
+
 def _run_attempt(
     command: str,
     env: Mapping[str, str],
@@ -252,7 +262,7 @@ def _run_attempt(
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            env={**os.environ, **env, "JOBDIST_ATTEMPT": str(number)},
+            env={**step_environment(), **env, "JOBDIST_ATTEMPT": str(number)},
             start_new_session=True,
             bufsize=0,  # raw pipes: readers get whatever is there, no buffering here
         )
@@ -357,7 +367,8 @@ class _StepRun:
             logger.warning("command refused %s command=%r", self._log, command)
             return _Attempt(self._attempts, None, "", "", refused=True,
                             outcome="refused: the command matches no pattern of this "
-                                    "site's [commands] allow list")
+                                    "site's [commands] allow list (or uses shell operators "
+                                    "it does not allow)")
         timeout = self._step.get("timeout")
         return _run_attempt(command, self._env, self._attempts, timeout, self._cancel, self._log)
 

@@ -613,6 +613,42 @@ def test_plan_event_ignores_a_stale_execution():
     assert core.plan_event([doc], ctx("reg_a"), KEY, 2, "reg_a/w1", "retried", "x") is core.NOTHING
 
 
+# --- a site's command allow-list ----------------------------------------------------------
+
+def only_echo(command: str) -> bool:
+    return command.startswith("echo ")
+
+
+def test_a_site_does_not_take_a_step_it_would_refuse_another_site_may_run():
+    doc = job("any")
+    doc["job"][0]["do"] = "rm -rf /srv"
+    plan = core.plan([doc], Context("reg_a", NOW, runs=only_echo), pool("reg_a/w1"))
+    assert plan.action == core.IGNORE and plan.doc is None and plan.before == ()
+    # ... nor as the creator, which would start it at once
+    plan = core.plan([doc], Context(CREATOR, NOW, runs=only_echo), pool("global/w1"))
+    assert plan.action == core.IGNORE
+    # An allowed command, or no list at all: taken as ever.
+    assert core.plan([job("any")], Context("reg_a", NOW, runs=only_echo),
+                     pool("reg_a/w1")).action == "claim"
+    assert core.plan([doc], Context("reg_a", NOW), pool("reg_a/w1")).action == "claim"
+
+
+def test_the_only_target_takes_a_refused_step_so_that_it_fails_with_the_reason():
+    doc = job("reg_a")
+    doc["job"][0]["do"] = "rm -rf /srv"
+    plan = core.plan([doc], Context("reg_a", NOW, runs=only_echo), pool("reg_a/w1"))
+    assert plan.action == "start"
+
+
+def test_a_refused_next_step_is_not_chained():
+    doc = running(job("any", "any"), "reg_a")
+    doc["job"][1]["do"] = "rm -rf /srv"
+    plan = core.plan_finish([doc], Context("reg_a", NOW, runs=only_echo), pool("reg_a/w1"),
+                            KEY, 1, "reg_a/w1", Outcome())
+    assert plan.action == "finish" and plan.doc["job"][1]["step_status"] is None
+    assert plan.after == ()
+
+
 # --- keep-alive ----------------------------------------------------------------------------------
 
 def test_keepalive_resaves_a_stale_open_job_changing_only_keepalive_at():

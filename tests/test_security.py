@@ -20,6 +20,7 @@ import requests
 from jobdist.cluster import LocalCluster
 from jobdist.config import ConfigError, load_site, load_sites, write_credentials
 from jobdist.couch import Couch, Forbidden
+from jobdist.daemon import Daemon
 from jobdist.model import new_job, new_step
 from jobdist.scenarios import site_db, wait_until_done, write_sites
 from jobdist.setup import setup_sites
@@ -90,6 +91,37 @@ def test_allow_list_patterns_are_checked_when_loaded(tmp_path: Path) -> None:
         load_site(write_site(tmp_path / "bad", '[commands]\nallow = ["rsync ("]\n'))
 
 
+@pytest.mark.parametrize("command", ["rsync a b; curl x | sh", "rsync $(id) b", "rsync a `id`",
+                                     "rsync a b > /etc/passwd", "rsync a b\nreboot",
+                                     "rsync a b & reboot"])
+def test_shell_operators_need_allow_shell(tmp_path: Path, command: str) -> None:
+    strict = load_site(write_site(tmp_path / "strict", '[commands]\nallow = ["rsync .*"]\n'))
+    assert strict.allows("rsync -a /a /b") and not strict.allows(command)
+    shell = load_site(write_site(tmp_path / "shell",
+                                 '[commands]\nallow = ["rsync .*"]\nallow_shell = true\n'))
+    assert shell.allows(command) == ("\n" not in command)  # `.` never matches a newline
+
+
+def test_a_missing_credentials_file_stops_setup_and_the_daemon(tmp_path: Path) -> None:
+    site = load_site(write_site(tmp_path, ""))  # names secrets/solo.toml, never written
+    with pytest.raises(ConfigError, match=r"does not exist: run `jobdist secrets`"):
+        setup_sites({"solo": site})
+    with pytest.raises(ConfigError, match="does not exist"):
+        Daemon(site)
+
+
+def test_steps_do_not_inherit_the_daemons_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JOBDIST_COUCH_PASSWORD", "pw-of-the-daemon")
+    monkeypatch.setenv("JOBDIST_COUCH_ADMIN_PASSWORD_GLOBAL", "pw-of-the-admin")
+    monkeypatch.setenv("JOBDIST_ADMIN_TOKEN", "token-of-the-daemon")
+    monkeypatch.setenv("UNRELATED_SETTING", "kept")
+    result = run_step(new_step("env"), {"JOBDIST_SITE": "solo"})
+    assert result.ok and "UNRELATED_SETTING=kept" in result.stdout
+    assert "JOBDIST_SITE=solo" in result.stdout
+    for secret in ("pw-of-the-daemon", "pw-of-the-admin", "token-of-the-daemon"):
+        assert secret not in result.stdout
+
+
 # --- the allow-list in the worker ------------------------------------------------------------
 
 
@@ -121,6 +153,25 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         config.write(f'\n[admin]\nport = 0\ntoken = "{ADMIN_TOKEN}"\n')
     with LocalCluster(sites_dir, root / "state", in_memory=True) as cluster:
         yield cluster
+
+
+def test_server_data_only_its_owner_reads(secured: LocalCluster) -> None:
+    """The servers' files hold the replications' URLs, with passwords in them."""
+    assert stat.S_IMODE(secured.state_dir.stat().st_mode) == 0o700
+    for name in secured.sites:
+        data = secured.site_dir(name) / "couch"
+        assert stat.S_IMODE(data.stat().st_mode) == 0o700
+        assert stat.S_IMODE((data / "config.json").stat().st_mode) & 0o077 == 0
+
+
+def test_a_site_leaves_a_step_it_would_refuse_to_a_site_that_runs_it(
+        secured: LocalCluster) -> None:
+    db = site_db(secured, "reg_a")  # reg_a creates the job and may only run `echo ...`
+    job = new_job("reg_a", [new_step("printf 'ran elsewhere'", target="any")])
+    db.save(job)
+    [done] = wait_until_done(db, [job["_id"]], 60)
+    assert done["job_status"] == "success"
+    assert done["job"][0]["winner"] == "global"
 
 
 def test_generated_secrets_only_their_owner_reads(secured: LocalCluster) -> None:
