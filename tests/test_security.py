@@ -263,3 +263,25 @@ def test_a_wrong_password_is_one_line_without_the_password(secured: LocalCluster
 def test_the_admin_endpoint_refuses_writes_without_the_token(secured: LocalCluster) -> None:
     url = f"http://127.0.0.1:{admin_port(secured)}"
     assert requests.post(f"{url}/workers", json={"size": 1}, timeout=10).status_code == 401
+
+
+def test_secrets_command_writes_once_and_never_overwrites(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from jobdist.cli import main
+
+    sites = write_sites(tmp_path / "sites", 2)
+    env_file = tmp_path / ".env"
+    first = CliRunner().invoke(main, ["secrets", "--sites", str(sites), "--compose-env",
+                                      str(env_file)])
+    assert first.exit_code == 0, first.output
+    assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
+    names = [line.split("=", 1)[0] for line in env_file.read_text().splitlines()]
+    assert names == ["COUCHDB_PASSWORD", "JOBDIST_ADMIN_TOKEN", "JOBDIST_PASSWORD_GLOBAL",
+                     "JOBDIST_PASSWORD_REG_A"]
+    assert stat.S_IMODE((sites / "secrets" / "global.toml").stat().st_mode) == 0o600
+    before = env_file.read_text()
+    again = CliRunner().invoke(main, ["secrets", "--sites", str(sites), "--compose-env",
+                                      str(env_file)])
+    assert again.exit_code == 2 and "exists already" in again.output
+    assert env_file.read_text() == before
