@@ -116,12 +116,8 @@ def local_cluster(count: int, workers: int, topology: str = "mesh",
     with tempfile.TemporaryDirectory(prefix="jobdist-bench-") as tmp:
         root = Path(tmp)
         sites = write_site_configs(root / "sites", count, workers, topology, keepalive)
-        cluster = LocalCluster(sites, root / "state", in_memory=True)
-        cluster.up()
-        try:
+        with LocalCluster(sites, root / "state", in_memory=True) as cluster:
             yield cluster
-        finally:
-            cluster.down()
 
 
 def print_json(payload: Any) -> None:

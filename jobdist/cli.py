@@ -883,7 +883,7 @@ def list_command(status: str | None, involving: str | None, creator: str | None,
 # --- cancel ------------------------------------------------------------------------------
 
 
-CANCEL_ATTEMPTS = 5
+WRITE_ATTEMPTS = 5  # cancel and adopt read again after a conflict, this many times
 
 
 @main.command()
@@ -897,7 +897,7 @@ def cancel(job_id: str, reason: str | None, sites_dir: Path, site_name: str | No
     ended otherwise."""
     site, db = open_site(sites_dir, site_name)
     reason = reason or f"cancelled by {operator_name()} from the command line"
-    for _ in range(CANCEL_ATTEMPTS):
+    for _ in range(WRITE_ATTEMPTS):
         doc, leaves = read_merged(db, site, job_id)
         if doc["job_status"] == "cancelled":
             click.echo(f"{job_id} was cancelled already")
@@ -917,7 +917,7 @@ def cancel(job_id: str, reason: str | None, sites_dir: Path, site_name: str | No
             click.echo(f"cancelled {job_id} at site {site.name}{where}")
             return
         # Conflict: someone wrote since we read; read all leaves again and decide again.
-    raise CliError(f"cannot cancel {job_id}: still conflicting after {CANCEL_ATTEMPTS} tries; "
+    raise CliError(f"cannot cancel {job_id}: still conflicting after {WRITE_ATTEMPTS} tries; "
                    "try again")
 
 
@@ -951,7 +951,7 @@ def adopt(gone: str, reason: str | None, dry_run: bool, sites_dir: Path,
 
 def adopt_job(db: Database, site: SiteConfig, job_id: str, gone: str, reason: str) -> bool:
     """Write one adoption, reading again after a conflict; False when nothing was due."""
-    for _ in range(CANCEL_ATTEMPTS):
+    for _ in range(WRITE_ATTEMPTS):
         # Only the leaves a daemon would merge: an invalid one, or one that defines
         # another job, must not become the adopted job (the creator deletes those).
         leaves, _ = core.usable_leaves([leaf for leaf in db.leaves(job_id)
@@ -962,7 +962,7 @@ def adopt_job(db: Database, site: SiteConfig, job_id: str, gone: str, reason: st
             return False
         if isinstance(db.save(plan.doc), Saved):
             return True
-    raise CliError(f"cannot adopt {job_id}: still conflicting after {CANCEL_ATTEMPTS} tries; "
+    raise CliError(f"cannot adopt {job_id}: still conflicting after {WRITE_ATTEMPTS} tries; "
                    "run the command again")
 
 

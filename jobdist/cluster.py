@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import SiteConfig, load_sites, write_credentials
-from .localserver import LocalServer, answers
+from .localserver import LocalServer, answers, private_dir
 from .setup import setup_sites
 
 DEFAULT_STATE_DIR = Path(".jobdist")
@@ -237,12 +237,6 @@ class LocalCluster:
 
     def _save(self, state: dict[str, Any]) -> None:
         self.state_file.write_text(json.dumps(state, indent=2))
-
-
-def private_dir(path: Path) -> None:
-    """A directory only its owner may enter, made so if it exists already."""
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    os.chmod(path, 0o700)
 
 
 def ensure_credentials(sites: dict[str, SiteConfig], sites_dir: Path) -> dict[str, SiteConfig]:

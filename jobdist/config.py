@@ -175,6 +175,7 @@ def _site_from(raw: dict[str, Any], path: Path) -> SiteConfig:
     admin = raw.get("admin", {})
     replication = raw.get("replication", {})
     retention = raw.get("retention", {})
+    commands = raw.get("commands", {})
     if "older_than" in retention:
         from .retention import RetentionError, parse_duration
 
@@ -200,8 +201,8 @@ def _site_from(raw: dict[str, Any], path: Path) -> SiteConfig:
         admin_credentials=admin_credentials,
         admin_user=admin_user,
         admin_password=admin_password,
-        allowed_commands=_allow_list(raw.get("commands", {})),
-        allow_shell=bool(raw.get("commands", {}).get("allow_shell", False)),
+        allowed_commands=_allow_list(commands),
+        allow_shell=bool(commands.get("allow_shell", False)),
         workers=workers,
         peers=tuple(raw.get("peers", ())),
         filtered=bool(replication.get("filtered", False)),

@@ -120,6 +120,12 @@ def node_command() -> list[str]:
     return [node, "--unhandled-rejections=warn"]
 
 
+def private_dir(path: Path) -> None:
+    """A directory only its owner may enter, made so if it exists already."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(path, 0o700)
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket() as sock:
@@ -162,10 +168,8 @@ class LocalServer:
         """Start the server and return once `GET /` answers."""
         if self.is_alive():
             return
-        # Only the owner may enter: LevelDB files and config.json hold the
-        # replications' credentials and the admin's hash in the clear to anyone else.
-        self.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.chmod(self.data_dir, 0o700)
+        # LevelDB files and config.json hold the replications' credentials.
+        private_dir(self.data_dir)
         binary = pouchdb_server_binary()
         patch_pouchdb_server(binary)
         self._write_admin()

@@ -308,8 +308,7 @@ class Manager:
         return core.Context(self.site, utc_now(), self.known_sites,
                             booking_timeout=self.config.booking_timeout,
                             lease=self.config.lease, skew_margin=self.config.clock_skew_margin,
-                            runs=(self.config.allows if self.config.allowed_commands is not None
-                                  else None),
+                            runs=self.config.allows,
                             lease_silence=lease_silence)
 
     def pool_view(self) -> core.PoolView:

@@ -195,17 +195,13 @@ def run_scenario(scenario: Scenario, step_seconds: float = 0.5, workers: int = 2
         ledger = root / "ledger.txt"
         sites = write_sites(root / "sites", scenario.sites, workers, keepalive,
                             topology=topology)
-        cluster = LocalCluster(sites, root / "state", in_memory=True)
-        cluster.up()
-        try:
+        with LocalCluster(sites, root / "state", in_memory=True) as cluster:
             db = site_db(cluster, "global")
             started = time.monotonic()
             ids = submit_all(db, "global", scenario.job_steps(step_seconds, ledger),
                              scenario.jobs)
             docs = wait_until_done(db, ids, timeout, on_progress)
             makespan = time.monotonic() - started
-        finally:
-            cluster.down()
         total_workers = workers * scenario.sites
         return Result(
             scenario=scenario,

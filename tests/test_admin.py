@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,19 +19,10 @@ from jobdist.daemon import Daemon
 from jobdist.localserver import LocalServer, free_port
 from jobdist.model import new_job, new_step
 
+from .helpers import wait_for
+
 TOKEN = "s3cret-admin-token"
 SITE = "solo"
-
-
-def wait_for(condition: Callable[[], Any], timeout: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s")
-        time.sleep(0.05)
 
 
 @dataclasses.dataclass

@@ -16,7 +16,6 @@ from click.testing import CliRunner
 
 from jobdist.cli import main
 from jobdist.cluster import LocalCluster
-from jobdist.couch import Database
 from jobdist.model import new_step
 from jobdist.scenarios import (
     ledger_command,
@@ -26,6 +25,8 @@ from jobdist.scenarios import (
     wait_until_done,
     write_sites,
 )
+
+from .helpers import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -40,7 +41,8 @@ def test_a_site_adopts_the_jobs_of_a_creator_gone_for_good(tmp_path: Path) -> No
         cluster.daemon_proc("global").stop()
         ids = submit_all(site_db(cluster, "global"), "global", steps, 4)
         reg_a = site_db(cluster, "reg_a")
-        wait_until_present(reg_a, ids)
+        wait_for(lambda: len(reg_a.bulk_get(ids)) == len(ids), 30.0,
+                 "the jobs replicate to reg_a")
         cluster.stop_site("global")
         time.sleep(3.0)  # claims are made, and wait for a creator that is gone
         assert not any(doc.get("job_status") for doc in reg_a.bulk_get(ids))
@@ -65,9 +67,3 @@ def test_a_site_cannot_adopt_its_own_jobs(tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert "cannot adopt its own jobs" in result.output
 
-
-def wait_until_present(db: Database, ids: list[str], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while len(db.bulk_get(ids)) < len(ids):
-        assert time.monotonic() < deadline, "the jobs did not replicate"
-        time.sleep(0.1)

@@ -600,13 +600,9 @@ class Run:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     root = tmp_path_factory.mktemp("bad-input")
-    local = LocalCluster(write_sites(root / "sites", len(SITES), workers=2, lease=6.0),
-                         root / "state", in_memory=True)
-    local.up()
-    try:
+    with LocalCluster(write_sites(root / "sites", len(SITES), workers=2, lease=6.0),
+                      root / "state", in_memory=True) as local:
         yield local
-    finally:
-        local.down()
 
 
 def write_hostile(raw: Raw) -> dict[str, list[str]]:

@@ -24,6 +24,8 @@ from jobdist.localserver import LocalServer, free_port
 from jobdist.model import Doc, new_job, new_step
 from jobdist.scenarios import site_db, write_sites
 
+from .helpers import wait_for
+
 pytestmark = pytest.mark.e2e
 
 SITES = ("global", "reg_a", "reg_b")
@@ -32,13 +34,9 @@ SITES = ("global", "reg_a", "reg_b")
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     root = tmp_path_factory.mktemp("cli-cluster")
-    local = LocalCluster(write_sites(root / "sites", 3, keepalive=2.0), root / "state",
-                         in_memory=True)
-    try:
-        local.up()
+    with LocalCluster(write_sites(root / "sites", 3, keepalive=2.0), root / "state",
+                      in_memory=True) as local:
         yield local
-    finally:
-        local.down()
 
 
 Jobdist = Callable[..., Result]
@@ -53,17 +51,6 @@ def jobdist(cluster: LocalCluster) -> Jobdist:
         return result
 
     return run
-
-
-def wait_for(condition: Callable[[], Any], timeout: float = 15.0, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not in time: {what}")
-        time.sleep(0.1)
 
 
 def merged_at(cluster: LocalCluster, site: str, job_id: str) -> Doc | None:

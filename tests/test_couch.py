@@ -6,7 +6,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -27,6 +27,8 @@ from jobdist.couch import (
     _eventsource_items,
 )
 from jobdist.localserver import LocalServer, free_port
+
+from .helpers import wait_for
 
 VALIDATOR = {
     "_id": "_design/rules",
@@ -60,16 +62,6 @@ def other_db(couch: Couch) -> Iterator[Database]:
     database = couch.ensure_database(f"t_{uuid.uuid4().hex[:12]}")
     yield database
     requests.delete(database.url, timeout=10)
-
-
-def wait_for(condition: Callable[[], Any], timeout: float = 5.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
 
 
 def make_conflict(db: Database, doc_id: str) -> tuple[str, str]:

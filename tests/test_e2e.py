@@ -44,13 +44,9 @@ def test_thesis_scenario(scenario, tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     root = tmp_path_factory.mktemp("cluster")
-    local = LocalCluster(write_sites(root / "sites", 3, keepalive=2.0), root / "state",
-                         in_memory=True)
-    local.up()
-    try:
+    with LocalCluster(write_sites(root / "sites", 3, keepalive=2.0), root / "state",
+                      in_memory=True) as local:
         yield local
-    finally:
-        local.down()
 
 
 def submit(cluster: LocalCluster, steps: list[Doc], site: str = "global") -> tuple[Database, str]:

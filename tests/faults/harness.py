@@ -11,7 +11,7 @@ import logging
 import random
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,13 +42,6 @@ LEASE = 6.0  # write_sites derives heartbeat 1.5 s and clock-skew margin 1 s fro
 TARGETS: tuple[str | list[str], ...] = (
     "any", "any", "global", "reg_a", "reg_b", ["reg_a", "reg_b"], ["global", "reg_b"])
 Link = tuple[str, str]  # (pushing site, receiving site): one replication
-
-
-def wait_for(condition: Callable[[], object], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
 
 
 @dataclass

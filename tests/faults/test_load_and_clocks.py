@@ -13,7 +13,8 @@ import pytest
 
 from jobdist.scenarios import read_ledger
 
-from .harness import LEASE, Trial, trial, wait_for
+from ..helpers import wait_for
+from .harness import LEASE, Trial, trial
 
 pytestmark = pytest.mark.faults
 

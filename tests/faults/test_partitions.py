@@ -14,7 +14,8 @@ import pytest
 from jobdist.model import Doc, Phase, new_step, seconds_between, step_phase, utc_now
 from jobdist.scenarios import ledger_command, read_ledger
 
-from .harness import LEASE, Link, Trial, trial, wait_for
+from ..helpers import wait_for
+from .harness import LEASE, Link, Trial, trial
 
 pytestmark = pytest.mark.faults
 
