@@ -1,6 +1,7 @@
 """The daemon's admin HTTP endpoint: status, metrics and control at run time (thesis 7.2).
 
-    GET  /status     JSON: site, workers, running steps, feed position, uptime, memory, counts
+    GET  /status     JSON: site, workers, running steps, feed position, held results,
+                     uptime, memory, counts
     GET  /metrics    Prometheus text format
     POST /workers    {"size": N}    resize the worker pool (running steps are never killed)
     POST /keepalive  {"period": S}  change the keep-alive period
@@ -63,6 +64,11 @@ COUNTERS = (
                                          "size limit."),
     ("jobs_skipped", "jobs_skipped", "Jobs passed by until they change: invalid, unreadable "
                                      "or refused."),
+    ("results_held", "results_held", "Step results kept in the journal because CouchDB did "
+                                     "not take them."),
+    ("results_replayed", "results_replayed", "Held step results written once CouchDB took "
+                                             "them."),
+    ("journal_errors", "journal_errors", "Held results the journal could not keep on disk."),
 )
 
 
@@ -104,6 +110,7 @@ def site_status(daemon: Daemon) -> dict[str, Any]:
             "received": daemon.listener.since,
             "queued": manager.inbox.qsize(),
         },
+        "journal": manager.journal_status(),
         "keepalive_period": daemon.keepalive.period,
         "uptime_seconds": round(daemon.uptime, 3),
         "memory_bytes": resident_memory_bytes(),
@@ -135,6 +142,11 @@ class SiteCollector(Collector):
         yield actions
         yield from self._workers(site)
         yield from self._feed(site)
+        journal = daemon.manager.journal_status()
+        yield _gauge("jobdist_results_held", "Step results waiting in the journal for CouchDB.",
+                     site, journal["held"])
+        yield _gauge("jobdist_results_held_oldest_seconds", "Age of the oldest held result "
+                     "(0 when none).", site, journal["oldest_seconds"] or 0)
         yield _gauge("jobdist_keepalive_period_seconds", "Seconds between keep-alive passes.",
                      site, daemon.keepalive.period)
         yield _gauge("jobdist_uptime_seconds", "Seconds since the daemon started.", site,

@@ -23,7 +23,7 @@ import re
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -321,12 +321,16 @@ def site() -> None:
 @click.option("--ready-file", type=click.Path(path_type=Path), help="Touched once ready.")
 @click.option("--log-file", type=click.Path(path_type=Path), help="Log here, not stderr.")
 @click.option("--log-level", default="INFO", show_default=True)
+@click.option("--journal", type=click.Path(path_type=Path),
+              help="Keep results CouchDB did not take here (default: [daemon] journal).")
 def site_run(config_path: Path, sites_dir: Path | None, ready_file: Path | None,
-             log_file: Path | None, log_level: str) -> None:
+             log_file: Path | None, log_level: str, journal: Path | None) -> None:
     """Run the daemon of one site until SIGTERM or SIGINT."""
     from jobdist.daemon import Daemon, configure_logging
 
     config = load_site(config_path)
+    if journal is not None:
+        config = replace(config, journal=journal)
     known = set(load_sites(sites_dir or config_path.parent))
     configure_logging(log_level.upper(), log_file)
     sys.exit(Daemon(config, known).run(ready_file))

@@ -177,7 +177,8 @@ class LocalCluster:
         assert site.path is not None
         args = [sys.executable, "-m", "jobdist", "site", "run", "--config", str(site.path),
                 "--sites", str(self.sites_dir), "--ready-file", str(ready),
-                "--log-file", str(directory / "daemon.log")]
+                "--log-file", str(directory / "daemon.log"),
+                "--journal", str(directory / "journal")]
         process = subprocess.Popen(args, stdin=subprocess.DEVNULL,
                                    env={**os.environ, **(env or {})},
                                    stdout=subprocess.DEVNULL,

@@ -29,6 +29,8 @@
     lease = 60.0                       # a winner's promise lasts this long unless renewed
     heartbeat = 15.0                   # how often a site renews the leases of its steps
     clock_skew_margin = 10.0           # the creator waits this much past a lease
+    journal = "/var/lib/jobdist/journal"   # results kept while CouchDB does not answer
+                                       # (default: .jobdist/SITE/journal in the working dir)
 
     [retention]                        # optional: the daemon removes its own old jobs
     older_than = "30d"                 # finished jobs last updated longer ago (90m, 12h, 30d)
@@ -96,6 +98,7 @@ class SiteConfig:
     lease: float = 60.0
     heartbeat: float = 15.0
     clock_skew_margin: float = 10.0
+    journal: Path | None = None
     retention_older_than: str | None = None
     retention_interval: float = 3600.0
     retention_export: Path | None = None
@@ -116,6 +119,10 @@ class SiteConfig:
             raise ConfigError(f"{self.path}: the credentials file {self.credentials} does not "
                               "exist: run `jobdist secrets` (or `jobdist cluster up`, which "
                               "writes it)")
+
+    def journal_dir(self) -> Path:
+        """Where the daemon keeps the results its CouchDB did not take yet."""
+        return self.journal or Path(".jobdist") / self.name / "journal"
 
     def allows(self, command: str) -> bool:
         """May this site run `command` (its `[commands] allow` list, if any)?
@@ -215,6 +222,7 @@ def _site_from(raw: dict[str, Any], path: Path) -> SiteConfig:
         lease=float(daemon.get("lease", 60.0)),
         heartbeat=float(daemon.get("heartbeat", 15.0)),
         clock_skew_margin=float(daemon.get("clock_skew_margin", 10.0)),
+        journal=_path_setting(daemon, "journal", path),
         retention_older_than=(str(retention["older_than"]) if "older_than" in retention
                               else None),
         retention_interval=float(retention.get("interval", 3600.0)),

@@ -20,6 +20,7 @@ from types import FrameType
 from .admin import AdminServer
 from .config import SiteConfig
 from .couch import Database, Forbidden
+from .journal import Journal
 from .keepalive import KeepAlive
 from .listener import Listener, load_checkpoint
 from .manager import Manager
@@ -51,7 +52,7 @@ class Daemon:
         self.config = config
         self.db = open_site_database(config)
         sites = known_sites or {config.name, *config.peers}
-        self.manager = Manager(config, self.db, sites)
+        self.manager = Manager(config, self.db, sites, Journal(config.journal_dir()))
         self.stop_event = self.manager.stop_event
         self.started = time.monotonic()
         self.listener = Listener(self.db, config.name, self.manager.inbox,

@@ -27,6 +27,7 @@ from typing import Any
 from . import core
 from .config import SiteConfig
 from .couch import Conflict, CouchError, Database, Forbidden, Saved, Undecodable
+from .journal import Held, Journal, JournalFull
 from .listener import Changed, save_checkpoint
 from .model import Doc, is_live, later, utc_now
 from .workers import Execution, StepResult, WorkerPool, kill_orphans
@@ -38,6 +39,8 @@ SCAN_INTERVAL = 2.0  # seconds between claimable scans while workers stay free
 CHECKPOINT_INTERVAL = 2.0
 MAX_LEASES_SEEN = 100_000  # jobs whose leases we time; the least recently seen go first
 MAX_SKIPPED = 10_000  # jobs remembered as not to be acted on until they change
+HELD_RETRY_FIRST = 0.1  # seconds before a held result is tried again; doubles each time
+HELD_RETRY_MAX = 2.0  # short beside any lease: a result is written soon after the server is back
 Found = tuple[list[Doc], list[core.Rejected]]  # a job's usable leaves, and the others
 
 
@@ -61,7 +64,8 @@ class Retried:
 
 
 class Manager:
-    def __init__(self, config: SiteConfig, db: Database, known_sites: Iterable[str]) -> None:
+    def __init__(self, config: SiteConfig, db: Database, known_sites: Iterable[str],
+                 journal: Journal) -> None:
         self.config = config
         self.site = config.name
         self.db = db
@@ -73,7 +77,15 @@ class Manager:
         self.reports: queue.Queue[Finished | Retried] = queue.Queue()
         self.wake = threading.Event()  # set by the listener and the workers
         self.pool = WorkerPool(self.site, config.workers, self._on_done, config.allows)
+        # Executions whose end is not recorded yet: running, or ended with the result
+        # held (below). Both count as running here, so no decision releases them.
         self.executions: dict[core.Key, core.Running] = {}
+        # Results the server did not take yet, kept in the journal until it does.
+        self.journal = journal
+        self.held: dict[core.Key, Held] = {}
+        self.held_retry: dict[core.Key, tuple[float, float]] = {}  # key -> (due, delay)
+        for held in journal.load():
+            self._hold_in_memory(held)
         self.booked_at: dict[core.Key, float] = {}
         self.own_revs: deque[str] = deque(maxlen=4096)
         # Jobs nothing can be done about until a new revision arrives (invalid,
@@ -98,6 +110,7 @@ class Manager:
 
     def serve_once(self, timeout: float) -> None:
         self.serve_reports()
+        self._write_held_if_due()
         batch = self._next_batch(timeout)
         changed: dict[str, Changed] = {}
         for item in batch:
@@ -160,6 +173,7 @@ class Manager:
         """
         orphans = kill_orphans(self.site, self.db.url)
         self.counts["orphans_killed"] += len(orphans)
+        self._write_held_if_due()  # results a predecessor held: before any re-decision
         for row in self.db.iter_view(DESIGN, "involving", key=self.site):
             self.guarded(self.process, row["id"])
         self.scan_due = True
@@ -195,31 +209,93 @@ class Manager:
 
     def finish(self, execution: Execution, result: StepResult) -> None:
         key = execution.key
-        running = self.executions.pop(key, None)
-        if running is None:
+        running = self.executions.get(key)
+        if running is None or running.epoch != execution.epoch:
             return
         log.info("step ended job=%s step=%d site=%s worker=%s epoch=%d ok=%s reason=%r",
                  key[0], key[1], self.site, running.worker, running.epoch, result.ok,
                  result.reason)
         self.counts["steps_finished" if result.ok else "steps_failed"] += 1
         self.scan_due = True
+        held = Held(key[0], key[1], running.epoch, running.worker, result, time.time())
+        if not self.record_end(held):
+            self.hold(held)
+
+    def record_end(self, held: Held) -> bool:
+        """Write what an execution did; False when it must be tried again later.
+
+        True also when there is nothing left to record it in (the job was
+        removed, or the server refuses the job's next revision for good).
+        """
+        running = self.executions.pop(held.key)  # its worker is free for a chained step
+        recorded = self._write_end(held)
+        if not recorded:
+            self.executions[held.key] = running
+        return recorded
+
+    def _write_end(self, held: Held) -> bool:
+        job_id = held.job_id
         for _ in range(8):
-            found = self._leaves(key[0])
+            try:
+                found = self._read(job_id)
+            except CouchError as error:
+                log.warning("cannot record the end yet job=%s step=%d site=%s epoch=%d "
+                            "error=%s", job_id, held.step, self.site, held.epoch, error)
+                return False
             if found is None:
-                return
+                return True
             leaves = found[0]
-            plan = core.plan_finish(leaves, self.context(), self.pool_view(), key,
-                                    running.epoch, running.worker, result)
-            written = self.execute(key[0], plan)
-            if written is None and self._after_refusal(key[0], leaves):
-                return
-            if written is not None:
-                # What we just wrote is the state (a later conflict comes through the
-                # feed): it can say "nothing to do" without another read.
-                seen = {**plan.doc, "_rev": written.rev} if plan.doc and written.rev else None
-                self.process(key[0], seen)
-                return
-        log.error("could not record the end of job=%s step=%d site=%s", key[0], key[1], self.site)
+            plan = core.plan_finish(leaves, self.context(), self.pool_view(), held.key,
+                                    held.epoch, held.worker, held.result)
+            written = self.execute(job_id, plan)
+            if written is None:
+                if self._after_refusal(job_id, leaves):
+                    return True
+                continue  # a conflict, or the write failed: read again
+            # What we just wrote is the state (a later conflict comes through the
+            # feed): it can say "nothing to do" without another read.
+            seen = {**plan.doc, "_rev": written.rev} if plan.doc and written.rev else None
+            self.process(job_id, seen)
+            return True
+        return False
+
+    # --- results the server did not take ------------------------------------------
+
+    def hold(self, held: Held) -> None:
+        """Keep a result on disk and try it again until the server takes it.
+
+        Until then the execution still counts as running here: this site does
+        not release the step, and its heartbeat keeps renewing the lease.
+        """
+        try:
+            self.journal.keep(held)
+        except (OSError, JournalFull) as error:
+            self.counts["journal_errors"] += 1
+            log.error("result held in memory only job=%s step=%d site=%s epoch=%d error=%s",
+                      held.job_id, held.step, self.site, held.epoch, error)
+        self.counts["results_held"] += 1
+        log.warning("result held until the server takes it job=%s step=%d site=%s epoch=%d",
+                    held.job_id, held.step, self.site, held.epoch)
+        self._hold_in_memory(held, delay=HELD_RETRY_FIRST)
+
+    def _hold_in_memory(self, held: Held, delay: float = 0.0) -> None:
+        self.held[held.key] = held
+        self.executions[held.key] = core.Running(held.worker, held.epoch)
+        self.held_retry[held.key] = (time.monotonic() + delay, max(delay, HELD_RETRY_FIRST))
+
+    def _write_held_if_due(self) -> None:
+        for key, held in list(self.held.items()):
+            due, delay = self.held_retry[key]
+            if time.monotonic() < due:
+                continue
+            if not self.record_end(held):
+                self.held_retry[key] = (time.monotonic() + delay, min(2 * delay, HELD_RETRY_MAX))
+                continue
+            del self.held[key], self.held_retry[key]
+            self.journal.forget(held)
+            self.counts["results_replayed"] += 1
+            log.info("held result written job=%s step=%d site=%s epoch=%d held_for=%.1fs",
+                     held.job_id, held.step, self.site, held.epoch, time.time() - held.since)
 
     def note_retry(self, item: Retried) -> None:
         found = self._leaves(item.key[0])
@@ -232,15 +308,20 @@ class Manager:
     def _leaves(self, doc_id: str) -> Found | None:
         """The job's usable leaves and the others, or None when there is nothing to decide on."""
         try:
+            return self._read(doc_id)
+        except CouchError as error:
+            log.warning("cannot read job=%s site=%s error=%s", doc_id, self.site, error)
+            return None
+
+    def _read(self, doc_id: str) -> Found | None:
+        """As _leaves, but a server that does not answer raises CouchError."""
+        try:
             leaves = self.db.leaves(doc_id)
         except (Undecodable, RecursionError, ValueError) as error:
             # Nested too deeply for Python's JSON parser, or an id no URL can hold:
             # no revision of it will ever be readable here.
             self.counts["invalid_documents"] += 1
             self._skip(doc_id, f"cannot decode: {type(error).__name__}: {str(error)[:200]}")
-            return None
-        except CouchError as error:
-            log.warning("cannot read job=%s site=%s error=%s", doc_id, self.site, error)
             return None
         return self._valid(doc_id, leaves)
 
@@ -536,4 +617,12 @@ class Manager:
 
     def status(self) -> dict[str, Any]:
         return {"site": self.site, "workers": self.pool.snapshot(), "feed_seq": self.seq,
-                "counts": dict(self.counts)}
+                "counts": dict(self.counts), "journal": self.journal_status()}
+
+    def journal_status(self) -> dict[str, Any]:
+        """The results held for the server, for /status and /metrics."""
+        held = list(self.held.values())  # one C-level copy: safe beside the manager thread
+        oldest = min((entry.since for entry in held), default=None)
+        return {"held": len(held), "on_disk": len(self.journal),
+                "oldest_seconds": None if oldest is None else round(time.time() - oldest, 3),
+                "directory": str(self.journal.directory)}

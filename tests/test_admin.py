@@ -43,7 +43,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     try:
         config = SiteConfig(name=SITE, couch_url=server.url, workers=1, peers=(),
                             keepalive_period=5.0, shutdown_grace=0.5,
-                            admin_port=0, admin_token=TOKEN)
+                            admin_port=0, admin_token=TOKEN, journal=root / "journal")
         daemon = Daemon(config)
         ready = root / "ready"
         thread = threading.Thread(target=daemon.run, args=(ready,), daemon=True)

@@ -118,7 +118,8 @@ def test_sigterm_lets_the_daemon_release_its_running_step_and_exit_zero(
     db = jobs_db(disk_server)
     config = tmp_path / "global.toml"
     config.write_text(f'name = "global"\nworkers = 1\n\n[couch]\nurl = "{disk_server.url}"\n'
-                      f'database = "jobs"\n\n[daemon]\nshutdown_grace = 0.5\n')
+                      f'database = "jobs"\n\n[daemon]\nshutdown_grace = 0.5\n'
+                      f'journal = "{tmp_path / "journal"}"\n')
     pid_file = tmp_path / "step.pid"
     job = new_job("global", [new_step(f"echo $$ > {pid_file}; exec sleep 60")])
     db.save(job)
@@ -150,8 +151,9 @@ def test_sigterm_lets_the_daemon_release_its_running_step_and_exit_zero(
 
 
 def test_a_malformed_job_is_logged_and_skipped_and_the_next_job_still_runs(
-        couch_server: LocalServer, caplog: pytest.LogCaptureFixture) -> None:
+        couch_server: LocalServer, caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
     from jobdist.config import SiteConfig
+    from jobdist.journal import Journal
     from jobdist.manager import Manager
 
     # No design document yet: CouchDB cannot refuse the bad job, the daemon must cope.
@@ -159,7 +161,8 @@ def test_a_malformed_job_is_logged_and_skipped_and_the_next_job_still_runs(
     bad = {"_id": "job-bad", "type": "job", "creator": "global", "job": "not a list"}
     good = new_job("global", [new_step("true")])
     db.bulk_docs([bad, good])
-    manager = Manager(SiteConfig("global", couch_server.url, db.name, workers=1), db, {"global"})
+    manager = Manager(SiteConfig("global", couch_server.url, db.name, workers=1), db, {"global"},
+                      Journal(tmp_path / "journal"))
     try:
         manager.process("job-bad")
         manager.process(good["_id"])

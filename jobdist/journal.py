@@ -1,0 +1,122 @@
+"""The result journal: step results a site could not write yet, kept on local disk.
+
+A step may end while its site's CouchDB does not answer (killed, restarting,
+out of disk). Its result must not be thrown away: the step would run again
+elsewhere once its lease ran out, with no site having failed. So the manager
+keeps every result it cannot record here, durably, and writes it as soon as
+the server answers again (the decision core fences it: a result whose epoch is
+no longer current is recorded as `stale_finish`, never as progress). A daemon
+restarted during the outage reads the journal back before it re-decides
+anything, so it does not release the steps whose results it holds.
+
+One file an entry, written to a temporary name, fsynced, renamed and the
+directory fsynced: a crash leaves either the whole entry or none, never half a
+line of a shared log to repair. Entries are few (at most one per worker that
+ended during an outage) and bounded by `limit`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from .workers import StepResult
+
+log = logging.getLogger("jobdist.journal")
+
+SUFFIX = ".json"
+DEFAULT_LIMIT = 10_000
+
+
+class JournalFull(Exception):
+    """The journal holds `limit` entries already: the result stays in memory only."""
+
+
+@dataclass(frozen=True)
+class Held:
+    """A step result not yet written to CouchDB: which execution, and how it ended."""
+
+    job_id: str
+    step: int
+    epoch: int
+    worker: str
+    result: StepResult
+    since: float  # wall-clock time (time.time()) the result was first held
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return self.job_id, self.step
+
+    @property
+    def name(self) -> str:
+        """The entry's file name: one execution (job, step, epoch) is one entry."""
+        digest = hashlib.blake2b(self.job_id.encode("utf-8"), digest_size=16).hexdigest()
+        return f"{digest}-{self.step}-{self.epoch}{SUFFIX}"  # ids may hold `/`, be long
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "result": asdict(self.result)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Held:
+        return cls(job_id=str(data["job_id"]), step=int(data["step"]), epoch=int(data["epoch"]),
+                   worker=str(data["worker"]), result=StepResult(**data["result"]),
+                   since=float(data["since"]))
+
+
+class Journal:
+    """A directory of held results; `keep` returns once the entry is on disk."""
+
+    def __init__(self, directory: Path, limit: int = DEFAULT_LIMIT) -> None:
+        self.directory = Path(directory)
+        self.limit = limit
+        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._names = {path.name for path in self.directory.glob(f"*{SUFFIX}")}
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def keep(self, held: Held) -> None:
+        """Write the entry durably (fsync of the file and of the directory)."""
+        if held.name not in self._names and len(self._names) >= self.limit:
+            raise JournalFull(f"the journal {self.directory} holds {self.limit} results")
+        temporary = self.directory / f".{held.name}.tmp"
+        with open(temporary, "w", encoding="utf-8") as file:
+            json.dump(held.to_json(), file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, self.directory / held.name)
+        self._sync_directory()
+        self._names.add(held.name)
+
+    def forget(self, held: Held) -> None:
+        """The result is written (or no longer needed): drop its entry."""
+        with contextlib.suppress(FileNotFoundError):
+            (self.directory / held.name).unlink()
+        self._names.discard(held.name)
+
+    def load(self) -> list[Held]:
+        """Every entry on disk, oldest first; an unreadable one is logged and set aside."""
+        entries = []
+        for name in sorted(self._names):
+            path = self.directory / name
+            try:
+                entries.append(Held.from_json(json.loads(path.read_text(encoding="utf-8"))))
+            except (OSError, ValueError, KeyError, TypeError) as error:
+                log.error("unreadable journal entry set aside path=%s error=%s", path, error)
+                with contextlib.suppress(OSError):
+                    path.rename(path.with_suffix(".unreadable"))
+                self._names.discard(name)
+        return sorted(entries, key=lambda held: held.since)
+
+    def _sync_directory(self) -> None:
+        fd = os.open(self.directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
