@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -17,6 +18,8 @@ from click.testing import CliRunner
 from jobdist.cli import main
 from jobdist.design import load_design_docs
 from jobdist.validation import format_errors, validate_job, validate_submission
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 SUBMISSION = {"job": [{"target": ["site-a", "site-b"], "do": "make test", "timeout": 600}]}
 BAD_SUBMISSION = {
@@ -44,6 +47,8 @@ def run_as_process(args: list[str], stdin: str | None) -> Run:
     done = subprocess.run(
         [sys.executable, "-m", "jobdist.cli", *args],
         input=stdin, capture_output=True, text=True, timeout=30,
+        # This checkout's jobdist, not whichever one is installed.
+        env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
     )
     return Run(done.returncode, done.stdout, done.stderr)
 
