@@ -166,6 +166,18 @@ def test_an_invalid_job_prints_one_line_per_error(sites: Path, tmp_path: Path) -
     assert result.stderr.splitlines() == [f"jobdist: {error}" for error in expected]
 
 
+def test_an_unknown_top_level_field_is_refused_and_meta_is_kept(sites: Path) -> None:
+    job = "priorty: 5\njob:\n  - {do: make, target: any}\n"
+    one_line(run("submit", "-", sites=sites, stdin=job),
+             "jobdist: priorty: unknown field (did you mean 'priority'?)")
+    job = "priority: 5\nmeta: {ticket: OPS-1, tags: [nightly]}\njob:\n  - {do: make, target: any}\n"
+    result = run("submit", "-", "--dry-run", sites=sites, stdin=job)
+    assert result.exit_code == 0, result.output
+    submitted = json.loads(result.stdout)
+    assert submitted["priority"] == 5
+    assert submitted["meta"] == {"ticket": "OPS-1", "tags": ["nightly"]}
+
+
 def test_stdin_yaml_and_unknown_targets(sites: Path) -> None:
     result = run("submit", "-", sites=sites,
                  stdin="job:\n  - do: make\n    target: [reg_a, reg_z]\n  - do: ls\n"

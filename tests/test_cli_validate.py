@@ -87,6 +87,15 @@ def test_a_bad_submission_lists_every_error(jobdist: Jobdist) -> None:
     assert "job.json: job[0].cmd: unknown field" in expected
 
 
+def test_an_unknown_top_level_field_is_refused_with_a_hint(jobdist: Jobdist) -> None:
+    content = "priorty: 5\nmeta: {ticket: OPS-1}\njob:\n  - do: make\n    target: any\n"
+    result = jobdist("validate", write("job.yaml", content))
+    assert (result.exit_code, result.stdout) == (
+        1, "job.yaml: priorty: unknown field (did you mean 'priority'?)\n")
+    fixed = jobdist("validate", write("job.yaml", content.replace("priorty", "priority")))
+    assert (fixed.exit_code, fixed.stdout) == (0, "job.yaml: ok\n")
+
+
 def test_stdin(jobdist: Jobdist) -> None:
     assert jobdist("validate", "-", stdin=json.dumps(SUBMISSION)).stdout == "<stdin>: ok\n"
     result = jobdist("validate", "-", stdin=json.dumps({"job": []}))
