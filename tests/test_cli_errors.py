@@ -93,7 +93,11 @@ def test_a_broken_site_config(sites: Path) -> None:
     (sites / "reg_b.toml").write_text('name = "reg_b"\n[couch\n')
     one_line(run("list", sites=sites), "reg_b.toml: cannot read site config")
     (sites / "reg_b.toml").write_text('name = "reg_b"\n')
-    one_line(run("list", sites=sites), "reg_b.toml: missing setting 'url'")
+    one_line(run("list", sites=sites), "reg_b.toml: missing setting 'couch.url'")
+    (sites / "reg_b.toml").write_text('name = "reg_b"\n[couch]\nurl = "http://x:1"\n'
+                                      '[deamon]\nlease = 5.0\n')
+    one_line(run("list", sites=sites),
+             "reg_b.toml: unknown setting 'deamon' (did you mean 'daemon'?)")
 
 
 def test_a_missing_daemon_config(tmp_path: Path) -> None:
