@@ -565,7 +565,7 @@ def failure_reason(doc: Doc) -> str:
 def read_job_file(file: str, file_format: str = "auto") -> Any:
     """A submission from a JSON or YAML file (`-`: stdin), as plain JSON values."""
     try:
-        data = click.get_binary_stream("stdin").read() if file == "-" else Path(file).read_bytes()
+        data = read_stdin() if file == "-" else Path(file).read_bytes()
     except OSError as error:
         raise UnreadableFile(f"{file}: cannot read: {error.strerror or error}") from None
     if file_format == "auto":
@@ -579,6 +579,14 @@ def read_job_file(file: str, file_format: str = "auto") -> Any:
         return parse_yaml(data)
     except UnreadableFile as error:
         raise UnreadableFile(f"{file}: {error}") from None
+
+
+def read_stdin() -> bytes:
+    """Standard input as bytes: the text stream's buffer (what click.get_binary_stream
+    returned, without the call newer Click deprecates)."""
+    if sys.stdin is None:  # started without one
+        raise OSError("no standard input")
+    return sys.stdin.buffer.read()
 
 
 def guess_format(file: str, data: bytes) -> str:

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import click
@@ -64,6 +65,14 @@ def test_every_command_has_help(command: tuple[str, ...]) -> None:
     result = CliRunner().invoke(main, [*command, "--help"])
     assert result.exit_code == 0, result.output
     assert result.stdout.startswith(f"Usage: main {' '.join(command)}")
+
+
+def test_stdin_is_read_without_deprecated_calls() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        result = CliRunner().invoke(main, ["validate", "-"], input='{"job": []}')
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert result.stdout == "<stdin>: job: must be a non-empty list of steps\n"
 
 
 # --- sites and configs ----------------------------------------------------------------
