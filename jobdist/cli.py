@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import getpass
 import heapq
+import importlib.metadata
 import json
 import math
 import re
@@ -33,6 +34,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+import jobdist
 from jobdist import core
 from jobdist.cluster import DEFAULT_STATE_DIR, ClusterError, LocalCluster
 from jobdist.config import ConfigError, SiteConfig, load_site, load_sites
@@ -299,7 +301,17 @@ def job_header(doc: Doc, leaves: int, site: str) -> Text:
 # --- the command group ------------------------------------------------------------
 
 
+def jobdist_version() -> str:
+    """The installed distribution's version, else (run from a checkout) the package's."""
+    try:
+        return importlib.metadata.version("jobdist")
+    except importlib.metadata.PackageNotFoundError:
+        return jobdist.__version__
+
+
 @click.group(cls=Cli, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(jobdist_version(), "--version", prog_name="jobdist",
+                      message="%(prog)s %(version)s")
 def main() -> None:
     """A multi-site job distributor on replicated CouchDB.
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import subprocess
 import sys
+import tomllib
 import warnings
 from pathlib import Path
 
@@ -13,7 +15,8 @@ import click
 import pytest
 from click.testing import CliRunner, Result
 
-from jobdist.cli import main
+import jobdist
+from jobdist.cli import jobdist_version, main
 from jobdist.localserver import free_port
 from jobdist.validation import validate_submission
 
@@ -65,6 +68,20 @@ def test_every_command_has_help(command: tuple[str, ...]) -> None:
     result = CliRunner().invoke(main, [*command, "--help"])
     assert result.exit_code == 0, result.output
     assert result.stdout.startswith(f"Usage: main {' '.join(command)}")
+
+
+def test_version() -> None:
+    project = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["project"]
+    result = CliRunner().invoke(main, ["--version"])
+    assert (result.exit_code, result.stdout) == (0, f"jobdist {project['version']}\n")
+
+
+def test_version_without_an_installed_distribution(monkeypatch: pytest.MonkeyPatch) -> None:
+    def not_installed(name: str) -> str:
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", not_installed)
+    assert jobdist_version() == jobdist.__version__
 
 
 def test_stdin_is_read_without_deprecated_calls() -> None:
