@@ -167,8 +167,14 @@ def pick_site(sites: dict[str, SiteConfig], name: str | None) -> SiteConfig:
             name = next(iter(sites))
         else:
             raise CliError(f"which site? give --site, one of: {', '.join(sorted(sites))}")
+    return known_site(sites, name)
+
+
+def known_site(sites: dict[str, SiteConfig], name: str, option: str = "") -> SiteConfig:
+    """The site called `name`; a CliError naming the known ones (and the option) if none is."""
     if name not in sites:
-        raise CliError(f"unknown site {name!r}; known: {', '.join(sorted(sites))}")
+        prefix = f"{option}: " if option else ""
+        raise CliError(f"{prefix}unknown site {name!r}; known: {', '.join(sorted(sites))}")
     return sites[name]
 
 
@@ -182,7 +188,11 @@ def site_couch(site: SiteConfig, *, quick: bool = False) -> Couch:
 
 
 def open_site(sites_dir: Path, name: str | None) -> tuple[SiteConfig, Database]:
-    site = pick_site(load_site_configs(sites_dir), name)
+    return connect(pick_site(load_site_configs(sites_dir), name))
+
+
+def connect(site: SiteConfig) -> tuple[SiteConfig, Database]:
+    """The site's jobs database, for the command under way (its errors name the site)."""
     ctx = click.get_current_context(silent=True)
     if ctx is not None:
         ctx.meta[SITE_META] = site
@@ -864,7 +874,12 @@ def list_command(status: str | None, involving: str | None, creator: str | None,
         if not TIME_PREFIX.match(before):
             raise CliError(f"--before {before!r}: give an ISO 8601 time such as "
                            "2026-11-22T00:35:12Z or a prefix of one")
-    site, db = open_site(sites_dir, site_name)
+    sites = load_site_configs(sites_dir)
+    # A misspelt site would list nothing, as if it had no jobs.
+    for option, name in (("--site", involving), ("--creator", creator)):
+        if name is not None:
+            known_site(sites, name, option)
+    site, db = connect(pick_site(sites, site_name))
     rows = list_jobs(db, status=status, creator=creator, site=involving, before=before,
                      page_size=min(limit + 1, 100))
     shown: list[JobRow] = []

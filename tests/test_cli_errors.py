@@ -104,6 +104,13 @@ def test_an_unknown_site(sites: Path, args: tuple[str, ...]) -> None:
              "unknown site 'nowhere'; known: global, reg_a")
 
 
+@pytest.mark.parametrize("option", ["--site", "--creator"])
+def test_list_refuses_an_unknown_site_to_filter_on(sites: Path, option: str) -> None:
+    """Not "no jobs match": a misspelt site is no site without jobs."""
+    one_line(run("list", option, "reg_c", sites=sites),
+             f"jobdist: {option}: unknown site 'reg_c'; known: global, reg_a")
+
+
 def test_a_missing_sites_directory(tmp_path: Path) -> None:
     line = one_line(run("list", "--sites", str(tmp_path / "nope")), "no such sites directory")
     assert "--sites DIR" in line
