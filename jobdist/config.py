@@ -111,25 +111,25 @@ class Section(Mapping[str, Any]):
     refused as unknown), and fails on every load, not quietly.
     """
 
-    def __init__(self, name: str, values: Mapping[str, Any]) -> None:
+    def __init__(self, name: str, table: Mapping[str, Any]) -> None:
         self.name = name
-        self.values = values
+        self._table = table
 
     def __getitem__(self, key: str) -> Any:
         self._require_listed(key)
-        if key not in self.values:
+        if key not in self._table:
             raise KeyError(dotted(self.name, key))  # "missing setting 'couch.url'"
-        return self.values[key]
+        return self._table[key]
 
     def __contains__(self, key: object) -> bool:
         self._require_listed(key)
-        return key in self.values
+        return key in self._table
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self.values)
+        return iter(self._table)
 
     def __len__(self) -> int:
-        return len(self.values)
+        return len(self._table)
 
     def _require_listed(self, key: object) -> None:
         if key not in known_settings(self.name):
@@ -248,6 +248,7 @@ def _unknown_setting(section: str, key: str) -> str:
     """`unknown setting 'daemon.leese' (did you mean 'daemon.lease'?)`: the nearest key
     of the same section, else the section where this very key belongs."""
     nearest = nearest_name(key, known_settings(section))
+    hint: str | None
     if nearest is not None:
         hint = dotted(section, nearest)
     else:
@@ -258,10 +259,10 @@ def _unknown_setting(section: str, key: str) -> str:
 
 
 def _section(raw: Section, name: str) -> Section:
-    values = raw.get(name, {})
-    if not isinstance(values, dict):
-        raise ValueError(f"{name} must be a table ([{name}]), not {values!r}")
-    return Section(name, values)
+    table = raw.get(name, {})
+    if not isinstance(table, dict):
+        raise ValueError(f"{name} must be a table ([{name}]), not {table!r}")
+    return Section(name, table)
 
 
 def _site_from(raw: Section, path: Path) -> SiteConfig:

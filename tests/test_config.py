@@ -157,3 +157,8 @@ def test_reading_an_unlisted_key_is_a_bug_caught_at_once() -> None:
     unlisted = re.escape("'daemon.leese', which SETTINGS does not list")
     with pytest.raises(RuntimeError, match=unlisted):
         section.get("leese")
+
+
+def test_a_section_is_a_mapping() -> None:
+    section = Section("admin", {"port": 7984})
+    assert dict(section) == {"port": 7984} and list(section.values()) == [7984]
