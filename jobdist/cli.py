@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import getpass
 import heapq
+import importlib.metadata
 import json
 import math
 import re
@@ -33,6 +34,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+import jobdist
 from jobdist import core
 from jobdist.cluster import DEFAULT_STATE_DIR, ClusterError, LocalCluster
 from jobdist.config import ConfigError, SiteConfig, load_site, load_sites
@@ -165,8 +167,14 @@ def pick_site(sites: dict[str, SiteConfig], name: str | None) -> SiteConfig:
             name = next(iter(sites))
         else:
             raise CliError(f"which site? give --site, one of: {', '.join(sorted(sites))}")
+    return known_site(sites, name)
+
+
+def known_site(sites: dict[str, SiteConfig], name: str, option: str = "") -> SiteConfig:
+    """The site called `name`; a CliError naming the known ones (and the option) if none is."""
     if name not in sites:
-        raise CliError(f"unknown site {name!r}; known: {', '.join(sorted(sites))}")
+        prefix = f"{option}: " if option else ""
+        raise CliError(f"{prefix}unknown site {name!r}; known: {', '.join(sorted(sites))}")
     return sites[name]
 
 
@@ -180,7 +188,11 @@ def site_couch(site: SiteConfig, *, quick: bool = False) -> Couch:
 
 
 def open_site(sites_dir: Path, name: str | None) -> tuple[SiteConfig, Database]:
-    site = pick_site(load_site_configs(sites_dir), name)
+    return connect(pick_site(load_site_configs(sites_dir), name))
+
+
+def connect(site: SiteConfig) -> tuple[SiteConfig, Database]:
+    """The site's jobs database, for the command under way (its errors name the site)."""
     ctx = click.get_current_context(silent=True)
     if ctx is not None:
         ctx.meta[SITE_META] = site
@@ -299,7 +311,17 @@ def job_header(doc: Doc, leaves: int, site: str) -> Text:
 # --- the command group ------------------------------------------------------------
 
 
+def jobdist_version() -> str:
+    """The installed distribution's version, else (run from a checkout) the package's."""
+    try:
+        return importlib.metadata.version("jobdist")
+    except importlib.metadata.PackageNotFoundError:
+        return jobdist.__version__
+
+
 @click.group(cls=Cli, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(jobdist_version(), "--version", prog_name="jobdist",
+                      message="%(prog)s %(version)s")
 def main() -> None:
     """A multi-site job distributor on replicated CouchDB.
 
@@ -569,7 +591,7 @@ def failure_reason(doc: Doc) -> str:
 def read_job_file(file: str, file_format: str = "auto") -> Any:
     """A submission from a JSON or YAML file (`-`: stdin), as plain JSON values."""
     try:
-        data = click.get_binary_stream("stdin").read() if file == "-" else Path(file).read_bytes()
+        data = read_stdin() if file == "-" else Path(file).read_bytes()
     except OSError as error:
         raise UnreadableFile(f"{file}: cannot read: {error.strerror or error}") from None
     if file_format == "auto":
@@ -583,6 +605,14 @@ def read_job_file(file: str, file_format: str = "auto") -> Any:
         return parse_yaml(data)
     except UnreadableFile as error:
         raise UnreadableFile(f"{file}: {error}") from None
+
+
+def read_stdin() -> bytes:
+    """Standard input as bytes: the text stream's buffer (what click.get_binary_stream
+    returned, without the call newer Click deprecates)."""
+    if sys.stdin is None:  # started without one
+        raise OSError("no standard input")
+    return sys.stdin.buffer.read()
 
 
 def guess_format(file: str, data: bytes) -> str:
@@ -848,7 +878,12 @@ def list_command(status: str | None, involving: str | None, creator: str | None,
         if not TIME_PREFIX.match(before):
             raise CliError(f"--before {before!r}: give an ISO 8601 time such as "
                            "2026-11-22T00:35:12Z or a prefix of one")
-    site, db = open_site(sites_dir, site_name)
+    sites = load_site_configs(sites_dir)
+    # A misspelt site would list nothing, as if it had no jobs.
+    for option, name in (("--site", involving), ("--creator", creator)):
+        if name is not None:
+            known_site(sites, name, option)
+    site, db = connect(pick_site(sites, site_name))
     rows = list_jobs(db, status=status, creator=creator, site=involving, before=before,
                      page_size=min(limit + 1, 100))
     shown: list[JobRow] = []

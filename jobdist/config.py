@@ -51,6 +51,10 @@ A password never appears in a repr, a log line or an error.
 Without `[commands] allow` a site runs any command; with it, only those that
 fully match one of the patterns and, unless `allow_shell = true`, use none of
 the shell's operators ; & | $ ` < > ( ) or a newline.
+
+A key that SETTINGS does not list is refused, with the nearest known one
+("unknown setting 'deamon' (did you mean 'daemon'?)"): a misspelt setting
+would otherwise leave its default in force without a word.
 """
 
 from __future__ import annotations
@@ -59,18 +63,80 @@ import os
 import re
 import stat
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from .names import nearest_name
+
 SITE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 SHELL_OPERATORS = re.compile(r"[;&|$`<>()\n\r]")
+
+# Every key a site config may hold, by section ("": the top level, besides the
+# sections): the one list of them. `_site_from` reads through `Section`, which
+# fails on a key missing here, so what is read and what is accepted cannot drift.
+SETTINGS: dict[str, tuple[str, ...]] = {
+    "": ("name", "workers", "peers"),
+    "couch": ("url", "database", "credentials", "admin_credentials", "user", "password"),
+    "replication": ("filtered", "relay", "peer_urls"),
+    "commands": ("allow", "allow_shell"),
+    "keepalive": ("period", "stale_after"),
+    # journal: the directory of the daemon's result journal (jobdist/journal.py).
+    "daemon": ("booking_timeout", "shutdown_grace", "lease", "heartbeat", "clock_skew_margin",
+               "journal"),
+    "retention": ("older_than", "interval", "export"),
+    "admin": ("port", "host", "token"),
+}
 
 
 class ConfigError(ValueError):
     """A site configuration that cannot be used; the message says why and where."""
+
+
+def known_settings(section: str) -> tuple[str, ...]:
+    """The keys of a section; the top level's ("") include the sections."""
+    if section:
+        return SETTINGS[section]
+    return (*SETTINGS[""], *(name for name in SETTINGS if name))
+
+
+def dotted(section: str, key: str) -> str:
+    return f"{section}.{key}" if section else key
+
+
+class Section(Mapping[str, Any]):
+    """One table of a site config, readable only by the keys SETTINGS lists.
+
+    Reading another is a bug in this module (configs holding that key would be
+    refused as unknown), and fails on every load, not quietly.
+    """
+
+    def __init__(self, name: str, table: Mapping[str, Any]) -> None:
+        self.name = name
+        self._table = table
+
+    def __getitem__(self, key: str) -> Any:
+        self._require_listed(key)
+        if key not in self._table:
+            raise KeyError(dotted(self.name, key))  # "missing setting 'couch.url'"
+        return self._table[key]
+
+    def __contains__(self, key: object) -> bool:
+        self._require_listed(key)
+        return key in self._table
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._table)
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    def _require_listed(self, key: object) -> None:
+        if key not in known_settings(self.name):
+            raise RuntimeError(f"config.py reads {dotted(self.name, str(key))!r}, which "
+                               "SETTINGS does not list")
 
 
 @dataclass(frozen=True)
@@ -147,7 +213,8 @@ def load_site(path: Path | str) -> SiteConfig:
     except (OSError, tomllib.TOMLDecodeError) as error:
         raise ConfigError(f"{path}: cannot read site config: {error}") from None
     try:
-        return _site_from(raw, path)
+        _check_known(raw)
+        return _site_from(Section("", raw), path)
     except (KeyError, TypeError, ValueError) as error:
         raise ConfigError(f"{path}: {_describe(error)}") from None
 
@@ -172,17 +239,50 @@ def load_sites(directory: Path | str) -> dict[str, SiteConfig]:
     return sites
 
 
-def _site_from(raw: dict[str, Any], path: Path) -> SiteConfig:
+def _check_known(raw: dict[str, Any]) -> None:
+    """ValueError naming every key that SETTINGS does not list, each with a hint."""
+    unknown = [_unknown_setting("", key) for key in raw if key not in known_settings("")]
+    for section in SETTINGS:
+        values = raw.get(section) if section else None
+        if isinstance(values, dict):
+            unknown += [_unknown_setting(section, key) for key in values
+                        if key not in SETTINGS[section]]
+    if unknown:
+        raise ValueError("; ".join(unknown))
+
+
+def _unknown_setting(section: str, key: str) -> str:
+    """`unknown setting 'daemon.leese' (did you mean 'daemon.lease'?)`: the nearest key
+    of the same section, else the section where this very key belongs."""
+    nearest = nearest_name(key, known_settings(section))
+    hint: str | None
+    if nearest is not None:
+        hint = dotted(section, nearest)
+    else:
+        hint = next((dotted(other, key) for other in SETTINGS
+                     if other != section and key in SETTINGS[other]), None)
+    suffix = f" (did you mean {hint!r}?)" if hint else ""
+    return f"unknown setting {dotted(section, key)!r}{suffix}"
+
+
+def _section(raw: Section, name: str) -> Section:
+    table = raw.get(name, {})
+    if not isinstance(table, dict):
+        raise ValueError(f"{name} must be a table ([{name}]), not {table!r}")
+    return Section(name, table)
+
+
+def _site_from(raw: Section, path: Path) -> SiteConfig:
     name = raw["name"]
     if not isinstance(name, str) or not SITE_NAME.match(name):
         raise ValueError(f"name {name!r} must be 1-64 of a-z, 0-9, _ and -")
-    couch = raw.get("couch", {})
-    keepalive = raw.get("keepalive", {})
-    daemon = raw.get("daemon", {})
-    admin = raw.get("admin", {})
-    replication = raw.get("replication", {})
-    retention = raw.get("retention", {})
-    commands = raw.get("commands", {})
+    couch = _section(raw, "couch")
+    keepalive = _section(raw, "keepalive")
+    daemon = _section(raw, "daemon")
+    admin = _section(raw, "admin")
+    replication = _section(raw, "replication")
+    retention = _section(raw, "retention")
+    commands = _section(raw, "commands")
     if "older_than" in retention:
         from .retention import RetentionError, parse_duration
 
@@ -193,7 +293,7 @@ def _site_from(raw: dict[str, Any], path: Path) -> SiteConfig:
     workers = int(raw.get("workers", 2))
     if workers < 0:
         raise ValueError("workers must be >= 0")
-    _check_lease(raw.get("daemon", {}))
+    _check_lease(daemon)
     credentials = _path_setting(couch, "credentials", path)
     admin_credentials = _path_setting(couch, "admin_credentials", path)
     user, password = _login(couch, credentials, "JOBDIST_COUCH", name)
@@ -234,14 +334,14 @@ def _site_from(raw: dict[str, Any], path: Path) -> SiteConfig:
     )
 
 
-def _path_setting(section: dict[str, Any], key: str, config_path: Path) -> Path | None:
+def _path_setting(section: Mapping[str, Any], key: str, config_path: Path) -> Path | None:
     if key not in section:
         return None
     value = Path(str(section[key])).expanduser()
     return value if value.is_absolute() else config_path.parent / value
 
 
-def _login(couch: dict[str, Any], credentials: Path | None, env_prefix: str,
+def _login(couch: Mapping[str, Any], credentials: Path | None, env_prefix: str,
            site: str) -> tuple[str | None, str | None]:
     """(user, password): the environment (PREFIX_USER_SITE before PREFIX_USER), else the
     credentials file, else inline keys."""
@@ -284,7 +384,7 @@ def _toml_string(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def _allow_list(commands: dict[str, Any]) -> tuple[re.Pattern[str], ...] | None:
+def _allow_list(commands: Mapping[str, Any]) -> tuple[re.Pattern[str], ...] | None:
     if "allow" not in commands:
         return None
     patterns = commands["allow"]
@@ -299,7 +399,7 @@ def _allow_list(commands: dict[str, Any]) -> tuple[re.Pattern[str], ...] | None:
     return tuple(compiled)
 
 
-def _check_lease(daemon: dict[str, Any]) -> None:
+def _check_lease(daemon: Mapping[str, Any]) -> None:
     lease, heartbeat = float(daemon.get("lease", 60.0)), float(daemon.get("heartbeat", 15.0))
     if not 0 < heartbeat <= lease / 2:
         raise ValueError(f"daemon.heartbeat ({heartbeat}) must be above 0 and at most half "

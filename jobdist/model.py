@@ -120,10 +120,12 @@ def new_job(
     priority: int = 0,
     created_at: str | None = None,
     job_id: str | None = None,
+    meta: Doc | None = None,
 ) -> Doc:
-    """A complete job document, ready to save at the creator's site."""
+    """A complete job document, ready to save at the creator's site; `meta` is the
+    submitter's own data, kept as it is."""
     created_at = created_at or utc_now()
-    return {
+    doc = {
         "_id": job_id or new_job_id(created_at),
         "type": "job",
         "creator": creator,
@@ -135,15 +137,19 @@ def new_job(
         "job": [initial_step(step) for step in steps],
         "history": [event("created", step=0, site=creator, at=created_at)],
     }
+    if meta is not None:
+        doc["meta"] = copy.deepcopy(meta)
+    return doc
 
 
 def job_from_submission(submission: Doc, creator: str) -> Doc:
-    """A job document from what a user submitted (steps, priority, optional _id)."""
+    """A job document from what a user submitted (steps, priority, optional _id and meta)."""
     return new_job(
         creator,
         submission["job"],
         priority=submission.get("priority", 0),
         job_id=submission.get("_id"),
+        meta=submission.get("meta"),
     )
 
 

@@ -24,6 +24,7 @@ from decimal import Decimal
 from typing import Any
 
 from .model import HISTORY_EVENTS
+from .names import did_you_mean
 
 MAX_DOC_SIZE = 1024 * 1024
 MAX_DEPTH = 32  # levels of objects and lists; Python's JSON parser gives up near 1000
@@ -39,6 +40,12 @@ JOB_STATUSES = (None, "success", "failed", "cancelled")
 STEP_STATUSES = (None, "running", "finished", "failed")
 # Revision metadata the server adds to the document it validates: not measured.
 UNMEASURED_FIELDS = ("_rev", "_revisions")
+# CouchDB's own top-level members (it refuses any other name starting with _), not checked.
+COUCHDB_FIELDS = ("_rev", "_revisions", "_conflicts", "_deleted_conflicts", "_deleted",
+                  "_attachments", "_revs_info", "_local_seq")
+# "Did you mean" hints only while fewer errors than this are found: finding the nearest
+# name costs work, and a document may hold 100,000 unknown fields.
+MAX_HINTED_ERRORS = 20
 
 SITE_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
 ISO_UTC = re.compile(
@@ -200,20 +207,18 @@ def text(max_length: int, *, non_empty: bool, allow_null: bool = False) -> Check
     return check
 
 
-def check_fields(
-    obj: dict[str, Any], fields: list[Field], prefix: str, errors: list[str], *, closed: bool
-) -> None:
-    """Check each field in order; `closed` objects accept no other fields."""
+def check_fields(obj: dict[str, Any], fields: list[Field], prefix: str, errors: list[str]) -> None:
+    """Check each field in order; an object accepts no other fields."""
     for field in fields:
         path = prefix + field.name
         if field.name in obj:
             field.check(obj[field.name], path, errors)
         elif field.required:
             errors.append(f"{path}: is missing")
-    if closed:
-        known = {field.name for field in fields}
-        for name in sorted_like_javascript(key for key in obj if key not in known):
-            errors.append(f"{prefix}{name}: unknown field")
+    known = [field.name for field in fields]
+    for name in sorted_like_javascript(key for key in obj if key not in known):
+        hint = did_you_mean(name, known) if len(errors) < MAX_HINTED_ERRORS else ""
+        errors.append(f"{prefix}{name}: unknown field{hint}")
 
 
 def sorted_like_javascript(names: Any) -> list[str]:
@@ -228,7 +233,7 @@ def object_of(fields: list[Field], reason: str, *, allow_null: bool = False) -> 
         if not is_object(value):
             errors.append(f"{path}: {reason}")
             return
-        check_fields(value, fields, path + ".", errors, closed=True)
+        check_fields(value, fields, path + ".", errors)
 
     return check
 
@@ -344,10 +349,18 @@ EVENT_FIELDS = [
 ]
 
 
+def unchecked(value: Any, path: str, errors: list[str]) -> None:
+    """A field that is known, and checked elsewhere or not at all."""
+
+
 def job_fields(step_count: int | None) -> list[Field]:
-    """Top-level fields; other top-level fields are allowed (forward compatibility)."""
+    """Top-level fields: the job's, then the user's `meta`, then CouchDB's; no others.
+
+    Their order breaks ties between "did you mean" hints: the job's own come first.
+    """
     return [
         Field("_id", False, simple(is_doc_id, ID_REASON)),
+        Field("type", True, unchecked),  # checked first, by validate_job
         Field("creator", True, SITE),
         Field("priority", True, simple(is_integer, "must be an integer")),
         Field("created_at", True, TIME),
@@ -357,6 +370,8 @@ def job_fields(step_count: int | None) -> list[Field]:
         Field("job", True, check_steps),
         Field("history", True, list_of(object_of(EVENT_FIELDS, "must be an object"))),
         Field("keepalive_at", False, TIME),
+        Field("meta", False, simple(is_object, "must be an object")),
+        *(Field(name, False, unchecked) for name in COUCHDB_FIELDS),
     ]
 
 
@@ -377,7 +392,7 @@ def validate_job(doc: Any) -> list[str]:
         errors.append(f"document: too large: its JSON exceeds {MAX_DOC_SIZE} characters (1 MiB)")
     steps = doc.get("job")
     step_count = len(steps) if is_list(steps) and steps else None
-    check_fields(doc, job_fields(step_count), "", errors, closed=False)
+    check_fields(doc, job_fields(step_count), "", errors)
     return errors
 
 

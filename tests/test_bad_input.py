@@ -181,7 +181,7 @@ REQUIRED = [
 
 
 def deep(depth: int) -> str:
-    return '"deep": ' + "[" * depth + "]" * depth
+    return '"meta": {"deep": ' + "[" * depth + "]" * depth + "}"
 
 
 REFUSED: list[Bad] = [
@@ -207,7 +207,7 @@ REFUSED: list[Bad] = [
     mutated((*STEP, "output"), {"stdout": "x" * 4097, "stderr": ""},
             "job[0].output.stdout: must be at most 4096 characters long", "output-huge"),
     mutated(("creator",), "g" * 65, f"creator: must be {SITE_RULE}", "creator-long"),
-    mutated(("blob",), "x" * MAX_DOC_SIZE, "document: too large", "document-huge"),
+    mutated(("meta",), {"blob": "x" * MAX_DOC_SIZE}, "document: too large", "document-huge"),
     mutated((*EVENT, "detail"), "\x01" * (MAX_DOC_SIZE // 6 + 1), "document: too large",
             "detail-escapes-past-the-limit"),
     # Deep nesting: cheap to send, and deep enough to break a recursive JSON parser.
@@ -257,7 +257,10 @@ REFUSED: list[Bad] = [
     mutated(("step",), 2, "step: must be between 0 and 1 (the number of steps)", "step-past"),
     mutated(("step",), -1, "step: must be between 0 and 1 (the number of steps)",
             "step-negative"),
-    # Extra fields where the shape is closed (top-level extras are allowed: below).
+    # Extra fields: every object is closed; the user's own data goes in `meta` (below).
+    mutated(("priorty",), 5, "priorty: unknown field (did you mean 'priority'?)",
+            "top-level-extra"),
+    mutated(("meta",), ["not", "an", "object"], "meta: must be an object", "meta-not-object"),
     mutated((*STEP, "command"), "rm -rf /", "job[0].command: unknown field", "step-extra"),
     mutated((*RETRY, "jitter"), 1, "job[0].retry_strategy.jitter: unknown field",
             "retry-extra"),
@@ -461,9 +464,9 @@ HOSTILE: list[Hostile] = [
         "times-in-nanoseconds", created_at="2026-11-22T00:35:12.123456789Z",
         updated_at="2026-11-22T00:35:12.999999999Z", keepalive_at="2026-11-22T00:35:13Z")],
             "success"),
-    Hostile("extra-top-level-fields", [hostile(
-        "extra-top-level-fields", evil={"$where": "1", "__proto__": {"admin": True}},
-        nested=[[[[["fine"]]]]])], "success"),
+    Hostile("user-meta", [hostile(
+        "user-meta", meta={"$where": "1", "__proto__": {"admin": True},
+                           "nested": [[[[["fine"]]]]]})], "success"),
     Hostile("do-huge", [hostile("do-huge", new_step(": " + "x" * 65000))], "success"),
     Hostile("document-at-the-size-limit", [padded(hostile("document-at-the-size-limit"),
                                                   MAX_DOC_SIZE - 50)], "success"),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -180,13 +181,34 @@ def listing_jobs() -> list[Doc]:
     return jobs
 
 
+LISTING_SITES = ("lister", "lister2", "lst-a", "lst-b", "lst-nothing")
+
+
 def listed(jobdist: Jobdist, *args: str) -> list[Doc]:
     result = jobdist("list", "--json", *args)
     assert result.exit_code == 0, result.output
     return [json.loads(line) for line in result.stdout.splitlines()]
 
 
-def test_list_filters_and_pages_newest_first(jobdist: Jobdist, cluster: LocalCluster) -> None:
+def listing_sites(cluster: LocalCluster, directory: Path) -> Path:
+    """The cluster's sites and the listing jobs' sites, for the CLI only: `list` refuses
+    sites it does not know, and the daemons must not know these."""
+    shutil.copytree(cluster.sites_dir, directory)
+    for name in LISTING_SITES:
+        (directory / f"{name}.toml").write_text(
+            f'name = "{name}"\n[couch]\nurl = "http://127.0.0.1:{free_port()}"\n')
+    return directory
+
+
+def test_list_filters_and_pages_newest_first(cluster: LocalCluster, tmp_path: Path) -> None:
+    sites = listing_sites(cluster, tmp_path / "sites")
+
+    def jobdist(*args: str) -> Result:
+        runner = CliRunner(env={"JOBDIST_SITES": str(sites), "JOBDIST_SITE": None})
+        result = runner.invoke(main, list(args))
+        assert "Traceback" not in result.output, result.output
+        return result
+
     db = site_db(cluster, "global")
     written = listing_jobs()
     db.bulk_docs(written)

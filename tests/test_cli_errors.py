@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import subprocess
 import sys
+import tomllib
+import warnings
 from pathlib import Path
 
 import click
 import pytest
 from click.testing import CliRunner, Result
 
-from jobdist.cli import main
+import jobdist
+from jobdist.cli import jobdist_version, main
 from jobdist.localserver import free_port
 from jobdist.validation import validate_submission
 
@@ -66,6 +70,28 @@ def test_every_command_has_help(command: tuple[str, ...]) -> None:
     assert result.stdout.startswith(f"Usage: main {' '.join(command)}")
 
 
+def test_version() -> None:
+    project = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["project"]
+    result = CliRunner().invoke(main, ["--version"])
+    assert (result.exit_code, result.stdout) == (0, f"jobdist {project['version']}\n")
+
+
+def test_version_without_an_installed_distribution(monkeypatch: pytest.MonkeyPatch) -> None:
+    def not_installed(name: str) -> str:
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", not_installed)
+    assert jobdist_version() == jobdist.__version__
+
+
+def test_stdin_is_read_without_deprecated_calls() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        result = CliRunner().invoke(main, ["validate", "-"], input='{"job": []}')
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert result.stdout == "<stdin>: job: must be a non-empty list of steps\n"
+
+
 # --- sites and configs ----------------------------------------------------------------
 
 
@@ -76,6 +102,13 @@ def test_an_unknown_site(sites: Path, args: tuple[str, ...]) -> None:
     flag = "--at" if args[0] == "list" else "--site"
     one_line(run(*args, flag, "nowhere", sites=sites),
              "unknown site 'nowhere'; known: global, reg_a")
+
+
+@pytest.mark.parametrize("option", ["--site", "--creator"])
+def test_list_refuses_an_unknown_site_to_filter_on(sites: Path, option: str) -> None:
+    """Not "no jobs match": a misspelt site is no site without jobs."""
+    one_line(run("list", option, "reg_c", sites=sites),
+             f"jobdist: {option}: unknown site 'reg_c'; known: global, reg_a")
 
 
 def test_a_missing_sites_directory(tmp_path: Path) -> None:
@@ -93,7 +126,11 @@ def test_a_broken_site_config(sites: Path) -> None:
     (sites / "reg_b.toml").write_text('name = "reg_b"\n[couch\n')
     one_line(run("list", sites=sites), "reg_b.toml: cannot read site config")
     (sites / "reg_b.toml").write_text('name = "reg_b"\n')
-    one_line(run("list", sites=sites), "reg_b.toml: missing setting 'url'")
+    one_line(run("list", sites=sites), "reg_b.toml: missing setting 'couch.url'")
+    (sites / "reg_b.toml").write_text('name = "reg_b"\n[couch]\nurl = "http://x:1"\n'
+                                      '[deamon]\nlease = 5.0\n')
+    one_line(run("list", sites=sites),
+             "reg_b.toml: unknown setting 'deamon' (did you mean 'daemon'?)")
 
 
 def test_a_missing_daemon_config(tmp_path: Path) -> None:
@@ -164,6 +201,18 @@ def test_an_invalid_job_prints_one_line_per_error(sites: Path, tmp_path: Path) -
     expected = validate_submission(bad)
     assert len(expected) >= 3
     assert result.stderr.splitlines() == [f"jobdist: {error}" for error in expected]
+
+
+def test_an_unknown_top_level_field_is_refused_and_meta_is_kept(sites: Path) -> None:
+    job = "priorty: 5\njob:\n  - {do: make, target: any}\n"
+    one_line(run("submit", "-", sites=sites, stdin=job),
+             "jobdist: priorty: unknown field (did you mean 'priority'?)")
+    job = "priority: 5\nmeta: {ticket: OPS-1, tags: [nightly]}\njob:\n  - {do: make, target: any}\n"
+    result = run("submit", "-", "--dry-run", sites=sites, stdin=job)
+    assert result.exit_code == 0, result.output
+    submitted = json.loads(result.stdout)
+    assert submitted["priority"] == 5
+    assert submitted["meta"] == {"ticket": "OPS-1", "tags": ["nightly"]}
 
 
 def test_stdin_yaml_and_unknown_targets(sites: Path) -> None:

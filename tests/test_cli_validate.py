@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -17,6 +18,8 @@ from click.testing import CliRunner
 from jobdist.cli import main
 from jobdist.design import load_design_docs
 from jobdist.validation import format_errors, validate_job, validate_submission
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 SUBMISSION = {"job": [{"target": ["site-a", "site-b"], "do": "make test", "timeout": 600}]}
 BAD_SUBMISSION = {
@@ -44,6 +47,8 @@ def run_as_process(args: list[str], stdin: str | None) -> Run:
     done = subprocess.run(
         [sys.executable, "-m", "jobdist.cli", *args],
         input=stdin, capture_output=True, text=True, timeout=30,
+        # This checkout's jobdist, not whichever one is installed.
+        env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
     )
     return Run(done.returncode, done.stdout, done.stderr)
 
@@ -80,6 +85,15 @@ def test_a_bad_submission_lists_every_error(jobdist: Jobdist) -> None:
     assert result.stdout.splitlines() == expected
     assert "job.json: priority: must be an integer" in expected
     assert "job.json: job[0].cmd: unknown field" in expected
+
+
+def test_an_unknown_top_level_field_is_refused_with_a_hint(jobdist: Jobdist) -> None:
+    content = "priorty: 5\nmeta: {ticket: OPS-1}\njob:\n  - do: make\n    target: any\n"
+    result = jobdist("validate", write("job.yaml", content))
+    assert (result.exit_code, result.stdout) == (
+        1, "job.yaml: priorty: unknown field (did you mean 'priority'?)\n")
+    fixed = jobdist("validate", write("job.yaml", content.replace("priorty", "priority")))
+    assert (fixed.exit_code, fixed.stdout) == (0, "job.yaml: ok\n")
 
 
 def test_stdin(jobdist: Jobdist) -> None:

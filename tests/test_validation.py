@@ -126,17 +126,22 @@ def nested(depth: int) -> Any:
     "doc",
     [
         job(),
-        job(_id="j" * 256, leap=["2024-02-29T23:59:59Z"], deep=nested(31),
+        job(_id="j" * 256, meta={"leap": ["2024-02-29T23:59:59Z"], "deep": nested(30)},
             created_at="2024-02-29T00:00:00.123456789Z", updated_at="2024-02-29T00:00:00Z"),
         finished_job(),
         minimal_job(),
-        job(priority=-7, future_field={"anything": [1, 2]}),
+        job(priority=-7, meta={"anything": [1, 2], "owner": {"team": "ops"}}),
+        job(meta={}),
         job(priority=2.0),  # JavaScript cannot tell 2.0 from 2
+        # CouchDB's own members, as a read with every option returns them.
+        job(_rev="2-b", _revisions={"start": 2, "ids": ["b", "a"]}, _conflicts=["2-c"],
+            _deleted_conflicts=["2-d"], _deleted=False, _attachments={}, _local_seq=7,
+            _revs_info=[{"rev": "2-b", "status": "available"}]),
         {"_id": "job-x", "_rev": "1-abc", "_deleted": True},
         {"_id": "_design/other", "views": {}},
     ],
-    ids=["example", "edges", "finished", "minimal", "extra-top-level", "integral-float", "deleted",
-         "design"],
+    ids=["example", "edges", "finished", "minimal", "meta", "meta-empty", "integral-float",
+         "couchdb-members", "deleted", "design"],
 )
 def test_valid_documents_pass(doc: Doc) -> None:
     assert validate_job(doc) == []
@@ -234,6 +239,20 @@ CASES: list[tuple[str, tuple[str | int, ...], Any, str]] = [
     ("id-control", ("_id",), "job-\x7f", f"_id: {ID_RULE}"),
     ("id-surrogate", ("_id",), "job-\udc80", f"_id: {ID_RULE}"),
     ("id-type", ("_id",), 5, f"_id: {ID_RULE}"),
+    ("meta", ("meta",), ["owner"], "meta: must be an object"),
+    ("meta-null", ("meta",), None, "meta: must be an object"),
+    # Unknown fields, at the top as everywhere: with the nearest known one when it is near.
+    ("top-unknown", ("colour",), "red", "colour: unknown field"),
+    ("top-typo", ("priorty",), 5, "priorty: unknown field (did you mean 'priority'?)"),
+    ("top-swapped", ("hisotry",), [], "hisotry: unknown field (did you mean 'history'?)"),
+    ("top-underscore", ("_idd",), "x", "_idd: unknown field (did you mean '_id'?)"),
+    ("top-too-short-to-guess", ("x",), 1, "x: unknown field"),
+    ("step-typo", ("job", 0, "timout"), 5,
+     "job[0].timout: unknown field (did you mean 'timeout'?)"),
+    ("retry-typo", ("job", 0, "retry_strategy", "max_retires"), 2,
+     "job[0].retry_strategy.max_retires: unknown field (did you mean 'max_retries'?)"),
+    ("event-typo", ("history", 0, "detials"), "x",
+     "history[0].detials: unknown field (did you mean 'detail'?)"),
 ]
 
 
@@ -284,7 +303,7 @@ def test_unknown_step_fields_are_reported_in_javascript_sort_order() -> None:
 
 
 def test_too_large_documents_are_refused() -> None:
-    doc = job(attachment_like="x" * MAX_DOC_SIZE)
+    doc = job(meta={"attachment_like": "x" * MAX_DOC_SIZE})
     assert validate_job(doc) == [
         "document: too large: its JSON exceeds 1048576 characters (1 MiB)"
     ]
@@ -307,6 +326,10 @@ def test_submission_gets_server_fields_but_keeps_what_it_has() -> None:
     ]
     assert validate_submission({"job": [{"do": "true"}]}) == ["job[0].target: is missing"]
     assert validate_submission([]) == ["document: must be a JSON object"]
+    assert validate_submission({**submission, "meta": {"ticket": "OPS-1"}}) == []
+    assert validate_submission({**submission, "priorty": 5}) == [
+        "priorty: unknown field (did you mean 'priority'?)"
+    ]
 
 
 @pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
@@ -328,11 +351,28 @@ def test_json_size_is_what_javascript_measures() -> None:
 
 
 def test_deep_documents_are_refused_without_measuring_them() -> None:
-    assert validate_job(job(deep=nested(31))) == []
+    assert validate_job(job(meta={"deep": nested(30)})) == []
     expected = ["document: too deeply nested: more than 32 levels of objects and lists"]
-    assert validate_job(job(deep=nested(32))) == expected
-    assert validate_job(job(deep={"a": nested(31)})) == expected
-    assert validate_job(job(deep=nested(100_000))) == expected  # no RecursionError
+    assert validate_job(job(meta={"deep": nested(31)})) == expected
+    assert validate_job(job(meta={"deep": {"a": nested(30)}})) == expected
+    assert validate_job(job(meta={"deep": nested(100_000)})) == expected  # no RecursionError
+
+
+def test_hints_stop_after_the_first_errors() -> None:
+    """Each hint costs work: a document of many unknown fields gets hints for the first only."""
+    doc = job(**{f"step{n:02d}": n for n in range(30)})
+    errors = validate_job(doc)
+    assert len(errors) == 30
+    assert errors[0] == "step00: unknown field (did you mean 'step'?)"
+    hinted = [error.endswith("(did you mean 'step'?)") for error in errors]
+    assert hinted == [True] * 20 + [False] * 10
+
+
+def test_meta_counts_in_the_size() -> None:
+    doc = job(meta={"notes": "x" * MAX_DOC_SIZE})
+    assert validate_job(doc) == [
+        "document: too large: its JSON exceeds 1048576 characters (1 MiB)"
+    ]
 
 
 def test_json_size_survives_deep_nesting() -> None:
@@ -383,9 +423,9 @@ CORPUS: list[tuple[str, Callable[[], Doc]]] = [
     ("history-bad", variant(job(), ("history",), [
         {"event": "exploded", "step": -1, "at": "2026-11-22T00:35:12", "epoch": "1"}, 5])),
     ("keepalive-null", variant(job(), ("keepalive_at",), None)),
-    ("too-large", variant(job(), ("blob",), "x" * MAX_DOC_SIZE)),
+    ("too-large", variant(job(), ("meta",), {"blob": "x" * MAX_DOC_SIZE})),
     ("too-many-steps", variant(job(), ("job",), [step(do=f"echo {i}") for i in range(1001)])),
-    ("too-deep", variant(job(), ("deep",), {"a": nested(31)})),
+    ("too-deep", variant(job(), ("meta",), {"a": nested(31)})),
     ("impossible-days", variant(job(), ("job", 0), step(
         start_time="2026-02-29T00:00:00Z", finish_time="2100-02-29T00:00:00Z",
         lease_until="2026-04-31T00:00:00Z"))),
@@ -393,6 +433,16 @@ CORPUS: list[tuple[str, Callable[[], Doc]]] = [
     ("id-too-long", variant(job(), ("_id",), "é" * 257)),
     ("counts-too-large", variant(job(), ("job", 0), step(
         epoch=10**9 + 1, attempts=2**53, retry_strategy={"max_retries": 1001}))),
+    ("meta-not-object", variant(job(), ("meta",), "ops")),
+    # Unknown fields and their hints: typos, names too far or too short to guess, UTF-16.
+    ("top-level-typos", lambda: job(
+        priorty=5, crator="x", stpe=0, hisotry=[], jb=[], x=1, colour="red", constructor=1,
+        toString=2, Type="job", **{"😀b": 1, "é": 2, "metaa": {}, "10": 0, "job status": None})),
+    ("step-typos", variant(job(), ("job", 0), step(
+        timout=5, targte="any", **{"alt-do": "true", "retry strategy": {}, "Do": "ls"}))),
+    ("nested-typos", variant(job(), ("job", 0, "retry_strategy"),
+                             {"max_retires": 1, "sleeep": 1, "output": {"stdot": ""}})),
+    ("hints-stop", lambda: job(**{f"step{n:02d}": n for n in range(30)})),
     ("everything-wrong", lambda: {
         "_id": "job-bad", "type": "job", "creator": 1, "priority": [], "created_at": 0,
         "step": None,
@@ -435,11 +485,11 @@ def test_couchdb_refuses_other_documents(db_url: str) -> None:
 
 def sized_job(size: int, rev: str | None = None) -> Doc:
     """A job whose JSON is exactly `size` characters long, as JavaScript counts them."""
-    doc = job(_id="job-sized", numbers=[0.1, 1e21, 2.0, -1e-7], text="é😀\n")
+    meta: Doc = {"numbers": [0.1, 1e21, 2.0, -1e-7], "text": "é😀\n", "blob": ""}
+    doc = job(_id="job-sized", meta=meta)
     if rev:
         doc["_rev"] = rev
-    doc["blob"] = ""
-    doc["blob"] = "x" * (size - json_size(doc))
+    meta["blob"] = "x" * (size - json_size(doc))
     assert json_size(doc) == size
     return doc
 

@@ -23,6 +23,15 @@ function (newDoc, oldDoc, userCtx, secObj) {
   ];
   // Revision metadata the server adds to the document it validates: not measured.
   var UNMEASURED_FIELDS = ["_rev", "_revisions"];
+  // CouchDB's own top-level members (it refuses any other name starting with _), not checked.
+  var COUCHDB_FIELDS = [
+    "_rev", "_revisions", "_conflicts", "_deleted_conflicts", "_deleted", "_attachments",
+    "_revs_info", "_local_seq"
+  ];
+  // "Did you mean" hints only while fewer errors than this are found: finding the nearest
+  // name costs work, and a document may hold 100,000 unknown fields.
+  var MAX_HINTED_ERRORS = 20;
+  var MAX_EDITS = 2;  // jobdist/names.py: the nearest name is at most this many edits away
 
   var SITE_NAME = /^[a-z0-9][a-z0-9_-]{0,63}$/;
   var ISO_UTC = new RegExp(
@@ -110,6 +119,55 @@ function (newDoc, oldDoc, userCtx, secObj) {
     }).join(", ");
   }
 
+  // --- the nearest known name (jobdist/names.py, the same rule) -------------
+
+  function nearestName(name, known) {
+    // The known name fewest edits away: at most MAX_EDITS, and fewer edits than `name`
+    // has characters; the earliest in `known` on a tie.
+    var nearest = null;
+    var fewest = MAX_EDITS + 1;
+    known.forEach(function (candidate) {
+      // The distance is at least the difference in length: skip the long computation.
+      if (Math.abs(candidate.length - name.length) >= fewest) {
+        return;
+      }
+      var edits = editDistance(name, candidate);
+      if (edits < fewest && edits < name.length) {
+        nearest = candidate;
+        fewest = edits;
+      }
+    });
+    return nearest;
+  }
+
+  function didYouMean(name, known) {
+    var nearest = nearestName(name, known);
+    return nearest === null ? "" : " (did you mean '" + nearest + "'?)";
+  }
+
+  function editDistance(a, b) {
+    // Optimal string alignment distance: insert, delete, replace, or swap two neighbours.
+    var rows = [];
+    for (var i = 0; i <= a.length; i++) {
+      var row = [i];
+      for (var j = 1; j <= b.length; j++) {
+        if (i === 0) {
+          row.push(j);
+          continue;
+        }
+        var cost = a.charCodeAt(i - 1) === b.charCodeAt(j - 1) ? 0 : 1;
+        var distance = Math.min(rows[i - 1][j] + 1, row[j - 1] + 1, rows[i - 1][j - 1] + cost);
+        if (i > 1 && j > 1 && a.charCodeAt(i - 1) === b.charCodeAt(j - 2) &&
+            a.charCodeAt(i - 2) === b.charCodeAt(j - 1)) {
+          distance = Math.min(distance, rows[i - 2][j - 2] + 1);
+        }
+        row.push(distance);
+      }
+      rows.push(row);
+    }
+    return rows[a.length][b.length];
+  }
+
   // --- checks: each pushes "<path>: <reason>" for what is wrong with one value
 
   function field(name, required, check) {
@@ -146,24 +204,23 @@ function (newDoc, oldDoc, userCtx, secObj) {
     };
   }
 
-  function checkFields(obj, fields, prefix, errors, closed) {
-    var known = {};
+  function checkFields(obj, fields, prefix, errors) {
+    // Check each field in order; an object accepts no other fields.
+    var known = fields.map(function (f) { return f.name; });
     fields.forEach(function (f) {
       var path = prefix + f.name;
-      known[f.name] = true;
       if (has(obj, f.name)) {
         f.check(obj[f.name], path, errors);
       } else if (f.required) {
         errors.push(path + ": is missing");
       }
     });
-    if (closed) {
-      Object.keys(obj).filter(function (name) {
-        return !has(known, name);
-      }).sort().forEach(function (name) {
-        errors.push(prefix + name + ": unknown field");
-      });
-    }
+    Object.keys(obj).filter(function (name) {
+      return known.indexOf(name) === -1;
+    }).sort().forEach(function (name) {
+      var hint = errors.length < MAX_HINTED_ERRORS ? didYouMean(name, known) : "";
+      errors.push(prefix + name + ": unknown field" + hint);
+    });
   }
 
   function objectOf(fields, reason, allowNull) {
@@ -175,7 +232,7 @@ function (newDoc, oldDoc, userCtx, secObj) {
         errors.push(path + ": " + reason);
         return;
       }
-      checkFields(value, fields, path + ".", errors, true);
+      checkFields(value, fields, path + ".", errors);
     };
   }
 
@@ -297,10 +354,16 @@ function (newDoc, oldDoc, userCtx, secObj) {
     field("detail", false, simple(nullable(isString), "must be null or a string"))
   ];
 
+  function unchecked() {
+    // A field that is known, and checked elsewhere or not at all.
+  }
+
   function jobFields(stepCount) {
-    // Top-level fields; other top-level fields are allowed (forward compatibility).
+    // Top-level fields: the job's, then the user's `meta`, then CouchDB's; no others.
+    // Their order breaks ties between "did you mean" hints: the job's own come first.
     return [
       field("_id", false, simple(isDocId, ID_REASON)),
+      field("type", true, unchecked),  // checked first, by validateJob
       field("creator", true, SITE),
       field("priority", true, simple(isInteger, "must be an integer")),
       field("created_at", true, TIME),
@@ -309,8 +372,11 @@ function (newDoc, oldDoc, userCtx, secObj) {
       field("job_status", true, simple(oneOf(JOB_STATUSES), describeChoices(JOB_STATUSES))),
       field("job", true, checkSteps),
       field("history", true, listOf(objectOf(EVENT_FIELDS, "must be an object", false))),
-      field("keepalive_at", false, TIME)
-    ];
+      field("keepalive_at", false, TIME),
+      field("meta", false, simple(isObject, "must be an object"))
+    ].concat(COUCHDB_FIELDS.map(function (name) {
+      return field(name, false, unchecked);
+    }));
   }
 
   function validateJob(doc) {
@@ -333,7 +399,7 @@ function (newDoc, oldDoc, userCtx, secObj) {
     }
     var steps = doc.job;
     var stepCount = isList(steps) && steps.length > 0 ? steps.length : null;
-    checkFields(doc, jobFields(stepCount), "", errors, false);
+    checkFields(doc, jobFields(stepCount), "", errors);
     return errors;
   }
 
