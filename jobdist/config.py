@@ -83,7 +83,6 @@ SETTINGS: dict[str, tuple[str, ...]] = {
     "replication": ("filtered", "relay", "peer_urls"),
     "commands": ("allow", "allow_shell"),
     "keepalive": ("period", "stale_after"),
-    # journal: the directory of the daemon's result journal (jobdist/journal.py).
     "daemon": ("booking_timeout", "shutdown_grace", "lease", "heartbeat", "clock_skew_margin",
                "journal"),
     "retention": ("older_than", "interval", "export"),

@@ -133,13 +133,7 @@ def test_every_setting_has_a_sample() -> None:
     assert sorted(SAMPLES) == sorted(EVERY_SETTING)
 
 
-PENDING = pytest.mark.xfail(strict=True, reason="read by the daemon's result journal, "
-                                                "which another change adds")
-
-
-@pytest.mark.parametrize("setting", [pytest.param(name, marks=PENDING)
-                                     if name == "daemon.journal" else name
-                                     for name in EVERY_SETTING])
+@pytest.mark.parametrize("setting", EVERY_SETTING)
 def test_every_listed_setting_is_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                       setting: str) -> None:
     """The other half of "cannot drift": a key SETTINGS lists is not ignored."""
