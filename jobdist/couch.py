@@ -785,7 +785,7 @@ def _continuous_items(chunks: Iterable[bytes]) -> Iterator[Doc]:
 
 def _eventsource_items(chunks: Iterable[bytes]) -> Iterator[Doc]:
     """The JSON objects of a `feed=eventsource` body (CouchDB only)."""
-    for event in sseclient.SSEClient(chunks).events():
+    for event in sseclient.SSEClient(iter(chunks)).events():
         if event.event == "message":  # CouchDB's heartbeats are "heartbeat" events
             yield json.loads(event.data)
 

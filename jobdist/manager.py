@@ -109,6 +109,9 @@ class Manager:
         self.wake = threading.Event()  # set by the listener and the workers
         self.pool = WorkerPool(self.site, config.workers, self._on_done, config.allows)
         self.booked_at: dict[core.Key, float] = {}
+        # Steps this batch decided to start, launched once their revision is saved:
+        # to the next plans they already run (their worker is no undecided claim's).
+        self.launching: dict[core.Key, core.Running] = {}
         # Executions whose end is not recorded yet: running, or ended with the result
         # held (below). Both count as running here, so no decision releases them.
         self.executions: dict[core.Key, core.Running] = {}
@@ -323,6 +326,8 @@ class Manager:
                 continue
             for effect in plan.before:
                 self.apply(effect)
+            self.launching.update((launch.key, core.Running(launch.worker, launch.epoch))
+                                  for launch in plan.after if isinstance(launch, core.Launch))
             assert found is not None
             plans[doc_id] = (plan, found[0])
         return plans
@@ -338,6 +343,13 @@ class Manager:
     def _write_all(self, pending: dict[str, Task],
                    plans: dict[str, tuple[core.Plan, list[Doc]]]) -> None:
         """One `_bulk_docs` for every new revision; then the losers; then launches."""
+        try:
+            self._write_and_launch(pending, plans)
+        finally:
+            self.launching.clear()  # launched, or their revision was not saved
+
+    def _write_and_launch(self, pending: dict[str, Task],
+                          plans: dict[str, tuple[core.Plan, list[Doc]]]) -> None:
         docs = [plan.doc for plan, _ in plans.values() if plan.doc is not None]
         try:
             results = {doc["_id"]: result for doc, result in zip(docs, self.store.write(docs),
@@ -548,14 +560,16 @@ class Manager:
                             lease_silence=lease_silence)
 
     def pool_view(self) -> core.PoolView:
+        running = {**self.executions, **self.launching}
         if self.draining:
-            return core.PoolView(running=dict(self.executions))
+            return core.PoolView(running=running)
         now = time.monotonic()
         return core.PoolView(
             free_workers=self.free_workers(),
             booked={key: core.Booking(worker, now - self.booked_at.get(key, now))
-                    for key, worker in self.pool.bookings().items()},
-            running=dict(self.executions),
+                    for key, worker in self.pool.bookings().items()
+                    if key not in self.launching},
+            running=running,
         )
 
     def free_workers(self) -> tuple[str, ...]:

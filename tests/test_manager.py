@@ -163,3 +163,29 @@ def test_a_batch_reads_and_writes_many_jobs_at_once(world: World) -> None:
     assert creator["reads"] < len(ids), creator
     for manager in world.managers.values():
         assert manager.counts["handler_errors"] == 0
+
+
+def test_a_worker_booked_in_a_batch_is_not_taken_by_a_later_decision(tmp_path: Path) -> None:
+    """Two steps won at once with one worker, itself booked for an undecided claim: the
+    first win takes the worker, the second is given back; nothing is started twice
+    on one worker, nothing fails to launch."""
+    store = SimStore(Replica(), "reg_a")
+    manager = Manager(SiteConfig("reg_a", store.url, workers=1), store, SITES,
+                      Journal(tmp_path / "journal"))
+    try:
+        claimed, first, second = (new_job("global", [new_step("true")]) for _ in range(3))
+        claimed["job"][0]["claimed_by"] = "reg_a"
+        for won in (first, second):
+            won["job"][0].update(claimed_by="reg_a", winner="reg_a", epoch=1,
+                                 lease_until="2999-01-01T00:00:00.000000Z")
+        assert all(store.write([claimed, first, second]))
+        manager.apply(core.Book((claimed["_id"], 0), "reg_a/w1"))  # our claim's worker
+        manager.settle([manager.decide_task(first["_id"]), manager.decide_task(second["_id"])])
+        assert manager.counts["handler_errors"] == 0
+        assert manager.counts["steps_started"] == 1
+        statuses = {doc_id: store.replica.winner(doc_id)["job"][0]
+                    for doc_id in (first["_id"], second["_id"])}
+        assert sorted(str((step["step_status"], step["winner"])) for step in statuses.values()) \
+            == ["('running', 'reg_a')", "(None, None)"]  # one started, the other released
+    finally:
+        manager.pool.shutdown(1.0)
