@@ -223,9 +223,8 @@ def worker_count(body: dict[str, Any]) -> int:
 
 def keepalive_period(body: dict[str, Any]) -> float:
     period = body.get("period")
-    valid = (isinstance(period, int | float) and not isinstance(period, bool)
-             and math.isfinite(period) and 0 < period <= MAX_KEEPALIVE_PERIOD)
-    if not valid:
+    if isinstance(period, bool) or not isinstance(period, int | float) or not (
+            math.isfinite(period) and 0 < period <= MAX_KEEPALIVE_PERIOD):
         raise RequestError(HTTPStatus.BAD_REQUEST,
                            f'"period" must be a number of seconds above 0 and at most '
                            f'{MAX_KEEPALIVE_PERIOD:.0f}, e.g. {{"period": 5}}')

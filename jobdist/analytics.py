@@ -34,7 +34,7 @@ from rich.table import Table
 from jobdist.couch import Couch, CouchError, Database, Doc, NotFound
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, Row, SparkSession
     from pyspark.sql.types import StructType
 
 EXIT_ERROR = 2
@@ -354,10 +354,10 @@ def run_window(steps: DataFrame) -> tuple[datetime | None, datetime | None, floa
     """First start and last finish over every step that ran, and the seconds between."""
     from pyspark.sql import functions as F
 
-    row = steps.agg(
+    row = only_row(steps.agg(
         F.min("start_time").alias("start"), F.max("finish_time").alias("end"),
         seconds_between(F.min("start_time"), F.max("finish_time")).alias("seconds"),
-    ).first()
+    ))
     return row["start"], row["end"], row["seconds"]
 
 
@@ -421,13 +421,20 @@ def spreads(df: DataFrame, *columns: str) -> dict[str, dict[str, float | None]]:
         stats += [F.min(column).alias(f"{column}.min"),
                   F.percentile(column, [0.5, 0.95, 0.99]).alias(f"{column}.p"),
                   F.max(column).alias(f"{column}.max"), F.avg(column).alias(f"{column}.mean")]
-    row = df.agg(*stats).first()
+    row = only_row(df.agg(*stats))
     found = {}
     for column in columns:
         p50, p95, p99 = row[f"{column}.p"] or (None, None, None)
         found[column] = {"min": row[f"{column}.min"], "p50": p50, "p95": p95, "p99": p99,
                          "max": row[f"{column}.max"], "mean": row[f"{column}.mean"]}
     return found
+
+
+def only_row(frame: DataFrame) -> Row:
+    """The row of an aggregation without grouping: there is always exactly one."""
+    row = frame.first()
+    assert row is not None
+    return row
 
 
 def counts(df: DataFrame, column: str, limit: int | None = None) -> dict[Any, int]:
@@ -443,13 +450,13 @@ def summarise(tables: dict[str, DataFrame], workers: int, window_s: float | None
     from pyspark.sql import functions as F
 
     jobs, steps = tables["jobs"], tables["steps"]
-    totals = jobs.agg(
+    totals = only_row(jobs.agg(
         F.count("*").alias("jobs"), F.sum("steps").alias("steps"),
         F.sum("steps_run").alias("steps_run"), F.sum("retries").alias("retries"),
         F.sum("lost_claims").alias("lost_claims"), F.sum("alt_do_steps").alias("alt_do_steps"),
         F.avg("revisions_per_step").alias("revisions_per_step"),
         F.sum("failures").alias("failures"),
-    ).first()
+    ))
     sites = {row["site"]: row.asDict() for row in tables["sites"].collect()}
     per_job = spreads(jobs, "makespan_s", "turnaround_s", "ideal_s", "makespan_ratio",
                       "revisions")
@@ -751,15 +758,14 @@ def run_report(
     database = open_database(couch_url, db)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    spark = SparkSession.getActiveSession()
-    owned = spark is None
-    if owned:
+    active = SparkSession.getActiveSession()
+    if active is None:
         stage(f"starting Spark on {master}")
-        spark = start_spark(master, out / "spark.log")
+    spark = active or start_spark(master, out / "spark.log")
     try:
         summary = _pipeline(spark, couch_url, database, out, workers, stage)
     finally:
-        if owned:
+        if active is None:
             spark.stop()
     summary["seconds"] = round(time.monotonic() - started, 3)
     return summary
@@ -767,7 +773,7 @@ def run_report(
 
 def _pipeline(spark: SparkSession, couch_url: str, database: Database, out: Path,
               workers: int, stage: Stage) -> dict:
-    from py4j.protocol import Py4JError
+    from py4j.protocol import Py4JError  # type: ignore[import-untyped]
     from pyspark.errors import PySparkException
 
     stage("listing job ids")

@@ -110,19 +110,40 @@ class Context:
 
 
 class StepOutcome(Protocol):
-    """What a worker reports (jobdist.workers.StepResult has these fields)."""
+    """What a worker reports (jobdist.workers.StepResult has these fields), read-only."""
 
-    ok: bool
-    used_alt: bool
-    exit_code: int | None
-    attempts: int
-    exec_time: float
-    start_time: str
-    finish_time: str
-    stdout: str
-    stderr: str
-    reason: str
-    cancelled: bool
+    @property
+    def ok(self) -> bool: ...
+
+    @property
+    def used_alt(self) -> bool: ...
+
+    @property
+    def exit_code(self) -> int | None: ...
+
+    @property
+    def attempts(self) -> int: ...
+
+    @property
+    def exec_time(self) -> float: ...
+
+    @property
+    def start_time(self) -> str: ...
+
+    @property
+    def finish_time(self) -> str: ...
+
+    @property
+    def stdout(self) -> str: ...
+
+    @property
+    def stderr(self) -> str: ...
+
+    @property
+    def reason(self) -> str: ...
+
+    @property
+    def cancelled(self) -> bool: ...
 
 
 # --- outputs ----------------------------------------------------------------

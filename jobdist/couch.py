@@ -327,6 +327,28 @@ class Database:
         found = self.couch._check(resp, what=what)
         return [r["ok"] for r in found if "ok" in r and not r["ok"].get("_deleted")]
 
+    def leaves_many(self, ids: Iterable[str]) -> dict[str, list[Doc]]:
+        """The live leaf revisions of many documents, by id ([] for a missing or deleted one).
+
+        One `_all_docs` request brings every winner with its `_conflicts`; one
+        `_bulk_get` brings the losing leaves of the conflicted ones. Per document,
+        `leaves` would cost a request each.
+        """
+        wanted = list(dict.fromkeys(ids))
+        found: dict[str, list[Doc]] = {}
+        losers: list[Doc] = []
+        for doc in self.bulk_get(wanted, conflicts=True):
+            found[doc["_id"]] = [doc]
+            losers += [{"id": doc["_id"], "rev": rev} for rev in doc.pop("_conflicts", [])]
+        for start in range(0, len(losers), _BULK_GET_CHUNK):
+            what = f"read conflicting revisions in {self.url}"
+            answer = self.couch._fetch("POST", f"{self.url}/_bulk_get", what=what,
+                                       json={"docs": losers[start : start + _BULK_GET_CHUNK]})
+            for result in answer["results"]:
+                found[result["id"]] += [item["ok"] for item in result["docs"]
+                                        if "ok" in item and not item["ok"].get("_deleted")]
+        return {doc_id: found.get(doc_id, []) for doc_id in wanted}
+
     def save(self, doc: Doc) -> SaveResult:
         """PUT one document (with `_rev` to update it). 409 gives Conflict; other errors raise."""
         doc_id = _require_id(doc)
@@ -589,7 +611,7 @@ class Database:
         if not self.couch.is_apache_couchdb():
             # pouchdb-server checkpoints at both ends after every batch by default:
             # a quarter of its requests. CouchDB checkpoints on a timer already.
-            wanted["checkpoint"] = "target"
+            wanted["checkpoint"] = False
         # Conflicts are expected: the replicator writes its state into the document.
         return self._put_if_changed(doc_id, wanted, _replication_settings,
                                     f"write replication {doc_id!r} to {self.url}")
@@ -763,7 +785,7 @@ def _continuous_items(chunks: Iterable[bytes]) -> Iterator[Doc]:
 
 def _eventsource_items(chunks: Iterable[bytes]) -> Iterator[Doc]:
     """The JSON objects of a `feed=eventsource` body (CouchDB only)."""
-    for event in sseclient.SSEClient(chunks).events():
+    for event in sseclient.SSEClient(iter(chunks)).events():
         if event.event == "message":  # CouchDB's heartbeats are "heartbeat" events
             yield json.loads(event.data)
 

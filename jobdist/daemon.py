@@ -26,6 +26,7 @@ from .listener import Listener, load_checkpoint
 from .manager import Manager
 from .retention import PeriodicCleanup, parse_duration
 from .setup import check_database, couch_of, setup_database
+from .store import CouchStore
 
 log = logging.getLogger("jobdist.daemon")
 
@@ -52,7 +53,7 @@ class Daemon:
         self.config = config
         self.db = open_site_database(config)
         sites = known_sites or {config.name, *config.peers}
-        self.manager = Manager(config, self.db, sites, Journal(config.journal_dir()))
+        self.manager = Manager(config, CouchStore(self.db), sites, Journal(config.journal_dir()))
         self.stop_event = self.manager.stop_event
         self.started = time.monotonic()
         self.listener = Listener(self.db, config.name, self.manager.inbox,

@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 
 from .scenarios import THESIS_SCENARIOS, Result, check_ledger, run_scenario
@@ -20,8 +27,11 @@ def run_demo(step_seconds: float, only: tuple[str, ...] = ()) -> int:
                   TextColumn("jobs"), TimeElapsedColumn(), console=console) as progress:
         for scenario in chosen:
             task = progress.add_task(scenario.name, total=scenario.jobs)
-            result = run_scenario(scenario, step_seconds, on_progress=lambda done, t=task:
-                                  progress.update(t, completed=done))
+
+            def advance(done: int, task: TaskID = task) -> None:
+                progress.update(task, completed=done)
+
+            result = run_scenario(scenario, step_seconds, on_progress=advance)
             results.append(result)
             problems += [f"{scenario.name}: {p}" for p in check_ledger(result)]
     console.print(results_table(results))

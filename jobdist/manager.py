@@ -1,10 +1,14 @@
-"""The work manager: the single owner of a site's decisions.
+"""The work manager: the single owner of a site's decisions, taken in batches.
 
-One thread takes events from its inbox (documents that changed, executions
-that ended or retried), reads the job's live leaves from the local CouchDB,
-asks the pure decision core what to do, and carries the plan out: bookings,
-the write (on a 409 it re-reads and decides again), then launches. Because it
-alone decides, the core's view of the workers is never stale mid-decision.
+One thread gathers what needs deciding (documents the feed brought, steps
+that ended or retried, bookings past their timeout, leases due, open steps
+for free workers), reads the current leaves of all those jobs in one
+request, asks the pure decision core about each, and writes every new
+revision in one `_bulk_docs`; then it deletes losing leaves and launches. A
+409 sends that one job back for a fresh read. Each plan books its worker
+before the next plan is made, so the core's view of the workers is never
+stale mid-batch. Per step that is a few requests shared by the whole batch,
+where deciding one job at a time cost a read and a write each.
 
 Beyond the thesis: when a worker frees up, the manager asks the `claimable`
 view for open steps this site may run (highest priority, then oldest), so a
@@ -20,28 +24,32 @@ import queue
 import threading
 import time
 from collections import Counter, OrderedDict, deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any
 
 from . import core
 from .config import SiteConfig
-from .couch import Conflict, CouchError, Database, Forbidden, Saved, Undecodable
+from .couch import Conflict, CouchError, Rejected, Saved, Undecodable
 from .journal import Held, Journal, JournalFull
-from .listener import Changed, save_checkpoint
+from .listener import Changed
 from .model import Doc, is_live, later, utc_now
+from .store import JobStore
 from .workers import Execution, StepResult, WorkerPool, kill_orphans
 
 log = logging.getLogger("jobdist.manager")
 
-DESIGN = "jobdist"
 SCAN_INTERVAL = 2.0  # seconds between claimable scans while workers stay free
 CHECKPOINT_INTERVAL = 2.0
 MAX_LEASES_SEEN = 100_000  # jobs whose leases we time; the least recently seen go first
 MAX_SKIPPED = 10_000  # jobs remembered as not to be acted on until they change
 HELD_RETRY_FIRST = 0.1  # seconds before a held result is tried again; doubles each time
 HELD_RETRY_MAX = 2.0  # short beside any lease: a result is written soon after the server is back
+BATCH = 200  # jobs decided together: one read and one write a round for all of them
+MAX_ROUNDS = 8  # fresh reads of one job in one batch before it is left for later
 Found = tuple[list[Doc], list[core.Rejected]]  # a job's usable leaves, and the others
+Planner = Callable[[list[Doc], list[core.Rejected]], core.Plan]
 
 
 def spread(site: str, doc_id: str) -> int:
@@ -63,20 +71,47 @@ class Retried:
     detail: str
 
 
+@dataclass
+class Task:
+    """One job to decide about in a batch, and how.
+
+    `seen` is a revision that may show there is nothing to do without a read
+    (what the feed delivered, or what we just wrote). It may be older than
+    what we did since, so when it suggests an action, the job is read afresh.
+    """
+
+    doc_id: str
+    plan: Planner
+    seen: Doc | None = None
+    retry_conflicts: bool = False  # a 409: read again now (else the feed brings the news)
+    then_decide: bool = False  # once written, decide about the job as usual
+    end_on_refusal: bool = True  # a refused write makes the creator end the job
+    held: Held | None = None  # a step's result: kept in the journal until it is written
+    recorded: bool = False  # done: written, or nothing is left to write it in
+
+    def repeats(self, other: Task) -> bool:
+        """Is this a plain decision that `other`, deciding about the same job anyway, makes?"""
+        return self.held is None and self.then_decide and other.then_decide
+
+
 class Manager:
-    def __init__(self, config: SiteConfig, db: Database, known_sites: Iterable[str],
+    def __init__(self, config: SiteConfig, store: JobStore, known_sites: Iterable[str],
                  journal: Journal) -> None:
         self.config = config
         self.site = config.name
-        self.db = db
+        self.store = store
         self.known_sites = frozenset(known_sites) | {self.site}
         # From the listener; bounded so a burst pushes back on the feed, not on memory.
         self.inbox: queue.Queue[object] = queue.Queue(maxsize=1_000)
-        # Workers report here, and are served before any change: a finished step
-        # must not wait behind a burst of replicated changes.
+        # Workers report here, and are served first in every batch: a finished
+        # step must not wait behind a burst of replicated changes.
         self.reports: queue.Queue[Finished | Retried] = queue.Queue()
         self.wake = threading.Event()  # set by the listener and the workers
         self.pool = WorkerPool(self.site, config.workers, self._on_done, config.allows)
+        self.booked_at: dict[core.Key, float] = {}
+        # Steps this batch decided to start, launched once their revision is saved:
+        # to the next plans they already run (their worker is no undecided claim's).
+        self.launching: dict[core.Key, core.Running] = {}
         # Executions whose end is not recorded yet: running, or ended with the result
         # held (below). Both count as running here, so no decision releases them.
         self.executions: dict[core.Key, core.Running] = {}
@@ -86,12 +121,10 @@ class Manager:
         self.held_retry: dict[core.Key, tuple[float, float]] = {}  # key -> (due, delay)
         for held in journal.load():
             self._hold_in_memory(held)
-        self.booked_at: dict[core.Key, float] = {}
         self.own_revs: deque[str] = deque(maxlen=4096)
         # Jobs nothing can be done about until a new revision arrives (invalid,
         # unreadable, refused by the server's rules), and why: scans pass them by.
         self.skipped: OrderedDict[str, str] = OrderedDict()
-        self.refusals: dict[str, str] = {}  # job -> the server's reason, for the caller
         self.counts: Counter[str] = Counter()
         self.draining = False
         self.stop_event = threading.Event()
@@ -109,157 +142,340 @@ class Manager:
     # --- the loop -------------------------------------------------------------
 
     def serve_once(self, timeout: float) -> None:
-        self.serve_reports()
-        self._write_held_if_due()
-        batch = self._next_batch(timeout)
-        changed: dict[str, Changed] = {}
-        for item in batch:
-            changed[item.doc_id] = item  # a burst of changes to one doc is one decision
-        for item in sorted(changed.values(), key=self._claim_order):
-            self.serve_reports()
+        changes = self._next_changes(timeout)
+        self.settle([*self._report_tasks(), *self._held_tasks_due(),
+                     *self._change_tasks(changes)])
+        if changes:
+            self.seq = changes[-1].seq  # feed order: the checkpoint never goes back
+        self.settle([*self._report_tasks(), *self._expired_booking_tasks(),
+                     *self._renewal_tasks_due(), *self._revocation_tasks_due()])
+        self._unbook_expired()
+        self.settle([*self._report_tasks(), *self._scan_tasks_due()])
+        self._checkpoint_if_due()
+
+    def _next_changes(self, timeout: float) -> list[Changed]:
+        if self.inbox.empty() and self.reports.empty():
+            self.wake.wait(timeout)
+        self.wake.clear()  # anything arriving from now on sets it again
+        return list(islice(_drain(self.inbox), BATCH))  # type: ignore[arg-type]
+
+    def _change_tasks(self, changes: list[Changed]) -> list[Task]:
+        latest: dict[str, Changed] = {}
+        for item in changes:
+            latest[item.doc_id] = item  # a burst of changes to one doc is one decision
+        tasks = []
+        for item in sorted(latest.values(), key=self._claim_order):
             self.skipped.pop(item.doc_id, None)  # a new revision: worth a new look
             # Our own write needs no decision, unless a conflict came back with it:
             # then it is the creator's to clean up.
             if item.rev not in self.own_revs or (item.doc or {}).get("_conflicts"):
-                self.guarded(self.process, item.doc_id, item.doc)
-        if batch:
-            self.seq = batch[-1].seq  # feed order: the checkpoint never goes back
-        self.serve_reports()
-        self._expire_bookings()
-        self._heartbeat_if_due()
-        self._revoke_expired_leases_if_due()
-        self._scan_if_due()
-        self._checkpoint_if_due()
+                tasks.append(self.decide_task(item.doc_id, item.doc))
+        return tasks
 
-    def _next_batch(self, timeout: float) -> list[Changed]:
-        if self.inbox.empty() and self.reports.empty():
-            self.wake.wait(timeout)
-        self.wake.clear()  # anything arriving from now on sets it again
-        batch: list[Changed] = []
-        while len(batch) < 500:
-            try:
-                batch.append(self.inbox.get_nowait())  # type: ignore[arg-type]
-            except queue.Empty:
-                break
-        return batch
-
-    def serve_reports(self) -> None:
-        while True:
-            try:
-                report = self.reports.get_nowait()
-            except queue.Empty:
-                return
+    def _report_tasks(self) -> list[Task]:
+        tasks = []
+        for report in _drain(self.reports):
             if isinstance(report, Finished):
-                self.guarded(self.finish, report.execution, report.result)
+                task = self.finish_task(report.execution, report.result)
             else:
-                self.guarded(self.note_retry, report)
+                task = self.retry_note_task(report)
+            if task is not None:
+                tasks.append(task)
+        return tasks
 
-    def guarded(self, handler: Any, *args: Any) -> None:
-        """One job's trouble is logged and skipped; it never stops the site."""
-        try:
-            handler(*args)
-        except Exception:
-            self.counts["handler_errors"] += 1
-            log.exception("error while handling site=%s handler=%s args=%r",
-                          self.site, handler.__name__, [repr(a)[:120] for a in args])
+    # --- tasks: what each kind of decision plans ----------------------------------
 
-    # --- deciding -------------------------------------------------------------
-
-    def recover(self) -> None:
-        """Thesis 4.2.2: after a restart, check every promise the documents say we hold.
-
-        First stop what a crashed predecessor left running: the documents say
-        those steps run here, and we are about to release and re-run them.
-        """
-        orphans = kill_orphans(self.site, self.db.url)
-        self.counts["orphans_killed"] += len(orphans)
-        self._write_held_if_due()  # results a predecessor held: before any re-decision
-        for row in self.db.iter_view(DESIGN, "involving", key=self.site):
-            self.guarded(self.process, row["id"])
-        self.scan_due = True
+    def decide_task(self, doc_id: str, seen: Doc | None = None) -> Task:
+        """Decide about a job until there is nothing more to do right now."""
+        def plan(leaves: list[Doc], rejected: list[core.Rejected]) -> core.Plan:
+            return core.plan(leaves, self.context(self._lease_silence(doc_id, leaves)),
+                             self.pool_view(), rejected)
+        return Task(doc_id, plan, seen=seen, then_decide=True)
 
     def process(self, doc_id: str, seen: Doc | None = None) -> None:
-        """Decide about one job until there is nothing more to do right now.
+        """Decide about one job now (see decide_task)."""
+        self.settle([self.decide_task(doc_id, seen)])
 
-        `seen` is the revision the changes feed delivered. It may be older than
-        what we did since, so it may only tell us that there is nothing to do
-        (the common case, and then no read is needed); any action is decided
-        again on a fresh read of all leaves.
-        """
-        for _ in range(8):
-            from_feed = seen is not None and "_conflicts" not in seen
-            found = self._valid(doc_id, [seen]) if from_feed else self._leaves(doc_id)
-            seen = None
-            if found is None:
-                return
-            leaves, rejected = found
-            plan = core.plan(leaves, self.context(self._lease_silence(doc_id, leaves)),
-                             self.pool_view(), rejected)
-            if plan.action == core.IGNORE:
-                self._skip(doc_id, plan.detail)
-                return
-            if from_feed and plan.action != "none":
-                continue
-            if plan.action == "none":
-                return
-            if not self.execute(doc_id, plan):
-                self._after_refusal(doc_id, leaves)
-                return
-        log.warning("no settled decision job=%s site=%s", doc_id, self.site)
-
-    def finish(self, execution: Execution, result: StepResult) -> None:
+    def finish_task(self, execution: Execution, result: StepResult) -> Task | None:
         key = execution.key
         running = self.executions.get(key)
         if running is None or running.epoch != execution.epoch:
-            return
+            return None
         log.info("step ended job=%s step=%d site=%s worker=%s epoch=%d ok=%s reason=%r",
                  key[0], key[1], self.site, running.worker, running.epoch, result.ok,
                  result.reason)
         self.counts["steps_finished" if result.ok else "steps_failed"] += 1
         self.scan_due = True
-        held = Held(key[0], key[1], running.epoch, running.worker, result, time.time())
-        if not self.record_end(held):
-            self.hold(held)
+        return self.record_task(Held(key[0], key[1], running.epoch, running.worker, result,
+                                     time.time()))
 
-    def record_end(self, held: Held) -> bool:
-        """Write what an execution did; False when it must be tried again later.
-
-        True also when there is nothing left to record it in (the job was
-        removed, or the server refuses the job's next revision for good).
-        """
-        running = self.executions.pop(held.key)  # its worker is free for a chained step
-        recorded = self._write_end(held)
-        if not recorded:
-            self.executions[held.key] = running
-        return recorded
-
-    def _write_end(self, held: Held) -> bool:
-        job_id = held.job_id
-        for _ in range(8):
-            try:
-                found = self._read(job_id)
-            except CouchError as error:
-                log.warning("cannot record the end yet job=%s step=%d site=%s epoch=%d "
-                            "error=%s", job_id, held.step, self.site, held.epoch, error)
-                return False
-            if found is None:
-                return True
-            leaves = found[0]
-            plan = core.plan_finish(leaves, self.context(), self.pool_view(), held.key,
+    def record_task(self, held: Held) -> Task:
+        """Record what an execution did; only a current execution advances the job."""
+        def plan(leaves: list[Doc], rejected: list[core.Rejected]) -> core.Plan:
+            # The worker is free now: the core may chain the next step onto it.
+            self.executions.pop(held.key, None)
+            return core.plan_finish(leaves, self.context(), self.pool_view(), held.key,
                                     held.epoch, held.worker, held.result)
-            written = self.execute(job_id, plan)
-            if written is None:
-                if self._after_refusal(job_id, leaves):
-                    return True
-                continue  # a conflict, or the write failed: read again
+        return Task(held.job_id, plan, retry_conflicts=True, then_decide=True, held=held)
+
+    def retry_note_task(self, item: Retried) -> Task:
+        def plan(leaves: list[Doc], rejected: list[core.Rejected]) -> core.Plan:
+            return core.plan_event(leaves, self.context(), item.key, item.epoch, item.worker,
+                                   "retried", item.detail)
+        # A lost event does not matter: the finish still counts.
+        return Task(item.key[0], plan, end_on_refusal=False)
+
+    def renew_task(self, key: core.Key, epoch: int) -> Task:
+        """The heartbeat: push our lease forward, so the creator knows we are alive."""
+        def plan(leaves: list[Doc], rejected: list[core.Rejected]) -> core.Plan:
+            return core.plan_renew(leaves, self.context(), key, epoch,
+                                   renew_below=self.config.lease - self.config.heartbeat)
+        # Refused: the lease lapses, and the finish will say what happened.
+        return Task(key[0], plan, retry_conflicts=True, end_on_refusal=False)
+
+    # --- carrying out tasks in batches ---------------------------------------------
+
+    def settle(self, tasks: Iterable[Task]) -> None:
+        """Carry tasks out, BATCH jobs at a time; one job's trouble never stops the rest."""
+        waiting = list(tasks)
+        while waiting:
+            batch: dict[str, Task] = {}
+            later_tasks = []
+            for task in waiting:
+                current = batch.get(task.doc_id)
+                if current is None and len(batch) < BATCH:
+                    batch[task.doc_id] = task
+                elif current is None or not task.repeats(current):
+                    later_tasks.append(task)  # one task a job in a batch
+            waiting = later_tasks
+            try:
+                self._run_batch(batch)
+            except Exception:
+                self.counts["handler_errors"] += 1
+                log.exception("error while deciding a batch site=%s jobs=%s", self.site,
+                              list(batch)[:5])
+                for task in batch.values():
+                    if not task.recorded:
+                        self._not_recorded(task)
+
+    def _run_batch(self, pending: dict[str, Task]) -> None:
+        for _ in range(MAX_ROUNDS):
+            self._settle_from_seen(pending)
+            if not pending:
+                return
+            leaves = self._read_all(list(pending))
+            if leaves is None:
+                for task in pending.values():
+                    self._not_recorded(task)
+                return
+            plans = self._plan_all(pending, leaves)
+            if plans:
+                self._write_all(pending, plans)
+        for doc_id, task in pending.items():
+            log.warning("no settled decision job=%s site=%s", doc_id, self.site)
+            self._not_recorded(task)
+
+    def _settle_from_seen(self, pending: dict[str, Task]) -> None:
+        """Drop the tasks whose `seen` revision shows there is nothing to do."""
+        for doc_id, task in list(pending.items()):
+            seen, task.seen = task.seen, None
+            if seen is None or seen.get("_conflicts"):
+                continue
+            found = self._valid(doc_id, [seen])
+            plan = None if found is None else self._plan_one(task, found)
+            if plan is None or plan.action == "none":
+                del pending[doc_id]
+            elif plan.action == core.IGNORE:
+                self._skip(doc_id, plan.detail)
+                del pending[doc_id]
+
+    def _read_all(self, ids: list[str]) -> dict[str, list[Doc]] | None:
+        """The jobs' live leaves; None when the server does not answer."""
+        try:
+            return self.store.read(ids)
+        except (Undecodable, RecursionError):
+            # One job nested too deeply for Python's JSON parser spoils the batch:
+            # read each alone, and skip the unreadable one.
+            return {doc_id: self._read_alone(doc_id) for doc_id in ids}
+        except CouchError as error:
+            log.warning("cannot read jobs site=%s jobs=%d error=%s", self.site, len(ids), error)
+            return None
+
+    def _read_alone(self, doc_id: str) -> list[Doc]:
+        try:
+            return self.store.read([doc_id])[doc_id]
+        except (Undecodable, RecursionError) as error:
+            self.counts["invalid_documents"] += 1
+            self._skip(doc_id, f"cannot decode: {type(error).__name__}: {str(error)[:200]}")
+            return []
+
+    def _plan_all(self, pending: dict[str, Task],
+                  leaves: dict[str, list[Doc]]) -> dict[str, tuple[core.Plan, list[Doc]]]:
+        """Each job's plan, its worker booked before the next is made."""
+        plans = {}
+        for doc_id, task in list(pending.items()):
+            found = self._valid(doc_id, leaves.get(doc_id, []))
+            plan = None if found is None else self._plan_one(task, found)
+            if plan is None or plan.action == "none":
+                del pending[doc_id]
+                self._recorded(task)  # nothing left to record it in, or nothing to do
+                continue
+            if plan.action == core.IGNORE:
+                del pending[doc_id]
+                self._skip(doc_id, plan.detail)
+                continue
+            for effect in plan.before:
+                self.apply(effect)
+            self.launching.update((launch.key, core.Running(launch.worker, launch.epoch))
+                                  for launch in plan.after if isinstance(launch, core.Launch))
+            assert found is not None
+            plans[doc_id] = (plan, found[0])
+        return plans
+
+    def _plan_one(self, task: Task, found: Found) -> core.Plan | None:
+        try:
+            return task.plan(*found)
+        except Exception:  # a document the core chokes on: logged, the batch goes on
+            self.counts["handler_errors"] += 1
+            log.exception("error while deciding job=%s site=%s", task.doc_id, self.site)
+            return None
+
+    def _write_all(self, pending: dict[str, Task],
+                   plans: dict[str, tuple[core.Plan, list[Doc]]]) -> None:
+        """One `_bulk_docs` for every new revision; then the losers; then launches."""
+        try:
+            self._write_and_launch(pending, plans)
+        finally:
+            self.launching.clear()  # launched, or their revision was not saved
+
+    def _write_and_launch(self, pending: dict[str, Task],
+                          plans: dict[str, tuple[core.Plan, list[Doc]]]) -> None:
+        docs = [plan.doc for plan, _ in plans.values() if plan.doc is not None]
+        try:
+            results = {doc["_id"]: result for doc, result in zip(docs, self.store.write(docs),
+                                                                    strict=True)}
+        except CouchError as error:
+            log.warning("write failed site=%s jobs=%d error=%s", self.site, len(docs), error)
+            for doc_id in plans:
+                self._not_recorded(pending.pop(doc_id))
+            return
+        written = []
+        for doc_id, (plan, leaves) in plans.items():
+            result = results.get(doc_id, Saved(doc_id, ""))  # none: deletions only
+            task = pending[doc_id]
+            if isinstance(result, Saved):
+                written.append((doc_id, plan, result.rev))
+                self._after_write(pending, task, plan, result.rev)
+            elif isinstance(result, Conflict):
+                self.counts["write_conflicts"] += 1
+                if not task.retry_conflicts:
+                    del pending[doc_id]  # the conflicting revision comes through the feed
+            else:
+                del pending[doc_id]
+                self._refused(task, plan, leaves, result)
+        self._delete_losers(written)
+        for doc_id, plan, rev in written:
+            try:
+                self._carried_out(doc_id, plan, rev)
+            except Exception:  # e.g. a launch the pool refuses: the others still go
+                self.counts["handler_errors"] += 1
+                log.exception("error after writing job=%s site=%s", doc_id, self.site)
+
+    def _after_write(self, pending: dict[str, Task], task: Task, plan: core.Plan,
+                     rev: str) -> None:
+        if rev:
+            self.own_revs.append(rev)
+        self._recorded(task)
+        if task.then_decide and plan.doc is not None and rev:
             # What we just wrote is the state (a later conflict comes through the
             # feed): it can say "nothing to do" without another read.
-            seen = {**plan.doc, "_rev": written.rev} if plan.doc and written.rev else None
-            self.process(job_id, seen)
-            return True
-        return False
+            pending[task.doc_id] = self.decide_task(task.doc_id, {**plan.doc, "_rev": rev})
+        else:
+            # (Local effects alone, such as a kill, change nothing until a report
+            # or a change says what came of them.)
+            del pending[task.doc_id]
+
+    def _delete_losers(self, written: list[tuple[str, core.Plan, str]]) -> None:
+        """Only after the merge is saved: never delete progress we failed to keep."""
+        losers = [{"_id": doc_id, "_rev": rev, "_deleted": True}
+                  for doc_id, plan, _ in written for rev in plan.deletions]
+        if not losers:
+            return
+        try:
+            results = self.store.write(losers)
+        except CouchError as error:  # the creator deletes them on its next decision
+            log.warning("losing revisions not deleted site=%s count=%d error=%s",
+                        self.site, len(losers), error)
+            return
+        self.counts["conflicts_resolved"] += sum(isinstance(r, Saved) for r in results)
+
+    def _carried_out(self, doc_id: str, plan: core.Plan, rev: str) -> None:
+        self.counts[f"action_{plan.action}"] += 1
+        if plan.detail.startswith(core.WON_CLAIM):
+            self.counts["claims_won"] += 1
+        log.info("%s job=%s site=%s rev=%s%s", plan.action, doc_id, self.site, rev,
+                 f" detail={plan.detail!r}" if plan.detail else "")
+        for effect in plan.after:
+            self.apply(effect, plan.doc)
+
+    def _refused(self, task: Task, plan: core.Plan, leaves: list[Doc], result: Rejected) -> None:
+        """The server refuses the revision: the same write can never succeed."""
+        if result.error != "forbidden":  # not the rules: a login, or the server's trouble
+            log.warning("write failed job=%s site=%s action=%s error=%s: %s", task.doc_id,
+                        self.site, plan.action, result.error, result.reason)
+            self._not_recorded(task)
+            return
+        self.counts["writes_refused"] += 1
+        log.error("write refused job=%s site=%s action=%s reason=%s",
+                  task.doc_id, self.site, plan.action, result.reason)
+        for effect in plan.before:  # a worker booked for a write that never happens is lost
+            if isinstance(effect, core.Book):
+                self.apply(core.Unbook(effect.key))
+        self._recorded(task)  # nothing more can be recorded of it
+        if task.end_on_refusal:
+            self._end_refused(task.doc_id, leaves, result.reason)
+
+    def _end_refused(self, doc_id: str, leaves: list[Doc], reason: str) -> None:
+        """The creator ends a job whose next revision is refused; else it is skipped."""
+        plan = core.plan_refused(leaves, self.context(), reason)
+        if plan.doc is not None:
+            try:
+                result = self.store.write([plan.doc])[0]
+            except CouchError:
+                result = None
+            if isinstance(result, Saved):
+                self.own_revs.append(result.rev)
+                self._delete_losers([(doc_id, plan, result.rev)])
+                self._carried_out(doc_id, plan, result.rev)
+                return
+        self._skip(doc_id, f"write refused: {reason}")
 
     # --- results the server did not take ------------------------------------------
+
+    def _recorded(self, task: Task) -> None:
+        """The task's step result is written (or there is nothing left to write it in)."""
+        task.recorded = True
+        held = task.held
+        if held is None or held.key not in self.held:
+            return
+        del self.held[held.key], self.held_retry[held.key]
+        self.journal.forget(held)
+        self.counts["results_replayed"] += 1
+        log.info("held result written job=%s step=%d site=%s epoch=%d held_for=%.1fs",
+                 held.job_id, held.step, self.site, held.epoch, time.time() - held.since)
+
+    def _not_recorded(self, task: Task) -> None:
+        """A result the server did not take: keep it, and try again later."""
+        held = task.held
+        if held is None:
+            return
+        self.executions[held.key] = core.Running(held.worker, held.epoch)
+        if held.key in self.held:
+            _, delay = self.held_retry[held.key]
+            self.held_retry[held.key] = (time.monotonic() + delay,
+                                         min(2 * delay, HELD_RETRY_MAX))
+            return
+        self.hold(held)
 
     def hold(self, held: Held) -> None:
         """Keep a result on disk and try it again until the server takes it.
@@ -283,47 +499,12 @@ class Manager:
         self.executions[held.key] = core.Running(held.worker, held.epoch)
         self.held_retry[held.key] = (time.monotonic() + delay, max(delay, HELD_RETRY_FIRST))
 
-    def _write_held_if_due(self) -> None:
-        for key, held in list(self.held.items()):
-            due, delay = self.held_retry[key]
-            if time.monotonic() < due:
-                continue
-            if not self.record_end(held):
-                self.held_retry[key] = (time.monotonic() + delay, min(2 * delay, HELD_RETRY_MAX))
-                continue
-            del self.held[key], self.held_retry[key]
-            self.journal.forget(held)
-            self.counts["results_replayed"] += 1
-            log.info("held result written job=%s step=%d site=%s epoch=%d held_for=%.1fs",
-                     held.job_id, held.step, self.site, held.epoch, time.time() - held.since)
+    def _held_tasks_due(self) -> list[Task]:
+        now = time.monotonic()
+        return [self.record_task(held) for key, held in list(self.held.items())
+                if self.held_retry[key][0] <= now]
 
-    def note_retry(self, item: Retried) -> None:
-        found = self._leaves(item.key[0])
-        if found is not None:
-            self.execute(item.key[0], core.plan_event(
-                found[0], self.context(), item.key, item.epoch, item.worker, "retried",
-                item.detail))
-            self.refusals.pop(item.key[0], None)  # a lost event: the finish still counts
-
-    def _leaves(self, doc_id: str) -> Found | None:
-        """The job's usable leaves and the others, or None when there is nothing to decide on."""
-        try:
-            return self._read(doc_id)
-        except CouchError as error:
-            log.warning("cannot read job=%s site=%s error=%s", doc_id, self.site, error)
-            return None
-
-    def _read(self, doc_id: str) -> Found | None:
-        """As _leaves, but a server that does not answer raises CouchError."""
-        try:
-            leaves = self.db.leaves(doc_id)
-        except (Undecodable, RecursionError, ValueError) as error:
-            # Nested too deeply for Python's JSON parser, or an id no URL can hold:
-            # no revision of it will ever be readable here.
-            self.counts["invalid_documents"] += 1
-            self._skip(doc_id, f"cannot decode: {type(error).__name__}: {str(error)[:200]}")
-            return None
-        return self._valid(doc_id, leaves)
+    # --- reading and judging leaves -------------------------------------------------
 
     def _valid(self, doc_id: str, leaves: list[Doc]) -> Found | None:
         jobs = [leaf for leaf in leaves if leaf.get("type") == "job" and not leaf.get("_deleted")]
@@ -355,20 +536,6 @@ class Manager:
         while len(self.skipped) > MAX_SKIPPED:
             self.skipped.popitem(last=False)
 
-    def _after_refusal(self, doc_id: str, leaves: list[Doc]) -> bool:
-        """After a write the server refused for good: end the job if we may, else skip it.
-
-        False when the write was not refused (a conflict: decide again).
-        """
-        reason = self.refusals.pop(doc_id, None)
-        if reason is None:
-            return False
-        plan = core.plan_refused(leaves, self.context(), reason)
-        if not (plan.writes and self.execute(doc_id, plan)):
-            self.refusals.pop(doc_id, None)
-            self._skip(doc_id, f"write refused: {reason}")
-        return True
-
     def _lease_silence(self, doc_id: str, leaves: list[Doc]) -> dict[str, float]:
         """Note the job's current leases; how long each has been seen unchanged.
 
@@ -393,14 +560,16 @@ class Manager:
                             lease_silence=lease_silence)
 
     def pool_view(self) -> core.PoolView:
+        running = {**self.executions, **self.launching}
         if self.draining:
-            return core.PoolView(running=dict(self.executions))
+            return core.PoolView(running=running)
         now = time.monotonic()
         return core.PoolView(
             free_workers=self.free_workers(),
             booked={key: core.Booking(worker, now - self.booked_at.get(key, now))
-                    for key, worker in self.pool.bookings().items()},
-            running=dict(self.executions),
+                    for key, worker in self.pool.bookings().items()
+                    if key not in self.launching},
+            running=running,
         )
 
     def free_workers(self) -> tuple[str, ...]:
@@ -408,57 +577,7 @@ class Manager:
         unreported = {running.worker for running in self.executions.values()}
         return tuple(w for w in self.pool.free_workers() if w not in unreported)
 
-    # --- carrying out a plan --------------------------------------------------------
-
-    def execute(self, doc_id: str, plan: core.Plan) -> Saved | None:
-        """Carry a plan out; the saved revision, or None when it must be re-decided."""
-        for effect in plan.before:
-            self.apply(effect)
-        saved = self.write(doc_id, plan)
-        if saved is None:
-            return None
-        self.counts[f"action_{plan.action}"] += 1
-        if plan.detail.startswith(core.WON_CLAIM):
-            self.counts["claims_won"] += 1
-        log.info("%s job=%s site=%s rev=%s%s", plan.action, doc_id, self.site, saved.rev,
-                 f" detail={plan.detail!r}" if plan.detail else "")
-        for effect in plan.after:
-            self.apply(effect, plan.doc)
-        return saved
-
-    def write(self, doc_id: str, plan: core.Plan) -> Saved | None:
-        """The new revision first, then the losers: never delete progress we failed to keep."""
-        saved = Saved(doc_id, "")
-        try:
-            if plan.doc is not None:
-                result = self.db.save(plan.doc)
-                if isinstance(result, Conflict):
-                    self.counts["write_conflicts"] += 1
-                    return None
-                saved = result
-                self.own_revs.append(saved.rev)
-            if plan.deletions:
-                self.db.bulk_docs([{"_id": doc_id, "_rev": rev, "_deleted": True}
-                                   for rev in plan.deletions])
-                self.counts["conflicts_resolved"] += len(plan.deletions)
-        except CouchError as error:
-            if isinstance(error, Forbidden) and error.status == 403:  # not a 401: a login
-                self._refused(doc_id, plan, error)
-            else:
-                log.warning("write failed job=%s site=%s action=%s error=%s",
-                            doc_id, self.site, plan.action, error)
-            return None
-        return saved
-
-    def _refused(self, doc_id: str, plan: core.Plan, error: Forbidden) -> None:
-        """The server's rules refuse the revision: the same write can never succeed."""
-        self.counts["writes_refused"] += 1
-        log.error("write refused job=%s site=%s action=%s error=%s",
-                  doc_id, self.site, plan.action, error)
-        for effect in plan.before:  # a worker booked for a write that never happens is lost
-            if isinstance(effect, core.Book):
-                self.apply(core.Unbook(effect.key))
-        self.refusals[doc_id] = error.reason or str(error)
+    # --- local effects ------------------------------------------------------------------
 
     def apply(self, effect: core.Effect, doc: Doc | None = None) -> None:
         if isinstance(effect, core.Book):
@@ -487,7 +606,7 @@ class Manager:
             "JOBDIST_STEP": str(index),
             "JOBDIST_SITE": self.site,
             "JOBDIST_EPOCH": str(effect.epoch),
-            "JOBDIST_COUCH": self.db.url,  # with JOBDIST_SITE: finds orphans after a crash
+            "JOBDIST_COUCH": self.store.url,  # with JOBDIST_SITE: finds orphans after a crash
         }
         self.booked_at.pop(effect.key, None)
         execution = self.pool.start(effect.key, effect.epoch, doc["job"][index], env,
@@ -509,84 +628,83 @@ class Manager:
 
     # --- housekeeping ----------------------------------------------------------------
 
-    def _expire_bookings(self) -> None:
+    def recover(self) -> None:
+        """Thesis 4.2.2: after a restart, check every promise the documents say we hold.
+
+        First stop what a crashed predecessor left running: the documents say
+        those steps run here, and we are about to release and re-run them. Then
+        write the results it held: those steps are not to be released.
+        """
+        orphans = kill_orphans(self.site, self.store.url)
+        self.counts["orphans_killed"] += len(orphans)
+        self.settle(self._held_tasks_due())
+        # All ids first: our decisions change the view while we would page through it.
+        self.settle([self.decide_task(doc_id) for doc_id in list(self.store.involving(self.site))])
+        self.scan_due = True
+
+    def _expired_booking_tasks(self) -> list[Task]:
+        now = time.monotonic()
+        return [self.decide_task(key[0]) for key, since in list(self.booked_at.items())
+                if now - since >= self.config.booking_timeout]
+
+    def _unbook_expired(self) -> None:
+        """Bookings still held past their timeout once decided: their job is gone."""
         now = time.monotonic()
         for key, since in list(self.booked_at.items()):
-            if now - since >= self.config.booking_timeout:
-                self.guarded(self.process, key[0])
-                if self.pool.is_booked(key):  # the document no longer exists
-                    self.apply(core.Unbook(key))
+            if now - since >= self.config.booking_timeout and self.pool.is_booked(key):
+                self.apply(core.Unbook(key))
 
-    def _heartbeat_if_due(self) -> None:
+    def _renewal_tasks_due(self) -> list[Task]:
         """Renew the lease of every step we run, so the creator knows we are alive."""
         now = time.monotonic()
         if now - self.last_heartbeat < self.config.heartbeat:
-            return
+            return []
         self.last_heartbeat = now
-        for key, running in list(self.executions.items()):
-            self.guarded(self.renew, key, running.epoch)
+        return [self.renew_task(key, running.epoch)
+                for key, running in list(self.executions.items())]
 
-    def renew(self, key: core.Key, epoch: int) -> None:
-        for _ in range(3):
-            found = self._leaves(key[0])
-            if found is None:
-                return
-            plan = core.plan_renew(found[0], self.context(), key, epoch,
-                                   renew_below=self.config.lease - self.config.heartbeat)
-            if plan.action == "none" or self.execute(key[0], plan) is not None:
-                return
-            if self.refusals.pop(key[0], None) is not None:
-                return  # the lease lapses; the finish will say what happened
-
-    def _revoke_expired_leases_if_due(self) -> None:
+    def _revocation_tasks_due(self) -> list[Task]:
         """As creator: take back steps whose winner stopped renewing its lease."""
         now = time.monotonic()
         if now - self.last_lease_scan < self.config.heartbeat / 2:
-            return
+            return []
         self.last_lease_scan = now
         cutoff = later(utc_now(), -self.config.clock_skew_margin)
         try:
-            rows = self.db.view(DESIGN, "leases", startkey=[self.site],
-                                endkey=[self.site, cutoff])
+            due = self.store.leases_due(self.site, cutoff)
         except CouchError as error:
             log.warning("lease scan failed site=%s error=%s", self.site, error)
             self.leases_seen.clear()  # renewals go unseen meanwhile: count afresh after
-            return
-        for row in rows:
-            if row["id"] not in self.skipped:
-                self.guarded(self.process, row["id"])
+            return []
+        return [self.decide_task(doc_id) for doc_id in due if doc_id not in self.skipped]
 
-    def _scan_if_due(self) -> None:
+    def _scan_tasks_due(self) -> list[Task]:
         """Claim open steps that arrived while every worker was busy."""
         if self.draining or not self.free_workers():
-            return
+            return []
         now = time.monotonic()
         if not self.scan_due and now - self.last_scan < SCAN_INTERVAL:
-            return
+            return []
         self.last_scan, self.scan_due = now, False
-        for doc_id in self.claimable(limit=4 * len(self.free_workers())):
-            if not self.free_workers():
-                return
-            self.guarded(self.process, doc_id)
+        return [self.decide_task(doc_id)
+                for doc_id in self.claimable(limit=4 * len(self.free_workers()))]
 
     def claimable(self, limit: int) -> list[str]:
         """Open steps this site may run: highest priority first, then oldest."""
-        rows = []
         # Skipped jobs may sort first (a hostile priority): read past them, or they
         # would fill the window on every scan and starve everything behind them.
         extra = min(len(self.skipped), 1000)
         try:
-            for target in (self.site, "any"):
-                rows += self.db.view(DESIGN, "claimable", startkey=[target],
-                                     endkey=[target, {}], limit=limit + extra)
+            rows = [row for target in (self.site, "any")
+                    for row in self.store.claimable(target, limit + extra)]
         except CouchError as error:
             log.warning("claimable scan failed site=%s error=%s", self.site, error)
             return []
-        rows = [row for row in rows if row["id"] not in self.skipped]
-        rows.sort(key=lambda row: (row["key"][1], row["key"][2]))
-        window = list(dict.fromkeys(row["id"] for row in rows))[:limit]
-        priority = {row["id"]: row["key"][1] for row in rows}
-        return sorted(window, key=lambda doc_id: (priority[doc_id], spread(self.site, doc_id)))
+        rows = sorted((row for row in rows if row.job_id not in self.skipped),
+                      key=lambda row: (row.rank, row.created_at))
+        window = list(dict.fromkeys(row.job_id for row in rows))[:limit]
+        rank = {row.job_id: row.rank for row in rows}
+        return sorted(window, key=lambda doc_id: (rank[doc_id], spread(self.site, doc_id)))
 
     def _claim_order(self, item: Changed) -> tuple[int, int]:
         priority = (item.doc or {}).get("priority", 0)
@@ -599,7 +717,7 @@ class Manager:
         if not force and now - self.last_checkpoint < CHECKPOINT_INTERVAL:
             return
         try:
-            save_checkpoint(self.db, self.site, self.seq)
+            self.store.save_checkpoint(self.site, self.seq)
             self.saved_seq, self.last_checkpoint = self.seq, now
         except CouchError as error:
             log.warning("checkpoint not saved site=%s error=%s", self.site, error)
@@ -612,7 +730,7 @@ class Manager:
         stopped = self.pool.shutdown(grace)
         if stopped:
             log.info("stopped %d running steps site=%s", len(stopped), self.site)
-        self.serve_reports()
+        self.settle(self._report_tasks())
         self._checkpoint_if_due(force=True)
 
     def status(self) -> dict[str, Any]:
@@ -626,3 +744,12 @@ class Manager:
         return {"held": len(held), "on_disk": len(self.journal),
                 "oldest_seconds": None if oldest is None else round(time.time() - oldest, 3),
                 "directory": str(self.journal.directory)}
+
+
+def _drain(source: queue.Queue[Any]) -> Iterable[Any]:
+    """What the queue holds now, without waiting."""
+    while True:
+        try:
+            yield source.get_nowait()
+        except queue.Empty:
+            return

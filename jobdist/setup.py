@@ -38,12 +38,12 @@ SAFE_TO_DELETE_ON_POUCHDB = ("completed", "error", "failed")
 SITE_ROLE = "jobdist"
 
 
-def couch_of(site: SiteConfig, **options: float) -> Couch:
+def couch_of(site: SiteConfig, **options: Any) -> Couch:
     """The site's server as the site's own user (what the daemon and the CLI use)."""
     return Couch(site.couch_url, user=site.user, password=site.password, **options)
 
 
-def admin_couch_of(site: SiteConfig, **options: float) -> Couch:
+def admin_couch_of(site: SiteConfig, **options: Any) -> Couch:
     """The site's server as its admin, where the config names one; else as the site."""
     if site.admin_user is None:
         return couch_of(site, **options)

@@ -293,15 +293,15 @@ def _attempt_from_ending(
     stderr: _TailReader,
     log: _LogContext,
 ) -> _Attempt:
-    tails = {"stdout": stdout.text(), "stderr": stderr.text()}
+    out, err = stdout.text(), stderr.text()
     if ending == "timed_out":
         outcome = f"timed out after {float(timeout or 0)} s"
-        attempt = _Attempt(number, None, timed_out=True, outcome=outcome, **tails)
+        attempt = _Attempt(number, None, out, err, timed_out=True, outcome=outcome)
     elif ending == "cancelled":
-        attempt = _Attempt(number, None, cancelled=True, outcome="cancelled", **tails)
+        attempt = _Attempt(number, None, out, err, cancelled=True, outcome="cancelled")
     else:
         exit_code, outcome = _exit_outcome(returncode)
-        attempt = _Attempt(number, exit_code, outcome=outcome, **tails)
+        attempt = _Attempt(number, exit_code, out, err, outcome=outcome)
     logger.info("attempt ended %s attempt=%d outcome=%s", log, number, attempt.outcome)
     return attempt
 

@@ -12,11 +12,14 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from jobdist import core
-from jobdist.model import Doc, format_time
+from jobdist.couch import Conflict, Saved
+from jobdist.model import Doc, Phase, format_time, is_live, step_phase, targets
+from jobdist.store import Open, Written
 
 
 @dataclass
@@ -46,16 +49,16 @@ class Replica:
         live = self.live_leaves(doc_id)
         return max(live, key=core.couch_order) if live else None
 
-    def write(self, doc: Doc) -> bool:
-        """PUT: extends the named leaf; False (a 409) when `_rev` is not a leaf."""
+    def write(self, doc: Doc) -> str | None:
+        """PUT: extends the named leaf; the new rev, or None (a 409) when `_rev` is not a leaf."""
         doc_id = doc["_id"]
         parent = doc.get("_rev")
         tree = self.docs.setdefault(doc_id, {})
         if parent is None:
             if any(leaf.body is not None for leaf in self.leaves(doc_id)):
-                return False
+                return None
         elif parent not in {leaf.rev for leaf in self.leaves(doc_id)}:
-            return False
+            return None
         deleted = bool(doc.get("_deleted"))
         body = None if deleted else {k: v for k, v in doc.items() if k not in ("_id", "_rev")}
         depth = int(parent.split("-")[0]) + 1 if parent else 1
@@ -64,7 +67,7 @@ class Replica:
         ).hexdigest()
         rev = f"{depth}-{digest}"
         tree[rev] = Revision(rev, parent, copy.deepcopy(body))
-        return True
+        return rev
 
     def pull(self, source: Replica, doc_id: str) -> bool:
         """Replicate one document from source; True if anything new arrived."""
@@ -240,3 +243,52 @@ def check_no_double_execution(ledger: list[Execution], *, per_site: bool = False
             ident = (*ident, execution.site)
         assert ident not in seen, f"two executions of {ident}: {seen[ident]} and {execution.site}"
         seen[ident] = execution.site
+
+
+class SimStore:
+    """The manager's JobStore (jobdist.store) on a simulated replica: views read winners."""
+
+    def __init__(self, replica: Replica, name: str) -> None:
+        self.replica = replica
+        self.url = f"sim://{name}"
+        self.checkpoints: dict[str, object] = {}
+
+    def read(self, ids: Iterable[str]) -> dict[str, list[Doc]]:
+        return {doc_id: self.replica.live_leaves(doc_id) for doc_id in ids}
+
+    def write(self, docs: Sequence[Doc]) -> list[Written]:
+        results: list[Written] = []
+        for doc in docs:
+            rev = self.replica.write(copy.deepcopy(doc))
+            results.append(Conflict(doc["_id"]) if rev is None else Saved(doc["_id"], rev))
+        return results
+
+    def live_jobs(self) -> Iterator[Doc]:
+        for doc_id in sorted(self.replica.docs):
+            doc = self.replica.winner(doc_id)
+            if doc is not None and is_live(doc):
+                yield doc
+
+    def claimable(self, target: str, limit: int) -> list[Open]:
+        rows = [Open(doc["_id"], -doc["priority"], doc["created_at"])
+                for doc in self.live_jobs()
+                if step_phase(doc["job"][doc["step"]]) == Phase.OPEN
+                and target in targets(doc["job"][doc["step"]])]
+        return sorted(rows, key=lambda row: (row.rank, row.created_at))[:limit]
+
+    def leases_due(self, creator: str, cutoff: str) -> list[str]:
+        return [doc["_id"] for doc in self.live_jobs() if doc["creator"] == creator
+                and (lease := doc["job"][doc["step"]].get("lease_until")) and lease <= cutoff
+                and Phase.WON <= step_phase(doc["job"][doc["step"]]) <= Phase.RUNNING]
+
+    def involving(self, site: str) -> Iterator[str]:
+        for doc in self.live_jobs():
+            step = doc["job"][doc["step"]]
+            if site in (doc["creator"], step.get("claimed_by"), step.get("winner")):
+                yield doc["_id"]
+
+    def load_checkpoint(self, site: str) -> object:
+        return self.checkpoints.get(site, 0)
+
+    def save_checkpoint(self, site: str, seq: object) -> None:
+        self.checkpoints[site] = seq

@@ -155,14 +155,15 @@ def test_a_malformed_job_is_logged_and_skipped_and_the_next_job_still_runs(
     from jobdist.config import SiteConfig
     from jobdist.journal import Journal
     from jobdist.manager import Manager
+    from jobdist.store import CouchStore
 
     # No design document yet: CouchDB cannot refuse the bad job, the daemon must cope.
     db = Couch(couch_server.url).ensure_database(f"bad_{free_port()}")
     bad = {"_id": "job-bad", "type": "job", "creator": "global", "job": "not a list"}
     good = new_job("global", [new_step("true")])
     db.bulk_docs([bad, good])
-    manager = Manager(SiteConfig("global", couch_server.url, db.name, workers=1), db, {"global"},
-                      Journal(tmp_path / "journal"))
+    manager = Manager(SiteConfig("global", couch_server.url, db.name, workers=1),
+                      CouchStore(db), {"global"}, Journal(tmp_path / "journal"))
     try:
         manager.process("job-bad")
         manager.process(good["_id"])

@@ -19,6 +19,7 @@ from jobdist.journal import Held, Journal, JournalFull
 from jobdist.localserver import LocalServer, free_port
 from jobdist.manager import Manager
 from jobdist.model import Doc, new_job, new_step
+from jobdist.store import CouchStore
 from jobdist.workers import StepResult
 
 from .helpers import wait_for
@@ -85,7 +86,7 @@ def manager_for(server: LocalServer, journal_dir: Path) -> tuple[Manager, Databa
     db = Couch(server.url, retries=2, retry_time=1.0).ensure_database("jobs")
     db.sync_design_docs(load_design_docs())
     config = SiteConfig("global", server.url, "jobs", workers=1, lease=60.0, heartbeat=15.0)
-    return Manager(config, db, {"global"}, Journal(journal_dir)), db
+    return Manager(config, CouchStore(db), {"global"}, Journal(journal_dir)), db
 
 
 def serve_until(manager: Manager, condition: object, what: str, timeout: float = 30.0) -> None:

@@ -1,0 +1,102 @@
+"""Where the work manager reads and writes jobs: the JobStore seam.
+
+The manager needs few things of its site's database: the live leaves of many
+jobs at once, one bulk write, three questions (which open steps may this site
+take, whose leases are due, which live jobs does this site have a part in)
+and a place for its feed checkpoint. `CouchStore` answers them from the
+site's CouchDB through the `jobdist` design document's views;
+`tests/sim.py` answers them from a simulated replica, so the real manager is
+tested without servers (tests/test_manager.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from . import listener
+from .couch import Conflict, Database, Rejected, Saved
+from .model import Doc
+
+DESIGN = "jobdist"
+
+Written = Saved | Conflict | Rejected
+
+
+@dataclass(frozen=True)
+class Open:
+    """An open step a site may claim: its job, and the order sites take them in."""
+
+    job_id: str
+    rank: int  # minus the job's priority: lower goes first
+    created_at: str
+
+
+class JobStore(Protocol):
+    @property
+    def url(self) -> str:
+        """Where the store lives, without credentials (steps carry it to find orphans)."""
+        ...
+
+    def read(self, ids: Iterable[str]) -> dict[str, list[Doc]]:
+        """Every id's live leaf revisions ([] when it has none); raises CouchError."""
+        ...
+
+    def write(self, docs: Sequence[Doc]) -> list[Written]:
+        """Write revisions (each on its `_rev`); one result per document, in order."""
+        ...
+
+    def claimable(self, target: str, limit: int) -> list[Open]:
+        """Open steps whose target names `target` ("any" included), best first."""
+        ...
+
+    def leases_due(self, creator: str, cutoff: str) -> list[str]:
+        """Jobs created by `creator` whose current lease ends at or before `cutoff`."""
+        ...
+
+    def involving(self, site: str) -> Iterator[str]:
+        """Live jobs whose current step has `site` as creator, claimer or winner."""
+        ...
+
+    def load_checkpoint(self, site: str) -> object:
+        """Where `site`'s changes feed stopped (0 at first): an opaque sequence."""
+        ...
+
+    def save_checkpoint(self, site: str, seq: object) -> None:
+        ...
+
+
+class CouchStore:
+    """A JobStore on a site's CouchDB database."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    @property
+    def url(self) -> str:
+        return self.db.url
+
+    def read(self, ids: Iterable[str]) -> dict[str, list[Doc]]:
+        return self.db.leaves_many(ids)
+
+    def write(self, docs: Sequence[Doc]) -> list[Written]:
+        return self.db.bulk_docs(list(docs))
+
+    def claimable(self, target: str, limit: int) -> list[Open]:
+        rows = self.db.view(DESIGN, "claimable", startkey=[target], endkey=[target, {}],
+                            limit=limit)
+        return [Open(row["id"], row["key"][1], row["key"][2]) for row in rows]
+
+    def leases_due(self, creator: str, cutoff: str) -> list[str]:
+        rows = self.db.view(DESIGN, "leases", startkey=[creator], endkey=[creator, cutoff])
+        return [row["id"] for row in rows]
+
+    def involving(self, site: str) -> Iterator[str]:
+        return (row["id"] for row in self.db.iter_view(DESIGN, "involving", key=site))
+
+    def load_checkpoint(self, site: str) -> object:
+        return listener.load_checkpoint(self.db, site)
+
+    def save_checkpoint(self, site: str, seq: object) -> None:
+        listener.save_checkpoint(self.db, site, seq)

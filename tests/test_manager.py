@@ -1,0 +1,191 @@
+"""The real work manager at three sites, on simulated replicas: no servers.
+
+Each site is a real `Manager` (batched decisions, its real worker pool
+running shell commands) over a `SimStore` on its own replica of CouchDB
+revision trees (tests/sim.py). The test plays the listener, handing each
+manager the documents whose leaves changed on its replica, and the
+replicator, copying revisions between replicas in a random order, some late.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from jobdist import core
+from jobdist.config import SiteConfig
+from jobdist.journal import Journal
+from jobdist.listener import Changed
+from jobdist.manager import Manager
+from jobdist.model import Doc, new_job, new_step
+from jobdist.store import Written
+
+from .sim import Replica, SimStore
+
+SITES = ("global", "reg_a", "reg_b")
+TARGETS: tuple[str | list[str], ...] = ("any", "any", "global", "reg_a", ["reg_a", "reg_b"])
+
+
+class CountingStore(SimStore):
+    """A SimStore that counts the manager's requests, and the documents in them."""
+
+    def __init__(self, replica: Replica, name: str) -> None:
+        super().__init__(replica, name)
+        self.calls: Counter[str] = Counter()
+
+    def read(self, ids: Iterable[str]) -> dict[str, list[Doc]]:
+        ids = list(ids)
+        self.calls["reads"] += 1
+        self.calls["docs_read"] += len(ids)
+        return super().read(ids)
+
+    def write(self, docs: Sequence[Doc]) -> list[Written]:
+        self.calls["writes"] += 1
+        self.calls["docs_written"] += len(docs)
+        return super().write(docs)
+
+
+class World:
+    """Three managers, their replicas, a replicator with lag and a feed for each."""
+
+    def __init__(self, tmp_path: Path, seed: int, workers: int = 2, lag: float = 0.3) -> None:
+        self.rng = random.Random(seed)
+        self.lag = lag  # the chance that a document misses one round of replication
+        self.stores = {name: CountingStore(Replica(), name) for name in SITES}
+        self.managers = {
+            name: Manager(SiteConfig(name, store.url, workers=workers), store, SITES,
+                          Journal(tmp_path / name))
+            for name, store in self.stores.items()}
+        self.delivered: dict[str, dict[str, frozenset[str]]] = {name: {} for name in SITES}
+        self.seq = 0
+
+    def submit(self, jobs: list[list[Doc]]) -> list[str]:
+        docs = [new_job("global", steps) for steps in jobs]
+        assert all(self.stores["global"].write(docs))
+        return [doc["_id"] for doc in docs]
+
+    def replicate(self) -> None:
+        for source in SITES:
+            for target in SITES:
+                if source == target:
+                    continue
+                for doc_id in list(self.stores[source].replica.docs):
+                    if self.rng.random() >= self.lag:
+                        self.stores[target].replica.pull(self.stores[source].replica, doc_id)
+
+    def feed(self) -> None:
+        """What `_changes` would bring each site: its winners, with their conflicts."""
+        for name, store in self.stores.items():
+            replica = store.replica
+            for doc_id in self.rng.sample(sorted(replica.docs), len(replica.docs)):
+                leaves = frozenset(leaf.rev for leaf in replica.leaves(doc_id))
+                if self.delivered[name].get(doc_id) == leaves:
+                    continue
+                self.delivered[name][doc_id] = leaves
+                winner = replica.winner(doc_id)
+                if winner is not None:
+                    others = [rev for rev in leaves if rev != winner["_rev"]
+                              and any(live["_rev"] == rev
+                                      for live in replica.live_leaves(doc_id))]
+                    winner = {**winner, **({"_conflicts": others} if others else {})}
+                self.seq += 1
+                self.managers[name].inbox.put(
+                    Changed(doc_id, winner["_rev"] if winner else "", self.seq, winner))
+
+    def run(self, ids: list[str], timeout: float = 60.0) -> dict[str, Doc]:
+        """Replicate, feed and serve until every site sees every job ended."""
+        deadline = time.monotonic() + timeout
+        while not self.settled(ids):
+            assert time.monotonic() < deadline, f"jobs did not end: {self.live(ids)}"
+            self.replicate()
+            self.feed()
+            for manager in self.managers.values():
+                manager.serve_once(timeout=0)
+            time.sleep(0.01)  # the workers' `true` runs meanwhile
+        return {doc_id: core.merge(self.stores["global"].replica.live_leaves(doc_id))
+                for doc_id in ids}
+
+    def live(self, ids: list[str]) -> list[str]:
+        return [doc_id for doc_id in ids for store in self.stores.values()
+                if (doc := store.replica.winner(doc_id)) is None or doc["job_status"] is None]
+
+    def settled(self, ids: list[str]) -> bool:
+        return not self.live(ids)
+
+    def stop(self) -> None:
+        for manager in self.managers.values():
+            manager.pool.shutdown(1.0)
+
+
+@pytest.fixture
+def world(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[World]:
+    built = World(tmp_path, seed=getattr(request, "param", 1))
+    try:
+        yield built
+    finally:
+        built.stop()
+
+
+def started(doc: Doc) -> list[tuple[int, int, str]]:
+    """Every execution the history records: (step, epoch, site)."""
+    return [(entry["step"], entry["epoch"], entry["site"]) for entry in doc["history"]
+            if entry["event"] == "started"]
+
+
+@pytest.mark.parametrize("world", [1, 2, 3], indirect=True)
+def test_every_step_runs_once_in_order_on_an_allowed_site(world: World) -> None:
+    rng = random.Random(7)
+    ids = world.submit([[new_step("true", target=rng.choice(TARGETS))
+                         for _ in range(rng.randint(1, 3))] for _ in range(30)])
+    docs = world.run(ids)
+    executions = sum(m.counts["steps_started"] for m in world.managers.values())
+    assert executions == sum(len(doc["job"]) for doc in docs.values())  # none twice
+    for doc in docs.values():
+        assert doc["job_status"] == "success", doc["history"]
+        runs = started(doc)
+        assert [step for step, _, _ in runs] == list(range(len(doc["job"])))
+        for step, _, site in runs:
+            target = doc["job"][step]["target"]
+            assert target == "any" or site == target or site in target
+
+
+def test_a_batch_reads_and_writes_many_jobs_at_once(world: World) -> None:
+    ids = world.submit([[new_step("true")] for _ in range(60)])
+    world.run(ids)
+    creator = world.stores["global"].calls
+    # One job at a time cost a read and a write per decision; batches share them.
+    assert creator["docs_read"] / creator["reads"] > 3, creator
+    assert creator["reads"] < len(ids), creator
+    for manager in world.managers.values():
+        assert manager.counts["handler_errors"] == 0
+
+
+def test_a_worker_booked_in_a_batch_is_not_taken_by_a_later_decision(tmp_path: Path) -> None:
+    """Two steps won at once with one worker, itself booked for an undecided claim: the
+    first win takes the worker, the second is given back; nothing is started twice
+    on one worker, nothing fails to launch."""
+    store = SimStore(Replica(), "reg_a")
+    manager = Manager(SiteConfig("reg_a", store.url, workers=1), store, SITES,
+                      Journal(tmp_path / "journal"))
+    try:
+        claimed, first, second = (new_job("global", [new_step("true")]) for _ in range(3))
+        claimed["job"][0]["claimed_by"] = "reg_a"
+        for won in (first, second):
+            won["job"][0].update(claimed_by="reg_a", winner="reg_a", epoch=1,
+                                 lease_until="2999-01-01T00:00:00.000000Z")
+        assert all(store.write([claimed, first, second]))
+        manager.apply(core.Book((claimed["_id"], 0), "reg_a/w1"))  # our claim's worker
+        manager.settle([manager.decide_task(first["_id"]), manager.decide_task(second["_id"])])
+        assert manager.counts["handler_errors"] == 0
+        assert manager.counts["steps_started"] == 1
+        statuses = {doc_id: store.replica.winner(doc_id)["job"][0]
+                    for doc_id in (first["_id"], second["_id"])}
+        assert sorted(str((step["step_status"], step["winner"])) for step in statuses.values()) \
+            == ["('running', 'reg_a')", "(None, None)"]  # one started, the other released
+    finally:
+        manager.pool.shutdown(1.0)
