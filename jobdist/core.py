@@ -255,18 +255,19 @@ def same_content(a: Doc, b: Doc) -> bool:
     }
 
 
-def usable_leaves(leaves: list[Doc]) -> tuple[list[Doc], list[Rejected]]:
+def usable_leaves(leaves: list[Doc], errors_of: Callable[[Doc], list[str]] = validate_job,
+                  ) -> tuple[list[Doc], list[Rejected]]:
     """The leaves to merge, and why each other leaf is left out.
 
     A leaf that breaks the rules (written where validation was off) is left
     out, and so is a valid one that defines another job than the winning valid
     leaf (other creation time or steps): merging those mixes two jobs. (Not the
-    creator: an adoption changes it.)
+    creator: an adoption changes it.) `errors_of` is validate_job, or a memo of it.
     """
     valid: list[Doc] = []
     rejected: list[Rejected] = []
     for leaf in leaves:
-        errors = validate_job(leaf)
+        errors = errors_of(leaf)
         if errors:
             rejected.append((leaf["_rev"], format_errors(errors)))
         else:

@@ -36,6 +36,7 @@ from .journal import Held, Journal, JournalFull
 from .listener import Changed
 from .model import Doc, is_live, later, utc_now
 from .store import JobStore
+from .validation import validate_job
 from .workers import Execution, StepResult, WorkerPool, kill_orphans
 
 log = logging.getLogger("jobdist.manager")
@@ -44,6 +45,7 @@ SCAN_INTERVAL = 2.0  # seconds between claimable scans while workers stay free
 CHECKPOINT_INTERVAL = 2.0
 MAX_LEASES_SEEN = 100_000  # jobs whose leases we time; the least recently seen go first
 MAX_SKIPPED = 10_000  # jobs remembered as not to be acted on until they change
+MAX_VERDICTS = 10_000  # revisions whose validation we remember
 HELD_RETRY_FIRST = 0.1  # seconds before a held result is tried again; doubles each time
 HELD_RETRY_MAX = 2.0  # short beside any lease: a result is written soon after the server is back
 BATCH = 200  # jobs decided together: one read and one write a round for all of them
@@ -125,6 +127,7 @@ class Manager:
         # Jobs nothing can be done about until a new revision arrives (invalid,
         # unreadable, refused by the server's rules), and why: scans pass them by.
         self.skipped: OrderedDict[str, str] = OrderedDict()
+        self.verdicts: OrderedDict[tuple[Any, Any], list[str]] = OrderedDict()
         self.counts: Counter[str] = Counter()
         self.draining = False
         self.stop_event = threading.Event()
@@ -157,7 +160,7 @@ class Manager:
         if self.inbox.empty() and self.reports.empty():
             self.wake.wait(timeout)
         self.wake.clear()  # anything arriving from now on sets it again
-        return list(islice(_drain(self.inbox), BATCH))  # type: ignore[arg-type]
+        return list(islice(_drain(self.inbox), BATCH))
 
     def _change_tasks(self, changes: list[Changed]) -> list[Task]:
         latest: dict[str, Changed] = {}
@@ -508,7 +511,7 @@ class Manager:
 
     def _valid(self, doc_id: str, leaves: list[Doc]) -> Found | None:
         jobs = [leaf for leaf in leaves if leaf.get("type") == "job" and not leaf.get("_deleted")]
-        usable, rejected = core.usable_leaves(jobs)
+        usable, rejected = core.usable_leaves(jobs, self._errors)
         for rev, reason in rejected:
             self._report_invalid(doc_id, rev, reason)
         if not usable:
@@ -516,6 +519,19 @@ class Manager:
                 self._skip(doc_id, "no valid revision")
             return None
         return usable, rejected
+
+    def _errors(self, leaf: Doc) -> list[str]:
+        """validate_job, remembered by revision: a revision's content never changes,
+        and checking a whole document at every decision was a fifth of the manager's
+        time under load."""
+        key = (leaf.get("_id"), leaf.get("_rev"))
+        errors = self.verdicts.get(key)
+        if errors is None:
+            errors = validate_job(leaf)
+            self.verdicts[key] = errors
+            while len(self.verdicts) > MAX_VERDICTS:
+                self.verdicts.popitem(last=False)
+        return errors
 
     def _report_invalid(self, doc_id: str, rev: str, reason: str) -> None:
         if rev in self.own_revs:

@@ -501,7 +501,7 @@ def validate_submission(doc: Any) -> list[str]:
         return validate_job(doc)
     filled = {**SERVER_FILLED, **doc}
     steps = filled.get("job")
-    if is_list(steps):
+    if isinstance(steps, list):
         filled["job"] = [with_default_retry(step) for step in steps]
     return validate_job(filled)
 

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.faults
 def test_daemons_killed_at_random_moments_and_restarted(
         tmp_path: Path, fault_summary: list[dict[str, Any]]) -> None:
     with trial("daemon SIGKILL", 101, tmp_path, fault_summary) as run:
-        run.submit([run.steps(3, (0.6, 1.8)) for _ in range(30)])
+        run.submit([run.steps(3, (0.6, 1.8)) for _ in range(45)])
         while run.rounds < 15 and run.live():
             time.sleep(run.rng.uniform(0.2, 1.2))
             site = run.rng.choice(sorted(run.cluster.sites))
