@@ -380,8 +380,11 @@ def cluster_up(sites_dir: Path, state_dir: Path, in_memory: bool) -> None:
 @state_option
 def cluster_down(sites_dir: Path, state_dir: Path) -> None:
     """Stop exactly the processes `cluster up` started."""
-    for line in LocalCluster(sites_dir, state_dir).down():
+    stopped = LocalCluster(sites_dir, state_dir).down()
+    for line in stopped:
         click.echo(f"stopped {line}")
+    if not stopped:
+        click.echo(f"nothing to stop: no process recorded in {state_dir} is running")
 
 
 @cluster.command("status")

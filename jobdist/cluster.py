@@ -14,12 +14,14 @@ checking that each pid is still the process we started.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,14 +53,22 @@ class Proc:
         return process_start_time(self.pid) == self.started != ""
 
     def stop(self, timeout: float = 15.0) -> None:
-        if not self.alive():
-            return
-        os.killpg(self.pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        while self.alive() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if self.alive():
-            os.killpg(self.pid, signal.SIGKILL)
+        stop_all([self], timeout)
+
+
+def stop_all(procs: list[Proc], timeout: float = 15.0) -> None:
+    """SIGTERM every live one at once, wait for them together, SIGKILL what outlives it."""
+    alive = [proc for proc in procs if proc.alive()]
+    for proc in alive:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while any(proc.alive() for proc in alive) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for proc in alive:
+        if proc.alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
 
 
 def process_start_time(pid: int) -> str:
@@ -103,23 +113,32 @@ class LocalCluster:
             raise
 
     def __enter__(self) -> LocalCluster:
+        # A command that brings sites up for its own run (bench, demo) stops them
+        # when it is told to stop: SIGTERM unwinds through __exit__ as SIGINT does.
+        self._sigterm = _exit_on_sigterm()
         self.up()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.down()
+        try:
+            self.down()
+        finally:
+            if self._sigterm is not None:
+                signal.signal(signal.SIGTERM, self._sigterm)
 
     def down(self) -> list[str]:
-        """Stop every process recorded in the state directory; what was stopped."""
-        state = self._load()
+        """Stop every process recorded in the state directory; what was stopped.
+
+        The daemons first, all at once (each drains while its server still
+        answers), then the servers, all at once.
+        """
+        sites = self._load().get("sites", {})
         stopped = []
-        for name, procs in state.get("sites", {}).items():
-            for role in ("daemon", "server"):
-                if role in procs:
-                    proc = Proc(**procs[role])
-                    if proc.alive():
-                        proc.stop()
-                        stopped.append(f"{name} {role} (pid {proc.pid})")
+        for role in ("daemon", "server"):
+            procs = {name: Proc(**roles[role]) for name, roles in sites.items() if role in roles}
+            alive = {name: proc for name, proc in procs.items() if proc.alive()}
+            stop_all(list(alive.values()))
+            stopped += [f"{name} {role} (pid {proc.pid})" for name, proc in alive.items()]
         self.state_file.unlink(missing_ok=True)
         return stopped
 
@@ -238,6 +257,17 @@ class LocalCluster:
 
     def _save(self, state: dict[str, Any]) -> None:
         self.state_file.write_text(json.dumps(state, indent=2))
+
+
+def _exit_on_sigterm() -> signal.Handlers | Any:
+    """Make SIGTERM raise SystemExit in the main thread; the handler it replaced."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def leave(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    return signal.signal(signal.SIGTERM, leave)
 
 
 def ensure_credentials(sites: dict[str, SiteConfig], sites_dir: Path) -> dict[str, SiteConfig]:

@@ -80,7 +80,9 @@ def test_binds_loopback_on_a_free_port(site: Running) -> None:
 
 
 def test_status_shows_the_running_step(site: Running) -> None:
-    answer = wait_for(lambda: (s := status(site))["workers"]["busy"] == 1 and s)
+    # The step may start from a claimable scan before the feed brings its change.
+    answer = wait_for(lambda: (s := status(site))["workers"]["busy"] == 1
+                      and s["feed"]["seq"] is not None and s)
     assert answer["site"] == SITE
     assert answer["workers"]["size"] >= 1
     assert set(answer["workers"]) == {"size", "free", "booked", "busy"}
