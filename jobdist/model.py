@@ -105,8 +105,9 @@ RUNTIME_STEP_FIELDS: dict[str, Any] = {
 
 
 def initial_step(step: Doc) -> Doc:
-    """The step with every runtime field it lacks set to its initial value."""
-    filled = {"alt_do": None, "timeout": None, **copy.deepcopy(step)}
+    """The step with every field it lacks set to its default: a submitter may leave
+    out `target` ("any"), `alt_do`, `timeout` and `retry_strategy`."""
+    filled = {"target": ANY, "alt_do": None, "timeout": None, **copy.deepcopy(step)}
     filled.setdefault("retry_strategy", {"max_retries": 0})
     for field, value in RUNTIME_STEP_FIELDS.items():
         filled.setdefault(field, value)

@@ -492,7 +492,8 @@ SERVER_FILLED: dict[str, Any] = {
     "job_status": None,
     "history": [],
 }
-DEFAULT_RETRY_STRATEGY = {"max_retries": 0}
+# What a submitted step may leave out (jobdist.model.initial_step fills the same).
+STEP_DEFAULTS: dict[str, Any] = {"target": "any", "retry_strategy": {"max_retries": 0}}
 
 
 def validate_submission(doc: Any) -> list[str]:
@@ -502,11 +503,6 @@ def validate_submission(doc: Any) -> list[str]:
     filled = {**SERVER_FILLED, **doc}
     steps = filled.get("job")
     if isinstance(steps, list):
-        filled["job"] = [with_default_retry(step) for step in steps]
+        filled["job"] = [{**STEP_DEFAULTS, **step} if is_object(step) else step
+                         for step in steps]
     return validate_job(filled)
-
-
-def with_default_retry(step: Any) -> Any:
-    if is_object(step) and "retry_strategy" not in step:
-        return {**step, "retry_strategy": DEFAULT_RETRY_STRATEGY}
-    return step
