@@ -279,12 +279,42 @@ def steps_table(doc: Doc) -> Table:
     return table
 
 
+def lost_claims(history: list[Doc]) -> set[str]:
+    """The claims another site's win or start in a later epoch overtook, as keys.
+
+    Merged from concurrent branches, such a claim is often dated after the start
+    that beat it: shown as a plain "claimed" it reads like a second run.
+    """
+    winners = {(entry.get("step"), entry.get("epoch")):
+               str(entry.get("detail") or "").removeprefix("winner ")
+               for entry in history if entry.get("event") == "won"}
+    decided = [(entry.get("step"), epoch, entry.get("site")) for entry in history
+               if entry.get("event") in ("won", "started")
+               and isinstance(epoch := entry.get("epoch"), int)]
+    lost = set()
+    for entry in history:
+        step, epoch, site = entry.get("step"), entry.get("epoch"), entry.get("site")
+        if entry.get("event") != "claimed" or not isinstance(epoch, int):
+            continue
+        overtaken = any(s == step and e > epoch and who != site for s, e, who in decided)
+        if winners.get((step, epoch + 1)) != site and overtaken:
+            lost.add(json.dumps(entry, sort_keys=True))
+    return lost
+
+
+def event_name(entry: Doc, lost: set[str]) -> Text:
+    if entry.get("event") == "claimed" and json.dumps(entry, sort_keys=True) in lost:
+        return Text("claim lost")
+    return plain(entry.get("event"))
+
+
 def history_table(doc: Doc) -> Table:
     table = Table(title="history", title_justify="left", box=None, pad_edge=False)
     for name in ("AT", "EVENT", "STEP", "SITE", "WORKER", "EPOCH", "DETAIL"):
         table.add_column(name, no_wrap=name != "DETAIL", overflow="fold")
+    lost = lost_claims(doc.get("history", []))
     for entry in doc.get("history", []):
-        table.add_row(short_time(entry.get("at")), plain(entry.get("event")),
+        table.add_row(short_time(entry.get("at")), event_name(entry, lost),
                       plain(entry.get("step")), plain(entry.get("site")),
                       plain(entry.get("worker")), plain(entry.get("epoch")),
                       plain(entry.get("detail")))
@@ -1074,7 +1104,9 @@ def watch_view(snapshots: list[SiteSnapshot]) -> Group:
               help="Seconds between refreshes.")
 @sites_option
 def watch(once: bool, interval: float, sites_dir: Path) -> None:
-    """A live view of every site: jobs by status, busy workers and running steps."""
+    """A live view of every site: jobs by status, busy workers and running steps.
+
+    With --once, the exit status is 1 when a site's CouchDB did not answer."""
     sites = list(load_site_configs(sites_dir).values())
 
     def view() -> Group:
@@ -1082,8 +1114,9 @@ def watch(once: bool, interval: float, sites_dir: Path) -> None:
 
     console = make_console()
     if once:
-        console.print(view())
-        return
+        snapshots = [snapshot_site(site) for site in sites]
+        console.print(watch_view(snapshots))
+        sys.exit(1 if any(snap.error for snap in snapshots) else 0)
     with contextlib.suppress(KeyboardInterrupt), \
             Live(view(), console=console, refresh_per_second=4) as live:
         while True:

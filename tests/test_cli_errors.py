@@ -162,7 +162,7 @@ def test_setup_and_watch_report_each_unreachable_site(sites: Path) -> None:
     assert len(lines) == 2
     assert all("connection refused" in line for line in lines)
     watched = run("watch", "--once", sites=sites)
-    assert watched.exit_code == 0
+    assert watched.exit_code == 1  # a check in a script must see that sites are down
     assert watched.stdout.count("unreachable") == 2
     assert watched.stdout.count("connection refused") == 2
 
