@@ -233,12 +233,12 @@ def target_text(target: Any) -> str:
 def step_state(doc: Doc, index: int) -> str:
     step = doc["job"][index]
     phase = step_phase(step)
+    status = doc.get("job_status")
+    if status == "cancelled" and index == doc["step"]:
+        return "cancelled"  # (a run it killed is recorded as failed in the step)
     if phase == Phase.DONE:
         return str(step["step_status"])
-    status = doc.get("job_status")
     if status is not None and index >= doc["step"]:
-        if status == "cancelled" and index == doc["step"]:
-            return "cancelled"
         return "not run"
     if index > doc["step"]:
         return "waiting"

@@ -728,9 +728,8 @@ def plan_finish(
     merged = merge(leaves)
     if not backs_execution(merged, key, epoch, ctx.site):
         if outcome.cancelled and merged["job_status"] == "cancelled":
-            detail = "killed: job cancelled"
-            return finalize(leaves, merged, Decision("cancelled", note(
-                ctx, "cancelled", key, worker, epoch, detail)), ctx)
+            return finalize(leaves, merged, Decision("cancelled", record_cancelled(
+                merged, ctx, key, worker, epoch, outcome)), ctx)
         detail = f"epoch {epoch} is no longer current: {outcome.reason}"
         return finalize(leaves, merged, Decision("stale_finish", note(
             ctx, "stale_finish", key, worker, epoch, detail)), ctx)
@@ -753,19 +752,37 @@ def note(ctx: Context, name: str, key: Key, worker: str, epoch: int, detail: str
     return edit
 
 
+def end_step(step: Doc, outcome: StepOutcome) -> None:
+    """What an execution did, on its step."""
+    step.update(
+        step_status="finished" if outcome.ok else "failed",
+        exec_time=round(outcome.exec_time, 6),
+        start_time=outcome.start_time,
+        finish_time=outcome.finish_time,
+        attempts=outcome.attempts,
+        exit_code=outcome.exit_code,
+        lease_until=None,
+        output={"stdout": outcome.stdout, "stderr": outcome.stderr},
+    )
+
+
+def record_cancelled(merged: Doc, ctx: Context, key: Key, worker: str, epoch: int,
+                     outcome: StepOutcome) -> Edit:
+    """The run a cancellation killed: the step says it ended (failed, killed), so the
+    document does not show it running for ever; a stale run only leaves its event."""
+    current = backs_execution({**merged, "job_status": None}, key, epoch, ctx.site)
+    recorded = note(ctx, "cancelled", key, worker, epoch, "killed: job cancelled")
+
+    def edit(doc: Doc) -> None:
+        if current:
+            end_step(doc["job"][key[1]], outcome)
+        recorded(doc)
+    return edit
+
+
 def record_outcome(ctx: Context, worker: str, outcome: StepOutcome) -> Edit:
     def edit(doc: Doc) -> None:
-        step = _current(doc)
-        step.update(
-            step_status="finished" if outcome.ok else "failed",
-            exec_time=round(outcome.exec_time, 6),
-            start_time=outcome.start_time,
-            finish_time=outcome.finish_time,
-            attempts=outcome.attempts,
-            exit_code=outcome.exit_code,
-            lease_until=None,
-            output={"stdout": outcome.stdout, "stderr": outcome.stderr},
-        )
+        end_step(_current(doc), outcome)
         _log(doc, "finished" if outcome.ok else "failed", ctx, worker=worker,
              detail=outcome.reason)
         if not outcome.ok:

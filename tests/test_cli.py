@@ -296,6 +296,12 @@ def test_cancel_kills_the_running_step_everywhere(jobdist: Jobdist, cluster: Loc
                                         for h in d["history"])), None),
                    timeout=10, what="reg_a reports the kill")
     assert doc["job"][1]["step_status"] is None  # the next step never ran
+    killed = doc["job"][0]  # the document says how the run ended, not "running"
+    assert (killed["step_status"], killed["lease_until"]) == ("failed", None)
+    assert killed["finish_time"] is not None
+    shown = jobdist("show", job_id)
+    assert " cancelled " in next(line for line in shown.stdout.splitlines()
+                                 if line.lstrip().startswith("0 "))
     assert any(h["event"] == "cancelled" and h["detail"] == "operator test"
                for h in doc["history"])
 

@@ -553,11 +553,19 @@ def test_a_kill_of_a_cancelled_job_is_noted_and_does_not_advance():
     doc["job_status"] = "cancelled"
     plan = finish(doc, "reg_a", pool("reg_a/w1"), cancelled=True, ok=False, reason="killed")
     assert plan.action == "cancelled"
-    assert plan.doc["step"] == 0 and plan.doc["job"][0]["step_status"] == "running"
+    # The step says how its run ended (not "running" for ever); the job does not move.
+    step = plan.doc["job"][0]
+    assert plan.doc["step"] == 0 and plan.doc["job_status"] == "cancelled"
+    assert (step["step_status"], step["lease_until"]) == ("failed", None)
+    assert step["finish_time"] is not None
     last = plan.doc["history"][-1]
     assert (last["event"], last["epoch"], last["worker"], last["detail"]) == (
         "cancelled", 1, "reg_a/w1", "killed: job cancelled")
     assert plan.before == plan.after == ()
+    # A kill of a run the step no longer backs (an older epoch) only leaves its event.
+    stale = finish(doc, "reg_a", pool("reg_a/w1"), epoch=0, cancelled=True, ok=False)
+    assert stale.doc["job"][0]["step_status"] == "running"
+    assert stale.doc["history"][-1]["event"] == "cancelled"
 
 
 def test_a_current_execution_stopped_here_releases_the_step():
