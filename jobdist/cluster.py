@@ -18,6 +18,7 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -101,6 +102,7 @@ class LocalCluster:
         state: dict[str, Any] = {"sites_dir": str(self.sites_dir.resolve()), "sites": {}}
         try:
             for site in self.sites.values():
+                self._forget_replications(site)
                 state["sites"][site.name] = {"server": self._start_server(site)}
                 self._save(state)
             setup_sites(self.sites)
@@ -183,6 +185,12 @@ class LocalCluster:
                                    f"{site.port}; see {data / 'supervisor.log'}")
             time.sleep(0.05)
         return supervisor.__dict__
+
+    def _forget_replications(self, site: SiteConfig) -> None:
+        """Drop the server's `_replicator` database before it starts: setup writes the
+        replications this topology needs, and pouchdb-server will neither edit a running
+        replication of another topology nor survive its deletion."""
+        shutil.rmtree(self.site_dir(site.name) / "couch" / "_replicator", ignore_errors=True)
 
     def server_pid(self, name: str) -> int:
         """The pid of the site's pouchdb-server itself (its supervisor writes it)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from jobdist.scenarios import (
     wait_until_done,
     write_sites,
 )
+from jobdist.setup import admin_couch_of
 from jobdist.topology import JOBS_FOR_SITE, replications
 
 REPO_SITES = Path(__file__).resolve().parent.parent / "sites"
@@ -105,3 +107,23 @@ def test_filtered_mesh_keeps_a_targeted_job_away_from_sites_it_does_not_concern(
         assert site_db(cluster, "reg_b").get(targeted["_id"]) is None
     finally:
         cluster.down()
+
+
+@pytest.mark.e2e
+def test_a_cluster_brought_up_again_in_another_topology_replicates_as_the_new_one_says(
+        tmp_path: Path) -> None:
+    """The servers keep their data (on disk) across `down` and `up`; the replications of
+    the mesh are running documents pouchdb-server will not edit: `up` starts afresh."""
+    state = tmp_path / "state"
+    with LocalCluster(write_sites(tmp_path / "mesh", 3, topology="mesh"), state):
+        pass
+    star = write_sites(tmp_path / "star", 3, topology="star")
+    shutil.copytree(tmp_path / "mesh" / "secrets", star / "secrets")  # the same users
+    with LocalCluster(star, state) as cluster:
+        job = new_job("global", [new_step("true", target="reg_b")])
+        site_db(cluster, "global").save(job)
+        done = wait_until_done(site_db(cluster, "global"), [job["_id"]], 60)
+        assert done[0]["job_status"] == "success"
+        rows = admin_couch_of(cluster.sites["global"]).database("_replicator").all_docs()
+        assert {row["id"] for row in rows if row["id"].startswith("jobdist-")} == {
+            "jobdist-global-to-reg_a", "jobdist-global-to-reg_b"}
