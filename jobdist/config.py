@@ -29,8 +29,9 @@
     lease = 60.0                       # a winner's promise lasts this long unless renewed
     heartbeat = 15.0                   # how often a site renews the leases of its steps
     clock_skew_margin = 10.0           # the creator waits this much past a lease
-    journal = "/var/lib/jobdist/journal"   # results kept while CouchDB does not answer
-                                       # (default: .jobdist/SITE/journal in the working dir)
+    journal = "/var/lib/jobdist/journal"   # results kept while CouchDB does not answer, in
+                                       # DIR/SITE (default: .jobdist/SITE/journal, from
+                                       # the working directory; the start-up log says where)
 
     [retention]                        # optional: the daemon removes its own old jobs
     older_than = "30d"                 # finished jobs last updated longer ago (90m, 12h, 30d)
@@ -186,8 +187,10 @@ class SiteConfig:
                               "writes it)")
 
     def journal_dir(self) -> Path:
-        """Where the daemon keeps the results its CouchDB did not take yet."""
-        return self.journal or Path(".jobdist") / self.name / "journal"
+        """Where the daemon keeps the results its CouchDB did not take yet: a directory
+        of its own, so sites sharing a host (and a configured path) never share one."""
+        return self.journal / self.name if self.journal else \
+            Path(".jobdist") / self.name / "journal"
 
     def allows(self, command: str) -> bool:
         """May this site run `command` (its `[commands] allow` list, if any)?

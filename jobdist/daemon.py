@@ -78,8 +78,9 @@ class Daemon:
 
     def run(self, ready_file: Path | None = None) -> int:
         self._install_signal_handlers()
-        log.info("site starting site=%s couch=%s db=%s workers=%d", self.config.name,
-                 self.db.couch.url, self.config.database, self.config.workers)
+        log.info("site starting site=%s couch=%s db=%s workers=%d journal=%s",
+                 self.config.name, self.db.couch.url, self.config.database,
+                 self.config.workers, self.manager.journal.directory.resolve())
         self._start_admin()  # first: a port that is taken fails before any work starts
         try:
             self.manager.recover()

@@ -75,7 +75,9 @@ class Journal:
     def __init__(self, directory: Path, limit: int = DEFAULT_LIMIT) -> None:
         self.directory = Path(directory)
         self.limit = limit
-        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if not self.directory.is_dir():
+            self.directory.mkdir(parents=True, mode=0o700)
+            _sync_directory(self.directory.parent)  # the new directory survives a crash
         self._names = {path.name for path in self.directory.glob(f"*{SUFFIX}")}
 
     def __len__(self) -> int:
@@ -91,7 +93,7 @@ class Journal:
             file.flush()
             os.fsync(file.fileno())
         os.replace(temporary, self.directory / held.name)
-        self._sync_directory()
+        _sync_directory(self.directory)
         self._names.add(held.name)
 
     def forget(self, held: Held) -> None:
@@ -114,9 +116,11 @@ class Journal:
                 self._names.discard(name)
         return sorted(entries, key=lambda held: held.since)
 
-    def _sync_directory(self) -> None:
-        fd = os.open(self.directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+
+
+def _sync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -48,6 +48,7 @@ MAX_SKIPPED = 10_000  # jobs remembered as not to be acted on until they change
 MAX_VERDICTS = 10_000  # revisions whose validation we remember
 HELD_RETRY_FIRST = 0.1  # seconds before a held result is tried again; doubles each time
 HELD_RETRY_MAX = 2.0  # short beside any lease: a result is written soon after the server is back
+RETRY_DECISION = 1.0  # seconds before a decision whose read or write failed is taken again
 BATCH = 200  # jobs decided together: one read and one write a round for all of them
 MAX_ROUNDS = 8  # fresh reads of one job in one batch before it is left for later
 Found = tuple[list[Doc], list[core.Rejected]]  # a job's usable leaves, and the others
@@ -127,6 +128,7 @@ class Manager:
         # Jobs nothing can be done about until a new revision arrives (invalid,
         # unreadable, refused by the server's rules), and why: scans pass them by.
         self.skipped: OrderedDict[str, str] = OrderedDict()
+        self.retry_at: OrderedDict[str, float] = OrderedDict()  # decisions a failure lost
         self.verdicts: OrderedDict[tuple[Any, Any], list[str]] = OrderedDict()
         self.counts: Counter[str] = Counter()
         self.draining = False
@@ -147,7 +149,7 @@ class Manager:
     def serve_once(self, timeout: float) -> None:
         changes = self._next_changes(timeout)
         self.settle([*self._report_tasks(), *self._held_tasks_due(),
-                     *self._change_tasks(changes)])
+                     *self._change_tasks(changes), *self._retry_tasks_due()])
         if changes:
             self.seq = changes[-1].seq  # feed order: the checkpoint never goes back
         self.settle([*self._report_tasks(), *self._expired_booking_tasks(),
@@ -262,6 +264,12 @@ class Manager:
                         self._not_recorded(task)
 
     def _run_batch(self, pending: dict[str, Task]) -> None:
+        try:
+            self._run_rounds(pending)
+        finally:
+            self.launching.clear()  # launched, or their revision was not saved
+
+    def _run_rounds(self, pending: dict[str, Task]) -> None:
         for _ in range(MAX_ROUNDS):
             self._settle_from_seen(pending)
             if not pending:
@@ -346,13 +354,6 @@ class Manager:
     def _write_all(self, pending: dict[str, Task],
                    plans: dict[str, tuple[core.Plan, list[Doc]]]) -> None:
         """One `_bulk_docs` for every new revision; then the losers; then launches."""
-        try:
-            self._write_and_launch(pending, plans)
-        finally:
-            self.launching.clear()  # launched, or their revision was not saved
-
-    def _write_and_launch(self, pending: dict[str, Task],
-                          plans: dict[str, tuple[core.Plan, list[Doc]]]) -> None:
         docs = [plan.doc for plan, _ in plans.values() if plan.doc is not None]
         try:
             results = {doc["_id"]: result for doc, result in zip(docs, self.store.write(docs),
@@ -393,6 +394,10 @@ class Manager:
             # What we just wrote is the state (a later conflict comes through the
             # feed): it can say "nothing to do" without another read.
             pending[task.doc_id] = self.decide_task(task.doc_id, {**plan.doc, "_rev": rev})
+        elif task.then_decide and any(isinstance(e, core.Unbook) for e in plan.before):
+            # A booking given back: what it waited for may be ours to do now (the
+            # creator's own booking freed, a claim of another site to assign).
+            pending[task.doc_id] = self.decide_task(task.doc_id)
         else:
             # (Local effects alone, such as a kill, change nothing until a report
             # or a change says what came of them.)
@@ -468,9 +473,14 @@ class Manager:
                  held.job_id, held.step, self.site, held.epoch, time.time() - held.since)
 
     def _not_recorded(self, task: Task) -> None:
-        """A result the server did not take: keep it, and try again later."""
+        """The server did not take the task's write: a result is kept, a decision is
+        taken again a moment later (no change may come to prompt it)."""
         held = task.held
         if held is None:
+            if task.then_decide:
+                self.retry_at[task.doc_id] = time.monotonic() + RETRY_DECISION
+                while len(self.retry_at) > MAX_SKIPPED:
+                    self.retry_at.popitem(last=False)
             return
         self.executions[held.key] = core.Running(held.worker, held.epoch)
         if held.key in self.held:
@@ -501,6 +511,13 @@ class Manager:
         self.held[held.key] = held
         self.executions[held.key] = core.Running(held.worker, held.epoch)
         self.held_retry[held.key] = (time.monotonic() + delay, max(delay, HELD_RETRY_FIRST))
+
+    def _retry_tasks_due(self) -> list[Task]:
+        now = time.monotonic()
+        due = [doc_id for doc_id, at in self.retry_at.items() if at <= now]
+        for doc_id in due:
+            del self.retry_at[doc_id]
+        return [self.decide_task(doc_id) for doc_id in due]
 
     def _held_tasks_due(self) -> list[Task]:
         now = time.monotonic()
@@ -597,7 +614,7 @@ class Manager:
 
     def apply(self, effect: core.Effect, doc: Doc | None = None) -> None:
         if isinstance(effect, core.Book):
-            if self.pool.book(effect.key) is not None:
+            if self.pool.book(effect.key, effect.worker) is not None:
                 self.booked_at.setdefault(effect.key, time.monotonic())
         elif isinstance(effect, core.Unbook):
             self.pool.unbook(effect.key)

@@ -547,8 +547,9 @@ class WorkerPool:
 
     # -- booking and running --
 
-    def book(self, key: StepKey) -> str | None:
-        """Reserve a free slot for `key`; its worker name, or None if no slot is free."""
+    def book(self, key: StepKey, worker: str | None = None) -> str | None:
+        """Reserve a free slot for `key` (`worker` if it is free); its name, or None if
+        no slot is free."""
         with self._lock:
             existing = self._worker_of(key)
             if existing is not None:
@@ -556,8 +557,9 @@ class WorkerPool:
             free = self._free_slots()
             if self._closed or not free:
                 return None
-            self._booked[key] = free[0]
-            return free[0]
+            chosen = worker if worker in free else free[0]
+            self._booked[key] = chosen
+            return chosen
 
     def unbook(self, key: StepKey) -> None:
         """Free the slot booked for `key` (no-op if not booked; a busy slot is left alone)."""

@@ -62,7 +62,10 @@ def test_a_missing_setting_is_named_with_its_section(tmp_path: Path) -> None:
 
 
 def test_the_daemon_journal_is_a_known_setting(tmp_path: Path) -> None:
-    load_site(write_config(tmp_path, BASE + '[daemon]\njournal = "/var/lib/jobdist/journal"\n'))
+    config = BASE + '[daemon]\njournal = "/var/lib/jobdist/journal"\n'
+    site = load_site(write_config(tmp_path, config))
+    # One directory a site: sites that share a host and a configured path never share one.
+    assert site.journal_dir() == Path("/var/lib/jobdist/journal") / site.name
 
 
 @pytest.mark.parametrize("directory", ["sites", "sites/star", "sites/compose"])

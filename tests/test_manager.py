@@ -14,17 +14,20 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from jobdist import core
 from jobdist.config import SiteConfig
+from jobdist.couch import Unavailable
 from jobdist.journal import Journal
 from jobdist.listener import Changed
 from jobdist.manager import Manager
 from jobdist.model import Doc, new_job, new_step
 from jobdist.store import Written
 
+from .helpers import wait_for
 from .sim import Replica, SimStore
 
 SITES = ("global", "reg_a", "reg_b")
@@ -187,5 +190,56 @@ def test_a_worker_booked_in_a_batch_is_not_taken_by_a_later_decision(tmp_path: P
                     for doc_id in (first["_id"], second["_id"])}
         assert sorted(str((step["step_status"], step["winner"])) for step in statuses.values()) \
             == ["('running', 'reg_a')", "(None, None)"]  # one started, the other released
+    finally:
+        manager.pool.shutdown(1.0)
+
+
+class FlakyStore(SimStore):
+    """A SimStore whose next `failures` reads fail as a server that does not answer."""
+
+    failures = 0
+
+    def read(self, ids: Iterable[str]) -> dict[str, list[Doc]]:
+        if self.failures:
+            self.failures -= 1
+            raise Unavailable("read failed: ConnectionError: refused")
+        return super().read(ids)
+
+
+def creator_alone(tmp_path: Path, store: SimStore, **settings: Any) -> Manager:
+    config = SiteConfig("global", store.url, workers=1, **settings)
+    return Manager(config, store, SITES, Journal(tmp_path / "journal"))
+
+
+def test_a_decision_a_failed_read_lost_is_taken_again(tmp_path: Path) -> None:
+    store = FlakyStore(Replica(), "global")
+    manager = creator_alone(tmp_path, store)
+    try:
+        job = new_job("global", [new_step("true")])
+        assert all(store.write([job]))
+        store.failures = 1
+        manager.process(job["_id"])  # the read fails: nothing decided, nothing lost
+        assert manager.counts["steps_started"] == 0 and job["_id"] in manager.retry_at
+        wait_for(lambda: manager.serve_once(timeout=0.05) or manager.counts["steps_started"],
+                 timeout=5, what="the decision taken again")
+    finally:
+        manager.pool.shutdown(1.0)
+
+
+def test_a_creator_whose_own_booking_expires_assigns_the_waiting_claim(tmp_path: Path) -> None:
+    """Its direct start lost to another site's claim; once the booking is given back the
+    creator decides again at once: the claim must not wait for a change that never comes."""
+    store = SimStore(Replica(), "global")
+    manager = creator_alone(tmp_path, store, booking_timeout=0.01)
+    try:
+        job = new_job("global", [new_step("true")])
+        job["job"][0]["claimed_by"] = "reg_a"
+        assert all(store.write([job]))
+        manager.apply(core.Book((job["_id"], 0), "global/w1"))
+        time.sleep(0.02)
+        manager.process(job["_id"])
+        step = store.replica.winner(job["_id"])["job"][0]
+        assert (step["winner"], step["epoch"]) == ("reg_a", 1)
+        assert not manager.pool.bookings()
     finally:
         manager.pool.shutdown(1.0)

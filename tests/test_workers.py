@@ -371,6 +371,13 @@ def test_book_unbook_and_idempotent_book(make_pool: Callable[[int], WorkerPool])
     assert pool.book(K3) == "alpha/w1"
 
 
+def test_book_takes_the_worker_asked_for_when_it_is_free(
+        make_pool: Callable[[int], WorkerPool]) -> None:
+    pool = make_pool(3)
+    assert pool.book(K1, "alpha/w2") == "alpha/w2"  # the worker the decision core chose
+    assert pool.book(K2, "alpha/w2") == "alpha/w1"  # taken: the first free one instead
+
+
 def test_start_runs_and_frees_the_slot_before_on_done(
     make_pool: Callable[[int], WorkerPool], done: DoneLog, tmp_path: Path
 ) -> None:
