@@ -117,7 +117,7 @@ class LocalCluster:
     def __enter__(self) -> LocalCluster:
         # A command that brings sites up for its own run (bench, demo) stops them
         # when it is told to stop: SIGTERM unwinds through __exit__ as SIGINT does.
-        self._sigterm = _exit_on_sigterm()
+        self._sigterm = interrupt_on_sigterm()
         self.up()
         return self
 
@@ -267,15 +267,16 @@ class LocalCluster:
         self.state_file.write_text(json.dumps(state, indent=2))
 
 
-def _exit_on_sigterm() -> signal.Handlers | Any:
-    """Make SIGTERM raise SystemExit in the main thread; the handler it replaced."""
+def interrupt_on_sigterm() -> signal.Handlers | Any:
+    """Make SIGTERM interrupt the main thread as Ctrl-C does (a CI timeout, `kill PID`),
+    so every `finally` and `with` stops what it started; the handler it replaced."""
     if threading.current_thread() is not threading.main_thread():
         return None
 
-    def leave(signum: int, frame: object) -> None:
-        raise SystemExit(128 + signum)
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
 
-    return signal.signal(signal.SIGTERM, leave)
+    return signal.signal(signal.SIGTERM, interrupt)
 
 
 def ensure_credentials(sites: dict[str, SiteConfig], sites_dir: Path) -> dict[str, SiteConfig]:

@@ -8,7 +8,14 @@ from collections.abc import Iterator
 import pytest
 import requests
 
+from jobdist.cluster import interrupt_on_sigterm
 from jobdist.localserver import LocalServer, free_port
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A run stopped with SIGTERM (a CI timeout) unwinds as Ctrl-C does: fixtures and
+    # `finally` blocks stop every server and daemon the tests started.
+    interrupt_on_sigterm()
 
 
 @pytest.fixture(scope="session")
