@@ -766,10 +766,6 @@ class Manager:
         self.settle(self._report_tasks())
         self._checkpoint_if_due(force=True)
 
-    def status(self) -> dict[str, Any]:
-        return {"site": self.site, "workers": self.pool.snapshot(), "feed_seq": self.seq,
-                "counts": dict(self.counts), "journal": self.journal_status()}
-
     def journal_status(self) -> dict[str, Any]:
         """The results held for the server, for /status and /metrics."""
         held = list(self.held.values())  # one C-level copy: safe beside the manager thread
