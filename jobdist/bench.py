@@ -16,6 +16,7 @@ import os
 import re
 import statistics
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -32,6 +33,7 @@ from . import core
 from .cluster import LocalCluster
 from .couch import Couch, Database
 from .design import load_design_docs
+from .localserver import LocalServer, free_port
 from .model import Doc, new_job, new_step, parse_time, utc_now
 from .scenarios import (
     THESIS_SCENARIOS,
@@ -306,7 +308,7 @@ def raw_write_rates(couch: Couch, docs: int) -> RawRates:
         db.bulk_docs(batch)
         bulk_rate = docs / (time.perf_counter() - started)
     finally:
-        couch.session.delete(db.url, timeout=30)
+        couch.call(f"delete {db.url}", couch.client.delete_database, db.name)
     return RawRates(docs, single_rate, bulk_rate)
 
 
@@ -319,13 +321,22 @@ class Revisions:
 
 
 def all_revision_ids(db: Database, doc_id: str) -> tuple[set[str], int]:
-    """The ids of every revision in a document's tree, and how many leaves it has."""
-    resp = db.couch.session.get(db.doc_url(doc_id), timeout=30,
-                                params={"open_revs": "all", "revs": "true"})
-    if resp.status_code == 404:  # a filtered replication never brought it here
+    """The ids of every revision in a document's tree, and how many leaves it has.
+
+    `_changes` with `style=all_docs` names every leaf, deleted ones included
+    (the SDK has no `open_revs`); one `_bulk_get` with `revs` brings their histories.
+    """
+    client = db.couch.client
+    changes = db.couch.call(f"list the leaves of {doc_id!r}", client.post_changes, db.name,
+                            doc_ids=[doc_id], filter="_doc_ids", style="all_docs")
+    wanted = [{"id": doc_id, "rev": change["rev"]}
+              for result in changes["results"] for change in result["changes"]]
+    if not wanted:  # a filtered replication never brought it here
         return set(), 0
-    resp.raise_for_status()
-    leaves = [item["ok"] for item in resp.json() if "ok" in item]
+    answer = db.couch.call(f"read the leaves of {doc_id!r}", client.post_bulk_get, db.name,
+                           docs=wanted, revs=True)
+    leaves = [item["ok"] for result in answer["results"] for item in result["docs"]
+              if "ok" in item]
     revs: set[str] = set()
     for leaf in leaves:
         history = leaf.get("_revisions") or {}
@@ -749,4 +760,120 @@ def memory_command(jobs: int, steps: int, timeout: float, as_json: bool) -> None
     table.add_row("ready to feed caught up", f"{result.caught_up_s:.1f} s")
     table.add_row("RSS once caught up", f"{result.rss_mib:.1f} MiB")
     table.add_row("peak RSS (VmHWM)", f"{result.peak_mib:.1f} MiB")
+    Console().print(table)
+
+
+# --- bench feed -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FeedRun:
+    """One way of following `_changes`: how soon it saw writes, and what that cost."""
+
+    name: str
+    idle_ms: dict[str, float]  # write answered -> change seen, one write at a time
+    burst_s: float  # a bulk write of `burst` documents -> the last one seen
+    cpu_ms_per_change: float  # this process's CPU over the burst (the write included)
+    requests: int  # requests the follower made, over the whole run
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class FeedProbe:
+    """Follows a database's changes in a thread and notes when each id arrived."""
+
+    def __init__(self, follow: Iterator[str]) -> None:
+        self.follow = follow
+        self.seen: dict[str, float] = {}
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self) -> None:
+        for doc_id in self.follow:
+            self.seen.setdefault(doc_id, time.monotonic())
+
+    def wait_for(self, doc_id: str, timeout: float = 30.0, poll: float = 0.0005) -> float:
+        deadline = time.monotonic() + timeout
+        while doc_id not in self.seen:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the feed never brought {doc_id}")
+            time.sleep(poll)
+        return self.seen[doc_id]
+
+
+def measure_feed(name: str, db: Database, probe: FeedProbe, counted: list[int],
+                 writes: int, burst: int) -> FeedRun:
+    probe.thread.start()
+    time.sleep(0.5)  # connected and idle
+    idle = []
+    for n in range(writes):
+        db.save({"_id": f"{name}-idle-{n}", "type": "probe"})
+        written = time.monotonic()
+        idle.append(probe.wait_for(f"{name}-idle-{n}") - written)
+        time.sleep(0.02)
+    # The follower's own threads parse in this process: its CPU clock covers them.
+    cpu_before, started = time.process_time(), time.monotonic()
+    db.bulk_docs([{"_id": f"{name}-burst-{n:05d}", "type": "probe"} for n in range(burst)])
+    last = probe.wait_for(f"{name}-burst-{burst - 1:05d}", poll=0.01)
+    cpu = time.process_time() - cpu_before
+    return FeedRun(name, {k: v * 1000 for k, v in summary(idle).items()}, last - started,
+                   cpu * 1000 / burst, counted[0])
+
+
+class CountingCouch(Couch):
+    """A Couch that counts the requests its clients (streams included) send."""
+
+    def __init__(self, url: str, **options: Any) -> None:
+        self.requests = [0]
+        super().__init__(url, **options)
+
+    def _new_client(self, timeout: tuple[float, float]) -> Any:
+        client = super()._new_client(timeout)
+        client.get_http_client().hooks["response"].append(self._count)
+        return client
+
+    def _count(self, resp: requests.Response, **_: Any) -> None:
+        self.requests[0] += 1
+
+
+def run_feed(writes: int, burst: int) -> list[FeedRun]:
+    from ibmcloudant.features.changes_follower import ChangesFollower
+
+    with tempfile.TemporaryDirectory() as tmp, \
+            LocalServer(free_port(), Path(tmp), in_memory=True) as server:
+        db = Couch(server.url).ensure_database("feed_ours")
+        ours, stop = CountingCouch(server.url), threading.Event()
+        stream = (change.id for change in ours.database(db.name).changes(
+            db.last_seq(), include_docs=True, conflicts=True, heartbeat_ms=5000, stop=stop))
+        results = [measure_feed("stream", db, FeedProbe(stream), ours.requests, writes, burst)]
+        stop.set()
+        db = Couch(server.url).ensure_database("feed_sdk")
+        sdk = CountingCouch(server.url, timeout=90.0)  # the follower wants >= 60 s
+        follower = ChangesFollower(service=sdk.client, db=db.name, include_docs=True,
+                                   conflicts=True)
+        followed = (item.id for item in follower.start())
+        results.append(measure_feed("ChangesFollower", db, FeedProbe(followed), sdk.requests,
+                                    writes, burst))
+        threading.Thread(target=follower.stop, daemon=True).start()  # it joins a long poll
+    return results
+
+
+@bench.command("feed")
+@click.option("--writes", default=100, show_default=True, help="Single writes, one at a time.")
+@click.option("--burst", default=2000, show_default=True, help="Documents in one bulk write.")
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable results.")
+def feed_command(writes: int, burst: int, as_json: bool) -> None:
+    """Our changes stream against the Cloudant SDK's ChangesFollower, on one server."""
+    runs = run_feed(writes, burst)
+    if as_json:
+        print_json([run.as_json() for run in runs])
+        return
+    table = Table(title=f"following _changes with documents: {writes} single writes, "
+                        f"then {burst} in one bulk write")
+    for column in ("follower", "idle p50/p95/p99", "burst seen", "CPU/change", "requests"):
+        table.add_column(column, justify="left" if column == "follower" else "right")
+    for run in runs:
+        table.add_row(run.name, "/".join(f"{run.idle_ms[p]:.1f}" for p in ("p50", "p95", "p99"))
+                      + " ms", f"{run.burst_s:.2f} s", f"{run.cpu_ms_per_change:.3f} ms",
+                      str(run.requests))
     Console().print(table)

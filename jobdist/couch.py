@@ -1,15 +1,27 @@
 """CouchDB access layer: one `Couch` per server, one `Database` per database.
 
-Everything goes over `requests` so that the same code talks to Apache CouchDB 3
-(production) and pouchdb-server 4.2 (local cluster and tests). The differences
-that matter are handled here:
+Our client is IBM's Cloudant SDK (`ibmcloudant.CloudantV1` with its
+`BasicAuthenticator`): every document, bulk, view, `_all_docs`, `_changes`,
+`_local`, design, `_replicator`, `_security` and session call goes through it,
+and `list_ids` pages `_all_docs` with its `Pagination`. This module is the thin
+layer above it that the rest of jobdist sees: typed results (`Saved`,
+`Conflict`, `Rejected`), one error family (`CouchError`) with one-line messages
+that never show credentials, retries bounded in time, and what the SDK cannot
+do for us on both servers we support:
 
 * `_changes` sequences are strings on CouchDB and integers on pouchdb-server, so
   they are opaque values: never compared, only handed back as `since`.
-* pouchdb-server has no `feed=eventsource` and gzips responses when asked to,
-  which buffers a continuous feed; streams therefore ask for no compression.
-* pouchdb-server ignores `startkey_docid` and returns `_bulk_docs` results out
-  of order; `iter_view` and `bulk_docs` cope with both.
+* the daemon's feed is the SDK's `post_changes_as_stream` read line by line
+  (continuous, or eventsource on Apache CouchDB): the SDK's `ChangesFollower`
+  polls with `longpoll`, a request per batch, and converts every change into
+  model objects; docs/performance.md has the measurement that kept ours.
+* views page by `iter_view`, not by the SDK's view pager: that pager restarts a
+  page at `start_key_doc_id`, which pouchdb-server ignores, so rows sharing a
+  key (all the `involving` view's rows do) would repeat for ever.
+* leaf revisions come from `_all_docs?conflicts=true` plus `_bulk_get`: the SDK
+  has no `open_revs`.
+* pouchdb-server returns `_bulk_docs` results out of order and `_local`
+  documents without a JSON content type; both are coped with here.
 
 Credentials never appear in `url` attributes or in error messages.
 """
@@ -18,17 +30,26 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 import uuid
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 import requests
 import sseclient
+from ibm_cloud_sdk_core import ApiException, DetailedResponse
+from ibm_cloud_sdk_core.authenticators import (
+    Authenticator,
+    BasicAuthenticator,
+    NoAuthAuthenticator,
+)
+from ibmcloudant import CloudantV1, PagerType, Pagination
 from tenacity import (
     RetryCallState,
     Retrying,
@@ -42,14 +63,20 @@ log = logging.getLogger("jobdist.couch")
 
 Doc = dict[str, Any]
 
-# View parameters CouchDB wants as JSON (a string key must arrive quoted).
-_JSON_PARAMS = frozenset({"key", "keys", "startkey", "endkey", "start_key", "end_key"})
+# CouchDB's view parameter names as the SDK spells them.
+_VIEW_PARAMS = {
+    "startkey": "start_key",
+    "endkey": "end_key",
+    "startkey_docid": "start_key_doc_id",
+    "endkey_docid": "end_key_doc_id",
+}
 # The 404 reasons meaning "no such database" rather than "no such document".
 _NO_DB_REASONS = frozenset({"Database does not exist.", "no_db_file"})
 # Fields the replicator itself adds to a replication document.
 _REPLICATOR_OWNED = frozenset({"owner"})
 _BULK_GET_CHUNK = 500
 _WRITE_ATTEMPTS = 3
+_ID_PAGE = 200  # the SDK's largest page
 
 
 class CouchError(Exception):
@@ -124,9 +151,9 @@ class Change:
 class _ServerError(Exception):
     """A 5xx answer, raised inside the retry loop so that tenacity retries it."""
 
-    def __init__(self, response: requests.Response) -> None:
-        super().__init__(response.status_code)
-        self.response = response
+    def __init__(self, error: ApiException) -> None:
+        super().__init__(error.code)
+        self.error = error
 
 
 # Worth another try: the server may be restarting, overloaded or briefly unreachable.
@@ -139,7 +166,7 @@ _TRANSIENT = (*_UNREACHABLE, _ServerError)
 
 
 class Couch:
-    """One CouchDB server, with its own `requests.Session`."""
+    """One CouchDB server, through one `CloudantV1` client (and its `requests.Session`)."""
 
     def __init__(
         self,
@@ -152,22 +179,19 @@ class Couch:
         retry_time: float = 10.0,
     ) -> None:
         self.url, url_user, url_password = _split_credentials(url)
-        user = user if user is not None else url_user
+        self.user = user if user is not None else url_user
         self._password = password if password is not None else url_password
         self.timeout = timeout
         self.retries = retries
         self.retry_time = retry_time
-        self.session = requests.Session()
-        self.session.headers["Accept"] = "application/json"
-        if user is not None:
-            self.session.auth = (user, self._password or "")
+        self.client = self._new_client((timeout, timeout))  # (connect, read)
         self._apache: bool | None = None
 
     def __repr__(self) -> str:
         return f"Couch({self.url!r})"
 
     def info(self) -> Doc:
-        return self._fetch("GET", self.url, what=f"read server info of {self.url}")
+        return self.call(f"read server info of {self.url}", self.client.get_server_information)
 
     def is_apache_couchdb(self) -> bool:
         # Cached: the answer decides protocol details on every feed and page.
@@ -177,19 +201,23 @@ class Couch:
 
     def session_user(self) -> str | None:
         """The user this connection logs in as; None when anonymous or refused."""
-        resp = self._send("GET", f"{self.url}/_session", what=f"read the session at {self.url}")
-        if resp.status_code != 200:
+        try:
+            session = self.call(f"read the session at {self.url}",
+                                self.client.get_session_information)
+        except (Forbidden, NotFound):
             return None
-        return self._check(resp, what="read the session").get("userCtx", {}).get("name")
+        return session.get("userCtx", {}).get("name")
 
     def database(self, name: str) -> Database:
         return Database(self, name)
 
     def ensure_database(self, name: str) -> Database:
         db = self.database(name)
-        resp = self._send("PUT", db.url, what=f"create database {db.url}")
-        if resp.status_code != 412:  # 412: it exists already, which is all we want
-            self._check(resp, what=f"create database {db.url}")
+        try:
+            self.call(f"create database {db.url}", self.client.put_database, name)
+        except CouchError as error:
+            if error.status != 412:  # 412: it exists already, which is all we want
+                raise
         return db
 
     def replicator(self) -> Database:
@@ -199,44 +227,78 @@ class Couch:
         """`Database.put_replication` on this server's `_replicator` database."""
         return self.replicator().put_replication(doc_id, source, target, **options)
 
-    # -- HTTP plumbing, shared with Database ----------------------------------------
+    # -- the SDK underneath -------------------------------------------------------------
 
-    def _send(
-        self, method: str, url: str, *, what: str, retry: bool = True, **kwargs: Any
-    ) -> requests.Response:
-        """One request, retried on connection errors, timeouts and 5xx; 4xx are returned."""
-        kwargs.setdefault("timeout", self.timeout)
+    def call(
+        self,
+        what: str,
+        operation: Callable[..., DetailedResponse],
+        *args: Any,
+        retry: bool = True,
+        **kwargs: Any,
+    ) -> Any:
+        """One SDK operation's result, retried on connection errors, timeouts and 5xx.
 
-        def attempt() -> requests.Response:
-            resp = self.session.request(method, url, **kwargs)
-            log.debug("%s %s -> %s", method, url, resp.status_code)
-            if resp.status_code >= 500:
-                raise _ServerError(resp)
-            return resp
+        Ours, not the SDK's `enable_retries`: urllib3's retries have no bound in
+        time, and a daemon must give up within `retry_time` and decide again.
+        4xx answers raise at once as the matching `CouchError`.
+        """
 
+        def attempt() -> Any:
+            try:
+                return operation(*args, **kwargs).get_result()
+            except ApiException as error:
+                if error.status_code >= 500:
+                    raise _ServerError(error) from None
+                raise
+
+        with self.errors(what):
+            result = self._retrying(what)(attempt) if retry else attempt()
+            return _json(result)
+
+    @contextmanager
+    def errors(self, what: str) -> Iterator[None]:
+        """Turn what the SDK and `requests` raise into one-line `CouchError`s."""
         try:
-            return self._retrying(what)(attempt) if retry else attempt()
+            yield
         except _ServerError as exc:
-            raise self._http_error(exc.response, what) from None
+            raise self._api_error(exc.error, what) from None
+        except ApiException as exc:
+            raise self._api_error(exc, what) from None
+        except (json.JSONDecodeError, RecursionError) as exc:  # e.g. nested too deep for us
+            raise Undecodable(self._clean(f"{what}: the answer is not JSON we can read: "
+                                          f"{type(exc).__name__}")) from None
         except requests.RequestException as exc:
             raise self._transport_error(exc, what) from exc
 
-    def _fetch(self, method: str, url: str, *, what: str, **kwargs: Any) -> Any:
-        return self._check(self._send(method, url, what=what, **kwargs), what=what)
+    def stream_client(self, read_timeout: float) -> CloudantV1:
+        """A client of its own for one long-lived stream, with a shorter read timeout.
 
-    def _check(self, resp: requests.Response, *, what: str) -> Any:
-        """The decoded body of a 2xx answer; any other status raises."""
-        if resp.status_code >= 300:
-            raise self._http_error(resp, what)
-        try:
-            return resp.json()
-        except (ValueError, RecursionError) as error:  # Recursion: nested too deep for us
-            raise Undecodable(self._clean(f"{what}: the answer is not JSON we can read: "
-                                          f"{type(error).__name__}")) from None
+        The SDK applies a client's timeout to every call (a per-call timeout is
+        overridden), so a feed that must notice a dead connection within a few
+        heartbeats needs a client of its own.
+        """
+        return self._new_client((self.timeout, read_timeout))
 
-    def _http_error(self, resp: requests.Response, what: str) -> CouchError:
-        status = resp.status_code
-        error, reason = _error_fields(resp)
+    def _new_client(self, timeout: tuple[float, float]) -> CloudantV1:
+        client = CloudantV1(authenticator=self._authenticator())
+        client.set_service_url(self.url)
+        client.set_http_config({"timeout": timeout})
+        _environment_once(client.get_http_client(), self.url)
+        return client
+
+    def _authenticator(self) -> Authenticator:
+        if self.user is None:
+            return NoAuthAuthenticator()
+        # Basic rather than session (cookie) authentication: it survives a server
+        # restart without a 401 and a new login in the middle of a decision.
+        return BasicAuthenticator(self.user, self._password or "")
+
+    def _api_error(self, error: ApiException, what: str) -> CouchError:
+        status = error.status_code
+        if 200 <= status < 300:  # the SDK could not decode a successful answer
+            return Undecodable(self._clean(f"{what}: the answer is not JSON we can read"))
+        kind, reason = _error_fields(error.http_response)
         cls: type[CouchError] = CouchError
         if status == 404:
             cls = NotFound
@@ -244,8 +306,8 @@ class Couch:
             cls = Forbidden
         elif status >= 500:
             cls = Unavailable
-        message = self._clean(f"{what} failed: HTTP {status} {error}: {reason}")
-        return cls(message, status=status, error=error, reason=self._clean(reason))
+        message = self._clean(f"{what} failed: HTTP {status} {kind}: {reason}")
+        return cls(message, status=status, error=kind, reason=self._clean(reason))
 
     def _transport_error(self, exc: BaseException, what: str) -> CouchError:
         cls = Unavailable if isinstance(exc, _UNREACHABLE) else CouchError
@@ -284,8 +346,12 @@ class Database:
     def __repr__(self) -> str:
         return f"Database({self.url!r})"
 
+    def _call(self, what: str, operation: Callable[..., DetailedResponse], *args: Any,
+              **kwargs: Any) -> Any:
+        return self.couch.call(f"{what} in {self.url}", operation, self.name, *args, **kwargs)
+
     def info(self) -> Doc:
-        return self.couch._fetch("GET", self.url, what=f"read database info of {self.url}")
+        return self._call("read database info", self.couch.client.get_database_information)
 
     def exists(self) -> bool:
         try:
@@ -298,41 +364,39 @@ class Database:
         return self.info()["update_seq"]
 
     def security(self) -> Doc:
-        return self.couch._fetch("GET", f"{self.url}/_security",
-                                 what=f"read _security of {self.url}")
+        return self._call("read _security", self.couch.client.get_security)
 
     def put_security(self, security: Doc) -> None:
-        self.couch._fetch("PUT", f"{self.url}/_security", json=security,
-                          what=f"write _security of {self.url}")
+        self._call("write _security", self.couch.client.put_security, **security)
 
     # -- documents ------------------------------------------------------------------
 
     def get(self, doc_id: str, *, conflicts: bool = False, rev: str | None = None) -> Doc | None:
         """The document (winning revision unless `rev`), or None when it does not exist."""
-        params = {"conflicts": "true"} if conflicts else {}
-        if rev is not None:
-            params["rev"] = rev
-        what = f"get {doc_id!r} from {self.url}"
-        resp = self.couch._send("GET", self.doc_url(doc_id), what=what, params=params)
-        if self._doc_missing(resp):
+        options: Doc = {"conflicts": conflicts or None, "rev": rev}
+        client = self.couch.client
+        kind, name = _split_id(doc_id)
+        operation = {"_design": client.get_design_document,
+                     "_local": client.get_local_document}.get(kind, client.get_document)
+        if kind == "_local":
+            options = {}  # a local document has no revisions to ask about
+        try:
+            return self._call(f"get {doc_id!r}", operation, name, **options)
+        except NotFound as error:
+            if error.reason in _NO_DB_REASONS:  # the database is missing: not hidden
+                raise
             return None
-        return self.couch._check(resp, what=what)
 
     def leaves(self, doc_id: str) -> list[Doc]:
         """All live leaf revisions (the winner and its conflicts); [] when there is none."""
-        what = f"read leaf revisions of {doc_id!r} in {self.url}"
-        resp = self.couch._send("GET", self.doc_url(doc_id), what=what, params={"open_revs": "all"})
-        if self._doc_missing(resp):
-            return []
-        found = self.couch._check(resp, what=what)
-        return [r["ok"] for r in found if "ok" in r and not r["ok"].get("_deleted")]
+        return self.leaves_many([doc_id])[doc_id]
 
     def leaves_many(self, ids: Iterable[str]) -> dict[str, list[Doc]]:
         """The live leaf revisions of many documents, by id ([] for a missing or deleted one).
 
         One `_all_docs` request brings every winner with its `_conflicts`; one
         `_bulk_get` brings the losing leaves of the conflicted ones. Per document,
-        `leaves` would cost a request each.
+        `open_revs=all` would cost a request each.
         """
         wanted = list(dict.fromkeys(ids))
         found: dict[str, list[Doc]] = {}
@@ -341,9 +405,8 @@ class Database:
             found[doc["_id"]] = [doc]
             losers += [{"id": doc["_id"], "rev": rev} for rev in doc.pop("_conflicts", [])]
         for start in range(0, len(losers), _BULK_GET_CHUNK):
-            what = f"read conflicting revisions in {self.url}"
-            answer = self.couch._fetch("POST", f"{self.url}/_bulk_get", what=what,
-                                       json={"docs": losers[start : start + _BULK_GET_CHUNK]})
+            answer = self._call("read conflicting revisions", self.couch.client.post_bulk_get,
+                                docs=losers[start : start + _BULK_GET_CHUNK])
             for result in answer["results"]:
                 found[result["id"]] += [item["ok"] for item in result["docs"]
                                         if "ok" in item and not item["ok"].get("_deleted")]
@@ -352,19 +415,28 @@ class Database:
     def save(self, doc: Doc) -> SaveResult:
         """PUT one document (with `_rev` to update it). 409 gives Conflict; other errors raise."""
         doc_id = _require_id(doc)
-        what = f"save {doc_id!r} to {self.url}"
-        resp = self.couch._send("PUT", self.doc_url(doc_id), what=what, json=doc)
-        if resp.status_code == 409:
-            return Conflict(doc_id)
-        body = self.couch._check(resp, what=what)
-        return Saved(body["id"], body["rev"])
+        client = self.couch.client
+        kind, name = _split_id(doc_id)
+        if kind == "_design":
+            operation, body = client.put_design_document, {"design_document": doc}
+        elif kind == "_local":
+            operation, body = client.put_local_document, {"document": doc}
+        else:
+            operation, body = client.put_document, {"document": doc}
+        return self._saved(doc_id, lambda: self._call(f"save {doc_id!r}", operation, name, **body))
 
     def delete(self, doc_id: str, rev: str) -> SaveResult:
-        what = f"delete {doc_id!r} from {self.url}"
-        resp = self.couch._send("DELETE", self.doc_url(doc_id), what=what, params={"rev": rev})
-        if resp.status_code == 409:
-            return Conflict(doc_id)
-        body = self.couch._check(resp, what=what)
+        delete = self.couch.client.delete_document
+        return self._saved(doc_id, lambda: self._call(f"delete {doc_id!r}", delete, doc_id,
+                                                      rev=rev))
+
+    def _saved(self, doc_id: str, write: Callable[[], Doc]) -> SaveResult:
+        try:
+            body = write()
+        except CouchError as error:
+            if error.status == 409:
+                return Conflict(doc_id)
+            raise
         return Saved(body["id"], body["rev"])
 
     def bulk_docs(self, docs: list[Doc]) -> list[Saved | Conflict | Rejected]:
@@ -377,27 +449,26 @@ class Database:
         docs = [doc if doc.get("_id") else {**doc, "_id": uuid.uuid4().hex} for doc in docs]
         if not docs:
             return []
-        what = f"bulk write {len(docs)} documents to {self.url}"
-        answer = self.couch._fetch("POST", f"{self.url}/_bulk_docs", what=what, json={"docs": docs})
+        what = f"bulk write {len(docs)} documents"
+        answer = self._call(what, self.couch.client.post_bulk_docs, {"docs": docs})
         by_id: dict[str, deque[Doc]] = defaultdict(deque)
         for result in answer:
             by_id[result.get("id", "")].append(result)
         results = []
         for doc in docs:
             if not by_id[doc["_id"]]:
-                raise CouchError(self.couch._clean(f"{what}: no result for {doc['_id']!r}"))
+                raise CouchError(self.couch._clean(f"{what} to {self.url}: "
+                                                   f"no result for {doc['_id']!r}"))
             results.append(_bulk_result(by_id[doc["_id"]].popleft()))
         return results
 
     def bulk_get(self, ids: list[str], *, conflicts: bool = False) -> list[Doc]:
         """The current winning documents for those of `ids` that exist, in order."""
-        params = {"include_docs": "true"}
-        if conflicts:
-            params["conflicts"] = "true"
         docs: list[Doc] = []
         for start in range(0, len(ids), _BULK_GET_CHUNK):
-            keys = ids[start : start + _BULK_GET_CHUNK]
-            rows = self._rows("_all_docs", dict(params, keys=keys), "read documents")
+            rows = self._call("read documents", self.couch.client.post_all_docs,
+                              keys=ids[start : start + _BULK_GET_CHUNK], include_docs=True,
+                              conflicts=conflicts or None)["rows"]
             docs += [row["doc"] for row in rows if row.get("doc")]
         return docs
 
@@ -420,11 +491,27 @@ class Database:
     # -- views ----------------------------------------------------------------------
 
     def view(self, ddoc: str, view: str, **params: Any) -> list[Doc]:
-        """The rows of a view query; key-like parameters are JSON-encoded for you."""
-        return self._rows(_view_path(ddoc, view), params, f"query view {ddoc}/{view}")
+        """The rows of a view query (CouchDB's parameter names, `startkey` or `start_key`)."""
+        answer = self._call(f"query view {ddoc}/{view}", self.couch.client.post_view,
+                            ddoc.removeprefix("_design/"), view, **_sdk_params(params))
+        return answer["rows"]
 
     def all_docs(self, **params: Any) -> list[Doc]:
-        return self._rows("_all_docs", params, "list documents")
+        return self._call("list documents", self.couch.client.post_all_docs,
+                          **_sdk_params(params))["rows"]
+
+    def list_ids(self, start: str, end: str, page_size: int = _ID_PAGE) -> Iterator[str]:
+        """The ids from `start` to `end`, paged by the SDK's `_all_docs` pager."""
+        pages = Pagination.new_pagination(self.couch.client, PagerType.POST_ALL_DOCS,
+                                          db=self.name, start_key=start, end_key=end,
+                                          limit=min(page_size, _ID_PAGE))
+        rows = iter(pages.rows())
+        while True:
+            with self.couch.errors(f"list documents in {self.url}"):
+                row = next(rows, None)
+            if row is None:
+                return
+            yield row.id
 
     def iter_view(
         self, ddoc: str, view: str, *, page_size: int = 200, **params: Any
@@ -464,13 +551,13 @@ class Database:
         since: object = 0,
         *,
         include_docs: bool = False,
+        conflicts: bool = False,
         feed: str = "auto",
         heartbeat_ms: int = 10000,
         filter: str | None = None,
         stop: threading.Event | None = None,
         timeout: float | None = None,
         style: str = "main_only",
-        query_params: Mapping[str, Any] | None = None,
     ) -> Iterator[Change]:
         """Changes after `since` (an opaque seq from an earlier Change or `last_seq`).
 
@@ -485,37 +572,30 @@ class Database:
         """
         if feed == "auto":
             feed = "eventsource" if self.couch.is_apache_couchdb() else "continuous"
-        params = {
+        options: Doc = {
             "since": since if isinstance(since, str) else json.dumps(since),
-            "include_docs": json.dumps(include_docs),
+            "include_docs": include_docs,
+            "conflicts": conflicts or None,
             "style": style,
-            **{k: _plain_param(v) for k, v in (query_params or {}).items()},
         }
         if filter is not None:
             if not filter.startswith("_") and not self.couch.is_apache_couchdb():
                 self.require_filter(filter)
-            params["filter"] = filter
+            options["filter"] = filter
         if feed == "normal":
-            return self._changes_batch(params, timeout)
+            return self._changes_batch(options)
         if feed not in ("continuous", "eventsource"):
             raise ValueError(f"unknown changes feed {feed!r}")
-        params |= {"feed": feed, "heartbeat": str(heartbeat_ms)}
-        return self._changes_stream(params, heartbeat_ms / 1000, stop, timeout)
+        options |= {"feed": feed, "heartbeat": heartbeat_ms}
+        return self._changes_stream(options, heartbeat_ms / 1000, stop, timeout)
 
-    def _changes_batch(self, params: dict[str, str], timeout: float | None) -> Iterator[Change]:
-        what = f"read changes of {self.url}"
-        body = self.couch._fetch(
-            "GET",
-            f"{self.url}/_changes",
-            what=what,
-            params=params,
-            timeout=timeout or self.couch.timeout,
-        )
+    def _changes_batch(self, options: Doc) -> Iterator[Change]:
+        body = self._call("read changes", self.couch.client.post_changes, **options)
         return iter([_change(item) for item in body["results"]])
 
     def _changes_stream(
         self,
-        params: dict[str, str],
+        options: Doc,
         heartbeat: float,
         stop: threading.Event | None,
         timeout: float | None,
@@ -528,29 +608,19 @@ class Database:
                 deadline is not None and time.monotonic() >= deadline
             )
 
-        resp = self.couch._send(
-            "GET",
-            f"{self.url}/_changes",
-            what=what,
-            retry=False,
-            params=params,
-            stream=True,
-            # A read timeout a little above the heartbeat notices a dead connection;
-            # identity encoding because a gzipped stream is buffered by the server.
-            timeout=(self.couch.timeout, heartbeat * 1.5 + 1.0),
-            headers={"Accept-Encoding": "identity"},
-        )
-        with resp:
-            if resp.status_code >= 300:
-                raise self.couch._http_error(resp, what)
-            parse = _eventsource_items if params["feed"] == "eventsource" else _continuous_items
+        # A read timeout a little above the heartbeat notices a dead connection;
+        # identity encoding because a gzipped stream is buffered by the server.
+        client = self.couch.stream_client(heartbeat * 1.5 + 1.0)
+        with self.couch.errors(what):
+            resp = client.post_changes_as_stream(
+                self.name, headers={"Accept-Encoding": "identity"}, **options).get_result()
+        with resp, self.couch.errors(what):
+            parse = _eventsource_items if options["feed"] == "eventsource" else _continuous_items
             try:
                 for item in parse(_chunks(resp, should_stop)):
                     if should_stop() or "id" not in item:  # {"last_seq": ...} ends the feed
                         return
                     yield _change(item)
-            except requests.RequestException as exc:
-                raise self.couch._transport_error(exc, what) from exc
             except ValueError as exc:
                 raise CouchError(self.couch._clean(f"{what}: bad feed line: {exc}")) from exc
 
@@ -650,28 +720,6 @@ class Database:
 
     # -- helpers --------------------------------------------------------------------
 
-    def doc_url(self, doc_id: str) -> str:
-        # The slash after _design/ and _local/ is part of the path, not of the name.
-        for prefix in ("_design/", "_local/"):
-            if doc_id.startswith(prefix):
-                return f"{self.url}/{prefix}{quote(doc_id[len(prefix) :], safe='')}"
-        return f"{self.url}/{quote(doc_id, safe='')}"
-
-    def _doc_missing(self, resp: requests.Response) -> bool:
-        """A 404 about the document; a 404 about the database is not hidden."""
-        return resp.status_code == 404 and _error_fields(resp)[1] not in _NO_DB_REASONS
-
-    def _rows(self, path: str, params: Mapping[str, Any], action: str) -> list[Doc]:
-        what = f"{action} in {self.url}"
-        query = {k: v for k, v in params.items() if k != "keys"}
-        url, encoded = f"{self.url}/{path}", _encode_params(query)
-        if "keys" in params:  # POST: a long key list would not fit in a URL
-            body = {"keys": params["keys"]}
-            answer = self.couch._fetch("POST", url, what=what, params=encoded, json=body)
-        else:
-            answer = self.couch._fetch("GET", url, what=what, params=encoded)
-        return answer["rows"]
-
     def _write_until_saved(self, write: Callable[[], SaveResult | None], what: str) -> None:
         """Run read-decide-write `write` again after a Conflict; None means nothing to do."""
         for _ in range(_WRITE_ATTEMPTS):
@@ -698,7 +746,9 @@ def _split_credentials(url: str) -> tuple[str, str | None, str | None]:
     return clean.rstrip("/"), unquote(parts.username), password
 
 
-def _error_fields(resp: requests.Response) -> tuple[str, str]:
+def _error_fields(resp: requests.Response | None) -> tuple[str, str]:
+    if resp is None:
+        return "error", ""
     try:
         body = resp.json()
     except ValueError:
@@ -706,6 +756,38 @@ def _error_fields(resp: requests.Response) -> tuple[str, str]:
     if not isinstance(body, dict):
         return "error", str(body)[:200]
     return str(body.get("error", "error")), str(body.get("reason", ""))
+
+
+def _environment_once(session: requests.Session, url: str) -> None:
+    """Read the proxy and CA settings from the environment now, not at every request.
+
+    `requests` scans the environment for them on each call: about a quarter of
+    its CPU per request to a local server, on the daemon's hot path.
+    """
+    session.proxies.update(requests.utils.get_environ_proxies(url))
+    bundle = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE")
+    if bundle:
+        session.verify = bundle
+    session.trust_env = False
+
+
+def _json(result: Any) -> Any:
+    # pouchdb-server sends `_local` documents without a JSON content type, so the
+    # SDK hands back the response itself.
+    return result.json() if isinstance(result, requests.Response) else result
+
+
+def _split_id(doc_id: str) -> tuple[str, str]:
+    """("_design" | "_local" | "", the name the SDK's call for that kind wants)."""
+    for kind in ("_design", "_local"):
+        if doc_id.startswith(kind + "/"):
+            return kind, doc_id[len(kind) + 1 :]
+    return "", doc_id
+
+
+def _sdk_params(params: Mapping[str, Any]) -> dict[str, Any]:
+    """View and `_all_docs` parameters under the SDK's names (`startkey` → `start_key`)."""
+    return {_VIEW_PARAMS.get(name, name): value for name, value in params.items()}
 
 
 def _require_id(doc: Doc) -> str:
@@ -721,20 +803,6 @@ def _bulk_result(result: Doc) -> Saved | Conflict | Rejected:
     if result["error"] == "conflict":
         return Conflict(result["id"])
     return Rejected(result["id"], result["error"], str(result.get("reason", "")))
-
-
-def _view_path(ddoc: str, view: str) -> str:
-    ddoc = ddoc.removeprefix("_design/")
-    return f"_design/{quote(ddoc, safe='')}/_view/{quote(view, safe='')}"
-
-
-def _encode_params(params: Mapping[str, Any]) -> dict[str, str]:
-    return {k: json.dumps(v) if k in _JSON_PARAMS else _plain_param(v) for k, v in params.items()}
-
-
-def _plain_param(value: Any) -> str:
-    # Strings go as they are (stale=ok, startkey_docid=x); the rest as JSON (true, 5).
-    return value if isinstance(value, str) else json.dumps(value)
 
 
 def _normalise_range(params: Mapping[str, Any]) -> dict[str, Any]:

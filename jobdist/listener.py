@@ -93,7 +93,7 @@ class Listener(threading.Thread):
         with_docs = self.with_docs
         for change in self.db.changes(self.since, heartbeat_ms=self.heartbeat_ms,
                                       stop=self.stop_event, include_docs=with_docs,
-                                      query_params={"conflicts": True}):
+                                      conflicts=True):
             if not change.id.startswith("_design/") and change.revs:
                 self.hand_over(Changed(change.id, change.revs[0], change.seq, change.doc))
             self.since = change.seq

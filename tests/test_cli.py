@@ -120,7 +120,7 @@ def test_submit_a_yaml_file(jobdist: Jobdist, cluster: LocalCluster, tmp_path: P
 
 def write_conflict(db: Database, leaves: list[Doc]) -> None:
     body = {"new_edits": False, "docs": leaves}
-    db.couch.session.post(f"{db.url}/_bulk_docs", json=body, timeout=10).raise_for_status()
+    db.couch.call("write conflicting leaves", db.couch.client.post_bulk_docs, db.name, body)
 
 
 def test_show_merges_every_conflicting_revision(jobdist: Jobdist,

@@ -350,7 +350,7 @@ def test_credentials_are_stripped_and_never_shown(couch_server: LocalServer) -> 
     port = couch_server.url.rsplit(":", 1)[1]
     couch = Couch(f"http://jobdist:s3cret@127.0.0.1:{port}/", retries=1)
     assert couch.url == f"http://127.0.0.1:{port}" and "s3cret" not in repr(couch)
-    assert couch.session.auth == ("jobdist", "s3cret")
+    assert (couch.user, couch.client.authenticator.password) == ("jobdist", "s3cret")
     db = couch.database("jobs")
     assert db.url == f"http://127.0.0.1:{port}/jobs"
     # pouchdb-server in admin party knows no such user: 401, without the password.
@@ -358,7 +358,7 @@ def test_credentials_are_stripped_and_never_shown(couch_server: LocalServer) -> 
         db.get("job-1")
     assert "s3cret" not in str(caught.value) and "'job-1'" in str(caught.value)
     explicit = Couch(f"http://127.0.0.1:{port}", user="u", password="p@ss word")
-    assert explicit.session.auth == ("u", "p@ss word")
+    assert (explicit.user, explicit.client.authenticator.password) == ("u", "p@ss word")
 
 
 def test_unreachable_server_is_retried_then_unavailable(
@@ -383,7 +383,8 @@ def test_stream_on_dead_port_raises_unavailable() -> None:
 
 def test_no_retry_on_4xx(couch: Couch, db: Database, caplog: pytest.LogCaptureFixture) -> None:
     statuses: list[int] = []
-    couch.session.hooks["response"].append(lambda resp, **_: statuses.append(resp.status_code))
+    hooks = couch.client.get_http_client().hooks["response"]
+    hooks.append(lambda resp, **_: statuses.append(resp.status_code))
     caplog.set_level(logging.DEBUG, logger="jobdist.couch")
     db.sync_design_docs([VALIDATOR])
     statuses.clear()
