@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import SiteConfig, load_sites, write_credentials
-from .localserver import LocalServer, answers, private_dir
+from .localserver import LocalServer, answers, pouchdb_server, private_dir
 from .setup import setup_sites
 
 DEFAULT_STATE_DIR = Path(".jobdist")
@@ -97,6 +97,7 @@ class LocalCluster:
         if self._recorded():
             raise ClusterError(f"a cluster is already up (state in {self.state_dir}); "
                                "run `jobdist cluster down` first")
+        pouchdb_server()  # not installed or unpatched: one line now, not a supervisor's log
         private_dir(self.state_dir)  # servers' data holds the replications' credentials
         self.sites = ensure_credentials(self.sites, self.sites_dir)
         state: dict[str, Any] = {"sites_dir": str(self.sites_dir.resolve()), "sites": {}}

@@ -23,7 +23,9 @@ from pathlib import Path
 
 import requests
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+# Running from a checkout (an editable install, or the source tree on sys.path), the
+# checkout's own `npm ci` installed the server in node_modules beside the package.
+CHECKOUT = Path(__file__).resolve().parent.parent
 log = logging.getLogger("jobdist.localserver")
 
 
@@ -31,80 +33,66 @@ class ServerError(RuntimeError):
     """The local server could not be found, started or reached."""
 
 
-# Two bugs of pouchdb-server 4.2.0, patched in the installation we run.
-#
-# pouchdb-validation replaces a document's `_revisions` with the stored
-# document's before running validate_doc_update. For a replicated revision
-# (new_edits=false) that throws away the history the revision arrived with,
-# and the revision is silently dropped: with any validate_doc_update in the
-# database, conflicting revisions never replicate. We keep an incoming history.
-VALIDATION_HEAD = "function validate(validationFuncs, newDoc, oldDoc, options) {\n"
-VALIDATION_BUG = VALIDATION_HEAD + "  newDoc._revisions = (oldDoc || {})._revisions;\n"
-VALIDATION_FIX = VALIDATION_HEAD + (
-    "  // jobdist: keep the history a replicated revision arrives with.\n"
-    "  if (!newDoc._revisions) {\n"
-    "    newDoc._revisions = (oldDoc || {})._revisions;\n"
-    "  }\n"
+# The pouchdb-server 4.2.0 fixes we rely on, applied at install time by `npm ci`
+# (patches/*.patch, see the reason in each): the fix, the file it changes (as a
+# package requires it) and a line it writes there.
+REQUIRED_FIXES = (
+    ("replicated conflicts kept when validate_doc_update exists",
+     "pouchdb-validation/lib/index.js",
+     "// jobdist: keep the history a replicated revision arrives with."),
+    ("no crash on a database creation refused by security",
+     "express-pouchdb/lib/routes/db.js",
+     "// jobdist: refused by security, PouchDB.new() is a rejected promise."),
 )
-# express-pouchdb, with admins configured (no admin party): a database creation
-# by a non-admin gets a rejected promise where a database was expected, and the
-# whole server dies on `db.info is not a function` (pouchdb-server#374). One
-# anonymous `PUT /x` would take a site down; we answer the refusal instead.
-CREATE_DB_BUG = (
-    "      var db = req.PouchDB.new(name, utils.makeOpts(req));\n"
-    "      db.info(function (err) {"
-)
-CREATE_DB_FIX = (
-    "      var db = req.PouchDB.new(name, utils.makeOpts(req));\n"
-    "      // jobdist: refused by security, PouchDB.new() is a rejected promise.\n"
-    "      if (typeof db.info !== 'function') {\n"
-    "        return Promise.resolve(db).then(function () {\n"
-    "          utils.sendJSON(res, 500, {error: 'unknown_error', reason: 'not created'});\n"
-    "        }, function (err) {\n"
-    "          utils.sendError(res, err);\n"
-    "        });\n"
-    "      }\n"
-    "      db.info(function (err) {"
-)
-PATCHES = (
-    ("pouchdb-validation/lib/index.js", VALIDATION_BUG, VALIDATION_FIX),
-    ("express-pouchdb/lib/routes/db.js", CREATE_DB_BUG, CREATE_DB_FIX),
-)
+INSTALL_HINT = ("run `npm ci` in the jobdist checkout, or set JOBDIST_POUCHDB_SERVER to a "
+                "pouchdb-server that a checkout's `npm ci` installed")
 
 
-def patch_pouchdb_server(binary: Path) -> list[str]:
-    """Fix the bugs above in the installation of `binary`; the files changed."""
-    modules = binary.parent.parent  # binary is node_modules/.bin/pouchdb-server
-    changed = []
-    for relative, bug, fix in PATCHES:
-        try:
-            source = (modules / relative).read_text()
-        except OSError:
-            continue
-        if bug in source:
-            (modules / relative).write_text(source.replace(bug, fix))
-            changed.append(relative)
-    return changed
+def pouchdb_server() -> Path:
+    """The pouchdb-server to run, found and checked; ServerError says what to do if not."""
+    binary = find_pouchdb_server()
+    missing = missing_fixes(binary)
+    if missing:
+        raise ServerError(f"the pouchdb-server at {binary} lacks jobdist's fix "
+                          f"({'; '.join(missing)}): run `npm ci` in the jobdist checkout, "
+                          "which applies patches/")
+    return binary
 
 
-def pouchdb_server_binary() -> Path:
-    """Where pouchdb-server is: $JOBDIST_POUCHDB_SERVER, else the project's node_modules."""
-    override = os.environ.get("JOBDIST_POUCHDB_SERVER")
-    candidates = [Path(override)] if override else []
-    candidates += [
-        PROJECT_ROOT / "node_modules" / ".bin" / "pouchdb-server",
-        Path.cwd() / "node_modules" / ".bin" / "pouchdb-server",
-    ]
-    for path in candidates:
-        if path.exists():
-            return path
+def find_pouchdb_server() -> Path:
+    """$JOBDIST_POUCHDB_SERVER, else node_modules/.bin of the checkout or of the current
+    directory, else PATH."""
+    explicit = os.environ.get("JOBDIST_POUCHDB_SERVER")
+    if explicit:
+        if not Path(explicit).is_file():
+            raise ServerError(f"JOBDIST_POUCHDB_SERVER={explicit}: no such file")
+        return Path(explicit)
+    for base in (CHECKOUT, Path.cwd()):
+        binary = base / "node_modules" / ".bin" / "pouchdb-server"
+        if binary.is_file():
+            return binary
     found = shutil.which("pouchdb-server")
-    if found:
-        return Path(found)
-    raise ServerError(
-        "pouchdb-server is not installed: run `npm ci` in the project directory "
-        "(or set JOBDIST_POUCHDB_SERVER to its path)"
-    )
+    if found is None:
+        raise ServerError(f"pouchdb-server is not installed: {INSTALL_HINT}")
+    return Path(found)
+
+
+def missing_fixes(binary: Path) -> list[str]:
+    """The fixes above that the installation `binary` runs from lacks."""
+    missing = []
+    for fix, relative, line in REQUIRED_FIXES:
+        path = node_resolve(binary.resolve().parent, relative)
+        if path is None or line not in path.read_text(encoding="utf-8", errors="replace"):
+            missing.append(fix)
+    return missing
+
+
+def node_resolve(start: Path, relative: str) -> Path | None:
+    """The file Node loads for `require(relative)` from a script in `start`."""
+    for directory in (start, *start.parents):
+        if directory.name != "node_modules" and (directory / "node_modules" / relative).is_file():
+            return directory / "node_modules" / relative
+    return None
 
 
 def node_command() -> list[str]:
@@ -170,8 +158,7 @@ class LocalServer:
             return
         # LevelDB files and config.json hold the replications' credentials.
         private_dir(self.data_dir)
-        binary = pouchdb_server_binary()
-        patch_pouchdb_server(binary)
+        binary = pouchdb_server()
         self._write_admin()
         args = [
             *node_command(), str(binary),

@@ -1,8 +1,19 @@
+import shutil
+import subprocess
 from pathlib import Path
 
+import pytest
 import requests
 
-from jobdist.localserver import LocalServer, free_port
+from jobdist import localserver
+from jobdist.localserver import (
+    REQUIRED_FIXES,
+    LocalServer,
+    ServerError,
+    find_pouchdb_server,
+    free_port,
+    missing_fixes,
+)
 
 
 def test_server_starts_persists_restarts_and_stops(tmp_path: Path) -> None:
@@ -54,3 +65,106 @@ def test_the_local_cluster_restarts_a_site_server_that_dies(tmp_path: Path) -> N
     assert any("server" in line for line in stopped)
     assert not Path(f"/proc/{cluster.server_pid('global')}/stat").exists() or "Z" in Path(
         f"/proc/{cluster.server_pid('global')}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+# --- finding pouchdb-server, and the fixes `npm ci` applies ----------------------------
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PATCHES = PROJECT_ROOT / "patches"
+
+
+def fake_installation(root: Path, fixed: set[str]) -> Path:
+    """An npm tree whose files carry the fixes named in `fixed`; its pouchdb-server bin."""
+    for fix, relative, line in REQUIRED_FIXES:
+        path = root / "node_modules" / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"{line}\n" if fix in fixed else "// as published\n")
+    binary = root / "node_modules" / "pouchdb-server" / "bin" / "pouchdb-server"
+    binary.parent.mkdir(parents=True)
+    binary.write_text("")
+    return binary
+
+
+def test_a_server_without_a_fix_is_refused_before_it_starts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    [(missing, _, _), (present, _, _)] = REQUIRED_FIXES
+    monkeypatch.setenv("JOBDIST_POUCHDB_SERVER", str(fake_installation(tmp_path, {present})))
+    server = LocalServer(free_port(), tmp_path / "site")
+    with pytest.raises(ServerError) as refused:
+        server.start()
+    message = str(refused.value)
+    assert "\n" not in message
+    assert missing in message and present not in message and "npm ci" in message
+    assert server.process is None
+
+
+def test_the_installed_server_has_every_fix() -> None:
+    assert missing_fixes(find_pouchdb_server()) == []
+
+
+def test_no_server_found_says_how_to_install_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("JOBDIST_POUCHDB_SERVER", raising=False)
+    monkeypatch.setattr(localserver, "CHECKOUT", tmp_path)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(ServerError, match=r"npm ci.*JOBDIST_POUCHDB_SERVER"):
+        find_pouchdb_server()
+    monkeypatch.setenv("JOBDIST_POUCHDB_SERVER", str(tmp_path / "nowhere"))
+    with pytest.raises(ServerError, match=r"JOBDIST_POUCHDB_SERVER=.*nowhere: no such file"):
+        find_pouchdb_server()
+
+
+def test_every_checked_fix_is_one_the_patches_write() -> None:
+    added = {line[1:].strip() for patch in PATCHES.glob("*.patch")
+             for line in patch.read_text().splitlines() if line.startswith("+")}
+    assert {line for _, _, line in REQUIRED_FIXES} <= added
+
+
+def run_patches(project: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["node", str(project / "patches" / "apply.js")], text=True,
+                          capture_output=True, timeout=60)
+
+
+def test_the_patches_match_the_installed_server(tmp_path: Path) -> None:
+    # On copies of the installed files: every hunk is found there, already applied.
+    binary = find_pouchdb_server()
+    shutil.copytree(PATCHES, tmp_path / "patches")
+    for _, relative, _ in REQUIRED_FIXES:
+        installed = localserver.node_resolve(binary.resolve().parent, relative)
+        assert installed is not None
+        (tmp_path / "node_modules" / relative).parent.mkdir(parents=True)
+        shutil.copy(installed, tmp_path / "node_modules" / relative)
+    applied = run_patches(tmp_path)
+    assert applied.returncode == 0, applied.stderr
+    assert applied.stdout.count("already patched") == len(REQUIRED_FIXES)
+
+
+PATCH = """Why: a sample.
+
+--- a/node_modules/pkg/lib.js
++++ b/node_modules/pkg/lib.js
+@@ -1,3 +1,4 @@
+ function f() {
+-  return 1;
++  // fixed
++  return 2;
+ }
+"""
+
+
+def test_apply_patches_once_and_refuses_what_does_not_match(tmp_path: Path) -> None:
+    (tmp_path / "patches").mkdir()
+    shutil.copy(PATCHES / "apply.js", tmp_path / "patches")
+    (tmp_path / "patches" / "pkg+1.0.0.patch").write_text(PATCH)
+    target = tmp_path / "node_modules" / "pkg" / "lib.js"
+    target.parent.mkdir(parents=True)
+    target.write_text("// head\nfunction f() {\n  return 1;\n}\n")
+    assert run_patches(tmp_path).returncode == 0
+    assert target.read_text() == "// head\nfunction f() {\n  // fixed\n  return 2;\n}\n"
+    again = run_patches(tmp_path)
+    assert again.returncode == 0 and "already patched" in again.stdout
+    target.write_text("function f() {\n  return 3;\n}\n")
+    refused = run_patches(tmp_path)
+    assert refused.returncode == 1
+    assert refused.stderr.strip().count("\n") == 0 and "matches nothing" in refused.stderr
