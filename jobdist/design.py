@@ -6,22 +6,43 @@ couch_design/<name>/ is the design document `_design/<name>`:
   filters/<filter>.js
 Each function file holds one ES5 function expression starting with `function`:
 CouchDB and pouchdb-server evaluate the text as an expression.
+
+The top-level couch_design/ is the one source: pyproject.toml installs it as the
+package data `jobdist.couch_design`, so a wheel carries it too.
 """
 
 from __future__ import annotations
 
+from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
-DESIGN_DIR = Path(__file__).resolve().parent.parent / "couch_design"
+# In a checkout, couch_design/ beside the package. Read first: setuptools' editable
+# install cannot import a mapped folder without __init__.py as jobdist.couch_design, and a
+# checkout run without installing it (a worktree's tests) must not get another one's.
+CHECKOUT_DESIGN_DIR = Path(__file__).resolve().parent.parent / "couch_design"
 
 
-def load_design_docs(root: Path = DESIGN_DIR) -> list[dict[str, Any]]:
-    """One design document per directory under `root`, in name order."""
-    return [build_design_doc(folder) for folder in sorted(root.iterdir()) if folder.is_dir()]
+def design_dir() -> Traversable:
+    """The design documents' directory: the checkout's, else the installed package data."""
+    if CHECKOUT_DESIGN_DIR.is_dir():
+        return CHECKOUT_DESIGN_DIR
+    return resources.files("jobdist.couch_design")
 
 
-def build_design_doc(folder: Path) -> dict[str, Any]:
+def load_design_docs(root: Traversable | None = None) -> list[dict[str, Any]]:
+    """One design document per directory under `root` (default: ours), in name order."""
+    folders = (root or design_dir()).iterdir()
+    return [build_design_doc(folder) for folder in sorted(folders, key=by_name)
+            if folder.is_dir()]
+
+
+def by_name(item: Traversable) -> str:
+    return item.name
+
+
+def build_design_doc(folder: Traversable) -> dict[str, Any]:
     doc: dict[str, Any] = {"_id": f"_design/{folder.name}", "language": "javascript"}
     validator = folder / "validate_doc_update.js"
     if validator.is_file():
@@ -35,9 +56,9 @@ def build_design_doc(folder: Path) -> dict[str, Any]:
     return doc
 
 
-def load_views(folder: Path) -> dict[str, dict[str, str]]:
+def load_views(folder: Traversable) -> dict[str, dict[str, str]]:
     views: dict[str, dict[str, str]] = {}
-    for view in sorted(subdirectories(folder)):
+    for view in sorted(subdirectories(folder), key=by_name):
         views[view.name] = {"map": read_source(view / "map.js")}
         reduce = view / "reduce.js"
         if reduce.is_file():
@@ -45,16 +66,17 @@ def load_views(folder: Path) -> dict[str, dict[str, str]]:
     return views
 
 
-def load_filters(folder: Path) -> dict[str, str]:
+def load_filters(folder: Traversable) -> dict[str, str]:
     if not folder.is_dir():
         return {}
-    return {path.stem: read_source(path) for path in sorted(folder.glob("*.js"))}
+    scripts = sorted((path for path in folder.iterdir() if path.name.endswith(".js")), key=by_name)
+    return {path.name.removesuffix(".js"): read_source(path) for path in scripts}
 
 
-def subdirectories(folder: Path) -> list[Path]:
+def subdirectories(folder: Traversable) -> list[Traversable]:
     return [path for path in folder.iterdir() if path.is_dir()] if folder.is_dir() else []
 
 
-def read_source(path: Path) -> str:
+def read_source(path: Traversable) -> str:
     # Trailing whitespace stripped: the same files always build the same document.
     return path.read_text(encoding="utf-8").rstrip()
