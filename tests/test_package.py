@@ -74,12 +74,8 @@ def elsewhere(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[LocalServer]:
-    server = LocalServer(free_port(), tmp_path / "couch", in_memory=True)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
+    with LocalServer(free_port(), tmp_path / "couch", in_memory=True) as server:
+        yield server  # stopped by pid on the way out, the test failed or not
 
 
 def test_the_wheel_carries_every_design_file(wheel: Path) -> None:
