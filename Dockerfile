@@ -12,9 +12,8 @@ WORKDIR /opt/jobdist
 COPY pyproject.toml README.md ./
 COPY jobdist ./jobdist
 COPY couch_design ./couch_design
-# Editable: jobdist/design.py reads the design documents from couch_design/ beside the
-# package, which a plain wheel install would leave behind.
-RUN pip install -e .
+# A plain install: the design documents go into the package (jobdist.couch_design).
+RUN pip install .
 
 # The compose sites; mount your own directory here (or a single /etc/jobdist/site.toml).
 COPY sites/compose /etc/jobdist/sites
