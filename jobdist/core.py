@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import json
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -99,6 +100,15 @@ class Context:
     # The site's command allow-list (None: any command). A site does not take a
     # step whose command it would refuse, unless it is the step's only target.
     runs: Callable[[str], bool] | None = None
+    # For a creator: how many more steps each other site has room for now, from
+    # the sites' status documents less what we assigned since (None: unknown, so
+    # open steps wait for claims, as in the thesis).
+    room: Mapping[str, int] | None = None
+    # For the other sites: creators whose fresh status says they assign open steps
+    # to sites with room. Their steps are claimed only once open for `claim_delay`
+    # seconds: a claim would mostly lose to the assignment, and book a worker meanwhile.
+    assigning: frozenset[str] = frozenset()
+    claim_delay: float = 2.0
 
     def lease_expired(self, step: Doc) -> bool:
         deadline = step.get("lease_until")
@@ -172,7 +182,15 @@ class Kill:
     reason: str
 
 
-Effect = Book | Unbook | Launch | Kill
+@dataclass(frozen=True)
+class Assign:
+    """The creator gave a step to `site` on its published room: count it against that room."""
+
+    key: Key
+    site: str
+
+
+Effect = Book | Unbook | Launch | Kill | Assign
 
 
 @dataclass(frozen=True)
@@ -483,14 +501,56 @@ def on_open(doc: Doc, step: Doc, ctx: Context, pool: PoolView) -> Decision:
     if allows(step, ctx.site) and not willing(step, ctx):
         # Until the job changes: scans would offer it again and again.
         return Decision(IGNORE, detail="its command is not in this site's allow list")
-    worker = pool.worker_for(key)
-    if not allows(step, ctx.site) or worker is None:
-        return STAY
-    if ctx.site == doc["creator"] or sole_target(step) == ctx.site:
+    worker = pool.worker_for(key) if allows(step, ctx.site) else None
+    if worker is not None and (ctx.site == doc["creator"] or sole_target(step) == ctx.site):
         # No other site can compete (sole target), or we are the arbiter
         # ourselves: start at once, in one revision instead of three.
         return start_decision(doc, step, ctx, worker, assign=True)
+    if ctx.site == doc["creator"]:
+        return assign_to_room(doc, step, ctx)
+    if worker is None or (doc["creator"] in ctx.assigning and not open_long(doc, ctx)):
+        return STAY
     return Decision("claim", claim(ctx), before=(Book(key, worker),))
+
+
+def assign_to_room(doc: Doc, step: Doc, ctx: Context) -> Decision:
+    """The creator gives the step to a site it knows has room: one hop to a start.
+
+    The same `won` revision it writes for a claim, so nothing else changes: the
+    creator alone picks winners, a new epoch fences off any older claim, and a
+    site that finds no worker free when it arrives releases it as usual.
+    """
+    site = site_with_room(doc, step, ctx)
+    if site is None:
+        return STAY
+    key = (doc["_id"], doc["step"])
+    return Decision("assign", assign(ctx, site), before=(Assign(key, site),),
+                    detail=f"winner {site} (it has room)")
+
+
+def site_with_room(doc: Doc, step: Doc, ctx: Context) -> str | None:
+    """The target site with the most room (ties spread by job), or None."""
+    room = ctx.room or {}
+    fits = [site for site, free in room.items()
+            if free > 0 and site != ctx.site and known(site, ctx) and allows(step, site)]
+    if not fits:
+        return None
+    return max(fits, key=lambda site: (room[site], spread(site, doc["_id"])))
+
+
+def spread(site: str, doc_id: str) -> int:
+    """A stable order of sites per job, so equal rooms do not all go to one site."""
+    return zlib.crc32(f"{site}/{doc_id}".encode())
+
+
+def open_long(doc: Doc, ctx: Context) -> bool:
+    """Has the step been open for `claim_delay`, by the document's own times?
+
+    The creator had its chance to assign it. Clocks that disagree only move
+    when a site falls back to claiming, never who wins.
+    """
+    touched = doc.get("updated_at") or doc.get("created_at")
+    return not touched or seconds_between(touched, ctx.now) >= ctx.claim_delay
 
 
 def willing(step: Doc, ctx: Context) -> bool:
@@ -585,13 +645,17 @@ def claim(ctx: Context) -> Edit:
     return edit
 
 
-def assign(ctx: Context) -> Edit:
+def assign(ctx: Context, site: str | None = None) -> Edit:
+    """The step's winner: its claimer, or `site`, which the creator chose for its room."""
     def edit(doc: Doc) -> None:
         step = _current(doc)
+        if site is not None:
+            step["claimed_by"] = site
         step["winner"] = step["claimed_by"]
         step["epoch"] = step.get("epoch", 0) + 1
         step["lease_until"] = later(ctx.now, ctx.lease)  # start by then, or be revoked
-        _log(doc, "won", ctx, detail=f"winner {step['winner']}")
+        detail = f"winner {step['winner']}" + (" (it has room)" if site is not None else "")
+        _log(doc, "won", ctx, detail=detail)
     return edit
 
 

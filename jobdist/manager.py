@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Any
 
-from . import core
+from . import core, status
 from .config import SiteConfig
 from .couch import Conflict, CouchError, Rejected, Saved, Undecodable
 from .journal import Held, Journal, JournalFull
@@ -143,6 +143,10 @@ class Manager:
         # When this daemon first saw each live lease (job -> lease_until ->
         # monotonic time): see core.Context.lease_silence.
         self.leases_seen: dict[str, dict[str, float]] = {}
+        # The other sites' room (status documents), and when to publish ours.
+        self.board = status.Board(self.site)
+        self.publisher = status.Publisher()
+        self.assign_scan_due = False
 
     # --- the loop -------------------------------------------------------------
 
@@ -155,7 +159,9 @@ class Manager:
         self.settle([*self._report_tasks(), *self._expired_booking_tasks(),
                      *self._renewal_tasks_due(), *self._revocation_tasks_due()])
         self._unbook_expired()
-        self.settle([*self._report_tasks(), *self._scan_tasks_due()])
+        self.settle([*self._report_tasks(), *self._scan_tasks_due(),
+                     *self._assign_tasks_due()])
+        self._publish_status_if_due()
         self._checkpoint_if_due()
 
     def _next_changes(self, timeout: float) -> list[Changed]:
@@ -170,6 +176,9 @@ class Manager:
             latest[item.doc_id] = item  # a burst of changes to one doc is one decision
         tasks = []
         for item in sorted(latest.values(), key=self._claim_order):
+            if status.is_status_id(item.doc_id):
+                self.hear_status(item.doc)
+                continue
             self.skipped.pop(item.doc_id, None)  # a new revision: worth a new look
             # Our own write needs no decision, unless a conflict came back with it:
             # then it is the creator's to clean up.
@@ -586,11 +595,20 @@ class Manager:
         return {lease: now - since for lease, since in seen.items()}
 
     def context(self, lease_silence: dict[str, float] | None = None) -> core.Context:
+        now = time.monotonic()
         return core.Context(self.site, utc_now(), self.known_sites,
                             booking_timeout=self.config.booking_timeout,
                             lease=self.config.lease, skew_margin=self.config.clock_skew_margin,
                             runs=self.config.allows,
-                            lease_silence=lease_silence)
+                            lease_silence=lease_silence,
+                            room=self.board.room(now),
+                            # A site with an allow-list is never assigned to: it claims.
+                            assigning=frozenset() if self.restricted
+                            else self.board.assigning(now))
+
+    @property
+    def restricted(self) -> bool:
+        return self.config.allowed_commands is not None
 
     def pool_view(self) -> core.PoolView:
         running = {**self.executions, **self.launching}
@@ -627,6 +645,8 @@ class Manager:
         elif isinstance(effect, core.Launch):
             assert doc is not None
             self.launch(effect, doc)
+        elif isinstance(effect, core.Assign):
+            self.board.note_assigned(effect.key, effect.site, time.monotonic())
 
     def launch(self, effect: core.Launch, doc: Doc) -> None:
         job_id, index = effect.key
@@ -670,6 +690,7 @@ class Manager:
         """
         orphans = kill_orphans(self.site, self.store.url)
         self.counts["orphans_killed"] += len(orphans)
+        self._hear_all_statuses()
         self.settle(self._held_tasks_due())
         # All ids first: our decisions change the view while we would page through it.
         self.settle([self.decide_task(doc_id) for doc_id in list(self.store.involving(self.site))])
@@ -721,6 +742,63 @@ class Manager:
         self.last_scan, self.scan_due = now, False
         return [self.decide_task(doc_id)
                 for doc_id in self.claimable(limit=4 * len(self.free_workers()))]
+
+    def _assign_tasks_due(self) -> list[Task]:
+        """As creator: a site has more room than we knew: give it our open steps."""
+        if not self.assign_scan_due:
+            return []
+        self.assign_scan_due = False
+        room = sum(max(free, 0) for free in self.board.room(time.monotonic()).values())
+        if room <= 0:
+            return []
+        try:
+            open_ids = self.store.open_created(self.site, 2 * room + min(len(self.skipped), 1000))
+        except CouchError as error:
+            log.warning("open-step scan failed site=%s error=%s", self.site, error)
+            return []
+        return [self.decide_task(doc_id) for doc_id in open_ids if doc_id not in self.skipped]
+
+    # --- site status --------------------------------------------------------------------
+
+    def hear_status(self, doc: Doc | None) -> None:
+        if self.board.hear(doc, time.monotonic()):
+            self.assign_scan_due = True
+
+    def _hear_all_statuses(self) -> None:
+        try:
+            for doc in self.store.statuses():
+                self.hear_status(doc)
+        except CouchError as error:  # the feed brings them as they are renewed
+            log.warning("cannot read site statuses site=%s error=%s", self.site, error)
+
+    def own_status(self) -> status.SiteStatus:
+        return status.SiteStatus(
+            site=self.site, workers=self.config.workers,
+            free_workers=len(self.pool_view().free_workers), draining=self.draining,
+            assigns=True, restricted=self.restricted, updated_at=utc_now())
+
+    def _publish_status_if_due(self) -> None:
+        mine, now = self.own_status(), time.monotonic()
+        if not self.publisher.due(mine, now):
+            return
+        doc = mine.as_doc()
+        try:
+            if self.publisher.rev is None:  # after a start: on top of what we wrote before
+                current = self.store.read([doc["_id"]])[doc["_id"]]
+                self.publisher.rev = max(current, key=core.couch_order)["_rev"] if current \
+                    else ""
+            if self.publisher.rev:
+                doc["_rev"] = self.publisher.rev
+            (result,) = self.store.write([doc])
+        except CouchError as error:
+            log.warning("status not published site=%s error=%s", self.site, error)
+            return
+        if isinstance(result, Saved):
+            self.own_revs.append(result.rev)
+            self.publisher.published(mine, result.rev, now)
+        else:  # someone wrote it meanwhile (an older daemon of ours): read it next time
+            self.publisher.rev = None
+            log.warning("status not published site=%s result=%s", self.site, result)
 
     def claimable(self, limit: int) -> list[str]:
         """Open steps this site may run: highest priority first, then oldest."""

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from . import listener
+from . import listener, status
 from .couch import Conflict, Database, Rejected, Saved
 from .model import Doc
 
@@ -59,6 +59,14 @@ class JobStore(Protocol):
         """Live jobs whose current step has `site` as creator, claimer or winner."""
         ...
 
+    def open_created(self, creator: str, limit: int) -> list[str]:
+        """Live jobs `creator` created whose current step is open, least recently touched first."""
+        ...
+
+    def statuses(self) -> list[Doc]:
+        """Every site's status document (jobdist.status)."""
+        ...
+
     def load_checkpoint(self, site: str) -> object:
         """Where `site`'s changes feed stopped (0 at first): an opaque sequence."""
         ...
@@ -94,6 +102,16 @@ class CouchStore:
 
     def involving(self, site: str) -> Iterator[str]:
         return (row["id"] for row in self.db.iter_view(DESIGN, "involving", key=site))
+
+    def open_created(self, creator: str, limit: int) -> list[str]:
+        rows = self.db.view(DESIGN, "stale_open", startkey=[creator], endkey=[creator, {}],
+                            limit=limit)
+        return [row["id"] for row in rows]
+
+    def statuses(self) -> list[Doc]:
+        rows = self.db.all_docs(startkey=status.PREFIX, endkey=status.PREFIX + "\ufff0",
+                                include_docs=True)
+        return [row["doc"] for row in rows if row.get("doc")]
 
     def load_checkpoint(self, site: str) -> object:
         return listener.load_checkpoint(self.db, site)

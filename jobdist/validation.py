@@ -396,6 +396,32 @@ def validate_job(doc: Any) -> list[str]:
     return errors
 
 
+def validate_site_status(doc: Any) -> list[str]:
+    """A site's status document (jobdist/status.py); the same rules as validate_doc_update."""
+    if not is_object(doc):
+        return ["document: must be a JSON object"]
+    errors: list[str] = []
+    check_fields(doc, site_status_fields(doc.get("site")), "", errors)
+    return errors
+
+
+def site_status_fields(site: Any) -> list[Field]:
+    flag = simple(lambda value: isinstance(value, bool), "must be true or false")
+    return [
+        Field("_id", True, simple(lambda value: is_string(site) and value == "site-" + site,
+                                  "must be \"site-\" followed by the site's name")),
+        Field("type", True, unchecked),
+        Field("site", True, SITE),
+        Field("workers", True, COUNT),
+        Field("free_workers", True, COUNT),
+        Field("draining", True, flag),
+        Field("assigns", True, flag),
+        Field("restricted", True, flag),
+        Field("updated_at", True, TIME),
+        *(Field(name, False, unchecked) for name in COUCHDB_FIELDS),
+    ]
+
+
 def is_design_doc(doc: dict[str, Any]) -> bool:
     return is_string(doc.get("_id")) and doc["_id"].startswith("_design/")
 

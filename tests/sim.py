@@ -266,8 +266,17 @@ class SimStore:
     def live_jobs(self) -> Iterator[Doc]:
         for doc_id in sorted(self.replica.docs):
             doc = self.replica.winner(doc_id)
-            if doc is not None and is_live(doc):
+            if doc is not None and doc.get("type") == "job" and is_live(doc):
                 yield doc
+
+    def open_created(self, creator: str, limit: int) -> list[str]:
+        rows = [doc for doc in self.live_jobs() if doc["creator"] == creator
+                and step_phase(doc["job"][doc["step"]]) == Phase.OPEN]
+        return [doc["_id"] for doc in sorted(rows, key=lambda doc: doc["updated_at"])][:limit]
+
+    def statuses(self) -> list[Doc]:
+        return [doc for doc_id in sorted(self.replica.docs) if doc_id.startswith("site-")
+                and (doc := self.replica.winner(doc_id)) is not None]
 
     def claimable(self, target: str, limit: int) -> list[Open]:
         rows = [Open(doc["_id"], -doc["priority"], doc["created_at"])

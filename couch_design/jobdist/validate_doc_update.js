@@ -443,7 +443,33 @@ function (newDoc, oldDoc, userCtx, secObj) {
     return JSON.stringify(measured).length;
   }
 
-  var errors = validateJob(newDoc);
+  function isBoolean(value) {
+    return value === true || value === false;
+  }
+
+  // A site's status document (jobdist/status.py): `site-<name>`, written by that site.
+  function validateSiteStatus(doc) {
+    var errors = [];
+    checkFields(doc, [
+      field("_id", true, simple(function (value) {
+        return isString(doc.site) && value === "site-" + doc.site;
+      }, 'must be "site-" followed by the site\'s name')),
+      field("type", true, unchecked),
+      field("site", true, SITE),
+      field("workers", true, COUNT),
+      field("free_workers", true, COUNT),
+      field("draining", true, simple(isBoolean, "must be true or false")),
+      field("assigns", true, simple(isBoolean, "must be true or false")),
+      field("restricted", true, simple(isBoolean, "must be true or false")),
+      field("updated_at", true, TIME)
+    ].concat(COUCHDB_FIELDS.map(function (name) {
+      return field(name, false, unchecked);
+    })), "", errors);
+    return errors;
+  }
+
+  var isStatus = isObject(newDoc) && newDoc.type === "site" && newDoc._deleted !== true;
+  var errors = isStatus ? validateSiteStatus(newDoc) : validateJob(newDoc);
   if (errors.length > 0) {
     throw {forbidden: errors.join("; ")};
   }

@@ -1,11 +1,12 @@
 function (doc, req) {
   // Replicate to a site only the jobs that concern it: those it created and
-  // those with a step it may run. Deletions carry no fields: always pass them.
+  // those with a step it may run, and every site's status. Deletions carry no
+  // fields: always pass them.
   if (doc._id.indexOf("_design/") === 0) {
     return false;
   }
-  if (doc._deleted) {
-    return true;
+  if (doc._deleted || doc.type === "site") {
+    return true;  // every site's status concerns every creator
   }
   if (doc.type !== "job") {
     return false;

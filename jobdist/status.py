@@ -1,0 +1,128 @@
+"""Site status documents: each site's room for work, published for the creators.
+
+Every daemon publishes one small replicated document, `site-<name>`, saying
+how many of its workers are free, whether it is draining, and that it takes
+assignments. A creator that cannot start an open step itself gives it to a
+site whose status shows room: the `won` revision it writes after a claim,
+written without waiting for one, so a remote step starts one replication hop
+after it is submitted instead of three (docs/protocol.md, "Assignment by
+room"). Sites read their creators' status to know a claim would mostly lose to
+such an assignment, and hold it back for a moment.
+
+The knowledge is always a little stale, which costs time, never safety: a site
+assigned a step with no worker free releases it as after any claim, and the
+creator still alone picks winners. Publishing is bounded: a changed room at
+most once a second, an unchanged one every `REFRESH` seconds so that others can
+tell a silent site from a busy one.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .model import Doc
+from .validation import validate_site_status
+
+log = logging.getLogger("jobdist.status")
+
+PREFIX = "site-"
+MIN_INTERVAL = 1.0  # seconds between two publications of a changed room
+REFRESH = 30.0  # an unchanged status is published again this often
+STALE_AFTER = 3 * REFRESH  # a status not renewed for this long (our clock) is ignored
+ASSIGNED_FOR = 3.0  # seconds an assignment counts against a room its site has not re-published
+
+Key = tuple[str, int]
+
+
+def status_id(site: str) -> str:
+    return PREFIX + site
+
+
+def is_status_id(doc_id: str) -> bool:
+    return doc_id.startswith(PREFIX)
+
+
+@dataclass(frozen=True)
+class SiteStatus:
+    site: str
+    workers: int
+    free_workers: int
+    draining: bool
+    assigns: bool  # it assigns its open steps to sites with room
+    restricted: bool  # it runs only an allow-list of commands: never assigned to
+    updated_at: str
+
+    def as_doc(self) -> Doc:
+        return {"_id": status_id(self.site), "type": "site", **asdict(self)}
+
+    @property
+    def room(self) -> int:
+        return 0 if self.draining or self.restricted else self.free_workers
+
+    @classmethod
+    def parse(cls, doc: Any) -> SiteStatus | None:
+        """The status a document holds, or None when it is not a well-formed one."""
+        if not isinstance(doc, dict) or doc.get("type") != "site" or validate_site_status(doc):
+            return None
+        return cls(**{name: doc[name] for name in cls.__dataclass_fields__})
+
+
+class Board:
+    """What this site knows of the other sites' status, timed by its own clock."""
+
+    def __init__(self, site: str) -> None:
+        self.site = site
+        self.statuses: dict[str, tuple[SiteStatus, float]] = {}  # site -> (status, heard at)
+        self.assigned: dict[Key, tuple[str, float]] = {}  # step -> (site, when we assigned it)
+
+    def hear(self, doc: Any, now: float) -> bool:
+        """Take in a status document; True when that site has more room than we knew."""
+        status = SiteStatus.parse(doc)
+        if status is None or status.site == self.site:
+            return False
+        before = self.statuses.get(status.site)
+        self.statuses[status.site] = (status, now)
+        # Its new room already counts what it started of ours; what is still on the
+        # way shows in its next status.
+        self.assigned = {key: (site, at) for key, (site, at) in self.assigned.items()
+                         if site != status.site or now - at < MIN_INTERVAL}
+        return before is None or status.room > before[0].room
+
+    def note_assigned(self, key: Key, site: str, now: float) -> None:
+        self.assigned[key] = (site, now)
+
+    def room(self, now: float) -> dict[str, int]:
+        """Steps each site with a fresh status may still be given, less our assignments."""
+        self.assigned = {key: (site, at) for key, (site, at) in self.assigned.items()
+                         if now - at < ASSIGNED_FOR}
+        taken: dict[str, int] = {}
+        for site, _ in self.assigned.values():
+            taken[site] = taken.get(site, 0) + 1
+        return {site: status.room - taken.get(site, 0)
+                for site, (status, heard) in self.statuses.items()
+                if now - heard < STALE_AFTER}
+
+    def assigning(self, now: float) -> frozenset[str]:
+        """Creators whose fresh status says they assign open steps."""
+        return frozenset(site for site, (status, heard) in self.statuses.items()
+                         if status.assigns and now - heard < STALE_AFTER)
+
+
+class Publisher:
+    """When to publish this site's own status: a changed room soon, the same one rarely."""
+
+    def __init__(self) -> None:
+        self.last: SiteStatus | None = None
+        self.last_at = float("-inf")
+        self.rev: str | None = None  # of our status document, once known
+
+    def due(self, status: SiteStatus, now: float) -> bool:
+        if self.last is None or now - self.last_at >= REFRESH:
+            return True
+        changed = (status.room, status.workers) != (self.last.room, self.last.workers)
+        return changed and now - self.last_at >= MIN_INTERVAL
+
+    def published(self, status: SiteStatus, rev: str, now: float) -> None:
+        self.last, self.last_at, self.rev = status, now, rev
