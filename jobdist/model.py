@@ -88,7 +88,23 @@ def new_step(
     })
 
 
-RUNTIME_STEP_FIELDS: dict[str, Any] = {
+# Defaults of the fields a job may leave out (docs/job-document.md, "Defaults"): a
+# job written over CouchDB's HTTP API need hold only what its submitter writes.
+# validate_doc_update.js holds the same tables (tests/test_validation.py compares
+# them): a field with a default is never required. `normalise` fills them in.
+JOB_DEFAULTS: dict[str, Any] = {
+    "priority": 0,
+    "created_at": None,  # until the creator accepts the job: its first write stamps it
+    "updated_at": None,  # until a site first writes the job
+    "step": 0,
+    "job_status": None,
+    "history": [],
+}
+STEP_DEFAULTS: dict[str, Any] = {
+    "target": ANY,
+    "alt_do": None,
+    "timeout": None,
+    "retry_strategy": {},
     "epoch": 0,
     "claimed_by": None,
     "winner": None,
@@ -102,16 +118,64 @@ RUNTIME_STEP_FIELDS: dict[str, Any] = {
     "exit_code": None,
     "output": None,
 }
+RETRY_DEFAULTS: dict[str, Any] = {
+    "max_retries": 0,
+    "max_time": None,
+    "sleep": None,
+    "sleep_factor": None,
+    "sleep_max": None,
+}
+EVENT_DEFAULTS: dict[str, Any] = {"worker": None, "epoch": 0, "detail": None}
+
+
+def normalise(doc: Doc) -> Doc:
+    """The job with every field it leaves out at its default: what every reader sees.
+
+    Applied where a job enters the decision core (core.usable_leaves, core.merge,
+    core.keepalive) and the analytics, so that no reader keeps its own defaults.
+    `doc` itself is never changed: the result is `doc` when nothing is missing,
+    else a copy. A malformed document is filled only where its shape allows.
+    """
+    filled = with_defaults(doc, JOB_DEFAULTS)
+    for name, fill in (("job", normalise_step), ("history", normalise_event)):
+        items = filled.get(name)
+        if isinstance(items, list):
+            done = [fill(item) if isinstance(item, dict) else item for item in items]
+            if any(new is not old for new, old in zip(done, items, strict=True)):
+                filled = {**filled, name: done}
+    return filled
+
+
+def normalise_step(step: Doc) -> Doc:
+    filled = with_defaults(step, STEP_DEFAULTS)
+    strategy = filled["retry_strategy"]
+    if isinstance(strategy, dict) and (full := with_defaults(strategy, RETRY_DEFAULTS)) \
+            is not strategy:
+        filled = {**filled, "retry_strategy": full}
+    return filled
+
+
+def normalise_event(entry: Doc) -> Doc:
+    return with_defaults(entry, EVENT_DEFAULTS)
+
+
+def with_defaults(obj: Doc, defaults: Doc) -> Doc:
+    """`obj`, or a copy of it with the fields it lacks set to their defaults."""
+    missing = [name for name in defaults if name not in obj]
+    if not missing:
+        return obj
+    return {**obj, **{name: copy.deepcopy(defaults[name]) for name in missing}}
+
+
+def is_accepted(doc: Doc) -> bool:
+    """Has the creator accepted the job (stamped its creation time)? A job written
+    over HTTP without one waits for its creator: see core.plan."""
+    return doc.get("created_at") is not None
 
 
 def initial_step(step: Doc) -> Doc:
-    """The step with every field it lacks set to its default: a submitter may leave
-    out `target` ("any"), `alt_do`, `timeout` and `retry_strategy`."""
-    filled = {"target": ANY, "alt_do": None, "timeout": None, **copy.deepcopy(step)}
-    filled.setdefault("retry_strategy", {"max_retries": 0})
-    for field, value in RUNTIME_STEP_FIELDS.items():
-        filled.setdefault(field, value)
-    return filled
+    """A submitted step with every field it lacks set to its default."""
+    return normalise_step(copy.deepcopy(step))
 
 
 def new_job(

@@ -23,7 +23,13 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from .model import HISTORY_EVENTS
+from .model import (
+    EVENT_DEFAULTS,
+    HISTORY_EVENTS,
+    JOB_DEFAULTS,
+    RETRY_DEFAULTS,
+    STEP_DEFAULTS,
+)
 from .names import did_you_mean
 
 MAX_DOC_SIZE = 1024 * 1024
@@ -173,8 +179,11 @@ Check = Callable[[Any, str, list[str]], None]
 @dataclass(frozen=True)
 class Field:
     name: str
-    required: bool
     check: Check
+    optional: bool = False  # may be left out with no default (a field with one always may)
+
+    def required(self, defaults: dict[str, Any]) -> bool:
+        return not self.optional and self.name not in defaults
 
 
 def simple(test: Callable[[Any], bool], reason: str) -> Check:
@@ -207,13 +216,15 @@ def text(max_length: int, *, non_empty: bool, allow_null: bool = False) -> Check
     return check
 
 
-def check_fields(obj: dict[str, Any], fields: list[Field], prefix: str, errors: list[str]) -> None:
-    """Check each field in order; an object accepts no other fields."""
+def check_fields(obj: dict[str, Any], fields: list[Field], defaults: dict[str, Any],
+                 prefix: str, errors: list[str]) -> None:
+    """Check each field in order; one with a default may be left out; an object accepts
+    no other fields."""
     for field in fields:
         path = prefix + field.name
         if field.name in obj:
             field.check(obj[field.name], path, errors)
-        elif field.required:
+        elif field.required(defaults):
             errors.append(f"{path}: is missing")
     known = [field.name for field in fields]
     for name in sorted_like_javascript(key for key in obj if key not in known):
@@ -226,14 +237,15 @@ def sorted_like_javascript(names: Any) -> list[str]:
     return sorted(names, key=lambda name: name.encode("utf-16-be", "surrogatepass"))
 
 
-def object_of(fields: list[Field], reason: str, *, allow_null: bool = False) -> Check:
+def object_of(fields: list[Field], reason: str, defaults: dict[str, Any] | None = None, *,
+              allow_null: bool = False) -> Check:
     def check(value: Any, path: str, errors: list[str]) -> None:
         if allow_null and value is None:
             return
         if not is_object(value):
             errors.append(f"{path}: {reason}")
             return
-        check_fields(value, fields, path + ".", errors)
+        check_fields(value, fields, defaults or {}, path + ".", errors)
 
     return check
 
@@ -300,53 +312,52 @@ COUNT = simple(count_up_to(MAX_COUNT), f"must be an integer between 0 and {MAX_C
 RETRIES = simple(count_up_to(MAX_RETRIES), f"must be an integer between 0 and {MAX_RETRIES}")
 
 RETRY_STRATEGY_FIELDS = [
-    Field("max_retries", True, RETRIES),
-    Field("max_time", False, optional_number(">", 0)),
-    Field("sleep", False, optional_number(">=", 0)),
-    Field("sleep_factor", False, optional_number(">=", 1)),
-    Field("sleep_max", False, optional_number(">=", 0)),
+    Field("max_retries", RETRIES),
+    Field("max_time", optional_number(">", 0)),
+    Field("sleep", optional_number(">=", 0)),
+    Field("sleep_factor", optional_number(">=", 1)),
+    Field("sleep_max", optional_number(">=", 0)),
 ]
 
 OUTPUT_FIELDS = [
-    Field("stdout", True, text(MAX_STREAM_LENGTH, non_empty=False)),
-    Field("stderr", True, text(MAX_STREAM_LENGTH, non_empty=False)),
+    Field("stdout", text(MAX_STREAM_LENGTH, non_empty=False)),
+    Field("stderr", text(MAX_STREAM_LENGTH, non_empty=False)),
 ]
 
-# Submitter fields first, then the runtime fields (optional: missing = initial value).
+# Submitter fields first, then the runtime fields. Only `do` has no default.
 STEP_FIELDS = [
-    Field("target", True, check_target),
-    Field("do", True, text(MAX_DO_LENGTH, non_empty=True)),
-    Field("alt_do", False, text(MAX_DO_LENGTH, non_empty=True, allow_null=True)),
-    Field("timeout", False, optional_number(">", 0)),
-    Field("retry_strategy", True, object_of(RETRY_STRATEGY_FIELDS, "must be an object")),
-    Field("epoch", False, COUNT),
-    Field("claimed_by", False, OPTIONAL_SITE),
-    Field("winner", False, OPTIONAL_SITE),
-    Field("executioner", False, simple(nullable(is_string), "must be null or a string")),
-    Field("step_status", False, simple(one_of(STEP_STATUSES), describe_choices(STEP_STATUSES))),
-    Field("exec_time", False, optional_number(">=", 0)),
-    Field("start_time", False, OPTIONAL_TIME),
-    Field("finish_time", False, OPTIONAL_TIME),
-    Field("lease_until", False, OPTIONAL_TIME),
-    Field("attempts", False, COUNT),
-    Field("exit_code", False, simple(nullable(is_integer), "must be null or an integer")),
-    Field(
-        "output",
-        False,
-        object_of(OUTPUT_FIELDS, "must be null or an object {stdout, stderr}", allow_null=True),
-    ),
+    Field("target", check_target),
+    Field("do", text(MAX_DO_LENGTH, non_empty=True)),
+    Field("alt_do", text(MAX_DO_LENGTH, non_empty=True, allow_null=True)),
+    Field("timeout", optional_number(">", 0)),
+    Field("retry_strategy",
+          object_of(RETRY_STRATEGY_FIELDS, "must be an object", RETRY_DEFAULTS)),
+    Field("epoch", COUNT),
+    Field("claimed_by", OPTIONAL_SITE),
+    Field("winner", OPTIONAL_SITE),
+    Field("executioner", simple(nullable(is_string), "must be null or a string")),
+    Field("step_status", simple(one_of(STEP_STATUSES), describe_choices(STEP_STATUSES))),
+    Field("exec_time", optional_number(">=", 0)),
+    Field("start_time", OPTIONAL_TIME),
+    Field("finish_time", OPTIONAL_TIME),
+    Field("lease_until", OPTIONAL_TIME),
+    Field("attempts", COUNT),
+    Field("exit_code", simple(nullable(is_integer), "must be null or an integer")),
+    Field("output", object_of(OUTPUT_FIELDS, "must be null or an object {stdout, stderr}",
+                              allow_null=True)),
 ]
-STEP = object_of(STEP_FIELDS, "must be an object")
+STEP = object_of(STEP_FIELDS, "must be an object", STEP_DEFAULTS)
 
 EVENT_FIELDS = [
-    Field("event", True, simple(one_of(HISTORY_EVENTS), describe_choices(HISTORY_EVENTS))),
-    Field("step", True, COUNT),
-    Field("site", True, SITE),
-    Field("worker", False, simple(nullable(is_string), "must be null or a string")),
-    Field("epoch", False, COUNT),
-    Field("at", True, TIME),
-    Field("detail", False, simple(nullable(is_string), "must be null or a string")),
+    Field("event", simple(one_of(HISTORY_EVENTS), describe_choices(HISTORY_EVENTS))),
+    Field("step", COUNT),
+    Field("site", SITE),
+    Field("worker", simple(nullable(is_string), "must be null or a string")),
+    Field("epoch", COUNT),
+    Field("at", TIME),
+    Field("detail", simple(nullable(is_string), "must be null or a string")),
 ]
+EVENT = object_of(EVENT_FIELDS, "must be an object", EVENT_DEFAULTS)
 
 
 def unchecked(value: Any, path: str, errors: list[str]) -> None:
@@ -359,19 +370,19 @@ def job_fields(step_count: int | None) -> list[Field]:
     Their order breaks ties between "did you mean" hints: the job's own come first.
     """
     return [
-        Field("_id", False, simple(is_doc_id, ID_REASON)),
-        Field("type", True, unchecked),  # checked first, by validate_job
-        Field("creator", True, SITE),
-        Field("priority", True, simple(is_integer, "must be an integer")),
-        Field("created_at", True, TIME),
-        Field("updated_at", True, TIME),
-        Field("step", True, step_index(step_count)),
-        Field("job_status", True, simple(one_of(JOB_STATUSES), describe_choices(JOB_STATUSES))),
-        Field("job", True, check_steps),
-        Field("history", True, list_of(object_of(EVENT_FIELDS, "must be an object"))),
-        Field("keepalive_at", False, TIME),
-        Field("meta", False, simple(is_object, "must be an object")),
-        *(Field(name, False, unchecked) for name in COUCHDB_FIELDS),
+        Field("_id", simple(is_doc_id, ID_REASON), optional=True),
+        Field("type", unchecked),  # checked first, by validate_job
+        Field("creator", SITE),
+        Field("priority", simple(is_integer, "must be an integer")),
+        Field("created_at", OPTIONAL_TIME),  # null (the default) until the creator accepts
+        Field("updated_at", OPTIONAL_TIME),
+        Field("step", step_index(step_count)),
+        Field("job_status", simple(one_of(JOB_STATUSES), describe_choices(JOB_STATUSES))),
+        Field("job", check_steps),
+        Field("history", list_of(EVENT)),
+        Field("keepalive_at", TIME, optional=True),
+        Field("meta", simple(is_object, "must be an object"), optional=True),
+        *(Field(name, unchecked, optional=True) for name in COUCHDB_FIELDS),
     ]
 
 
@@ -392,7 +403,7 @@ def validate_job(doc: Any) -> list[str]:
         errors.append(f"document: too large: its JSON exceeds {MAX_DOC_SIZE} characters (1 MiB)")
     steps = doc.get("job")
     step_count = len(steps) if is_list(steps) and steps else None
-    check_fields(doc, job_fields(step_count), "", errors)
+    check_fields(doc, job_fields(step_count), JOB_DEFAULTS, "", errors)
     return errors
 
 
@@ -506,29 +517,13 @@ def javascript_number(value: float) -> str:
 
 # --- submissions ---------------------------------------------------------------
 
-PLACEHOLDER_TIME = "2000-01-01T00:00:00.000000Z"
-# What the server fills in when it turns a submission into a job (jobdist.model).
-SERVER_FILLED: dict[str, Any] = {
-    "type": "job",
-    "creator": "cli",
-    "priority": 0,
-    "created_at": PLACEHOLDER_TIME,
-    "updated_at": PLACEHOLDER_TIME,
-    "step": 0,
-    "job_status": None,
-    "history": [],
-}
-# What a submitted step may leave out (jobdist.model.initial_step fills the same).
-STEP_DEFAULTS: dict[str, Any] = {"target": "any", "retry_strategy": {"max_retries": 0}}
+# What the server fills in when it turns a submission into a job (jobdist.model.new_job);
+# every other field a submission leaves out has its default (jobdist.model.JOB_DEFAULTS).
+SERVER_FILLED: dict[str, Any] = {"type": "job", "creator": "cli"}
 
 
 def validate_submission(doc: Any) -> list[str]:
-    """validate_job on the document as it would be stored: missing server fields filled."""
+    """validate_job on the document as it would be stored: `type` and `creator` filled."""
     if not is_object(doc):
         return validate_job(doc)
-    filled = {**SERVER_FILLED, **doc}
-    steps = filled.get("job")
-    if isinstance(steps, list):
-        filled["job"] = [{**STEP_DEFAULTS, **step} if is_object(step) else step
-                         for step in steps]
-    return validate_job(filled)
+    return validate_job({**SERVER_FILLED, **doc})

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -16,7 +17,8 @@ from typing import Any
 import pytest
 import requests
 
-from jobdist.design import load_design_docs
+from jobdist.design import DESIGN_DIR, load_design_docs
+from jobdist.model import EVENT_DEFAULTS, JOB_DEFAULTS, RETRY_DEFAULTS, STEP_DEFAULTS, normalise
 from jobdist.validation import (
     MAX_DOC_SIZE,
     InvalidJob,
@@ -114,6 +116,11 @@ def minimal_job() -> Doc:
         "max_retries": 0}}])
 
 
+# What a user writes over CouchDB's HTTP API (the README's curl example): every other
+# field takes its default.
+HTTP_JOB: Doc = {"type": "job", "creator": "global", "job": [{"target": "any", "do": "make"}]}
+
+
 def nested(depth: int) -> Any:
     """A list `depth` levels deep (a value at the top level of a document is at level 2)."""
     value: Any = []
@@ -139,9 +146,15 @@ def nested(depth: int) -> Any:
             _revs_info=[{"rev": "2-b", "status": "available"}]),
         {"_id": "job-x", "_rev": "1-abc", "_deleted": True},
         {"_id": "_design/other", "views": {}},
+        HTTP_JOB,
+        normalise(HTTP_JOB),  # every default is itself valid
+        {"type": "job", "creator": "global", "job": [{"do": "make", "retry_strategy": {}}],
+         "history": [{"event": "created", "step": 0, "site": "global", "at": T0}]},
+        job(created_at=None, updated_at=None),
     ],
     ids=["example", "edges", "finished", "minimal", "meta", "meta-empty", "integral-float",
-         "couchdb-members", "deleted", "design"],
+         "couchdb-members", "deleted", "design", "http", "http-normalised", "http-no-target",
+         "not-yet-accepted"],
 )
 def test_valid_documents_pass(doc: Doc) -> None:
     assert validate_job(doc) == []
@@ -158,8 +171,9 @@ CASES: list[tuple[str, tuple[str | int, ...], Any, str]] = [
     ("creator-newline", ("creator",), "a\n", f"creator: {SITE_RULE}"),
     ("priority", ("priority",), "high", "priority: must be an integer"),
     ("priority-float", ("priority",), 1.5, "priority: must be an integer"),
-    ("created_at", ("created_at",), "2026-11-22T00:35:12+01:00", f"created_at: must be {ISO_RULE}"),
-    ("updated_at", ("updated_at",), MISSING, "updated_at: is missing"),
+    ("created_at", ("created_at",), "2026-11-22T00:35:12+01:00",
+     f"created_at: must be null or {ISO_RULE}"),
+    ("updated_at", ("updated_at",), "", f"updated_at: must be null or {ISO_RULE}"),
     ("step-range", ("step",), 2, "step: must be between 0 and 1 (the number of steps)"),
     ("step-negative", ("step",), -1, "step: must be between 0 and 1 (the number of steps)"),
     ("job_status", ("job_status",), "done",
@@ -180,10 +194,10 @@ CASES: list[tuple[str, tuple[str | int, ...], Any, str]] = [
      "job[0].do: must be at most 65536 characters long"),
     ("alt_do", ("job", 0, "alt_do"), "", "job[0].alt_do: must be null or a non-empty string"),
     ("timeout", ("job", 0, "timeout"), 0, "job[0].timeout: must be null or a number > 0"),
-    ("retry-missing", ("job", 0, "retry_strategy"), MISSING, "job[0].retry_strategy: is missing"),
+    ("retry-null", ("job", 0, "retry_strategy"), None, "job[0].retry_strategy: must be an object"),
     ("retry-type", ("job", 0, "retry_strategy"), [], "job[0].retry_strategy: must be an object"),
-    ("max_retries", ("job", 0, "retry_strategy", "max_retries"), MISSING,
-     "job[0].retry_strategy.max_retries: is missing"),
+    ("max_retries", ("job", 0, "retry_strategy", "max_retries"), None,
+     "job[0].retry_strategy.max_retries: must be an integer between 0 and 1000"),
     ("max_time", ("job", 0, "retry_strategy", "max_time"), 0,
      "job[0].retry_strategy.max_time: must be null or a number > 0"),
     ("sleep", ("job", 0, "retry_strategy", "sleep"), -1,
@@ -227,9 +241,11 @@ CASES: list[tuple[str, tuple[str | int, ...], Any, str]] = [
     ("event-unknown", ("history", 0, "why"), "x", "history[0].why: unknown field"),
     ("keepalive_at", ("keepalive_at",), None, f"keepalive_at: must be {ISO_RULE}"),
     ("time-february-30", ("updated_at",), "2026-02-30T00:00:00Z",
-     f"updated_at: must be {ISO_RULE}"),
-    ("time-not-leap", ("created_at",), "2025-02-29T00:00:00Z", f"created_at: must be {ISO_RULE}"),
-    ("time-year-zero", ("created_at",), "0000-01-01T00:00:00Z", f"created_at: must be {ISO_RULE}"),
+     f"updated_at: must be null or {ISO_RULE}"),
+    ("time-not-leap", ("created_at",), "2025-02-29T00:00:00Z",
+     f"created_at: must be null or {ISO_RULE}"),
+    ("time-year-zero", ("created_at",), "0000-01-01T00:00:00Z",
+     f"created_at: must be null or {ISO_RULE}"),
     ("max_retries-huge", ("job", 0, "retry_strategy", "max_retries"), 1001,
      "job[0].retry_strategy.max_retries: must be an integer between 0 and 1000"),
     ("epoch-huge", ("job", 0, "epoch"), 10**9 + 1,
@@ -286,7 +302,6 @@ def test_all_errors_are_reported_at_once() -> None:
         "step: must be an integer",
         "job[0].do: must be a non-empty string",
         "job[1].do: is missing",
-        "job[1].retry_strategy: is missing",
     ]
 
 
@@ -384,6 +399,44 @@ def test_json_size_survives_deep_nesting() -> None:
     assert json_size({"v": nested}) == len('{"v":}') + 2 * 5001
 
 
+# --- defaults: one table, in Python and in validate_doc_update ---------------------
+
+
+def javascript_defaults() -> dict[str, Doc]:
+    """The *_DEFAULTS tables of validate_doc_update.js (JSON literals ending in "};")."""
+    source = (DESIGN_DIR / "jobdist" / "validate_doc_update.js").read_text()
+    tables = re.findall(r"var (\w+_DEFAULTS) = (\{.*?\});$", source, re.DOTALL | re.MULTILINE)
+    return {name: json.loads(table) for name, table in tables}
+
+
+def test_the_defaults_are_the_same_table_in_python_and_javascript() -> None:
+    assert javascript_defaults() == {
+        "JOB_DEFAULTS": JOB_DEFAULTS, "STEP_DEFAULTS": STEP_DEFAULTS,
+        "RETRY_DEFAULTS": RETRY_DEFAULTS, "EVENT_DEFAULTS": EVENT_DEFAULTS,
+    }
+
+
+def test_normalise_fills_every_default_and_changes_nothing_else() -> None:
+    raw = copy.deepcopy(HTTP_JOB) | {"history": [{"event": "created", "step": 0,
+                                                  "site": "global", "at": T0}]}
+    filled = normalise(raw)
+    assert raw == HTTP_JOB | {"history": raw["history"]}  # the document read is left as it is
+    assert filled == {**JOB_DEFAULTS, **HTTP_JOB,
+                      "job": [{**STEP_DEFAULTS, "do": "make", "retry_strategy": RETRY_DEFAULTS}],
+                      "history": [{**raw["history"][0], **EVENT_DEFAULTS}]}
+    assert normalise(filled) is filled  # nothing missing: the document itself, no copy
+    assert normalise(job()) == job(job=[step(lease_until=None)])  # the one field it lacked
+    # The defaults are copies: filling one document never shares a list with another.
+    filled["history"].append({})
+    assert normalise(HTTP_JOB)["history"] == []
+
+
+def test_normalise_tolerates_malformed_documents() -> None:
+    assert normalise({"type": "job", "job": "x", "history": [1, None]})["job"] == "x"
+    assert normalise({"job": [None, {"retry_strategy": 3}]})["job"] == [
+        None, {**STEP_DEFAULTS, "retry_strategy": 3}]
+
+
 # --- the same rules in CouchDB -------------------------------------------------------
 
 
@@ -404,7 +457,7 @@ CORPUS: list[tuple[str, Callable[[], Doc]]] = [
     ("priority-bool", variant(job(), ("priority",), True)),
     ("priority-fraction", variant(job(), ("priority",), 0.5)),
     ("created-not-utc", variant(job(), ("created_at",), "2026-11-22T01:35:12+01:00")),
-    ("updated-missing", variant(job(), ("updated_at",), MISSING)),
+    ("updated-empty", variant(job(), ("updated_at",), "")),
     ("step-out-of-range", variant(job(), ("step",), 3)),
     ("status-unknown", variant(job(), ("job_status",), "done")),
     ("job-empty", variant(job(), ("job",), [])),
@@ -476,6 +529,36 @@ def test_couchdb_accepts_valid_jobs_and_deletions(db_url: str) -> None:
     rev = requests.get(f"{db_url}/job-2", timeout=10).json()["_rev"]
     response = requests.delete(f"{db_url}/job-2", params={"rev": rev}, timeout=10)
     assert response.status_code == 200, response.text
+
+
+# Documents as a user writes them over HTTP, without ids (POSTed): accepted or refused
+# alike by the server and by validate_job, with the same reasons.
+HTTP_CORPUS: list[tuple[str, Doc]] = [
+    ("readme", HTTP_JOB),
+    ("no-target", {"type": "job", "creator": "global", "job": [{"do": "make"}]}),
+    ("with-options", HTTP_JOB | {"priority": 3, "meta": {"ticket": "OPS-1"}, "job": [
+        {"do": "make", "alt_do": "make -k", "timeout": 60, "retry_strategy": {"sleep": 1}}]}),
+    ("null-times", HTTP_JOB | {"created_at": None, "updated_at": None}),
+    ("no-creator", {"type": "job", "job": [{"do": "make"}]}),
+    ("no-steps", {"type": "job", "creator": "global"}),
+    ("no-do", {"type": "job", "creator": "global", "job": [{"target": "any"}]}),
+    ("typos", {"type": "job", "creator": "global", "priorty": 1,
+               "job": [{"do": "make", "retry_strategy": {"max_retires": 2}}]}),
+    ("bad-defaults", HTTP_JOB | {"step": None, "history": None, "job_status": "live",
+                                 "job": [{"do": "make", "retry_strategy": None, "epoch": -1}]}),
+]
+
+
+@pytest.mark.parametrize("doc", [c[1] for c in HTTP_CORPUS], ids=[c[0] for c in HTTP_CORPUS])
+def test_couchdb_and_python_judge_http_submissions_alike(db_url: str, doc: Doc) -> None:
+    upload_design_docs(db_url)
+    expected = validate_job(doc)
+    response = requests.post(db_url, json=doc, timeout=10)
+    if expected:
+        assert response.status_code == 403, response.text
+        assert response.json() == {"error": "forbidden", "reason": format_errors(expected)}
+    else:
+        assert response.status_code == 201, response.text
 
 
 def test_couchdb_refuses_other_documents(db_url: str) -> None:

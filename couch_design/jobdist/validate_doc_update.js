@@ -52,6 +52,25 @@ function (newDoc, oldDoc, userCtx, secObj) {
     "characters or unpaired surrogates";
   var DAYS_IN_MONTH = [31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31];
 
+  // Defaults of the fields a job may leave out: a job written over HTTP need hold only
+  // what its submitter writes. jobdist/model.py holds the same tables (each ends with
+  // "};" at the end of a line: tests/test_validation.py reads and compares them).
+  // A field with a default is never required.
+  var JOB_DEFAULTS = {
+    "priority": 0, "created_at": null, "updated_at": null, "step": 0, "job_status": null,
+    "history": []
+  };
+  var STEP_DEFAULTS = {
+    "target": "any", "alt_do": null, "timeout": null, "retry_strategy": {}, "epoch": 0,
+    "claimed_by": null, "winner": null, "executioner": null, "step_status": null,
+    "exec_time": null, "start_time": null, "finish_time": null, "lease_until": null,
+    "attempts": 0, "exit_code": null, "output": null
+  };
+  var RETRY_DEFAULTS = {
+    "max_retries": 0, "max_time": null, "sleep": null, "sleep_factor": null, "sleep_max": null
+  };
+  var EVENT_DEFAULTS = {"worker": null, "epoch": 0, "detail": null};
+
   // --- value tests -----------------------------------------------------------
 
   function isObject(value) {
@@ -170,8 +189,9 @@ function (newDoc, oldDoc, userCtx, secObj) {
 
   // --- checks: each pushes "<path>: <reason>" for what is wrong with one value
 
-  function field(name, required, check) {
-    return {name: name, required: required, check: check};
+  function field(name, check, optional) {
+    // `optional`: may be left out with no default (a field with one always may).
+    return {name: name, check: check, optional: optional === true};
   }
 
   function simple(test, reason) {
@@ -204,14 +224,15 @@ function (newDoc, oldDoc, userCtx, secObj) {
     };
   }
 
-  function checkFields(obj, fields, prefix, errors) {
-    // Check each field in order; an object accepts no other fields.
+  function checkFields(obj, fields, defaults, prefix, errors) {
+    // Check each field in order; one with a default may be left out; an object accepts
+    // no other fields.
     var known = fields.map(function (f) { return f.name; });
     fields.forEach(function (f) {
       var path = prefix + f.name;
       if (has(obj, f.name)) {
         f.check(obj[f.name], path, errors);
-      } else if (f.required) {
+      } else if (!f.optional && !has(defaults, f.name)) {
         errors.push(path + ": is missing");
       }
     });
@@ -223,7 +244,7 @@ function (newDoc, oldDoc, userCtx, secObj) {
     });
   }
 
-  function objectOf(fields, reason, allowNull) {
+  function objectOf(fields, reason, defaults, allowNull) {
     return function (value, path, errors) {
       if (allowNull && value === null) {
         return;
@@ -232,7 +253,7 @@ function (newDoc, oldDoc, userCtx, secObj) {
         errors.push(path + ": " + reason);
         return;
       }
-      checkFields(value, fields, path + ".", errors);
+      checkFields(value, fields, defaults || {}, path + ".", errors);
     };
   }
 
@@ -306,53 +327,52 @@ function (newDoc, oldDoc, userCtx, secObj) {
   var RETRIES = simple(countUpTo(MAX_RETRIES), "must be an integer between 0 and " + MAX_RETRIES);
 
   var RETRY_STRATEGY_FIELDS = [
-    field("max_retries", true, RETRIES),
-    field("max_time", false, optionalNumber(">", 0)),
-    field("sleep", false, optionalNumber(">=", 0)),
-    field("sleep_factor", false, optionalNumber(">=", 1)),
-    field("sleep_max", false, optionalNumber(">=", 0))
+    field("max_retries", RETRIES),
+    field("max_time", optionalNumber(">", 0)),
+    field("sleep", optionalNumber(">=", 0)),
+    field("sleep_factor", optionalNumber(">=", 1)),
+    field("sleep_max", optionalNumber(">=", 0))
   ];
 
   var OUTPUT_FIELDS = [
-    field("stdout", true, text(MAX_STREAM_LENGTH, false, false)),
-    field("stderr", true, text(MAX_STREAM_LENGTH, false, false))
+    field("stdout", text(MAX_STREAM_LENGTH, false, false)),
+    field("stderr", text(MAX_STREAM_LENGTH, false, false))
   ];
 
-  // Submitter fields first, then the runtime fields (optional: missing = initial value).
+  // Submitter fields first, then the runtime fields. Only `do` has no default.
   var STEP_FIELDS = [
-    field("target", true, checkTarget),
-    field("do", true, text(MAX_DO_LENGTH, true, false)),
-    field("alt_do", false, text(MAX_DO_LENGTH, true, true)),
-    field("timeout", false, optionalNumber(">", 0)),
-    field("retry_strategy", true, objectOf(RETRY_STRATEGY_FIELDS, "must be an object", false)),
-    field("epoch", false, COUNT),
-    field("claimed_by", false, OPTIONAL_SITE),
-    field("winner", false, OPTIONAL_SITE),
-    field("executioner", false, simple(nullable(isString), "must be null or a string")),
-    field("step_status", false, simple(oneOf(STEP_STATUSES), describeChoices(STEP_STATUSES))),
-    field("exec_time", false, optionalNumber(">=", 0)),
-    field("start_time", false, OPTIONAL_TIME),
-    field("finish_time", false, OPTIONAL_TIME),
-    field("lease_until", false, OPTIONAL_TIME),
-    field("attempts", false, COUNT),
-    field("exit_code", false, simple(nullable(isInteger), "must be null or an integer")),
-    field(
-      "output",
-      false,
-      objectOf(OUTPUT_FIELDS, "must be null or an object {stdout, stderr}", true)
-    )
+    field("target", checkTarget),
+    field("do", text(MAX_DO_LENGTH, true, false)),
+    field("alt_do", text(MAX_DO_LENGTH, true, true)),
+    field("timeout", optionalNumber(">", 0)),
+    field("retry_strategy",
+          objectOf(RETRY_STRATEGY_FIELDS, "must be an object", RETRY_DEFAULTS, false)),
+    field("epoch", COUNT),
+    field("claimed_by", OPTIONAL_SITE),
+    field("winner", OPTIONAL_SITE),
+    field("executioner", simple(nullable(isString), "must be null or a string")),
+    field("step_status", simple(oneOf(STEP_STATUSES), describeChoices(STEP_STATUSES))),
+    field("exec_time", optionalNumber(">=", 0)),
+    field("start_time", OPTIONAL_TIME),
+    field("finish_time", OPTIONAL_TIME),
+    field("lease_until", OPTIONAL_TIME),
+    field("attempts", COUNT),
+    field("exit_code", simple(nullable(isInteger), "must be null or an integer")),
+    field("output",
+          objectOf(OUTPUT_FIELDS, "must be null or an object {stdout, stderr}", null, true))
   ];
-  var STEP = objectOf(STEP_FIELDS, "must be an object", false);
+  var STEP = objectOf(STEP_FIELDS, "must be an object", STEP_DEFAULTS, false);
 
   var EVENT_FIELDS = [
-    field("event", true, simple(oneOf(HISTORY_EVENTS), describeChoices(HISTORY_EVENTS))),
-    field("step", true, COUNT),
-    field("site", true, SITE),
-    field("worker", false, simple(nullable(isString), "must be null or a string")),
-    field("epoch", false, COUNT),
-    field("at", true, TIME),
-    field("detail", false, simple(nullable(isString), "must be null or a string"))
+    field("event", simple(oneOf(HISTORY_EVENTS), describeChoices(HISTORY_EVENTS))),
+    field("step", COUNT),
+    field("site", SITE),
+    field("worker", simple(nullable(isString), "must be null or a string")),
+    field("epoch", COUNT),
+    field("at", TIME),
+    field("detail", simple(nullable(isString), "must be null or a string"))
   ];
+  var EVENT = objectOf(EVENT_FIELDS, "must be an object", EVENT_DEFAULTS, false);
 
   function unchecked() {
     // A field that is known, and checked elsewhere or not at all.
@@ -362,20 +382,20 @@ function (newDoc, oldDoc, userCtx, secObj) {
     // Top-level fields: the job's, then the user's `meta`, then CouchDB's; no others.
     // Their order breaks ties between "did you mean" hints: the job's own come first.
     return [
-      field("_id", false, simple(isDocId, ID_REASON)),
-      field("type", true, unchecked),  // checked first, by validateJob
-      field("creator", true, SITE),
-      field("priority", true, simple(isInteger, "must be an integer")),
-      field("created_at", true, TIME),
-      field("updated_at", true, TIME),
-      field("step", true, stepIndex(stepCount)),
-      field("job_status", true, simple(oneOf(JOB_STATUSES), describeChoices(JOB_STATUSES))),
-      field("job", true, checkSteps),
-      field("history", true, listOf(objectOf(EVENT_FIELDS, "must be an object", false))),
-      field("keepalive_at", false, TIME),
-      field("meta", false, simple(isObject, "must be an object"))
+      field("_id", simple(isDocId, ID_REASON), true),
+      field("type", unchecked),  // checked first, by validateJob
+      field("creator", SITE),
+      field("priority", simple(isInteger, "must be an integer")),
+      field("created_at", OPTIONAL_TIME),  // null (the default) until the creator accepts
+      field("updated_at", OPTIONAL_TIME),
+      field("step", stepIndex(stepCount)),
+      field("job_status", simple(oneOf(JOB_STATUSES), describeChoices(JOB_STATUSES))),
+      field("job", checkSteps),
+      field("history", listOf(EVENT)),
+      field("keepalive_at", TIME, true),
+      field("meta", simple(isObject, "must be an object"), true)
     ].concat(COUCHDB_FIELDS.map(function (name) {
-      return field(name, false, unchecked);
+      return field(name, unchecked, true);
     }));
   }
 
@@ -399,7 +419,7 @@ function (newDoc, oldDoc, userCtx, secObj) {
     }
     var steps = doc.job;
     var stepCount = isList(steps) && steps.length > 0 ? steps.length : null;
-    checkFields(doc, jobFields(stepCount), "", errors);
+    checkFields(doc, jobFields(stepCount), JOB_DEFAULTS, "", errors);
     return errors;
   }
 
