@@ -21,6 +21,7 @@ current one can never advance the job (see `plan_finish`).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import zlib
 from collections.abc import Callable, Mapping, Sequence
@@ -33,8 +34,10 @@ from .model import (
     Phase,
     allows,
     event,
+    is_accepted,
     is_live,
     later,
+    normalise,
     parse_time,
     seconds_between,
     sole_target,
@@ -224,7 +227,11 @@ def progress(doc: Doc) -> tuple[tuple[int, int], ...]:
 
 
 def merge(leaves: list[Doc]) -> Doc:
-    """One view of a job from all its live leaves; `_rev` is CouchDB's winner."""
+    """One view of a job from all its live leaves; `_rev` is CouchDB's winner.
+
+    Each leaf is read with its missing fields at their defaults (model.normalise).
+    """
+    leaves = [normalise(leaf) for leaf in leaves]
     winner = max(leaves, key=couch_order)
     furthest = max(leaves, key=lambda leaf: (progress(leaf), couch_order(leaf)))
     merged = copy.deepcopy(furthest)
@@ -232,7 +239,9 @@ def merge(leaves: list[Doc]) -> Doc:
     if len(leaves) == 1:
         return merged
     merged["history"] = union_history(leaves)
-    merged["updated_at"] = max(leaf["updated_at"] for leaf in leaves)
+    merged["updated_at"] = max(leaf["updated_at"] or "" for leaf in leaves) or None
+    # A write made before the creator accepted the job has no creation time (see plan).
+    merged["created_at"] = max(leaf["created_at"] or "" for leaf in leaves) or None
     # An epoch once issued is never issued again, even when the branch that
     # issued it loses (a step chained on top of a finish that was revoked):
     # otherwise two executions of one step could share a fencing token.
@@ -281,6 +290,8 @@ def usable_leaves(leaves: list[Doc], errors_of: Callable[[Doc], list[str]] = val
     out, and so is a valid one that defines another job than the winning valid
     leaf (other creation time or steps): merging those mixes two jobs. (Not the
     creator: an adoption changes it.) `errors_of` is validate_job, or a memo of it.
+    The rules judge each leaf as stored; the usable ones are returned normalised
+    (model.normalise): from here on every reader sees a field's default.
     """
     valid: list[Doc] = []
     rejected: list[Rejected] = []
@@ -289,25 +300,32 @@ def usable_leaves(leaves: list[Doc], errors_of: Callable[[Doc], list[str]] = val
         if errors:
             rejected.append((leaf["_rev"], format_errors(errors)))
         else:
-            valid.append(leaf)
+            valid.append(normalise(leaf))
     if not valid:
         return [], rejected
     reference = max(valid, key=couch_order)
-    usable = [leaf for leaf in valid if definition(leaf) == definition(reference)]
+    usable = [leaf for leaf in valid if same_job(leaf, reference)]
     rejected += [(leaf["_rev"], f"defines another job than revision {reference['_rev']}")
-                 for leaf in valid if definition(leaf) != definition(reference)]
+                 for leaf in valid if not same_job(leaf, reference)]
     return usable, rejected
 
 
 SUBMITTED_STEP_FIELDS = ("target", "do", "alt_do", "timeout", "retry_strategy")
 
 
+def same_job(leaf: Doc, reference: Doc) -> bool:
+    """The same steps, and the same creation time once both have one: a write made
+    before the creator accepted the job (stamped its creation time) has none."""
+    times = {leaf["created_at"], reference["created_at"]} - {None}
+    return len(times) <= 1 and definition(leaf) == definition(reference)
+
+
 def definition(doc: Doc) -> str:
-    """What the submitter fixed for good: no write by any site changes it."""
+    """The steps as the submitter fixed them for good: no write by any site changes them."""
     steps = [{name: step.get(name) for name in SUBMITTED_STEP_FIELDS} for step in doc["job"]]
     for step in steps:  # an unset retry setting and a null one are the same
         step["retry_strategy"] = {k: v for k, v in step["retry_strategy"].items() if v is not None}
-    return json.dumps([doc["created_at"], steps], sort_keys=True)
+    return json.dumps(steps, sort_keys=True)
 
 
 # --- planning ---------------------------------------------------------------
@@ -337,7 +355,31 @@ def plan(leaves: list[Doc], ctx: Context, pool: PoolView,
     if not leaves:
         return NOTHING
     merged = merge(leaves)
-    return finalize(leaves, merged, decide(merged, ctx, pool), ctx, rejected)
+    decision = decide(merged, ctx, pool)
+    if ctx.site == merged["creator"] and not is_accepted(merged):
+        decision = accepting(decision, ctx)
+    return finalize(leaves, merged, decision, ctx, rejected)
+
+
+def accepting(decision: Decision, ctx: Context) -> Decision:
+    """The decision, in a revision that also accepts the job.
+
+    A job written over HTTP may leave out its creation time. Its creator's
+    first revision stamps it, whatever else it does: a creation time set by
+    one site only, so that every leaf agrees on it (same_job). The other sites
+    leave the job alone until then (decide).
+    """
+    action = decision.action if decision.edit is not None else "accept"
+    then = decision.edit
+
+    def edit(doc: Doc) -> None:
+        doc["created_at"] = ctx.now
+        doc["history"].append(event("created", step=doc["step"], site=ctx.site, at=ctx.now,
+                                    detail="accepted: written without a creation time"))
+        if then is not None:
+            then(doc)
+
+    return dataclasses.replace(decision, action=action, edit=edit)
 
 
 def finalize(leaves: list[Doc], merged: Doc, decision: Decision, ctx: Context,
@@ -351,7 +393,7 @@ def finalize(leaves: list[Doc], merged: Doc, decision: Decision, ctx: Context,
     deletions: tuple[str, ...] = ()
     if ctx.site == merged["creator"] and len(leaves) > 1:
         deletions = tuple(leaf["_rev"] for leaf in leaves if leaf["_rev"] != merged["_rev"])
-        base = next(leaf for leaf in leaves if leaf["_rev"] == merged["_rev"])
+        base = normalise(next(leaf for leaf in leaves if leaf["_rev"] == merged["_rev"]))
         if doc is None and not same_content(base, merged):
             doc = merged  # the winning leaf alone would lose progress: write the merge
     if ctx.site == merged["creator"] and rejected:
@@ -389,6 +431,8 @@ def decide(doc: Doc, ctx: Context, pool: PoolView) -> Decision:
         return STAY
     if not known(doc["creator"], ctx):
         return on_unknown_creator(doc, ctx)
+    if not is_accepted(doc) and ctx.site != doc["creator"]:
+        return STAY  # until its creator accepts it (see accepting)
     step = doc["job"][doc["step"]]
     if ctx.site == doc["creator"] and not runnable_anywhere(step, ctx):
         return Decision("fail", fail_job(ctx, f"no known site matches target {step['target']!r}"))
@@ -895,12 +939,12 @@ def keepalive(leaves: list[Doc], ctx: Context, stale_after: float) -> Doc | None
     """
     if len(leaves) != 1 or validate_job(leaves[0]):
         return None
-    doc = leaves[0]
-    if doc["creator"] != ctx.site or not is_live(doc):
-        return None
+    doc = normalise(leaves[0])
+    if doc["creator"] != ctx.site or not is_live(doc) or not is_accepted(doc):
+        return None  # (the manager accepts a job its creator has not yet accepted)
     if step_phase(doc["job"][doc["step"]]) != Phase.OPEN:
         return None
-    last = max(doc["updated_at"], doc.get("keepalive_at") or "")
+    last = max(doc["updated_at"] or doc["created_at"], doc.get("keepalive_at") or "")
     if (parse_time(ctx.now) - parse_time(last)).total_seconds() < stale_after:
         return None
     touched = copy.deepcopy(doc)

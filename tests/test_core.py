@@ -28,6 +28,7 @@ from jobdist.core import (
     Unbook,
 )
 from jobdist.model import Doc, event, format_time, is_live, new_job, new_step
+from jobdist.validation import validate_job
 
 from .sim import Clock, Execution, Outcome, SimSite, check_no_double_execution
 
@@ -996,3 +997,57 @@ def test_the_creator_revokes_only_a_lease_it_has_itself_seen_silent_for_a_lease(
     assert plan_at(111, {at(100): 69.0}) == "none"  # seen for less than 60 + 10 s
     assert plan_at(111, {}) == "none"  # never seen before: seen just now
     assert plan_at(111, {at(100): 71.0}) == "revoke"
+
+
+# --- jobs written over HTTP: only what the submitter writes ------------------------------
+
+def http_job(rev: str = "1-h", **fields: Any) -> Doc:
+    """A job as a user POSTs it to CouchDB: every other field takes its default."""
+    return {"_id": JOB, "_rev": rev, "type": "job", "creator": CREATOR,
+            "job": [{"target": "any", "do": "make"}], **fields}
+
+
+def test_the_creator_accepts_an_http_job_in_the_revision_that_starts_it():
+    plan = decide(http_job(), the_pool=pool("global/w1"))
+    assert plan.action == "start"
+    assert validate_job(plan.doc) == []
+    assert plan.doc["created_at"] == plan.doc["updated_at"] == NOW
+    assert events(plan.doc) == ["created", "started"]  # accepted first, then started
+    assert plan.doc["job"][0]["retry_strategy"]["max_retries"] == 0  # defaults written in
+    assert plan.doc["priority"] == 0 and plan.doc["job_status"] is None
+
+
+def test_the_creator_accepts_an_http_job_even_when_it_has_nothing_else_to_do():
+    plan = decide(http_job(job=[{"target": "reg_a", "do": "make"}]), the_pool=pool("global/w1"))
+    assert plan.action == "accept"
+    assert plan.doc["created_at"] == NOW
+    assert events(plan.doc) == ["created"]
+    accepted = dict(plan.doc, _rev="2-a")
+    assert decide(accepted).action == "none"  # accepted once
+
+
+def test_other_sites_leave_an_http_job_alone_until_its_creator_accepts_it():
+    sole = http_job(job=[{"target": "reg_a", "do": "make"}])
+    assert decide(http_job(), "reg_a", pool("reg_a/w1")).action == "none"
+    assert decide(sole, "reg_a", pool("reg_a/w1")).action == "none"
+    accepted = decide(sole, the_pool=pool()).doc
+    assert decide(dict(accepted, _rev="2-a"), "reg_a", pool("reg_a/w1")).action == "start"
+
+
+def test_a_write_made_before_the_job_was_accepted_merges_with_the_accepted_one():
+    cancelled = core.plan_cancel([http_job()], Context("reg_a", at(5)), "operator").doc
+    accepted = decide(http_job(), the_pool=pool()).doc
+    leaves = [dict(cancelled, _rev="2-c"), dict(accepted, _rev="2-a")]
+    usable, rejected = core.usable_leaves(leaves)
+    assert rejected == [] and len(usable) == 2
+    merged = core.merge(usable)
+    assert merged["created_at"] == NOW and merged["job_status"] == "cancelled"
+    # Two creation times do define two jobs.
+    other = dict(accepted, _rev="2-b", created_at=at(1))
+    assert [rev for rev, _ in core.usable_leaves([leaves[1], other])[1]] == ["2-a"]
+
+
+def test_keepalive_waits_for_the_creator_to_accept_a_job():
+    assert core.keepalive([http_job()], ctx(), stale_after=1.0) is None
+    resaved = core.keepalive([http_job(created_at=T0)], ctx(), stale_after=1.0)
+    assert resaved is not None and resaved["keepalive_at"] == NOW
