@@ -12,6 +12,7 @@ import pytest
 import requests
 
 from jobdist.design import design_dir, load_design_docs
+from jobdist.model import normalise
 
 Doc = dict[str, Any]
 VIEWS = {"live", "claimable", "claimed_unassigned", "stale_open", "by_status", "running",
@@ -201,3 +202,58 @@ def test_jobs_filter_passes_jobs_and_deletions_only(jobs_db: str) -> None:
     ).json()["results"]
     assert sorted(change["id"] for change in changes) == ["a", "b", "c", "d", "e", "f"]
     assert [change.get("deleted") for change in changes if change["id"] == "a"] == [True]
+
+
+# --- documents that leave fields out -------------------------------------------
+
+# Run every view and filter in node on raw documents and on the same documents with
+# their defaults filled in (model.normalise): a field left out must read as its default.
+# Undefined values are marked, so a view that emits one is caught.
+RUN_FUNCTIONS = """
+var emit;
+const input = JSON.parse(require("fs").readFileSync(0, "utf8"));
+const out = {};
+for (const [name, source] of Object.entries(input.maps)) {
+  const map = eval("(" + source + ")");
+  out[name] = input.docs.map(doc => { const rows = []; emit = (k, v) => rows.push([k, v]);
+                                      map(doc); return rows; });
+}
+for (const [name, source] of Object.entries(input.filters)) {
+  const filter = eval("(" + source + ")");
+  out[name] = input.docs.map(doc => input.sites.map(site => filter(doc, {query: {site}})));
+}
+console.log(JSON.stringify(out, (key, value) => value === undefined ? "<undefined>" : value));
+"""
+
+HTTP_DOCS: list[Doc] = [{"_id": f"h{n}", **doc} for n, doc in enumerate([
+    {"type": "job", "creator": "alpha", "job": [{"target": "any", "do": "make"}]},
+    {"type": "job", "creator": "alpha", "job": [{"do": "make"}, {"target": ["beta"], "do": "x"}]},
+    {"type": "job", "creator": "alpha", "job": [{"do": "make", "claimed_by": "beta"}],
+     "priority": 3, "created_at": t(1)},
+    {"type": "job", "creator": "alpha", "job": [{"do": "make", "winner": "beta",
+     "claimed_by": "beta", "step_status": "running", "lease_until": t(9)}], "step": 0},
+    {"type": "job", "creator": "alpha", "job": [{"do": "make"}], "job_status": "cancelled"},
+    {"type": "job", "creator": "alpha", "job": [{"do": "make"}], "job_status": "success",
+     "step": 1, "updated_at": t(3), "history": [{"event": "started", "step": 0,
+                                                  "site": "gamma", "at": t(2)}]},
+])]
+
+
+def run_design_functions(docs: list[Doc]) -> Any:
+    [design] = load_design_docs()
+    payload = {"maps": {name: view["map"] for name, view in design["views"].items()},
+               "filters": design["filters"], "docs": docs, "sites": ["alpha", "beta", "x"]}
+    node = subprocess.run(["node", "-e", RUN_FUNCTIONS], input=json.dumps(payload), text=True,
+                          capture_output=True)
+    assert node.returncode == 0, node.stderr
+    return json.loads(node.stdout)
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="needs node")
+def test_views_and_filters_read_a_missing_field_as_its_default() -> None:
+    raw = run_design_functions(HTTP_DOCS)
+    assert raw == run_design_functions([normalise(doc) for doc in HTTP_DOCS])
+    assert "<undefined>" not in json.dumps(raw)
+    assert raw["claimable"][0] == [[["any", 0, ""], {"step": 0, "epoch": 0}]]
+    assert raw["live"][:2] == [[[["alpha", ""], None]]] * 2
+    assert raw["for_site"][1] == [True, True, True]  # the first step's target: "any"

@@ -16,7 +16,7 @@ function (doc, req) {
     return true;
   }
   for (var i = 0; i < doc.job.length; i++) {
-    var target = doc.job[i].target;
+    var target = doc.job[i].target == null ? "any" : doc.job[i].target;  // its default
     var wanted = typeof target === "string" ? [target] : target;
     for (var j = 0; j < wanted.length; j++) {
       if (wanted[j] === "any" || wanted[j] === site) {

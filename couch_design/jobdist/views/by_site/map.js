@@ -1,8 +1,10 @@
 function (doc) {
   // Jobs by every site they concern, then status ("live" until the job ends),
   // then creation time: a site concerns a job when a step targets it by name
-  // (alone or in a list; "any" names no site), is won by it, or was started
-  // there (history). `jobdist list --site SITE [--status S]`, newest first.
+  // (alone or in a list; "any", the default target, names no site), is won by
+  // it, or was started there (history). `jobdist list --site SITE [--status S]`,
+  // newest first. A field left out takes its default (docs/job-document.md); a
+  // creation time the creator has not stamped yet is "".
   if (doc.type !== "job" || !Array.isArray(doc.job) || doc.job.length === 0) {
     return;
   }
@@ -23,17 +25,18 @@ function (doc) {
     }
   });
   var status = doc.job_status || "live";
-  var current = doc.job[Math.min(doc.step, doc.job.length - 1)] || {};
+  var index = doc.step == null ? 0 : doc.step;
+  var current = doc.job[Math.min(index, doc.job.length - 1)] || {};
   var value = {
     status: status,
     creator: doc.creator,
-    priority: doc.priority,
-    step: doc.step,
+    priority: doc.priority == null ? 0 : doc.priority,
+    step: index,
     steps: doc.job.length,
-    updated_at: doc.updated_at,
+    updated_at: doc.updated_at || null,
     command: String(current["do"]).slice(0, 120)
   };
   sites.forEach(function (site) {
-    emit([site, status, doc.created_at], value);
+    emit([site, status, doc.created_at || ""], value);
   });
 }

@@ -1,11 +1,15 @@
 function (doc) {
   // Live jobs whose current step is running, by the site running it.
+  // (Defaults: docs/job-document.md.)
+  var index = doc.step == null ? 0 : doc.step;
   if (doc.type !== "job" || doc.job_status != null || !Array.isArray(doc.job) ||
-      !(doc.step < doc.job.length)) {
+      !(index < doc.job.length)) {
     return;
   }
-  var step = doc.job[doc.step];
+  var step = doc.job[index];
   if (step.step_status === "running") {
-    emit([step.winner, step.start_time], {step: doc.step, executioner: step.executioner});
+    var started = step.start_time == null ? null : step.start_time;
+    var executioner = step.executioner == null ? null : step.executioner;
+    emit([step.winner, started], {step: index, executioner: executioner});
   }
 }

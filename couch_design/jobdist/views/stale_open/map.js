@@ -1,18 +1,21 @@
 function (doc) {
   // Live jobs whose current step is open, keyed by when anyone last touched them,
   // so the creator finds those nobody has picked up for a while.
+  // (Defaults: docs/job-document.md.)
+  var index = doc.step == null ? 0 : doc.step;
   if (doc.type !== "job" || doc.job_status != null || !Array.isArray(doc.job) ||
-      !(doc.step < doc.job.length)) {
+      !(index < doc.job.length)) {
     return;
   }
-  var step = doc.job[doc.step];
+  var step = doc.job[index];
   if (step.claimed_by != null || step.winner != null || step.step_status != null) {
     return;
   }
-  // ISO 8601 UTC times in one format compare as strings.
-  var touched = doc.updated_at;
+  // ISO 8601 UTC times in one format compare as strings. Never written by a
+  // site: the creation time, if the submitter gave one (core.keepalive alike).
+  var touched = doc.updated_at || doc.created_at || "";
   if (typeof doc.keepalive_at === "string" && doc.keepalive_at > touched) {
     touched = doc.keepalive_at;
   }
-  emit([doc.creator, touched], {priority: doc.priority});
+  emit([doc.creator, touched], {priority: doc.priority == null ? 0 : doc.priority});
 }
