@@ -32,6 +32,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from jobdist.couch import Couch, CouchError, Database, Doc, NotFound
+from jobdist.model import normalise
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, Row, SparkSession
@@ -107,7 +108,9 @@ def fetch_partition(couch_url: str, db_name: str, ids: Iterable[str]) -> Iterato
 
 
 def job_row(doc: Doc) -> tuple:
-    """A job document as a tuple in `raw_schema()` order."""
+    """A job document as a tuple in `raw_schema()` order; a field it leaves out reads
+    as its default (a job written over HTTP)."""
+    doc = normalise(doc)
     return (
         doc["_id"],
         doc.get("creator"),

@@ -53,6 +53,7 @@ from jobdist.model import (
     Doc,
     Phase,
     job_from_submission,
+    normalise,
     step_phase,
     utc_now,
 )
@@ -321,6 +322,12 @@ def history_table(doc: Doc) -> Table:
     return table
 
 
+def created_text(doc: Doc) -> str:
+    if doc["created_at"] is None:  # written over HTTP, and its creator has not seen it yet
+        return "- (not yet accepted by its creator)"
+    return short_time(doc["created_at"])
+
+
 def job_header(doc: Doc, leaves: int, site: str) -> Text:
     conflicts = leaves - 1
     title = Text(doc["_id"], style="bold")
@@ -332,7 +339,7 @@ def job_header(doc: Doc, leaves: int, site: str) -> Text:
         Text(f"status   {job_status_text(doc)}"),
         Text(f"creator  {doc['creator']}   priority {doc.get('priority', 0)}   "
              f"as seen at {site}"),
-        Text(f"created  {short_time(doc['created_at'])}   updated "
+        Text(f"created  {created_text(doc)}   updated "
              f"{short_time(doc['updated_at'])}   rev {doc['_rev']}"),
     ]
     return Text("\n").join(lines)
@@ -825,7 +832,7 @@ class JobRow:
 def row_from_summary(doc_id: str, created_at: str, value: Doc) -> JobRow:
     return JobRow(doc_id, value.get("status") or "live", str(value.get("creator")),
                   int(value.get("priority") or 0), int(value.get("step") or 0),
-                  int(value.get("steps") or 0), created_at, str(value.get("updated_at")),
+                  int(value.get("steps") or 0), created_at, str(value.get("updated_at") or ""),
                   str(value.get("command")))
 
 
@@ -878,7 +885,7 @@ def _view_rows(db: Database, view: str, prefix: list[Any], before: str | None,
         if view == "by_status":
             if not row.get("doc"):
                 continue
-            yield row_from_summary(row["id"], created_at, summary_of(row["doc"]))
+            yield row_from_summary(row["id"], created_at, summary_of(normalise(row["doc"])))
         else:
             yield row_from_summary(row["id"], created_at, row["value"] or {})
 

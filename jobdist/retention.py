@@ -75,7 +75,10 @@ class Expired:
 
 
 def is_expired(doc: Doc, cutoff: str) -> bool:
-    return doc.get("job_status") in FINAL_STATUSES and doc.get("updated_at", "") < cutoff
+    """Finished, and last updated before `cutoff`: a job no site has written yet (its
+    `updated_at` still the default, null) has no age, and is kept."""
+    updated = doc.get("updated_at")
+    return doc.get("job_status") in FINAL_STATUSES and updated is not None and updated < cutoff
 
 
 def find_expired(db: Database, cutoff: str, *, window: int = 200, page_size: int = 200,

@@ -367,6 +367,16 @@ def test_job_row_is_lenient() -> None:
     assert row[8][1][7] is None
 
 
+
+def test_job_row_reads_a_field_left_out_as_its_default() -> None:
+    doc = {"_id": "j", "_rev": "1-a", "type": "job", "creator": "global",
+           "job": [{"do": "make"}]}
+    row = analytics.job_row(doc)
+    assert row[1:5] == ("global", 0, None, 0)  # creator, priority, status, current step
+    assert row[5] is None and row[9] == []  # not yet accepted; no history
+    assert row[8][0][:3] == ("any", False, 0)  # target, targeted, epoch
+
+
 # -- the command -----------------------------------------------------------------------
 
 
