@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 import yaml
 
-from jobdist.validation import validate_submission
+from jobdist.validation import validate_job, validate_submission
+
+from .helpers import readme_http_submission
 
 ROOT = Path(__file__).resolve().parent.parent
 BLOCK = re.compile(r"```(yaml|json)\n(.*?)```", re.DOTALL)
@@ -40,3 +42,11 @@ def test_the_docs_hold_job_examples() -> None:
 @pytest.mark.parametrize("doc", EXAMPLES)
 def test_a_job_example_validates(doc: dict[str, Any]) -> None:
     assert validate_submission(doc) == []
+
+
+def test_the_readme_curl_submission_is_a_job_the_rules_accept_as_it_stands() -> None:
+    """Written straight into CouchDB, with no `jobdist submit` to fill anything in."""
+    _, doc = readme_http_submission()
+    assert validate_job(doc) == []
+    assert doc == {"type": "job", "creator": "global",
+                   "job": [{"target": "any", "do": doc["job"][0]["do"]}]}

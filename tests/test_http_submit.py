@@ -1,0 +1,70 @@
+"""End to end: the README's curl submission, on real local sites.
+
+The job is written straight into a site's CouchDB with only the fields a user
+writes (`type`, `creator`, the steps); the sites must accept it and run it to
+the end, filling in every default on the way.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+
+from jobdist.cluster import LocalCluster
+from jobdist.config import SiteConfig
+from jobdist.model import JOB_DEFAULTS, STEP_DEFAULTS, Doc
+from jobdist.scenarios import merged_docs, site_db, wait_until_done, write_sites
+from jobdist.validation import validate_job
+
+from .helpers import readme_http_submission
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    root = tmp_path_factory.mktemp("http")
+    with LocalCluster(write_sites(root / "sites", 2), root / "state", in_memory=True) as local:
+        yield local
+
+
+def post_with_curl(block: str, site: SiteConfig, sites_dir: Path) -> Doc:
+    """Run the README's own commands, pointed at this cluster's site and secrets."""
+    script = (block.replace("http://127.0.0.1:5984", site.couch_url)
+              .replace(".jobdist/secrets/", f"{sites_dir}/secrets/"))
+    run = subprocess.run(["bash", "-euc", script], capture_output=True, text=True, timeout=30)
+    assert run.returncode == 0, run.stderr
+    return json.loads(run.stdout)
+
+
+def post_with_requests(doc: Doc, site: SiteConfig) -> Doc:
+    response = requests.post(f"{site.couch_url}/{site.database}", json=doc,
+                             auth=(site.user or "", site.password or ""), timeout=10)
+    return response.json()
+
+
+def test_the_readme_curl_submission_runs_to_success(cluster: LocalCluster) -> None:
+    block, doc = readme_http_submission()
+    site = cluster.sites["global"]
+    if shutil.which("curl"):
+        answer = post_with_curl(block, site, cluster.sites_dir)
+    else:
+        answer = post_with_requests(doc, site)
+    assert answer.get("ok") is True, answer
+    db = site_db(cluster, "global")
+    [ended] = wait_until_done(db, [answer["id"]], timeout=60)
+    assert ended["job_status"] == "success"
+
+    final = merged_docs(db, [answer["id"]])[answer["id"]]
+    assert validate_job(final) == []
+    assert set(final) >= set(JOB_DEFAULTS) and set(final["job"][0]) >= set(STEP_DEFAULTS)
+    assert final["created_at"] is not None  # stamped by the creator's first revision
+    events = [entry["event"] for entry in final["history"]]
+    assert events[0] == "created" and events[-1] == "finished"
+    assert final["job"][0]["step_status"] == "finished" and final["job"][0]["exit_code"] == 0
