@@ -157,7 +157,7 @@ EVENT = ("history", 0)
 # A value of the wrong type for every field, at every level of the document.
 WRONG_TYPES: list[tuple[tuple[str | int, ...], Any]] = [
     (("type",), 5), (("creator",), 7), (("priority",), "1"), (("created_at",), 0),
-    (("updated_at",), None), (("step",), "0"), (("job_status",), True), (("job",), "sleep 1"),
+    (("updated_at",), 5), (("step",), "0"), (("job_status",), True), (("job",), "sleep 1"),
     (STEP, ["true"]), ((*STEP, "target"), {"site": "global"}), ((*STEP, "do"), ["true"]),
     ((*STEP, "alt_do"), 0), ((*STEP, "timeout"), "1"), (RETRY, None),
     ((*RETRY, "max_retries"), "3"), ((*RETRY, "max_time"), True), ((*RETRY, "sleep"), []),
@@ -172,11 +172,10 @@ WRONG_TYPES: list[tuple[tuple[str | int, ...], Any]] = [
     ((*EVENT, "detail"), {}), (("keepalive_at",), 5),
 ]
 
+# The fields with no default (docs/job-document.md#defaults): any other may be left out.
 REQUIRED = [
-    ("creator",), ("priority",), ("created_at",), ("updated_at",), ("step",), ("job_status",),
-    ("job",), ("history",), (*STEP, "target"), (*STEP, "do"), (*STEP, "retry_strategy"),
-    (*RETRY, "max_retries"), (*EVENT, "event"), (*EVENT, "step"), (*EVENT, "site"),
-    (*EVENT, "at"),
+    ("creator",), ("job",), (*STEP, "do"), (*EVENT, "event"), (*EVENT, "step"),
+    (*EVENT, "site"), (*EVENT, "at"),
 ]
 
 
@@ -217,12 +216,12 @@ REFUSED: list[Bad] = [
     mutated(("creator",), "glöbal", f"creator: must be {SITE_RULE}", "creator-unicode"),
     mutated(("creator",), "global\n", f"creator: must be {SITE_RULE}", "creator-newline"),
     mutated(("created_at",), "\uff12\uff10\uff12\uff16-11-22T00:35:12Z",
-            f"created_at: must be {ISO_RULE}", "time-fullwidth-digits"),
-    mutated(("updated_at",), "2026-02-30T00:00:00Z", f"updated_at: must be {ISO_RULE}",
+            f"created_at: must be null or {ISO_RULE}", "time-fullwidth-digits"),
+    mutated(("updated_at",), "2026-02-30T00:00:00Z", f"updated_at: must be null or {ISO_RULE}",
             "time-february-30"),
     mutated((*STEP, "lease_until"), "2025-02-29T00:00:00.0Z",
             f"job[0].lease_until: must be null or {ISO_RULE}", "time-not-a-leap-year"),
-    mutated(("created_at",), "0000-01-01T00:00:00Z", f"created_at: must be {ISO_RULE}",
+    mutated(("created_at",), "0000-01-01T00:00:00Z", f"created_at: must be null or {ISO_RULE}",
             "time-year-zero"),
     mutated((*STEP, "step_status"), "RUNNING", "job[0].step_status: must be one of",
             "status-case"),
@@ -418,6 +417,12 @@ def adopted_by(site: str) -> Callable[[Doc], Doc]:
     return adopt
 
 
+def bare(name: str, *steps: Doc, creator: str = "global") -> Doc:
+    """A job as a user writes it over HTTP: no field that has a default."""
+    return {"_id": f"hostile-{name}", "type": "job", "creator": creator,
+            "job": list(steps) or [{"do": "true"}]}
+
+
 def bloated(n: int) -> Doc:
     """A job with no room left for any other revision, not even a keep-alive re-save
     (`keepalive_at` grows by a time): `do` cannot be shed."""
@@ -497,6 +502,11 @@ HOSTILE: list[Hostile] = [
             "failed", "creator 'mallory' is not a known site", resolved=False),
     Hostile("sixteen-conflicts", leaves_of(hostile("sixteen-conflicts"), *[same] * 16),
             "success"),
+    Hostile("bare", [bare("bare")], "success"),
+    Hostile("bare-for-reg_a", [bare("bare-for-reg_a", {"target": "reg_a", "do": "true"})],
+            "success"),
+    Hostile("bare-with-unknown-creator", [bare("bare-with-unknown-creator", creator="mallory")],
+            "failed", "creator 'mallory' is not a known site"),
     Hostile("bloated", [bloated(0)], "unchanged", "write refused"),
     *(Hostile(f"epoch-at-its-bound-{n}", [with_step(
         hostile(f"epoch-at-its-bound-{n}", priority=10**6), epoch=1_000_000_000)],
