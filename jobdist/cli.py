@@ -31,7 +31,6 @@ from typing import Any
 import click
 from rich.console import Console, Group
 from rich.live import Live
-from rich.table import Table
 from rich.text import Text
 
 import jobdist
@@ -55,10 +54,12 @@ from jobdist.model import (
     job_from_submission,
     normalise,
     step_phase,
+    targets,
     utc_now,
 )
 from jobdist.retention import RetentionError, parse_duration
 from jobdist.retention import cleanup as run_cleanup
+from jobdist.tables import Cell, Col, FittedTable
 from jobdist.validation import validate_job, validate_submission
 
 # Exit codes of `validate`: 1 when the job breaks rules, 2 when it cannot be read.
@@ -264,20 +265,47 @@ def job_status_text(doc: Doc) -> str:
     return f"live, step {doc['step'] + 1} of {len(doc['job'])}"
 
 
-def steps_table(doc: Doc) -> Table:
-    table = Table(title="steps", title_justify="left", box=None, pad_edge=False)
-    for name in ("#", "STATUS", "TARGET", "SITE/WORKER", "ATTEMPTS", "EXIT", "STARTED",
-                 "FINISHED", "TOOK", "COMMAND"):
-        table.add_column(name, no_wrap=name != "COMMAND", overflow="fold")
+# How each table gives way in a narrow terminal (jobdist/tables.py): ids, statuses and
+# counts keep their width; times, targets, places and commands wrap (in the one-line
+# summaries of `list` and `watch`, commands are shortened with "…"); the least useful
+# columns are left out, the highest `drop` first, only when even wrapping is not enough
+# (at 80 columns, FINISHED alone: the start plus TOOK gives it).
+STEP_COLUMNS = (
+    Col("#"), Col("STATUS"), Col("TARGET", floor=6), Col("WHERE", floor=8),
+    Col("TRIES", drop=3), Col("EXIT"), Col("STARTED", floor=10, at_once=True, drop=1),
+    Col("FINISHED", floor=10, at_once=True, drop=4), Col("TOOK", drop=2),
+    Col("COMMAND", floor=10),
+)
+HISTORY_COLUMNS = (
+    Col("AT", floor=10, at_once=True), Col("EVENT"), Col("STEP"), Col("SITE", floor=6),
+    Col("WORKER", floor=8, drop=1), Col("EPOCH", drop=2), Col("DETAIL", floor=10),
+)
+LIST_COLUMNS = (
+    Col("JOB"), Col("STATUS"), Col("STEP"), Col("CREATOR", floor=6, drop=1),
+    Col("PRIO", drop=2), Col("CREATED", floor=10, at_once=True),
+    Col("UPDATED", floor=10, at_once=True, drop=3), Col("COMMAND", floor=10, cut=True),
+)
+WATCH_SITE_COLUMNS = (
+    Col("SITE"), Col("COUCHDB", floor=10), Col("WORKERS BUSY"),
+    *(Col(s.upper()) for s in STATUSES),
+)
+WATCH_RUNNING_COLUMNS = (
+    Col("SITE", drop=1), Col("WORKER", floor=8), Col("JOB"), Col("STEP"),
+    Col("SINCE", floor=10, at_once=True), Col("COMMAND", floor=10, cut=True),
+)
+
+
+def steps_table(doc: Doc) -> FittedTable:
+    rows: list[list[Cell]] = []
     for index, step in enumerate(doc["job"]):
         took = step.get("exec_time")
-        table.add_row(
-            str(index), step_state(doc, index), plain(target_text(step["target"])),
+        rows.append([
+            str(index), step_state(doc, index), plain(", ".join(targets(step))),
             plain(step_where(step)), str(step.get("attempts", 0)), plain(step.get("exit_code")),
             short_time(step.get("start_time")), short_time(step.get("finish_time")),
             "-" if took is None else f"{took:.1f}s", plain(step["do"]),
-        )
-    return table
+        ])
+    return FittedTable(STEP_COLUMNS, rows, title="steps")
 
 
 def lost_claims(history: list[Doc]) -> set[str]:
@@ -309,17 +337,14 @@ def event_name(entry: Doc, lost: set[str]) -> Text:
     return plain(entry.get("event"))
 
 
-def history_table(doc: Doc) -> Table:
-    table = Table(title="history", title_justify="left", box=None, pad_edge=False)
-    for name in ("AT", "EVENT", "STEP", "SITE", "WORKER", "EPOCH", "DETAIL"):
-        table.add_column(name, no_wrap=name != "DETAIL", overflow="fold")
-    lost = lost_claims(doc.get("history", []))
-    for entry in doc.get("history", []):
-        table.add_row(short_time(entry.get("at")), event_name(entry, lost),
-                      plain(entry.get("step")), plain(entry.get("site")),
-                      plain(entry.get("worker")), plain(entry.get("epoch")),
-                      plain(entry.get("detail")))
-    return table
+def history_table(doc: Doc) -> FittedTable:
+    history = doc.get("history", [])
+    lost = lost_claims(history)
+    rows: list[list[Cell]] = [
+            [short_time(entry.get("at")), event_name(entry, lost), plain(entry.get("step")),
+             plain(entry.get("site")), plain(entry.get("worker")), plain(entry.get("epoch")),
+             plain(entry.get("detail"))] for entry in history]
+    return FittedTable(HISTORY_COLUMNS, rows, title="history")
 
 
 def created_text(doc: Doc) -> str:
@@ -337,10 +362,9 @@ def job_header(doc: Doc, leaves: int, site: str) -> Text:
     lines = [
         title,
         Text(f"status   {job_status_text(doc)}"),
-        Text(f"creator  {doc['creator']}   priority {doc.get('priority', 0)}   "
-             f"as seen at {site}"),
-        Text(f"created  {created_text(doc)}   updated "
-             f"{short_time(doc['updated_at'])}   rev {doc['_rev']}"),
+        Text(f"creator  {doc['creator']}   priority {doc['priority']}   as seen at {site}"),
+        Text(f"created  {created_text(doc)}   updated {short_time(doc['updated_at'])}"),
+        Text(f"rev      {doc['_rev']}"),  # its own line: a revision is 34 characters
     ]
     return Text("\n").join(lines)
 
@@ -890,6 +914,12 @@ def _view_rows(db: Database, view: str, prefix: list[Any], before: str | None,
             yield row_from_summary(row["id"], created_at, row["value"] or {})
 
 
+def list_row(row: JobRow) -> list[Cell]:
+    step = "-" if row.status != "live" else f"{row.step + 1}/{row.steps}"
+    return [row.id, row.status, step, plain(row.creator), str(row.priority),
+            short_time(row.created_at), short_time(row.updated_at), plain(row.command)]
+
+
 TIME_PREFIX = re.compile(r"^\d{4}(-\d{2}(-\d{2}([T ][0-9:.]*Z?)?)?)?$")
 
 
@@ -940,15 +970,8 @@ def list_command(status: str | None, involving: str | None, creator: str | None,
     if not shown:
         click.echo(f"no jobs match at site {site.name}")
         return
-    table = Table(box=None, pad_edge=False)
-    for name in ("JOB", "STATUS", "STEP", "CREATOR", "PRIO", "CREATED", "UPDATED", "COMMAND"):
-        table.add_column(name, no_wrap=name != "COMMAND", overflow="fold")
-    for row in shown:
-        step = "-" if row.status != "live" else f"{row.step + 1}/{row.steps}"
-        table.add_row(row.id, row.status, step, plain(row.creator), str(row.priority),
-                      short_time(row.created_at), short_time(row.updated_at), plain(row.command))
     console = make_console()
-    console.print(table)
+    console.print(FittedTable(LIST_COLUMNS, [list_row(row) for row in shown]))
     if more:
         again = ["jobdist list"]
         for flag, value in (("--status", status), ("--site", involving),
@@ -1076,33 +1099,35 @@ def snapshot_site(site: SiteConfig) -> SiteSnapshot:
 
 
 def watch_view(snapshots: list[SiteSnapshot]) -> Group:
-    sites = Table(title=f"sites at {short_time(utc_now())} UTC", title_justify="left",
-                  box=None, pad_edge=False)
-    for name in ("SITE", "COUCHDB", "WORKERS BUSY", *(s.upper() for s in STATUSES)):
-        sites.add_column(name, no_wrap=True)
-    running = Table(title="running steps", title_justify="left", box=None, pad_edge=False)
-    for name in ("SITE", "WORKER", "JOB", "STEP", "SINCE", "COMMAND"):
-        running.add_column(name, no_wrap=name != "COMMAND", overflow="fold")
+    sites: list[list[Cell]] = []
+    running: list[list[Cell]] = []
     errors = []
     for snap in snapshots:
         site = snap.site
         if snap.error:
-            sites.add_row(site.name, site.couch_url, Text("unreachable", style="red"))
+            sites.append([site.name, site.couch_url, Text("unreachable", style="red"),
+                          *("" for _ in STATUSES)])
             errors.append(Text(snap.error, style="red"))
             continue
-        sites.add_row(site.name, site.couch_url, f"{len(snap.running)}/{site.workers}",
-                      *(str(snap.counts.get(status, 0)) for status in STATUSES))
-        for row in snap.running:
-            doc = row.get("doc") or {}
-            value = row.get("value") or {}
-            index = value.get("step", 0)
-            steps = doc.get("job") or []
-            command = steps[index].get("do") if index < len(steps) else None
-            running.add_row(site.name, plain(value.get("executioner")), row["id"], str(index),
-                            short_time(row["key"][1]), plain(command))
-    parts: list[Any] = [sites, *errors, Text("")]
-    parts.append(running if running.rows else Text("no steps running"))
+        sites.append([site.name, site.couch_url, f"{len(snap.running)}/{site.workers}",
+                      *(str(snap.counts.get(status, 0)) for status in STATUSES)])
+        running += [running_row(site, row) for row in snap.running]
+    parts: list[Any] = [FittedTable(WATCH_SITE_COLUMNS, sites,
+                                    title=f"sites at {short_time(utc_now())} UTC"),
+                        *errors, Text("")]
+    parts.append(FittedTable(WATCH_RUNNING_COLUMNS, running, title="running steps")
+                 if running else Text("no steps running"))
     return Group(*parts)
+
+
+def running_row(site: SiteConfig, row: Doc) -> list[Cell]:
+    doc = row.get("doc") or {}
+    value = row.get("value") or {}
+    index = value.get("step", 0)
+    steps = doc.get("job") or []
+    command = steps[index].get("do") if index < len(steps) else None
+    return [site.name, plain(value.get("executioner")), row["id"], str(index),
+            short_time(row["key"][1]), plain(command)]
 
 
 @main.command()
