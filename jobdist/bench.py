@@ -238,7 +238,7 @@ def thesis_row(result: Result) -> ThesisRow:
         revisions_min=min(result.revisions), revisions_max=max(result.revisions),
         revisions_per_step=statistics.fmean(per_step), revisions_per_step_max=max(per_step),
         jobs_ok=result.statuses.get("success", 0), problems=check_ledger(result),
-        thesis=scenario.thesis,
+        thesis=str(scenario.thesis),
     )
 
 
