@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import requests
 
-from jobdist.design import DESIGN_DIR, load_design_docs
+from jobdist.design import load_design_docs
 from jobdist.model import EVENT_DEFAULTS, JOB_DEFAULTS, RETRY_DEFAULTS, STEP_DEFAULTS, normalise
 from jobdist.validation import (
     MAX_DOC_SIZE,
@@ -404,7 +404,7 @@ def test_json_size_survives_deep_nesting() -> None:
 
 def javascript_defaults() -> dict[str, Doc]:
     """The *_DEFAULTS tables of validate_doc_update.js (JSON literals ending in "};")."""
-    source = (DESIGN_DIR / "jobdist" / "validate_doc_update.js").read_text()
+    source = load_design_docs()[0]["validate_doc_update"]
     tables = re.findall(r"var (\w+_DEFAULTS) = (\{.*?\});$", source, re.DOTALL | re.MULTILINE)
     return {name: json.loads(table) for name, table in tables}
 
