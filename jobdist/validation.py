@@ -412,24 +412,24 @@ def validate_site_status(doc: Any) -> list[str]:
     if not is_object(doc):
         return ["document: must be a JSON object"]
     errors: list[str] = []
-    check_fields(doc, site_status_fields(doc.get("site")), "", errors)
+    check_fields(doc, site_status_fields(doc.get("site")), {}, "", errors)
     return errors
 
 
 def site_status_fields(site: Any) -> list[Field]:
     flag = simple(lambda value: isinstance(value, bool), "must be true or false")
     return [
-        Field("_id", True, simple(lambda value: is_string(site) and value == "site-" + site,
-                                  "must be \"site-\" followed by the site's name")),
-        Field("type", True, unchecked),
-        Field("site", True, SITE),
-        Field("workers", True, COUNT),
-        Field("free_workers", True, COUNT),
-        Field("draining", True, flag),
-        Field("assigns", True, flag),
-        Field("restricted", True, flag),
-        Field("updated_at", True, TIME),
-        *(Field(name, False, unchecked) for name in COUCHDB_FIELDS),
+        Field("_id", simple(lambda value: is_string(site) and value == "site-" + site,
+                            "must be \"site-\" followed by the site's name")),
+        Field("type", unchecked),
+        Field("site", SITE),
+        Field("workers", COUNT),
+        Field("free_workers", COUNT),
+        Field("draining", flag),
+        Field("assigns", flag),
+        Field("restricted", flag),
+        Field("updated_at", TIME),
+        *(Field(name, unchecked, optional=True) for name in COUCHDB_FIELDS),
     ]
 
 

@@ -470,21 +470,22 @@ function (newDoc, oldDoc, userCtx, secObj) {
   // A site's status document (jobdist/status.py): `site-<name>`, written by that site.
   function validateSiteStatus(doc) {
     var errors = [];
+    var flag = simple(isBoolean, "must be true or false");
     checkFields(doc, [
-      field("_id", true, simple(function (value) {
+      field("_id", simple(function (value) {
         return isString(doc.site) && value === "site-" + doc.site;
       }, 'must be "site-" followed by the site\'s name')),
-      field("type", true, unchecked),
-      field("site", true, SITE),
-      field("workers", true, COUNT),
-      field("free_workers", true, COUNT),
-      field("draining", true, simple(isBoolean, "must be true or false")),
-      field("assigns", true, simple(isBoolean, "must be true or false")),
-      field("restricted", true, simple(isBoolean, "must be true or false")),
-      field("updated_at", true, TIME)
+      field("type", unchecked),
+      field("site", SITE),
+      field("workers", COUNT),
+      field("free_workers", COUNT),
+      field("draining", flag),
+      field("assigns", flag),
+      field("restricted", flag),
+      field("updated_at", TIME)
     ].concat(COUCHDB_FIELDS.map(function (name) {
-      return field(name, false, unchecked);
-    })), "", errors);
+      return field(name, unchecked, true);
+    })), {}, "", errors);
     return errors;
   }
 
