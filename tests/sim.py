@@ -128,6 +128,10 @@ class SimSite:
         self.running: dict[core.Key, Execution] = {}
         self.killed: list[Execution] = []
         self.dying: list[Execution] = []  # killed, their cancelled result not yet reported
+        # What the site believes of the others' room and of its creators (status
+        # documents): set by the tests, right or wrong, never derived from the truth.
+        self.room: dict[str, int] | None = None
+        self.assigning: frozenset[str] = frozenset()
         self.restart()
 
     def restart(self) -> None:
@@ -148,7 +152,8 @@ class SimSite:
 
     def ctx(self) -> core.Context:
         return core.Context(self.name, self.clock.now(), self.known_sites, booking_timeout=30.0,
-                            lease=self.lease, skew_margin=5.0)
+                            lease=self.lease, skew_margin=5.0, room=self.room,
+                            assigning=self.assigning)
 
     def heartbeat(self) -> None:
         """Renew the lease of every execution this site runs."""

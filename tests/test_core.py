@@ -1051,3 +1051,78 @@ def test_keepalive_waits_for_the_creator_to_accept_a_job():
     assert core.keepalive([http_job()], ctx(), stale_after=1.0) is None
     resaved = core.keepalive([http_job(created_at=T0)], ctx(), stale_after=1.0)
     assert resaved is not None and resaved["keepalive_at"] == NOW
+
+
+# --- assignment by room (status documents) -----------------------------------------
+
+def room_ctx(site: str = CREATOR, room: dict[str, int] | None = None,
+             assigning: frozenset[str] = frozenset(), now: str = NOW) -> Context:
+    return Context(site, now, frozenset({"global", "reg_a", "reg_b"}), room=room,
+                   assigning=assigning)
+
+
+def test_a_busy_creator_assigns_an_open_step_to_a_site_with_room():
+    plan = core.plan([job("any")], room_ctx(room={"reg_a": 0, "reg_b": 2}), pool())
+    assert plan.action == "assign" and plan.doc is not None
+    step_now = current(plan.doc)
+    assert (step_now["claimed_by"], step_now["winner"], step_now["epoch"]) == ("reg_b", "reg_b", 1)
+    assert step_now["lease_until"] > NOW  # start by then, or the creator revokes it
+    assert plan.doc["history"][-1]["detail"] == "winner reg_b (it has room)"
+    assert plan.before == (core.Assign(KEY, "reg_b"),)
+    # The winner starts it as it starts any step it won: one hop after submission.
+    started = core.plan([{**plan.doc, "_rev": "2-b"}], room_ctx("reg_b"), pool("reg_b/w1"))
+    assert started.action == "start" and current(started.doc)["step_status"] == "running"
+
+
+def test_a_creator_with_a_free_worker_starts_the_step_itself():
+    plan = core.plan([job("any")], room_ctx(room={"reg_a": 3}), pool("global/w1"))
+    assert plan.action == "start" and current(plan.doc)["winner"] == CREATOR
+
+
+def test_assignment_follows_the_target_and_needs_room():
+    assert core.plan([job("reg_a")], room_ctx(room={"reg_a": 0, "reg_b": 5}),
+                     pool()).action == "none"
+    assert core.plan([job("any")], room_ctx(room={"reg_a": -1}), pool()).action == "none"
+    assert core.plan([job("any")], room_ctx(room=None), pool()).action == "none"
+    targeted = core.plan([job(["global", "reg_a"])], room_ctx(room={"reg_a": 1, "reg_b": 9}),
+                         pool())
+    assert current(targeted.doc)["winner"] == "reg_a"
+    # An unknown site's room is no reason to give it anything.
+    assert core.plan([job("any")], room_ctx(room={"reg_z": 4}), pool()).action == "none"
+
+
+def test_equal_rooms_are_shared_out_by_job():
+    winners = set()
+    for n in range(20):
+        doc = job("any")
+        doc["_id"] = f"job-{n}"
+        plan = core.plan([doc], room_ctx(room={"reg_a": 1, "reg_b": 1}), pool())
+        winners.add(current(plan.doc)["winner"])
+    assert winners == {"reg_a", "reg_b"}
+
+
+def test_a_site_holds_back_its_claim_while_an_assigning_creator_may_still_assign():
+    fresh = job("any")
+    fresh["updated_at"] = at(599)
+    assigning = frozenset({CREATOR})
+    assert core.plan([fresh], room_ctx("reg_a", assigning=assigning),
+                     pool("reg_a/w1")).action == "none"
+    # Open for longer than the delay: the creator did not assign it, so claim it.
+    fresh["updated_at"] = at(590)
+    assert core.plan([fresh], room_ctx("reg_a", assigning=assigning),
+                     pool("reg_a/w1")).action == "claim"
+    # A creator not known to assign (no status, or a stale one): claim at once.
+    fresh["updated_at"] = at(599)
+    assert core.plan([fresh], room_ctx("reg_a"), pool("reg_a/w1")).action == "claim"
+    # A step whose only target we are is started at once, as before.
+    only_ours = job("reg_a")
+    only_ours["updated_at"] = at(599)
+    assert core.plan([only_ours], room_ctx("reg_a", assigning=assigning),
+                     pool("reg_a/w1")).action == "start"
+
+
+def test_an_assigned_site_without_a_free_worker_releases_the_step():
+    plan = core.plan([job("any")], room_ctx(room={"reg_a": 1}), pool())
+    released = core.plan([{**plan.doc, "_rev": "2-b"}], room_ctx("reg_a"), pool())
+    assert released.action == "release" and current(released.doc)["epoch"] == 2
+    assert current(released.doc)["winner"] is None

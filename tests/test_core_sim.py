@@ -44,7 +44,8 @@ def make_world(job_targets: list[list[object]], workers: int, lease: float = 1e6
 
 def random_event(data: st.DataObject, sites: list[SimSite], job_ids: list[str],
                  clock: Clock, faults: bool) -> None:
-    kinds = ["process", "replicate", "replicate", "finish", "keepalive", "tick", "stale"]
+    kinds = ["process", "replicate", "replicate", "finish", "keepalive", "tick", "stale",
+             "status"]
     if faults:
         kinds.append("restart")
     kind = data.draw(st.sampled_from(kinds))
@@ -70,6 +71,10 @@ def random_event(data: st.DataObject, sites: list[SimSite], job_ids: list[str],
         site.process_stale(doc_id, data.draw(st.integers(0, 50)))
     elif kind == "restart":
         site.restart()
+    elif kind == "status":
+        # A status document arrives: any room, any creators assigning, stale or not.
+        site.room = {other.name: data.draw(st.integers(-1, 2)) for other in sites}
+        site.assigning = frozenset(data.draw(st.sets(st.sampled_from(SITES))))
 
 
 def settle(sites: list[SimSite], job_ids: list[str], clock: Clock, rounds: int = 200) -> None:

@@ -1,0 +1,158 @@
+"""Site status documents: what a site publishes, what others make of it, and the one-hop start."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from jobdist import status
+from jobdist.cluster import LocalCluster
+from jobdist.couch import Couch, Database, Forbidden
+from jobdist.design import load_design_docs
+from jobdist.localserver import LocalServer
+from jobdist.model import new_job, new_step
+from jobdist.scenarios import site_db, wait_until_done, write_sites
+from jobdist.status import Board, Publisher, SiteStatus
+from jobdist.validation import validate_site_status
+
+from .helpers import wait_for
+
+NOW = "2026-01-01T00:00:00Z"
+
+
+def site_status(site: str = "reg_a", free: int = 2, **fields: Any) -> SiteStatus:
+    values: dict[str, Any] = dict(site=site, workers=4, free_workers=free, draining=False,
+                                  assigns=True, restricted=False, updated_at=NOW)
+    return SiteStatus(**(values | fields))
+
+
+# --- pure: the document, the board, the publisher ------------------------------------
+
+
+def test_a_status_round_trips_through_its_document():
+    doc = site_status().as_doc()
+    assert doc["_id"] == "site-reg_a" and doc["type"] == "site"
+    assert validate_site_status(doc) == []
+    assert SiteStatus.parse(doc) == site_status()
+
+
+@pytest.mark.parametrize("change, error", [
+    ({"_id": "site-reg_b"}, '_id: must be "site-" followed by the site\'s name'),
+    ({"free_workers": -1}, "free_workers: must be an integer between 0 and 1000000000"),
+    ({"draining": "no"}, "draining: must be true or false"),
+    ({"updated_at": "yesterday"}, "updated_at: must be an ISO 8601 UTC time"),
+    ({"free": 3}, "free: unknown field"),
+])
+def test_a_malformed_status_is_refused_and_ignored(change: dict[str, Any], error: str):
+    doc = site_status().as_doc() | change
+    assert any(message.startswith(error) for message in validate_site_status(doc))
+    assert SiteStatus.parse(doc) is None
+    assert not Board("global").hear(doc, 0.0)
+
+
+def test_room_counts_fresh_statuses_less_what_we_assigned():
+    board = Board("global")
+    assert board.hear(site_status("reg_a", 2).as_doc(), now=0.0)  # news: more room
+    assert board.hear(site_status("reg_b", 1, draining=True).as_doc(), now=0.0)
+    board.hear(site_status("global", 4).as_doc(), now=0.0)  # our own: not counted
+    assert board.room(0.0) == {"reg_a": 2, "reg_b": 0}
+    board.note_assigned(("job-1", 0), "reg_a", now=0.5)
+    assert board.room(1.0)["reg_a"] == 1
+    # An assignment stops counting once it is old, or the site published since.
+    assert board.room(0.5 + status.ASSIGNED_FOR)["reg_a"] == 2
+    board.note_assigned(("job-2", 0), "reg_a", now=10.0)
+    assert not board.hear(site_status("reg_a", 1).as_doc(), now=12.0)  # less room: no news
+    assert board.room(12.0)["reg_a"] == 1
+    # A status not renewed for long is ignored: the site may be gone.
+    assert "reg_a" not in board.room(12.0 + status.STALE_AFTER)
+
+
+def test_restricted_sites_get_no_room_and_assigning_creators_are_known():
+    board = Board("reg_a")
+    board.hear(site_status("global", 3, restricted=True).as_doc(), now=0.0)
+    board.hear(site_status("reg_b", 3, assigns=False).as_doc(), now=0.0)
+    assert board.room(1.0) == {"global": 0, "reg_b": 3}
+    assert board.assigning(1.0) == {"global"}
+    assert board.assigning(status.STALE_AFTER + 1.0) == frozenset()
+
+
+def test_the_publisher_sends_a_changed_room_soon_and_the_same_one_rarely():
+    publisher = Publisher()
+    assert publisher.due(site_status(free=2), 0.0)
+    publisher.published(site_status(free=2), "1-a", 0.0)
+    assert not publisher.due(site_status(free=2), 5.0)
+    assert not publisher.due(site_status(free=1), 0.5)  # at most once a MIN_INTERVAL
+    assert publisher.due(site_status(free=1), status.MIN_INTERVAL)
+    assert publisher.due(site_status(free=2), status.REFRESH)
+
+
+# --- the server's rules are the same ----------------------------------------------------
+
+
+@pytest.fixture
+def jobs_db(couch_server: LocalServer) -> Iterator[Database]:
+    couch = Couch(couch_server.url)
+    db = couch.ensure_database("status_rules")
+    db.sync_design_docs(load_design_docs())
+    yield db
+    couch.call("drop", couch.client.delete_database, db.name)
+
+
+@pytest.mark.parametrize("change", [
+    {}, {"_id": "site-reg_b"}, {"free_workers": 1.5}, {"assigns": None}, {"extra": 1},
+    {"site": "Not A Site", "_id": "site-Not A Site"},
+])
+def test_validate_doc_update_judges_statuses_as_python_does(jobs_db: Database,
+                                                            change: dict[str, Any]):
+    doc = site_status().as_doc() | change
+    expected = "; ".join(validate_site_status(doc))
+    try:
+        jobs_db.save(doc)
+        refused = ""
+    except Forbidden as error:
+        refused = error.reason
+    assert refused == expected
+
+
+# --- on real sites: statuses replicate and a remote step starts one hop after submission
+
+
+@pytest.mark.e2e
+def test_a_busy_creator_assigns_to_a_site_with_room(tmp_path: Path) -> None:
+    sites = write_sites(tmp_path / "sites", 3, workers=1, topology="star")
+    with LocalCluster(sites, tmp_path / "state", in_memory=True) as cluster:
+        db = site_db(cluster, "global")
+        for site in ("reg_a", "reg_b"):  # statuses pass the filtered replication too
+            wait_for(lambda site=site: db.get(status.status_id(site)), 30,
+                     f"the status of {site} at global")
+        blocker = new_job("global", [new_step("sleep 3", target="global")])
+        db.save(blocker)
+        wait_until_running(db, blocker["_id"])
+        job = new_job("global", [new_step("true")])
+        db.save(job)
+        (done,) = wait_until_done(db, [job["_id"]], 60)
+    events = [entry["event"] for entry in done["history"]]
+    winner = done["job"][0]["winner"]
+    assert done["job_status"] == "success" and winner in ("reg_a", "reg_b")
+    assert "claimed" not in events, events  # assigned, not claimed
+    won = next(entry for entry in done["history"] if entry["event"] == "won")
+    assert won["detail"] == f"winner {winner} (it has room)" and won["site"] == "global"
+
+
+def wait_until_running(db: Database, job_id: str) -> None:
+    def running() -> bool:
+        doc = db.get(job_id)
+        return bool(doc and doc["job"][0].get("step_status") == "running")
+    wait_for(running, 30, f"{job_id} running")
+
+
+def test_statuses_are_not_jobs_to_the_views(jobs_db: Database) -> None:
+    jobs_db.save(site_status().as_doc())
+    for view in ("live", "claimable", "stale_open", "involving", "by_status"):
+        response = requests.get(f"{jobs_db.url}/_design/jobdist/_view/{view}", timeout=10)
+        response.raise_for_status()
+        assert all(not row["id"].startswith("site-") for row in response.json()["rows"])
