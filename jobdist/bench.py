@@ -46,6 +46,7 @@ from .scenarios import (
     write_sites,
 )
 from .setup import admin_couch_of
+from .status import status_id
 from .workers import StepResult
 
 TOPOLOGIES = ("mesh", "star", "filtered")
@@ -539,7 +540,10 @@ class ReplicationRow:
     jobs: int
     steps: int
     revisions_per_job: float  # distinct revisions written at their origin, per job
-    replicated_per_job: float  # revisions written into a site by replication, per job
+    status_writes_per_job: float  # the sites' own status documents written meanwhile
+    # Job revisions written into a site by replication, per job: every revision the
+    # replicators wrote, less the most the status documents can account for.
+    replicated_per_job: float
     replication_requests_per_job: float
     replication_kib_per_job: float  # request bodies the replicators sent
     makespan: float
@@ -566,6 +570,15 @@ def replication_jobs(sites: list[str], count: int, step_seconds: float) -> list[
         target = "any" if index % 2 == 0 else sites[(index // 2) % len(sites)]
         jobs.append([new_step(command, target=target) for _ in range(3)])
     return jobs
+
+
+def status_writes(dbs: dict[str, Database]) -> int:
+    """Revisions of the sites' status documents, each counted at its own site."""
+    total = 0
+    for name, db in dbs.items():
+        doc = db.get(status_id(name))
+        total += int(doc["_rev"].split("-")[0]) if doc else 0
+    return total
 
 
 def update_seqs(dbs: dict[str, Database]) -> dict[str, int]:
@@ -608,6 +621,7 @@ def run_replication(topology: str, count: int, jobs: int, step_seconds: float,
     with local_cluster(count, workers, topology) as cluster:
         dbs = {name: site_db(cluster, name) for name in cluster.sites}
         logs = server_logs(cluster)
+        statuses_before = status_writes(dbs)
         before = update_seqs(dbs)
         started = time.monotonic()
         ids = submit_jobs(dbs["global"], replication_jobs(list(cluster.sites), jobs,
@@ -615,14 +629,19 @@ def run_replication(topology: str, count: int, jobs: int, step_seconds: float,
         wait_until_done(dbs["global"], ids, timeout=300)
         makespan = time.monotonic() - started
         after = wait_until_quiet(dbs)
+        statuses = status_writes(dbs) - statuses_before
         revisions = distinct_revisions(dbs, ids)
         replicator = [r for log in logs for r in log.requests_since_start()
                       if r.agent.startswith(REPLICATOR_AGENT)]
+    # Status documents replicate too; each of their revisions reaches a site at most
+    # once, so at most `count - 1` of the replicated ones are theirs, per revision.
     written = sum(after.values()) - sum(before.values())
+    status_replicated = min(statuses * (count - 1), written - revisions - statuses)
     return ReplicationRow(
         topology=topology, sites=count, jobs=jobs, steps=3,
         revisions_per_job=revisions / jobs,
-        replicated_per_job=(written - revisions) / jobs,
+        status_writes_per_job=statuses / jobs,
+        replicated_per_job=(written - revisions - statuses - status_replicated) / jobs,
         replication_requests_per_job=len(replicator) / jobs,
         replication_kib_per_job=sum(r.body_bytes for r in replicator) / 1024 / jobs,
         makespan=makespan,
@@ -632,13 +651,14 @@ def run_replication(topology: str, count: int, jobs: int, step_seconds: float,
 def replication_table(topology: str, rows: list[ReplicationRow]) -> Table:
     table = Table(title=f"replication, {topology}: documents written by replication "
                         "(the thesis's 4.3 estimate: 4(N-1)^2 a step, full mesh)")
-    for column in ("sites", "revs/job", "replicated/job", "replicated/step",
+    for column in ("sites", "revs/job", "status writes/job", "replicated/job", "replicated/step",
                    "thesis/step", "measured/thesis", "repl. requests/job",
                    "repl. KiB sent/job", "makespan"):
         table.add_column(column, justify="right")
     for row in rows:
         table.add_row(
-            str(row.sites), f"{row.revisions_per_job:.1f}", f"{row.replicated_per_job:.1f}",
+            str(row.sites), f"{row.revisions_per_job:.1f}", f"{row.status_writes_per_job:.1f}",
+            f"{row.replicated_per_job:.1f}",
             f"{row.replicated_per_step:.1f}", str(row.thesis_per_step),
             f"{row.replicated_per_step / row.thesis_per_step:.2f}",
             f"{row.replication_requests_per_job:.1f}", f"{row.replication_kib_per_job:.1f}",

@@ -102,7 +102,7 @@ def test_scheduling_overhead_counts_from_runnable_and_free() -> None:
 
 
 def test_tables_render() -> None:
-    row = ReplicationRow("mesh", 3, 4, 3, 9.0, 18.0, 40.0, 12.5, 2.0)
+    row = ReplicationRow("mesh", 3, 4, 3, 9.0, 0.5, 18.0, 40.0, 12.5, 2.0)
     assert row.replicated_per_step == 6.0 and row.thesis_per_step == 16
     assert "0.38" in rendered(replication_table("mesh", [row]))
     spread = {"p50": 0.1, "p95": 0.2, "p99": 0.3, "max": 0.4}

@@ -161,9 +161,11 @@ def test_a_batch_reads_and_writes_many_jobs_at_once(world: World) -> None:
     ids = world.submit([[new_step("true")] for _ in range(60)])
     world.run(ids)
     creator = world.stores["global"].calls
-    # One job at a time cost a read and a write per decision; batches share them.
+    # One job at a time cost a read and a write per decision, and each job needs two
+    # at the creator at least (start, finish); batches share them. (The number of
+    # rounds depends on how the worker threads interleave: 55-61 reads here.)
     assert creator["docs_read"] / creator["reads"] > 3, creator
-    assert creator["reads"] < len(ids), creator
+    assert creator["reads"] < 2 * len(ids), creator
     for manager in world.managers.values():
         assert manager.counts["handler_errors"] == 0
 
