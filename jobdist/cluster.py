@@ -29,10 +29,13 @@ from pathlib import Path
 from typing import Any
 
 from .config import SiteConfig, load_sites, write_credentials
+from .couch import Couch, CouchError
 from .localserver import LocalServer, answers, pouchdb_server, private_dir
 from .setup import setup_sites
+from .status import status_id
 
 DEFAULT_STATE_DIR = Path(".jobdist")
+CONNECT_WAIT = 15.0  # seconds `up` waits for every site to see every other status
 
 
 class ClusterError(RuntimeError):
@@ -111,6 +114,7 @@ class LocalCluster:
                 state["sites"][site.name]["daemon"] = self._start_daemon(site)
                 self._save(state)
             self._wait_ready(timeout)
+            self._wait_connected(min(timeout, CONNECT_WAIT))
         except BaseException:
             self.down()
             raise
@@ -251,6 +255,26 @@ class LocalCluster:
                                    f"{self.site_dir(name) / 'daemon.log'}")
             if time.monotonic() > deadline:
                 raise ClusterError(f"the daemon of site {name} did not get ready in time")
+            time.sleep(0.1)
+
+    def _wait_connected(self, timeout: float) -> None:
+        """Wait until every site has every other site's status document.
+
+        Then replication carries documents every way, and each creator knows the
+        others' room: the state a cluster that has run a while is in, which is
+        what a demo or a benchmark means to measure. Not an error when late: a
+        test may cut links on purpose.
+        """
+        deadline = time.monotonic() + timeout
+        dbs = {name: Couch(site.couch_url, user=site.user, password=site.password,
+                           retries=1).database(site.database)
+               for name, site in self.sites.items()}
+        missing = {(name, other) for name in dbs for other in dbs if other != name}
+        while missing and time.monotonic() < deadline:
+            for name, other in sorted(missing):
+                with contextlib.suppress(CouchError):
+                    if dbs[name].get(status_id(other)) is not None:
+                        missing.discard((name, other))
             time.sleep(0.1)
 
     def _recorded(self) -> bool:

@@ -564,6 +564,8 @@ def assign_to_room(doc: Doc, step: Doc, ctx: Context) -> Decision:
     creator alone picks winners, a new epoch fences off any older claim, and a
     site that finds no worker free when it arrives releases it as usual.
     """
+    if sole_target(step) not in (None, ctx.site):
+        return STAY  # its one target site starts it without us: assigning would race it
     site = site_with_room(doc, step, ctx)
     if site is None:
         return STAY

@@ -1087,6 +1087,8 @@ def test_assignment_follows_the_target_and_needs_room():
     targeted = core.plan([job(["global", "reg_a"])], room_ctx(room={"reg_a": 1, "reg_b": 9}),
                          pool())
     assert current(targeted.doc)["winner"] == "reg_a"
+    # A step with one target site is that site's to start: assigning it too would race it.
+    assert core.plan([job("reg_a")], room_ctx(room={"reg_a": 2}), pool()).action == "none"
     # An unknown site's room is no reason to give it anything.
     assert core.plan([job("any")], room_ctx(room={"reg_z": 4}), pool()).action == "none"
 
