@@ -193,7 +193,16 @@ class Assign:
     site: str
 
 
-Effect = Book | Unbook | Launch | Kill | Assign
+@dataclass(frozen=True)
+class Revoke:
+    """The creator took a step back from `site`, silent past its lease: assign it nothing
+    more until it says again that it has room (a new status)."""
+
+    key: Key
+    site: str
+
+
+Effect = Book | Unbook | Launch | Kill | Assign | Revoke
 
 
 @dataclass(frozen=True)
@@ -652,8 +661,10 @@ def revoke_if_expired(doc: Doc, step: Doc, ctx: Context) -> Decision:
     """
     if ctx.site != doc["creator"] or not ctx.lease_expired(step):
         return STAY
-    detail = f"lease of {step.get('winner')} expired at {step['lease_until']}"
-    return Decision("revoke", release(ctx, detail), detail=detail)
+    winner = step.get("winner")
+    detail = f"lease of {winner} expired at {step['lease_until']}"
+    silent = (Revoke((doc["_id"], doc["step"]), winner),) if isinstance(winner, str) else ()
+    return Decision("revoke", release(ctx, detail), before=silent, detail=detail)
 
 
 def start_decision(doc: Doc, step: Doc, ctx: Context, worker: str, *, assign: bool) -> Decision:

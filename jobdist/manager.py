@@ -647,6 +647,8 @@ class Manager:
             self.launch(effect, doc)
         elif isinstance(effect, core.Assign):
             self.board.note_assigned(effect.key, effect.site, time.monotonic())
+        elif isinstance(effect, core.Revoke):
+            self.board.forget(effect.site)
 
     def launch(self, effect: core.Launch, doc: Doc) -> None:
         job_id, index = effect.key

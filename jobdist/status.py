@@ -90,6 +90,11 @@ class Board:
                          if site != status.site or now - at < MIN_INTERVAL}
         return before is None or status.room > before[0].room
 
+    def forget(self, site: str) -> None:
+        """Until `site` publishes again: we revoked its lease, so it may be dead or cut off,
+        and its last status (fresh for up to STALE_AFTER) would have us assign to it again."""
+        self.statuses.pop(site, None)
+
     def note_assigned(self, key: Key, site: str, now: float) -> None:
         self.assigned[key] = (site, now)
 

@@ -227,6 +227,10 @@ class SimSite:
             execution = Execution(effect.key, effect.epoch, effect.worker, self.name)
             self.running[effect.key] = execution
             self.ledger.append(execution)
+        elif isinstance(effect, core.Assign) and self.room is not None:
+            self.room[effect.site] = self.room.get(effect.site, 0) - 1  # as the Board counts
+        elif isinstance(effect, core.Revoke) and self.room is not None:
+            self.room.pop(effect.site, None)  # as the Board forgets a revoked site
         elif isinstance(effect, core.Kill):
             execution = self.running.pop(effect.key)
             self.killed.append(execution)

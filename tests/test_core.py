@@ -1128,3 +1128,11 @@ def test_an_assigned_site_without_a_free_worker_releases_the_step():
     released = core.plan([{**plan.doc, "_rev": "2-b"}], room_ctx("reg_a"), pool())
     assert released.action == "release" and current(released.doc)["epoch"] == 2
     assert current(released.doc)["winner"] is None
+
+
+def test_a_revoked_site_is_named_so_that_the_creator_stops_assigning_to_it():
+    doc = running(job("any"), "reg_a")
+    step(doc, lease_until=at(100))
+    plan = core.plan([doc], room_ctx(), pool())
+    assert plan.action == "revoke"
+    assert plan.before == (core.Revoke(KEY, "reg_a"),)

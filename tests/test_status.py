@@ -71,6 +71,15 @@ def test_room_counts_fresh_statuses_less_what_we_assigned():
     assert "reg_a" not in board.room(12.0 + status.STALE_AFTER)
 
 
+def test_a_forgotten_site_gets_no_room_until_it_publishes_again():
+    board = Board("global")
+    board.hear(site_status("reg_a", 2).as_doc(), now=0.0)
+    board.forget("reg_a")  # its lease was revoked: dead, or cut off
+    assert board.room(1.0) == {}
+    assert board.hear(site_status("reg_a", 2).as_doc(), now=2.0)  # back: news
+    assert board.room(2.0) == {"reg_a": 2}
+
+
 def test_restricted_sites_get_no_room_and_assigning_creators_are_known():
     board = Board("reg_a")
     board.hear(site_status("global", 3, restricted=True).as_doc(), now=0.0)
