@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import getpass
 import heapq
+import importlib
 import importlib.metadata
 import json
 import math
@@ -35,8 +36,7 @@ from rich.text import Text
 
 import jobdist
 from jobdist import core
-from jobdist.cluster import DEFAULT_STATE_DIR, ClusterError, LocalCluster
-from jobdist.config import ConfigError, SiteConfig, load_site, load_sites
+from jobdist.config import ConfigError, SiteConfig, ensure_credentials, load_site, load_sites
 from jobdist.couch import (
     Conflict,
     Couch,
@@ -46,7 +46,7 @@ from jobdist.couch import (
     Saved,
     Unavailable,
 )
-from jobdist.localserver import ServerError
+from jobdist.errors import JobdistError
 from jobdist.model import (
     FINAL_STATUSES,
     Doc,
@@ -57,8 +57,8 @@ from jobdist.model import (
     targets,
     utc_now,
 )
-from jobdist.retention import RetentionError, parse_duration
 from jobdist.retention import cleanup as run_cleanup
+from jobdist.retention import parse_duration
 from jobdist.tables import Cell, Col, FittedTable
 from jobdist.validation import validate_job, validate_submission
 
@@ -89,8 +89,29 @@ class UnreadableFile(Exception):
     """The file is missing, unreadable or not JSON/YAML; the message says which."""
 
 
+# Commands that live in other modules, imported only when run: `jobdist site run`
+# (the daemon) must not load the lab, nor `jobdist status` the Spark report.
+LAZY_COMMANDS = {
+    "cluster": "jobdist.lab.commands:cluster",
+    "demo": "jobdist.lab.commands:demo",
+    "bench": "jobdist.lab.bench:bench",
+    "report": "jobdist.analytics:report",
+}
+
+
 class Cli(click.Group):
     """Errors people meet are one clear line and exit 2, never a traceback."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*super().list_commands(ctx), *LAZY_COMMANDS])
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in LAZY_COMMANDS:
+            return super().get_command(ctx, name)
+        module, _, attribute = LAZY_COMMANDS[name].partition(":")
+        command = getattr(importlib.import_module(module), attribute)
+        assert isinstance(command, click.Command)
+        return command
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -103,8 +124,7 @@ class Cli(click.Group):
             click.echo(f"jobdist: {explain_couch_error(error, ctx.meta.get(SITE_META))}",
                        err=True)
             sys.exit(EXIT_ERROR)
-        except (ConfigError, ClusterError, ServerError, UnreadableFile,
-                RetentionError) as error:
+        except (JobdistError, UnreadableFile) as error:
             click.echo(f"jobdist: {error}", err=True)
             sys.exit(EXIT_ERROR)
 
@@ -143,9 +163,6 @@ def explain_couch_error(error: CouchError, site: SiteConfig | None) -> str:
 sites_option = click.option(
     "--sites", "sites_dir", default="sites", show_default=True, envvar="JOBDIST_SITES",
     type=click.Path(path_type=Path), help="Directory of site configs ($JOBDIST_SITES).")
-state_option = click.option("--state", "state_dir", default=str(DEFAULT_STATE_DIR),
-                            show_default=True, type=click.Path(path_type=Path),
-                            help="Where the local cluster keeps pids and logs.")
 site_option = click.option(
     "--site", "--at", "site_name", default=None, envvar="JOBDIST_SITE", metavar="SITE",
     help="The site whose CouchDB to talk to ($JOBDIST_SITE; default: global, or the only "
@@ -417,45 +434,6 @@ def site_run(config_path: Path, sites_dir: Path | None, ready_file: Path | None,
     known = set(load_sites(sites_dir or config_path.parent))
     configure_logging(log_level.upper(), log_file)
     sys.exit(Daemon(config, known).run(ready_file))
-
-
-@main.group()
-def cluster() -> None:
-    """A local cluster: a server and a daemon for every site of a sites directory."""
-
-
-@cluster.command("up")
-@sites_option
-@state_option
-@click.option("--in-memory", is_flag=True, help="Servers keep nothing on disk.")
-def cluster_up(sites_dir: Path, state_dir: Path, in_memory: bool) -> None:
-    """Start every site and continuous replication; return once all are ready."""
-    local = LocalCluster(sites_dir, state_dir, in_memory=in_memory)
-    local.up()
-    for row in local.status():
-        click.echo(f"{row['site']:<10} {row['url']:<26} fauxton {row['fauxton']}")
-
-
-@cluster.command("down")
-@sites_option
-@state_option
-def cluster_down(sites_dir: Path, state_dir: Path) -> None:
-    """Stop exactly the processes `cluster up` started."""
-    stopped = LocalCluster(sites_dir, state_dir).down()
-    for line in stopped:
-        click.echo(f"stopped {line}")
-    if not stopped:
-        click.echo(f"nothing to stop: no process recorded in {state_dir} is running")
-
-
-@cluster.command("status")
-@sites_option
-@state_option
-def cluster_status(sites_dir: Path, state_dir: Path) -> None:
-    """Show each site's server and daemon."""
-    for row in LocalCluster(sites_dir, state_dir).status():
-        click.echo(f"{row['site']:<10} server {row['server']:<22} daemon {row['daemon']:<22} "
-                   f"{row['fauxton']}")
 
 
 # --- submit ------------------------------------------------------------------------
@@ -1194,8 +1172,6 @@ def secrets(sites_dir: Path, compose_env: Path | None) -> None:
     """Write the credentials files the site configs name and nobody has written yet
     (random passwords, mode 600); existing ones are kept. `jobdist cluster up` does
     this by itself."""
-    from jobdist.cluster import ensure_credentials
-
     sites = load_site_configs(sites_dir)
     missing = [path for site in sites.values()
                for path in (site.credentials, site.admin_credentials)
@@ -1308,32 +1284,6 @@ def validate(file: str, file_format: str) -> None:
     if errors:
         sys.exit(EXIT_INVALID)
     click.echo(f"{name}: ok")
-
-
-@main.command()
-@click.option("--step-seconds", default=0.5, show_default=True,
-              help="How long each step sleeps (the thesis used 5).")
-@click.option("--only", multiple=True, help="Run only scenarios whose name starts so.")
-def demo(step_seconds: float, only: tuple[str, ...]) -> None:
-    """Run the thesis's four evaluation scenarios on local clusters; print a table."""
-    from jobdist.demo import run_demo
-
-    sys.exit(run_demo(step_seconds, only))
-
-
-def _register_extensions() -> None:
-    """Commands that live in their own modules (analytics, benchmarks)."""
-    import importlib
-
-    for module, name in (("jobdist.analytics", "report"), ("jobdist.bench", "bench")):
-        try:
-            main.add_command(getattr(importlib.import_module(module), name))
-        except ModuleNotFoundError as error:
-            if error.name != module:
-                raise
-
-
-_register_extensions()
 
 
 if __name__ == "__main__":

@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import stat
 import tomllib
 from collections.abc import Iterator, Mapping
@@ -70,6 +71,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from .errors import JobdistError
 from .names import nearest_name
 
 SITE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
@@ -91,7 +93,7 @@ SETTINGS: dict[str, tuple[str, ...]] = {
 }
 
 
-class ConfigError(ValueError):
+class ConfigError(JobdistError, ValueError):
     """A site configuration that cannot be used; the message says why and where."""
 
 
@@ -412,3 +414,16 @@ def _describe(error: Exception) -> str:
     if isinstance(error, KeyError):
         return f"missing setting {error.args[0]!r}"
     return str(error)
+
+
+def ensure_credentials(sites: dict[str, SiteConfig], sites_dir: Path) -> dict[str, SiteConfig]:
+    """Write the credentials files the site configs name but nobody has written yet
+    (a user per site, one admin), then read the configs again to pick them up."""
+    written = False
+    for site in sites.values():
+        wanted = ((site.credentials, f"jobdist_{site.name}"), (site.admin_credentials, "admin"))
+        for path, user in wanted:
+            if path is not None and not path.exists():
+                write_credentials(path, user, secrets.token_urlsafe(24))
+                written = True
+    return load_sites(sites_dir) if written else sites

@@ -31,6 +31,7 @@ from typing import IO, Any
 
 from .core import merge
 from .couch import Conflict, Database, Rejected, Saved
+from .errors import JobdistError
 from .model import FINAL_STATUSES, Doc, format_time
 
 log = logging.getLogger("jobdist.retention")
@@ -42,7 +43,7 @@ _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
-class RetentionError(ValueError):
+class RetentionError(JobdistError, ValueError):
     """A retention setting that cannot be used (e.g. a malformed duration)."""
 
 

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 import pytest
 import requests
 
-from jobdist.cluster import interrupt_on_sigterm
-from jobdist.localserver import LocalServer, free_port
+from jobdist.lab.cluster import interrupt_on_sigterm
+from jobdist.lab.localserver import LocalServer, free_port
 
 
 def pytest_configure(config: pytest.Config) -> None:

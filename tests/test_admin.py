@@ -16,7 +16,7 @@ from jobdist.admin import AdminServer, SiteCollector, resident_memory_bytes, seq
 from jobdist.config import ConfigError, SiteConfig
 from jobdist.couch import Couch
 from jobdist.daemon import Daemon
-from jobdist.localserver import LocalServer, free_port
+from jobdist.lab.localserver import LocalServer, free_port
 from jobdist.model import new_job, new_step
 
 from .helpers import wait_for

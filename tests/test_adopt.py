@@ -15,9 +15,8 @@ import pytest
 from click.testing import CliRunner
 
 from jobdist.cli import main
-from jobdist.cluster import LocalCluster
-from jobdist.model import new_step
-from jobdist.scenarios import (
+from jobdist.lab.cluster import LocalCluster
+from jobdist.lab.scenarios import (
     ledger_command,
     read_ledger,
     site_db,
@@ -25,6 +24,7 @@ from jobdist.scenarios import (
     wait_until_done,
     write_sites,
 )
+from jobdist.model import new_step
 
 from .helpers import wait_for
 

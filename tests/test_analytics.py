@@ -22,7 +22,7 @@ pytest.importorskip("matplotlib")
 
 from jobdist import analytics
 from jobdist.couch import Couch, Database, Saved
-from jobdist.localserver import LocalServer, free_port
+from jobdist.lab.localserver import LocalServer, free_port
 from jobdist.model import Doc, event, format_time, new_job, new_step
 
 pytestmark = pytest.mark.spark

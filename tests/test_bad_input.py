@@ -31,9 +31,9 @@ from urllib.parse import quote
 import pytest
 import requests
 
-from jobdist.cluster import LocalCluster
+from jobdist.lab.cluster import LocalCluster
+from jobdist.lab.scenarios import site_db, submit_all, wait_until_done, write_sites
 from jobdist.model import ANY, Doc, event, new_job, new_step
-from jobdist.scenarios import site_db, submit_all, wait_until_done, write_sites
 from jobdist.validation import (
     MAX_DOC_SIZE,
     MAX_STREAM_LENGTH,

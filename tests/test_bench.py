@@ -13,7 +13,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from jobdist.bench import (
+from jobdist.lab.bench import (
     RawRates,
     ReplicationRow,
     Request,

@@ -18,12 +18,12 @@ import pytest
 from click.testing import CliRunner, Result
 
 from jobdist.cli import main
-from jobdist.cluster import LocalCluster, process_start_time
 from jobdist.core import merge
 from jobdist.couch import Couch, Database
-from jobdist.localserver import LocalServer, free_port
+from jobdist.lab.cluster import LocalCluster, process_start_time
+from jobdist.lab.localserver import LocalServer, free_port
+from jobdist.lab.scenarios import site_db, write_sites
 from jobdist.model import Doc, new_job, new_step
-from jobdist.scenarios import site_db, write_sites
 
 from .helpers import wait_for
 

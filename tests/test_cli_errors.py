@@ -17,7 +17,7 @@ from click.testing import CliRunner, Result
 
 import jobdist
 from jobdist.cli import jobdist_version, main
-from jobdist.localserver import free_port
+from jobdist.lab.localserver import free_port
 from jobdist.validation import validate_submission
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -55,8 +55,11 @@ def one_line(result: Result, *fragments: str, code: int = 2) -> str:
 
 
 def all_commands(group: click.Group, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every command and subcommand, the lazily loaded ones (cluster, bench, ...) included."""
     found = []
-    for name, command in group.commands.items():
+    context = click.Context(group)
+    for name in group.list_commands(context):
+        command = group.get_command(context, name)
         found.append((*prefix, name))
         if isinstance(command, click.Group):
             found += all_commands(command, (*prefix, name))

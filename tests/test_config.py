@@ -11,7 +11,7 @@ import pytest
 
 import jobdist.config
 from jobdist.config import SETTINGS, ConfigError, Section, load_site, load_sites
-from jobdist.scenarios import TOPOLOGIES, write_sites
+from jobdist.lab.scenarios import TOPOLOGIES, write_sites
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 BASE = 'name = "solo"\n[couch]\nurl = "http://127.0.0.1:5999"\n'

@@ -26,7 +26,7 @@ from jobdist.couch import (
     _continuous_items,
     _eventsource_items,
 )
-from jobdist.localserver import LocalServer, free_port
+from jobdist.lab.localserver import LocalServer, free_port
 
 from .helpers import wait_for
 

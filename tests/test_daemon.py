@@ -16,8 +16,8 @@ import pytest
 from jobdist.couch import Couch, Database
 from jobdist.design import load_design_docs
 from jobdist.keepalive import KeepAlive
+from jobdist.lab.localserver import LocalServer, free_port
 from jobdist.listener import Changed, Listener, load_checkpoint, save_checkpoint
-from jobdist.localserver import LocalServer, free_port
 from jobdist.model import format_time, new_job, new_step
 
 

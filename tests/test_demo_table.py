@@ -11,8 +11,8 @@ import pytest
 from rich.cells import cell_len
 from rich.console import Console
 
-from jobdist.demo import results_table
-from jobdist.scenarios import THESIS_SCENARIOS, Result
+from jobdist.lab.demo import results_table
+from jobdist.lab.scenarios import THESIS_SCENARIOS, Result
 
 # (makespan, ideal, revisions min, max) at 1 s steps, as docs/performance.md measured them.
 MEASURED = [(3.37, 3.0, 7, 7), (9.40, 9.0, 5, 5), (6.44, 6.0, 5, 7), (4.45, 3.0, 5, 8),

@@ -29,7 +29,7 @@ import yaml
 
 from jobdist.config import SiteConfig, load_sites
 from jobdist.couch import Couch
-from jobdist.localserver import LocalServer, free_port
+from jobdist.lab.localserver import LocalServer, free_port
 from jobdist.model import new_job, new_step
 from jobdist.setup import setup_sites
 from jobdist.topology import endpoint

@@ -15,10 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from jobdist.cluster import LocalCluster
 from jobdist.couch import Database
-from jobdist.model import Doc, new_job, new_step
-from jobdist.scenarios import (
+from jobdist.lab.cluster import LocalCluster
+from jobdist.lab.scenarios import (
     THESIS_SCENARIOS,
     check_ledger,
     ledger_command,
@@ -28,6 +27,7 @@ from jobdist.scenarios import (
     wait_until_done,
     write_sites,
 )
+from jobdist.model import Doc, new_job, new_step
 
 pytestmark = pytest.mark.e2e
 

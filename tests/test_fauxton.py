@@ -22,7 +22,7 @@ import pytest
 
 from jobdist.couch import Couch
 from jobdist.design import load_design_docs
-from jobdist.localserver import LocalServer, free_port
+from jobdist.lab.localserver import LocalServer, free_port
 from jobdist.model import new_job, new_step
 
 INSTALL_HINT = ("headless Chromium is needed for the Fauxton test: install Debian's package "

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import requests
 
-from jobdist.cluster import LocalCluster
 from jobdist.config import SiteConfig
+from jobdist.lab.cluster import LocalCluster
+from jobdist.lab.scenarios import merged_docs, site_db, wait_until_done, write_sites
 from jobdist.model import JOB_DEFAULTS, STEP_DEFAULTS, Doc
-from jobdist.scenarios import merged_docs, site_db, wait_until_done, write_sites
 from jobdist.validation import validate_job
 
 from .helpers import readme_http_submission

@@ -16,7 +16,7 @@ from jobdist.config import SiteConfig
 from jobdist.couch import Couch, Database
 from jobdist.design import load_design_docs
 from jobdist.journal import Held, Journal, JournalFull
-from jobdist.localserver import LocalServer, free_port
+from jobdist.lab.localserver import LocalServer, free_port
 from jobdist.manager import Manager
 from jobdist.model import Doc, new_job, new_step
 from jobdist.store import CouchStore

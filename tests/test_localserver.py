@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from jobdist import localserver
-from jobdist.localserver import (
+from jobdist.lab import localserver
+from jobdist.lab.localserver import (
     REQUIRED_FIXES,
     LocalServer,
     ServerError,
@@ -38,8 +38,8 @@ def test_the_local_cluster_restarts_a_site_server_that_dies(tmp_path: Path) -> N
     import signal
     import time
 
-    from jobdist.cluster import LocalCluster
-    from jobdist.scenarios import write_sites
+    from jobdist.lab.cluster import LocalCluster
+    from jobdist.lab.scenarios import write_sites
 
     cluster = LocalCluster(write_sites(tmp_path / "sites", 1), tmp_path / "state")
     cluster.up()

@@ -14,7 +14,7 @@ import pytest
 import requests
 
 from jobdist.design import load_design_docs
-from jobdist.localserver import LocalServer, free_port
+from jobdist.lab.localserver import LocalServer, free_port
 
 pytestmark = pytest.mark.e2e
 

@@ -16,7 +16,7 @@ from click.testing import CliRunner, Result
 
 from jobdist.cli import main
 from jobdist.couch import Couch, Database, Saved
-from jobdist.localserver import LocalServer
+from jobdist.lab.localserver import LocalServer
 from jobdist.model import Doc, format_time, new_job, new_step
 from jobdist.retention import (
     RetentionError,

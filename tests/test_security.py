@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 import requests
 
-from jobdist.cluster import LocalCluster
 from jobdist.config import ConfigError, load_site, load_sites, write_credentials
 from jobdist.couch import Couch, Forbidden
 from jobdist.daemon import Daemon
+from jobdist.lab.cluster import LocalCluster
+from jobdist.lab.scenarios import site_db, wait_until_done, write_sites
 from jobdist.model import new_job, new_step
-from jobdist.scenarios import site_db, wait_until_done, write_sites
 from jobdist.setup import setup_sites
 from jobdist.workers import run_step
 

@@ -10,12 +10,12 @@ import pytest
 import requests
 
 from jobdist import status
-from jobdist.cluster import LocalCluster
 from jobdist.couch import Couch, Database, Forbidden
 from jobdist.design import load_design_docs
-from jobdist.localserver import LocalServer
+from jobdist.lab.cluster import LocalCluster
+from jobdist.lab.localserver import LocalServer
+from jobdist.lab.scenarios import site_db, wait_until_done, write_sites
 from jobdist.model import new_job, new_step
-from jobdist.scenarios import site_db, wait_until_done, write_sites
 from jobdist.status import Board, Publisher, SiteStatus
 from jobdist.validation import validate_site_status
 

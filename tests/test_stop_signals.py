@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from jobdist.cluster import Proc, stop_all
+from jobdist.lab.cluster import Proc, stop_all
 
 from .helpers import wait_for
 

@@ -8,11 +8,10 @@ from pathlib import Path
 import pytest
 import requests
 
-from jobdist.cluster import LocalCluster
 from jobdist.config import load_sites
 from jobdist.design import load_design_docs
-from jobdist.model import new_job, new_step
-from jobdist.scenarios import (
+from jobdist.lab.cluster import LocalCluster
+from jobdist.lab.scenarios import (
     THESIS_SCENARIOS,
     check_ledger,
     run_scenario,
@@ -20,6 +19,7 @@ from jobdist.scenarios import (
     wait_until_done,
     write_sites,
 )
+from jobdist.model import new_job, new_step
 from jobdist.setup import admin_couch_of
 from jobdist.topology import JOBS_FOR_SITE, replications
 

@@ -1,6 +1,6 @@
 """What every fault scenario shares: a local cluster on short leases (optionally
 with a fault proxy on every replication link), seeded random jobs whose steps
-write the ledger, the end-of-run audit (jobdist.scenarios.audit_run) and the
+write the ledger, the end-of-run audit (jobdist.lab.scenarios.audit_run) and the
 scenario's summary.
 """
 
@@ -17,12 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jobdist.cluster import LocalCluster
 from jobdist.config import load_sites
 from jobdist.couch import Database, Saved
-from jobdist.localserver import free_port
-from jobdist.model import Doc, new_job, new_step
-from jobdist.scenarios import (
+from jobdist.lab.cluster import LocalCluster
+from jobdist.lab.localserver import free_port
+from jobdist.lab.scenarios import (
     SITE_NAMES,
     Audit,
     audit_run,
@@ -33,6 +32,7 @@ from jobdist.scenarios import (
     wait_until_done,
     write_sites,
 )
+from jobdist.model import Doc, new_job, new_step
 
 from .proxy import FaultProxy, ProxyHub
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from jobdist.scenarios import read_ledger
+from jobdist.lab.scenarios import read_ledger
 
 from ..helpers import wait_for
 from .harness import LEASE, Trial, trial

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from jobdist.lab.scenarios import ledger_command, read_ledger
 from jobdist.model import Doc, Phase, new_step, seconds_between, step_phase, utc_now
-from jobdist.scenarios import ledger_command, read_ledger
 
 from ..helpers import wait_for
 from .harness import LEASE, Link, Trial, trial

@@ -13,8 +13,8 @@ from rich.progress import (
 )
 from rich.text import Text
 
+from ..tables import Cell, Col, FittedTable
 from .scenarios import THESIS_SCENARIOS, Result, check_ledger, run_scenario
-from .tables import Cell, Col, FittedTable
 
 
 def run_demo(step_seconds: float, only: tuple[str, ...] = ()) -> int:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import secrets
 import shutil
 import signal
 import subprocess
@@ -28,18 +27,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import SiteConfig, load_sites, write_credentials
-from .couch import Couch, CouchError
+from ..config import SiteConfig, ensure_credentials, load_sites
+from ..couch import Couch, CouchError
+from ..errors import JobdistError
+from ..setup import setup_sites
+from ..status import status_id
 from .localserver import LocalServer, answers, pouchdb_server, private_dir
-from .setup import setup_sites
-from .status import status_id
 
 DEFAULT_STATE_DIR = Path(".jobdist")
 CONNECT_WAIT = 15.0  # seconds `up` waits for every site to see every other status
 
 
-class ClusterError(RuntimeError):
-    pass
+class ClusterError(JobdistError, RuntimeError):
+    """The local cluster could not be brought up or down."""
 
 
 @dataclass(frozen=True)
@@ -173,7 +173,7 @@ class LocalCluster:
         data = self.site_dir(site.name) / "couch"
         data.mkdir(parents=True, exist_ok=True)
         (data / "server.pid").unlink(missing_ok=True)
-        args = [sys.executable, "-m", "jobdist.localserver", "--port", str(site.port),
+        args = [sys.executable, "-m", "jobdist.lab.localserver", "--port", str(site.port),
                 "--dir", str(data), *(["--in-memory"] if self.in_memory else [])]
         if site.admin_credentials is not None:
             args += ["--admin-credentials", str(site.admin_credentials)]
@@ -302,19 +302,6 @@ def interrupt_on_sigterm() -> signal.Handlers | Any:
         raise KeyboardInterrupt(f"signal {signum}")
 
     return signal.signal(signal.SIGTERM, interrupt)
-
-
-def ensure_credentials(sites: dict[str, SiteConfig], sites_dir: Path) -> dict[str, SiteConfig]:
-    """Write the credentials files the site configs name but nobody has written yet
-    (a user per site, one admin), then read the configs again to pick them up."""
-    written = False
-    for site in sites.values():
-        wanted = ((site.credentials, f"jobdist_{site.name}"), (site.admin_credentials, "admin"))
-        for path, user in wanted:
-            if path is not None and not path.exists():
-                write_credentials(path, user, secrets.token_urlsafe(24))
-                written = True
-    return load_sites(sites_dir) if written else sites
 
 
 def _describe(proc: dict[str, Any] | None) -> str:

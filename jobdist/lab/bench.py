@@ -29,12 +29,15 @@ import requests
 from rich.console import Console
 from rich.table import Table
 
-from . import core
+from .. import core
+from ..couch import Couch, Database
+from ..design import load_design_docs
+from ..model import Doc, new_job, new_step, parse_time, utc_now
+from ..setup import admin_couch_of
+from ..status import status_id
+from ..workers import StepResult
 from .cluster import LocalCluster
-from .couch import Couch, Database
-from .design import load_design_docs
 from .localserver import LocalServer, free_port
-from .model import Doc, new_job, new_step, parse_time, utc_now
 from .scenarios import (
     THESIS_SCENARIOS,
     Result,
@@ -45,9 +48,6 @@ from .scenarios import (
     wait_until_done,
     write_sites,
 )
-from .setup import admin_couch_of
-from .status import status_id
-from .workers import StepResult
 
 TOPOLOGIES = ("mesh", "star", "filtered")
 REPLICATOR_AGENT = "node-fetch"  # pouchdb-server's replicator; our daemons send python-requests

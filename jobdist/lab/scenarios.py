@@ -18,11 +18,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..core import merge
+from ..couch import Couch, Database
+from ..model import ANY, Doc, allows, new_job, new_step
 from .cluster import LocalCluster
-from .core import merge
-from .couch import Couch, Database
 from .localserver import free_port
-from .model import ANY, Doc, allows, new_job, new_step
 
 SITE_NAMES = ("global", "reg_a", "reg_b")
 LedgerRow = tuple[str, str, int, str, int]  # (kind, job id, step, site, epoch)

@@ -23,13 +23,15 @@ from pathlib import Path
 
 import requests
 
+from ..errors import JobdistError
+
 # Running from a checkout (an editable install, or the source tree on sys.path), the
 # checkout's own `npm ci` installed the server in node_modules beside the package.
-CHECKOUT = Path(__file__).resolve().parent.parent
-log = logging.getLogger("jobdist.localserver")
+CHECKOUT = Path(__file__).resolve().parents[2]  # jobdist/lab/ → the checkout
+log = logging.getLogger("jobdist.lab.localserver")
 
 
-class ServerError(RuntimeError):
+class ServerError(JobdistError, RuntimeError):
     """The local server could not be found, started or reached."""
 
 
@@ -309,11 +311,11 @@ def supervise(server: LocalServer, stop: threading.Event, pid_file: Path | None 
 
 
 def main() -> None:
-    """`python -m jobdist.localserver --port P --dir D [--in-memory] [--admin-credentials F]`:
+    """`python -m jobdist.lab.localserver --port P --dir D [--in-memory] [--admin-credentials F]`:
     a supervised server; with F (a credentials file), F's user is its admin."""
     import argparse
 
-    from .config import read_credentials
+    from ..config import read_credentials
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--port", type=int, required=True)
