@@ -602,9 +602,16 @@ class Manager:
                             runs=self.config.allows,
                             lease_silence=lease_silence,
                             room=self.board.room(now),
-                            # A site with an allow-list is never assigned to: it claims.
-                            assigning=frozenset() if self.restricted
-                            else self.board.assigning(now))
+                            assigning=self._expecting_assignments(now))
+
+    def _expecting_assignments(self, now: float) -> frozenset[str]:
+        """The creators that may assign steps to us: those that assign, unless our last
+        status said we had no room (then they will not: claim at once), or we have an
+        allow-list (never assigned to)."""
+        published = self.publisher.last
+        if self.restricted or published is None or published.room <= 0:
+            return frozenset()
+        return self.board.assigning(now)
 
     @property
     def restricted(self) -> bool:
