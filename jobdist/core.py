@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
 import json
-import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -594,8 +594,9 @@ def site_with_room(doc: Doc, step: Doc, ctx: Context) -> str | None:
 
 
 def spread(site: str, doc_id: str) -> int:
-    """A stable order of sites per job, so equal rooms do not all go to one site."""
-    return zlib.crc32(f"{site}/{doc_id}".encode())
+    """A stable pseudo-random order of (site, job) pairs: sites do not all claim the same
+    equally urgent jobs, and equal rooms do not all go to one site."""
+    return int.from_bytes(hashlib.blake2b(f"{site}/{doc_id}".encode(), digest_size=4).digest())
 
 
 def open_long(doc: Doc, ctx: Context) -> bool:

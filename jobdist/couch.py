@@ -373,13 +373,12 @@ class Database:
 
     def get(self, doc_id: str, *, conflicts: bool = False, rev: str | None = None) -> Doc | None:
         """The document (winning revision unless `rev`), or None when it does not exist."""
-        options: Doc = {"conflicts": conflicts or None, "rev": rev}
         client = self.couch.client
         kind, name = _split_id(doc_id)
         operation = {"_design": client.get_design_document,
                      "_local": client.get_local_document}.get(kind, client.get_document)
-        if kind == "_local":
-            options = {}  # a local document has no revisions to ask about
+        # A local document has no revisions to ask about.
+        options: Doc = {} if kind == "_local" else {"conflicts": conflicts or None, "rev": rev}
         try:
             return self._call(f"get {doc_id!r}", operation, name, **options)
         except NotFound as error:

@@ -18,7 +18,6 @@ keep-alive re-save.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import queue
 import threading
@@ -53,11 +52,6 @@ BATCH = 200  # jobs decided together: one read and one write a round for all of 
 MAX_ROUNDS = 8  # fresh reads of one job in one batch before it is left for later
 Found = tuple[list[Doc], list[core.Rejected]]  # a job's usable leaves, and the others
 Planner = Callable[[list[Doc], list[core.Rejected]], core.Plan]
-
-
-def spread(site: str, doc_id: str) -> int:
-    """A per-site order of equally urgent jobs, so sites do not all claim the same ones."""
-    return int.from_bytes(hashlib.blake2b(f"{site}/{doc_id}".encode(), digest_size=4).digest())
 
 
 @dataclass(frozen=True)
@@ -783,7 +777,8 @@ class Manager:
     def own_status(self) -> status.SiteStatus:
         return status.SiteStatus(
             site=self.site, workers=self.config.workers,
-            free_workers=len(self.pool_view().free_workers), draining=self.draining,
+            free_workers=0 if self.draining else len(self.free_workers()),
+            draining=self.draining,
             assigns=True, restricted=self.restricted, updated_at=utc_now())
 
     def _publish_status_if_due(self) -> None:
@@ -824,11 +819,11 @@ class Manager:
                       key=lambda row: (row.rank, row.created_at))
         window = list(dict.fromkeys(row.job_id for row in rows))[:limit]
         rank = {row.job_id: row.rank for row in rows}
-        return sorted(window, key=lambda doc_id: (rank[doc_id], spread(self.site, doc_id)))
+        return sorted(window, key=lambda doc_id: (rank[doc_id], core.spread(self.site, doc_id)))
 
     def _claim_order(self, item: Changed) -> tuple[int, int]:
         priority = (item.doc or {}).get("priority", 0)
-        return (-priority if isinstance(priority, int) else 0, spread(self.site, item.doc_id))
+        return (-priority if isinstance(priority, int) else 0, core.spread(self.site, item.doc_id))
 
     def _checkpoint_if_due(self, force: bool = False) -> None:
         now = time.monotonic()
