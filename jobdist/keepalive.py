@@ -19,6 +19,7 @@ import threading
 
 from . import core
 from .couch import CouchError, Database, Saved
+from .design import DDOC
 from .model import later, utc_now
 
 log = logging.getLogger("jobdist.keepalive")
@@ -47,7 +48,7 @@ class KeepAlive(threading.Thread):
     def pass_once(self) -> int:
         """Re-save the stale open jobs this site created; how many were re-saved."""
         cutoff = later(utc_now(), -self.stale_after)
-        rows = self.db.view("jobdist", "stale_open", startkey=[self.site],
+        rows = self.db.view(DDOC, "stale_open", startkey=[self.site],
                             endkey=[self.site, cutoff])
         rows.sort(key=row_priority, reverse=True)
         count = 0

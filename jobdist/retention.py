@@ -31,12 +31,12 @@ from typing import IO, Any
 
 from .core import merge
 from .couch import Conflict, Database, Rejected, Saved
+from .design import DDOC
 from .errors import JobdistError
 from .model import FINAL_STATUSES, Doc, format_time
 
 log = logging.getLogger("jobdist.retention")
 
-DDOC = "jobdist"
 VIEW = "finished_before"  # key: updated_at of finished jobs
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")

@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 import requests
 
+from jobdist.client import read_merged_many
 from jobdist.config import SiteConfig
 from jobdist.lab.cluster import LocalCluster
-from jobdist.lab.scenarios import merged_docs, site_db, wait_until_done, write_sites
+from jobdist.lab.scenarios import site_db, wait_until_done, write_sites
 from jobdist.model import JOB_DEFAULTS, STEP_DEFAULTS, Doc
 from jobdist.validation import validate_job
 
@@ -61,7 +62,7 @@ def test_the_readme_curl_submission_runs_to_success(cluster: LocalCluster) -> No
     [ended] = wait_until_done(db, [answer["id"]], timeout=60)
     assert ended["job_status"] == "success"
 
-    final = merged_docs(db, [answer["id"]])[answer["id"]]
+    final = read_merged_many(db, [answer["id"]])[answer["id"]]
     assert validate_job(final) == []
     assert set(final) >= set(JOB_DEFAULTS) and set(final["job"][0]) >= set(STEP_DEFAULTS)
     assert final["created_at"] is not None  # stamped by the creator's first revision

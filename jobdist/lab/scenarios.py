@@ -18,7 +18,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..core import merge
 from ..couch import Couch, Database
 from ..model import ANY, Doc, allows, new_job, new_step
 from .cluster import LocalCluster
@@ -180,15 +179,6 @@ def wait_until_done(db: Database, ids: list[str], timeout: float,
         if time.monotonic() > deadline:
             raise TimeoutError(f"{len(ids) - len(done)} of {len(ids)} jobs did not end in time")
         time.sleep(0.1)
-
-
-def merged_docs(db: Database, ids: list[str]) -> dict[str, Doc]:
-    """Each job that exists, by id, merged from all its leaves (histories unioned)."""
-    docs = {doc["_id"]: doc for doc in db.bulk_get(ids, conflicts=True)}
-    for doc_id, doc in docs.items():
-        if doc.get("_conflicts"):
-            docs[doc_id] = merge(db.leaves(doc_id))
-    return docs
 
 
 def read_ledger(path: Path) -> list[LedgerRow]:

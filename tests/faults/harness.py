@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from jobdist.client import read_merged_many
 from jobdist.config import load_sites
 from jobdist.couch import Database, Saved
 from jobdist.lab.cluster import LocalCluster
@@ -26,7 +27,6 @@ from jobdist.lab.scenarios import (
     Audit,
     audit_run,
     ledger_command,
-    merged_docs,
     read_ledger,
     site_db,
     wait_until_done,
@@ -97,7 +97,7 @@ class Trial:
         creator = self.db()
         for site in self.cluster.sites:
             wait_until_done(self.db(site), self.ids, timeout)
-        self.docs = merged_docs(creator, self.ids)
+        self.docs = read_merged_many(creator, self.ids)
         (self.root / "jobs.json").write_text(json.dumps(self.docs, indent=1))  # to look into
         self.audit = audit_run(read_ledger(self.ledger), self.docs, self.ids, expect)
         self.audit.problems += self._disagreements(self.docs) + self._daemon_trouble()
