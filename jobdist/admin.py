@@ -5,10 +5,13 @@
     GET  /metrics    Prometheus text format
     POST /workers    {"size": N}    resize the worker pool (running steps are never killed)
     POST /keepalive  {"period": S}  change the keep-alive period
+    GET  /, /jobs, /jobs/<id>, /events; POST /jobs/<id>/cancel   the dashboard
+                     (jobdist/dashboard.py)
 
 Bound to 127.0.0.1 unless configured. Every POST needs `Authorization: Bearer
 TOKEN` with the configured token; with no token configured, writes are refused:
-the endpoint is never open for writing. The standard library's threading HTTP
+the endpoint is never open for writing. A POST a browser says came from another
+site is refused before the token is looked at. The standard library's threading HTTP
 server in a daemon thread is enough for an operator's handful of requests.
 
 Handlers only read the daemon's state (the pool locks, the counts are copied
@@ -29,15 +32,18 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
+from .client import site_database
 from .config import ConfigError
 from .couch import Couch, CouchError
+from .dashboard import Dashboard, Refused, Reply, same_origin
+from .listener import feed_lag
 
 if TYPE_CHECKING:
     from .daemon import Daemon
@@ -83,16 +89,6 @@ def resident_memory_bytes(status_file: Path = Path("/proc/self/status")) -> int 
                 return int(line.split()[1]) * 1024  # the kernel reports kB
     except (OSError, ValueError, IndexError):
         return None
-    return None
-
-
-def seq_number(seq: object) -> int | None:
-    """The numeric part of an update sequence: 12 on pouchdb-server, "12-g1AA..." on CouchDB."""
-    if isinstance(seq, int) and not isinstance(seq, bool):
-        return seq
-    if isinstance(seq, str):
-        head = seq.split("-", 1)[0]
-        return int(head) if head.isdigit() else None
     return None
 
 
@@ -171,11 +167,10 @@ class SiteCollector(Collector):
             update_seq = None
         yield _gauge("jobdist_couch_up", "1 when the site's CouchDB answered this scrape.",
                      site, 0 if update_seq is None else 1)
-        latest, received = seq_number(update_seq), seq_number(self.daemon.listener.since)
-        if latest is not None and received is not None:
+        lag = feed_lag(update_seq, self.daemon.listener.since)
+        if lag is not None:
             yield _gauge("jobdist_feed_lag", "Changes in the database the feed has not "
-                         "delivered yet (approximate on clustered CouchDB).", site,
-                         max(0, latest - received))
+                         "delivered yet (approximate on clustered CouchDB).", site, lag)
 
 
 def _counter(name: str, documentation: str, site: str, value: float) -> Metric:
@@ -238,18 +233,25 @@ class AdminHandler(BaseHTTPRequestHandler):
         return "jobdist-admin"
 
     def do_GET(self) -> None:
-        self._serve("GET", lambda admin, body: admin.get(self._path()))
+        if self._path() == "/events":
+            self._serve("GET", lambda admin, body: admin.dashboard.stream_events(self))
+            return
+        query = dict(parse_qsl(urlsplit(self.path).query))
+        self._serve("GET", lambda admin, body: admin.get(self._path(), query, self.headers))
 
     def do_POST(self) -> None:
         self._serve("POST", lambda admin, body: admin.post(self._path(), self.headers, body))
 
     def _serve(self, method: str,
-               action: Callable[[AdminServer, bytes | None], tuple[str, bytes]]) -> None:
+               action: Callable[[AdminServer, bytes | None], Reply | None]) -> None:
         admin = self.server.admin
         try:
             body = self._read_body() if method == "POST" else b""
-            content_type, payload = action(admin, body)
-            self._send(HTTPStatus.OK, content_type, payload)
+            reply = action(admin, body)
+            if reply is not None:  # None: a stream, already answered
+                self._send(reply.status, reply.content_type, reply.body, reply.headers)
+        except Refused as error:
+            self._send(error.status, "application/json", _json({"error": str(error)}))
         except RequestError as error:
             self._send(error.status, "application/json",
                        _json({"error": str(error)}), error.headers)
@@ -281,6 +283,19 @@ class AdminHandler(BaseHTTPRequestHandler):
             self.send_header(name, value)
         self.end_headers()
         self.wfile.write(payload)
+
+    def start_stream(self, headers: dict[str, str]) -> None:
+        """Answer 200 with no length: what follows is written as it comes."""
+        self.connection.settimeout(30.0)  # a client that stops reading is dropped
+        self.send_response(HTTPStatus.OK)
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.flush()
+
+    def write_chunk(self, data: bytes) -> None:
+        self.wfile.write(data)
+        self.wfile.flush()
 
     def log_message(self, format: str, *args: Any) -> None:
         # One line per request, at DEBUG: the writes themselves are logged at INFO.
@@ -319,6 +334,7 @@ class AdminServer:
                       timeout=2.0, retries=1)
         self.registry.register(SiteCollector(daemon, couch))
         ProcessCollector(registry=self.registry)  # process_resident_memory_bytes, CPU, fds
+        self.dashboard = Dashboard(daemon, site_database(config, quick=True))
         self._http: _HttpServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -351,6 +367,7 @@ class AdminServer:
     def stop(self) -> None:
         if self._http is None:
             return
+        self.dashboard.close()
         self._http.shutdown()
         self._http.server_close()
         if self._thread is not None:
@@ -360,24 +377,39 @@ class AdminServer:
 
     # -- routes --
 
-    def get(self, path: str) -> tuple[str, bytes]:
+    def get(self, path: str, query: dict[str, str], headers: Any) -> Reply:
         if path == "/status":
-            return "application/json", _json(site_status(self.daemon))
+            return Reply("application/json", _json(site_status(self.daemon)))
         if path == "/metrics":
-            return CONTENT_TYPE_LATEST, generate_latest(self.registry)
+            return Reply(CONTENT_TYPE_LATEST, generate_latest(self.registry))
+        if self.dashboard.handles(path):
+            return self.dashboard.get(path, query, self.authorized(headers))
         raise self._unknown(path, "GET")
 
-    def post(self, path: str, headers: Any, body: bytes | None) -> tuple[str, bytes]:
-        if path not in ("/workers", "/keepalive"):
+    def post(self, path: str, headers: Any, body: bytes | None) -> Reply:
+        dashboard = self.dashboard.handles(path)
+        if path not in ("/workers", "/keepalive") and not dashboard:
             raise self._unknown(path, "POST")
+        if not same_origin(headers):
+            raise RequestError(HTTPStatus.FORBIDDEN, "cross-site request refused")
         self.authorize(headers.get("Authorization"))
+        if dashboard:
+            return self.dashboard.post(path)
         if body is None:
             raise RequestError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
                                f"the body is larger than {MAX_BODY} bytes")
         fields = parse_body(body)
         if path == "/workers":
-            return "application/json", _json(self.resize_workers(worker_count(fields)))
-        return "application/json", _json(self.set_keepalive_period(keepalive_period(fields)))
+            return Reply("application/json", _json(self.resize_workers(worker_count(fields))))
+        return Reply("application/json",
+                     _json(self.set_keepalive_period(keepalive_period(fields))))
+
+    def authorized(self, headers: Any) -> bool:
+        """Whether a GET may show actions: False without a token; a wrong one is refused."""
+        if not headers.get("Authorization") or self._token is None:
+            return False
+        self.authorize(headers.get("Authorization"))
+        return True
 
     def authorize(self, header: str | None) -> None:
         if self._token is None:
@@ -410,12 +442,13 @@ class AdminServer:
         return {"keepalive_period": period}
 
     def _unknown(self, path: str, method: str) -> RequestError:
-        allowed = {"/status": "GET", "/metrics": "GET", "/workers": "POST", "/keepalive": "POST"}
+        allowed = {"/status": "GET", "/metrics": "GET", "/workers": "POST", "/keepalive": "POST",
+                   "/events": "GET"}
         if path in allowed:
             return RequestError(HTTPStatus.METHOD_NOT_ALLOWED,
                                 f"{method} {path} is not supported; use {allowed[path]}",
                                 {"Allow": allowed[path]})
         return RequestError(HTTPStatus.NOT_FOUND,
                             f"no such endpoint {path}; there are GET /status, GET /metrics, "
-                            "POST /workers and POST /keepalive")
+                            "POST /workers, POST /keepalive and the dashboard at GET /")
 

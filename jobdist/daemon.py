@@ -20,6 +20,7 @@ from types import FrameType
 from .admin import AdminServer
 from .config import SiteConfig
 from .couch import Database, Forbidden
+from .hub import ChangeHub
 from .journal import Journal
 from .keepalive import KeepAlive
 from .listener import Listener, load_checkpoint
@@ -56,9 +57,10 @@ class Daemon:
         self.manager = Manager(config, CouchStore(self.db), sites, Journal(config.journal_dir()))
         self.stop_event = self.manager.stop_event
         self.started = time.monotonic()
+        self.changes = ChangeHub()  # the feed, fanned out to the dashboard's event streams
         self.listener = Listener(self.db, config.name, self.manager.inbox,
                                  load_checkpoint(self.db, config.name), self.stop_event,
-                                 self.manager.wake)
+                                 self.manager.wake, on_change=self.changes.publish)
         self.keepalive = KeepAlive(self.db, config.name, config.keepalive_period,
                                    config.keepalive_stale_after, self.stop_event)
         self.retention = None if config.retention_older_than is None else PeriodicCleanup(

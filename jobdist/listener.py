@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +43,23 @@ class Changed:
     doc: dict[str, Any] | None = None
 
 
+def seq_number(seq: object) -> int | None:
+    """The numeric part of an update sequence: 12 on pouchdb-server, "12-g1AA..." on CouchDB."""
+    if isinstance(seq, int) and not isinstance(seq, bool):
+        return seq
+    if isinstance(seq, str):
+        head = seq.split("-", 1)[0]
+        return int(head) if head.isdigit() else None
+    return None
+
+
+def feed_lag(latest: object, received: object) -> int | None:
+    """Changes in the database the feed has not delivered yet (approximate on clustered
+    CouchDB); None when either sequence says no number."""
+    head, got = seq_number(latest), seq_number(received)
+    return None if head is None or got is None else max(0, head - got)
+
+
 def load_checkpoint(db: Database, site: str) -> object:
     saved = db.get_local(f"{CHECKPOINT}-{site}")
     return saved["seq"] if saved else 0
@@ -54,7 +72,8 @@ def save_checkpoint(db: Database, site: str, seq: object) -> None:
 class Listener(threading.Thread):
     def __init__(self, db: Database, site: str, inbox: queue.Queue[object], since: object,
                  stop: threading.Event, wake: threading.Event,
-                 heartbeat_ms: int = 5000) -> None:
+                 heartbeat_ms: int = 5000,
+                 on_change: Callable[[str, object], None] | None = None) -> None:
         super().__init__(name=f"listener-{site}", daemon=True)
         self.db = db
         self.site = site
@@ -63,6 +82,7 @@ class Listener(threading.Thread):
         self.stop_event = stop
         self.wake = wake
         self.heartbeat_ms = heartbeat_ms
+        self.on_change = on_change  # told each change's id and seq (the dashboard's hub)
         self.reconnects = 0
         self.with_docs = True  # False while passing a change whose document we cannot decode
 
@@ -96,6 +116,8 @@ class Listener(threading.Thread):
                                       conflicts=True):
             if not change.id.startswith("_design/") and change.revs:
                 self.hand_over(Changed(change.id, change.revs[0], change.seq, change.doc))
+                if self.on_change is not None:
+                    self.on_change(change.id, change.seq)
             self.since = change.seq
             if not with_docs:  # past the change that failed: documents again
                 self.with_docs = True

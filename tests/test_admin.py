@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,14 +11,15 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from jobdist.admin import AdminServer, SiteCollector, resident_memory_bytes, seq_number
-from jobdist.config import ConfigError, SiteConfig
+from jobdist.admin import AdminServer, SiteCollector, resident_memory_bytes
+from jobdist.config import ConfigError
 from jobdist.couch import Couch
 from jobdist.daemon import Daemon
-from jobdist.lab.localserver import LocalServer, free_port
+from jobdist.lab.localserver import free_port
+from jobdist.listener import seq_number
 from jobdist.model import new_job, new_step
 
-from .helpers import wait_for
+from .helpers import daemon_with_admin, wait_for
 
 TOKEN = "s3cret-admin-token"
 SITE = "solo"
@@ -35,30 +35,11 @@ class Running:
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     """One site: its server, its daemon (admin on a free port) and a job running `sleep 60`."""
-    root = tmp_path_factory.mktemp("admin")
-    server = LocalServer(free_port(), root / "couch", in_memory=True)
-    server.start()
-    daemon: Daemon | None = None
-    thread: threading.Thread | None = None
-    try:
-        config = SiteConfig(name=SITE, couch_url=server.url, workers=1, peers=(),
-                            keepalive_period=5.0, shutdown_grace=0.5,
-                            admin_port=0, admin_token=TOKEN, journal=root / "journal")
-        daemon = Daemon(config)
-        ready = root / "ready"
-        thread = threading.Thread(target=daemon.run, args=(ready,), daemon=True)
-        thread.start()
-        wait_for(ready.exists)
+    with daemon_with_admin(tmp_path_factory.mktemp("admin"), SITE, 1, TOKEN) as daemon:
         assert daemon.admin is not None
         job = new_job(SITE, [new_step("sleep 60")])  # the drain stops it
-        Couch(server.url).database("jobs").save(job)
+        daemon.db.save(job)
         yield Running(daemon, daemon.admin.url, job["_id"])
-    finally:
-        if daemon is not None:
-            daemon.stop()
-        if thread is not None:
-            thread.join(30)
-        server.stop()
 
 
 def status(site: Running) -> dict[str, Any]:

@@ -1,0 +1,407 @@
+"""The dashboard each daemon serves beside /status and /metrics (jobdist/admin.py).
+
+    GET  /                  the overview: sites, their workers and running steps, job counts
+    GET  /jobs              the jobs, newest first, by status / site / creator, a page at a time
+    GET  /jobs/<id>         one job merged from all its revisions: steps, output, history
+    GET  /events            Server-Sent Events: what changed on this site's feed
+    GET  /static/<file>     the page's own script and style sheet (no CDN)
+    POST /jobs/<id>/cancel  cancel the job (the pool is resized with POST /workers)
+
+Pages are Jinja2 templates (autoescaped: a step that prints `<script>` shows
+it as text). A page fetched with `?fragment=1` is its content alone: the page's
+script fetches that again when the event stream says something it shows
+changed. The admin token decides, as for every admin write: GETs are open and
+show no actions; a GET carrying `Authorization: Bearer TOKEN` shows them; a
+POST needs it, and a cross-site one is refused outright. The browser keeps the
+token in sessionStorage and sends it as that header (docs/operations.md).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from http import HTTPStatus
+from importlib import resources
+from itertools import islice
+from typing import TYPE_CHECKING, Any, Protocol
+from urllib.parse import quote, unquote, urlencode, urlsplit
+
+from jinja2 import Environment, PackageLoader, select_autoescape
+
+from . import client, render, status
+from .couch import CouchError, Database
+from .design import DDOC
+from .hub import Subscription
+from .listener import feed_lag
+from .model import Doc, targets, utc_now
+
+if TYPE_CHECKING:
+    from .daemon import Daemon
+
+log = logging.getLogger("jobdist.dashboard")
+
+PAGE_SIZE = 50
+HEARTBEAT = 15.0  # seconds between keep-alive comments on an idle event stream
+MIN_EVENT_GAP = 0.3  # seconds: a burst of changes reaches a tab as one event
+CANCEL_REASON = "cancelled by the dashboard"
+STATIC_TYPES = {"dashboard.js": "text/javascript; charset=utf-8",
+                "dashboard.css": "text/css; charset=utf-8"}
+SECURITY_HEADERS = {
+    # Only this endpoint's own script and styles run: an injected tag could do nothing.
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
+                               "img-src 'self'; connect-src 'self'; form-action 'self'; "
+                               "base-uri 'none'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+
+
+@dataclass
+class Reply:
+    """An answer of the admin endpoint: status, type, body and extra headers."""
+
+    content_type: str
+    body: bytes
+    status: HTTPStatus = HTTPStatus.OK
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+class Refused(Exception):
+    """A request the dashboard refuses: the status and one clear message."""
+
+    def __init__(self, status: HTTPStatus, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class EventWriter(Protocol):
+    """The part of the request handler an event stream writes to."""
+
+    def start_stream(self, headers: dict[str, str]) -> None: ...
+    def write_chunk(self, data: bytes) -> None: ...
+
+
+# --- what the pages show ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SiteRow:
+    name: str
+    here: bool
+    workers: int | None
+    free: int | None
+    booked: int | None
+    busy: int
+    draining: bool | None
+    last_seen: str
+    silent: bool
+    feed_seq: object = None
+    feed_lag: int | None = None
+    running: list[Doc] = field(default_factory=list)
+
+
+def seconds_since(stamp: str | None, now: datetime) -> float | None:
+    then = parse_time(stamp)
+    return None if then is None else (now - then).total_seconds()
+
+
+def running_by_site(rows: list[Doc]) -> dict[str, list[Doc]]:
+    """The `running` view's rows as the overview lists them: by site, with the command."""
+    found: dict[str, list[Doc]] = {}
+    for row in rows:
+        doc, value = row.get("doc") or {}, row.get("value") or {}
+        index = value.get("step", 0)
+        steps = doc.get("job") or []
+        step = steps[index] if isinstance(index, int) and index < len(steps) else {}
+        found.setdefault(str(row["key"][0]), []).append({
+            "job": row["id"], "step": index, "worker": value.get("executioner"),
+            "since": render.short_time(row["key"][1]), "command": step.get("do"),
+            "progress": step.get("progress")})
+    return found
+
+
+def progress_text(value: Any) -> str:
+    """A step's `progress` as one short text: a fraction (0..1) as a percentage, an
+    object by its percent/done/total/message fields, anything else as it is."""
+    if value is None:
+        return "-"
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return f"{value:.0%}" if 0 <= value <= 1 else f"{value:g}"
+    if isinstance(value, dict):
+        parts = []
+        if isinstance(value.get("percent"), int | float):
+            parts.append(f"{value['percent']:g}%")
+        if value.get("done") is not None and value.get("total") is not None:
+            parts.append(f"{value['done']}/{value['total']}")
+        if value.get("message"):
+            parts.append(str(value["message"]))
+        return " ".join(parts) or json.dumps(value)[:80]
+    return str(value)[:80]
+
+
+def step_rows(doc: Doc) -> list[Doc]:
+    rows = []
+    for index, step in enumerate(doc["job"]):
+        took = step.get("exec_time")
+        output = step.get("output") or {}
+        rows.append({
+            "index": index, "state": render.step_state(doc, index),
+            "target": ", ".join(targets(step)), "where": render.step_where(step),
+            "attempts": step.get("attempts", 0), "exit_code": step.get("exit_code"),
+            "started": render.short_time(step.get("start_time")),
+            "finished": render.short_time(step.get("finish_time")),
+            "took": None if took is None else f"{took:.1f}s", "command": step.get("do"),
+            "alt_do": step.get("alt_do"), "progress": step.get("progress"),
+            "stdout": output.get("stdout") if isinstance(output, dict) else None,
+            "stderr": output.get("stderr") if isinstance(output, dict) else None,
+        })
+    return rows
+
+
+def timeline(doc: Doc) -> list[Doc]:
+    """The history in order, each event with its offset from the job's creation."""
+    history = doc.get("history", [])
+    lost = render.lost_claims(history)
+    start = parse_time(doc.get("created_at")) or parse_time(
+        (history[0] if history else {}).get("at"))
+    events = []
+    for entry in history:
+        at = parse_time(entry.get("at"))
+        offset = None if at is None or start is None else (at - start).total_seconds()
+        events.append({
+            "at": render.short_time(entry.get("at")),
+            "offset": None if offset is None else f"+{offset:.1f}s",
+            "event": render.event_name(entry, lost).plain, "step": entry.get("step"),
+            "site": entry.get("site"), "worker": entry.get("worker"),
+            "epoch": entry.get("epoch"), "detail": entry.get("detail")})
+    return events
+
+
+def parse_time(stamp: Any) -> datetime | None:
+    if not isinstance(stamp, str):
+        return None
+    try:
+        parsed = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+# --- the dashboard ------------------------------------------------------------------
+
+
+class Dashboard:
+    """The pages of one daemon's dashboard; the admin endpoint routes to it."""
+
+    def __init__(self, daemon: Daemon, db: Database, heartbeat: float = HEARTBEAT) -> None:
+        self.daemon = daemon
+        self.site = daemon.config.name
+        self.db = db  # quick timeouts: a page must not hang on a slow server
+        self.hub = daemon.changes
+        self.heartbeat = heartbeat
+        self._streams: set[Subscription] = set()  # this endpoint's: ended by `close`
+        self.templates = Environment(loader=PackageLoader("jobdist", "templates"),
+                                     autoescape=select_autoescape(default=True),
+                                     trim_blocks=True, lstrip_blocks=True)
+        self.templates.filters.update(dash=lambda value: "-" if value in (None, "") else value,
+                                      shorttime=render.short_time, progress=progress_text)
+
+    # -- routing --
+
+    def handles(self, path: str) -> bool:
+        return path in ("/", "/jobs", "/events") or path.startswith(("/jobs/", "/static/"))
+
+    def get(self, path: str, query: Mapping[str, str], authorized: bool) -> Reply:
+        if path.startswith("/static/"):
+            return self.static(path.removeprefix("/static/"))
+        context = {"authorized": authorized, "fragment": query.get("fragment") == "1"}
+        try:
+            if path == "/":
+                return self.page("overview.html", self.overview(), context)
+            if path == "/jobs":
+                if query.get("id", "").strip():
+                    return redirect(f"/jobs/{quote(query['id'].strip(), safe='')}")
+                return self.page("jobs.html", self.jobs(query), context)
+            job_id = path.removeprefix("/jobs/")
+            if "/" not in job_id and job_id:
+                return self.page("job.html", self.job(unquote(job_id)), context)
+        except client.NoSuchJob as error:
+            return self.page("missing.html", {"message": str(error)}, context,
+                             HTTPStatus.NOT_FOUND)
+        except CouchError as error:
+            log.warning("dashboard cannot read site=%s path=%s error=%s", self.site, path, error)
+            return self.page("missing.html", {"message": f"this site's CouchDB did not "
+                                              f"answer: {error}"}, context,
+                             HTTPStatus.SERVICE_UNAVAILABLE)
+        raise Refused(HTTPStatus.NOT_FOUND, f"no such page {path}")
+
+    def post(self, path: str) -> Reply:
+        """An authorized POST (the admin endpoint checked the token and the origin)."""
+        parts = path.split("/")  # "", "jobs", id, "cancel"
+        if len(parts) != 4 or parts[1] != "jobs" or parts[3] != "cancel" or not parts[2]:
+            raise Refused(HTTPStatus.NOT_FOUND, f"no such action {path}")
+        return json_reply(self.cancel(unquote(parts[2])))
+
+    def page(self, template: str, values: dict[str, Any], context: dict[str, Any],
+             code: HTTPStatus = HTTPStatus.OK) -> Reply:
+        html = self.templates.get_template(template).render(
+            site=self.site, now=render.short_time(utc_now()), **context, **values)
+        return Reply("text/html; charset=utf-8", html.encode(), code, dict(SECURITY_HEADERS))
+
+    def static(self, name: str) -> Reply:
+        if name not in STATIC_TYPES:
+            raise Refused(HTTPStatus.NOT_FOUND, f"no such file {name}")
+        body = resources.files("jobdist").joinpath("static", name).read_bytes()
+        return Reply(STATIC_TYPES[name], body, headers={"X-Content-Type-Options": "nosniff"})
+
+    # -- pages --
+
+    def overview(self) -> dict[str, Any]:
+        counts = client.count_by_status(self.db)
+        return {"sites": self.sites(), "counts": {name: counts.get(name, 0)
+                                                  for name in client.STATUSES}}
+
+    def sites(self) -> list[SiteRow]:
+        """Every site as this one sees it: itself from its own state, the others from
+        their replicated status documents and the `running` view."""
+        running = running_by_site(self.db.view(DDOC, "running", include_docs=True))
+        published = {doc["site"]: doc for doc in self._status_docs()}
+        now = datetime.now(UTC)
+        names = sorted({*self.daemon.manager.known_sites, *published, *running})
+        rows = [self._own_row(running.get(self.site, []))]
+        for name in names:
+            if name == self.site:
+                continue
+            doc = published.get(name)
+            parsed = status.SiteStatus.parse(doc) if doc else None
+            age = seconds_since(parsed.updated_at, now) if parsed else None
+            rows.append(SiteRow(
+                name=name, here=False, workers=parsed.workers if parsed else None,
+                free=parsed.free_workers if parsed else None, booked=None,
+                busy=len(running.get(name, [])),
+                draining=parsed.draining if parsed else None,
+                last_seen=render.short_time(parsed.updated_at) if parsed else "never",
+                silent=age is None or age > status.STALE_AFTER,
+                running=running.get(name, [])))
+        return rows
+
+    def _status_docs(self) -> list[Doc]:
+        rows = self.db.all_docs(startkey=status.PREFIX, endkey=status.PREFIX + "\ufff0",
+                                include_docs=True)
+        return [row["doc"] for row in rows
+                if isinstance(row.get("doc"), dict) and isinstance(row["doc"].get("site"), str)]
+
+    def _own_row(self, running: list[Doc]) -> SiteRow:
+        daemon = self.daemon
+        workers = daemon.manager.pool.snapshot()
+        received = daemon.listener.since
+        try:
+            latest = self.db.last_seq()
+        except CouchError:
+            latest = None
+        return SiteRow(name=self.site, here=True, workers=workers["size"], free=workers["free"],
+                       booked=workers["booked"], busy=workers["busy"],
+                       draining=daemon.manager.draining, last_seen="now", silent=False,
+                       feed_seq=received, feed_lag=feed_lag(latest, received), running=running)
+
+    def jobs(self, query: Mapping[str, str]) -> dict[str, Any]:
+        chosen = {name: query.get(name, "").strip() or None
+                  for name in ("status", "site", "creator", "before")}
+        if chosen["status"] not in (None, *client.STATUSES):
+            raise Refused(HTTPStatus.BAD_REQUEST,
+                          f"status must be one of {', '.join(client.STATUSES)}")
+        rows = list(islice(client.list_jobs(self.db, status=chosen["status"],
+                                            creator=chosen["creator"], site=chosen["site"],
+                                            before=chosen["before"], page_size=PAGE_SIZE + 1),
+                           PAGE_SIZE + 1))
+        more = len(rows) > PAGE_SIZE
+        rows = rows[:PAGE_SIZE]
+        filters = {k: v for k, v in chosen.items() if v and k != "before"}
+        older = (f"/jobs?{urlencode({**filters, 'before': rows[-1].created_at})}"
+                 if more and rows else None)
+        newest = f"/jobs?{urlencode(filters)}" if chosen["before"] else None
+        return {"rows": rows, "filters": chosen, "statuses": client.STATUSES,
+                "known_sites": sorted(self.daemon.manager.known_sites),
+                "older": older, "newest": newest}
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        doc, leaves = client.read_merged(self.db, self.site, job_id)
+        return {"job": doc, "job_id": job_id, "conflicts": len(leaves) - 1,
+                "status_text": render.job_status_text(doc),
+                "failure": render.failure_reason(doc).strip(" ()"),
+                "created": render.created_text(doc),
+                "updated": render.short_time(doc.get("updated_at")),
+                "steps": step_rows(doc), "events": timeline(doc),
+                "live": doc.get("job_status") is None}
+
+    # -- actions --
+
+    def cancel(self, job_id: str) -> Doc:
+        try:
+            cancelled = client.cancel(self.db, self.site, job_id, CANCEL_REASON)
+        except client.NoSuchJob as error:
+            raise Refused(HTTPStatus.NOT_FOUND, str(error)) from None
+        except client.StillConflicting as error:
+            raise Refused(HTTPStatus.CONFLICT, str(error)) from None
+        if not cancelled.written:
+            return {"cancelled": False,
+                    "message": f"{job_id} had already ended: {cancelled.job['job_status']}"}
+        log.info("dashboard cancelled job=%s site=%s", job_id, self.site)
+        return {"cancelled": True, "message": f"{job_id} cancelled"}
+
+    # -- live updates --
+
+    def stream_events(self, out: EventWriter) -> None:
+        """Send each batch of changes as one `change` event until the client goes away
+        (a write fails: at the latest at the next heartbeat) or the endpoint stops."""
+        subscription = self.hub.subscribe()
+        if subscription is None:
+            raise Refused(HTTPStatus.SERVICE_UNAVAILABLE,
+                          f"too many event streams open (at most {self.hub.max_clients})")
+        self._streams.add(subscription)
+        try:
+            out.start_stream({"Content-Type": "text/event-stream", "Cache-Control": "no-store",
+                              "X-Accel-Buffering": "no"})
+            out.write_chunk(b"retry: 2000\n: connected\n\n")
+            while not subscription.closed:
+                batch = subscription.next(self.heartbeat)
+                if batch is None:
+                    out.write_chunk(b": keep-alive\n\n")
+                    continue
+                payload = json.dumps({"ids": batch.ids, "seq": batch.seq}, default=str)
+                out.write_chunk(f"event: change\ndata: {payload}\n\n".encode())
+                time.sleep(MIN_EVENT_GAP)
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):
+            pass  # the tab went away
+        finally:
+            self._streams.discard(subscription)
+            self.hub.unsubscribe(subscription)
+
+    def close(self) -> None:
+        """End this endpoint's event streams: their handlers return at once."""
+        for subscription in list(self._streams):
+            self.hub.unsubscribe(subscription)
+
+
+def redirect(location: str) -> Reply:
+    return Reply("text/plain; charset=utf-8", b"", HTTPStatus.SEE_OTHER,
+                 {"Location": location})
+
+
+def json_reply(value: Any) -> Reply:
+    return Reply("application/json", json.dumps(value, default=str).encode() + b"\n")
+
+
+def same_origin(headers: Mapping[str, str]) -> bool:
+    """False for a request a browser says came from another site (CSRF); requests
+    without these headers (curl, the CLI) are not from a browser page at all."""
+    if headers.get("Sec-Fetch-Site", "same-origin") not in ("same-origin", "none"):
+        return False
+    origin = headers.get("Origin")
+    if origin is None:
+        return True
+    return urlsplit(origin).netloc == headers.get("Host", "")

@@ -1,0 +1,256 @@
+"""The dashboard over HTTP on a real daemon: a real pouchdb-server, real steps, real
+requests (the browser tests are tests/test_dashboard_browser.py)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import requests
+
+from jobdist import dashboard
+from jobdist.admin import AdminServer
+from jobdist.daemon import Daemon
+from jobdist.hub import MAX_CLIENTS, MAX_IDS, ChangeHub
+from jobdist.model import Doc, new_job, new_step
+
+from .helpers import daemon_with_admin, wait_for
+
+TOKEN = "dashboard-admin-token"
+SITE = "solo"
+
+
+class Running:
+    """The site under test: its daemon, its admin endpoint's address, its database."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        assert daemon.admin is not None
+        self.daemon, self.admin, self.db = daemon, daemon.admin, daemon.db
+        self.url = self.admin.url
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+    """One site: its server and its daemon, the admin endpoint on a free port."""
+    with daemon_with_admin(tmp_path_factory.mktemp("dashboard"), SITE, 2, TOKEN) as daemon:
+        running = Running(daemon)
+        running.admin.dashboard.heartbeat = 0.5  # streams notice a gone client soon
+        yield running
+
+
+def submit(site: Running, *commands: str) -> str:
+    job = new_job(SITE, [new_step(command) for command in commands])
+    site.db.save(job)
+    return str(job["_id"])
+
+
+def job_doc(site: Running, job_id: str) -> Doc:
+    doc = site.db.get(job_id)
+    assert doc is not None
+    return doc
+
+
+def ended(site: Running, job_id: str) -> Doc:
+    return wait_for(lambda: (doc := job_doc(site, job_id))["job_status"] and doc,
+                    what=f"{job_id} ends")
+
+
+def get(site: Running, path: str, token: str | None = None, **headers: str) -> requests.Response:
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    return requests.get(f"{site.url}{path}", headers=headers, timeout=10,
+                        allow_redirects=False)
+
+
+def post(site: Running, path: str, body: Any = None, token: str | None = TOKEN,
+         **headers: str) -> requests.Response:
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    return requests.post(f"{site.url}{path}", json=body or {}, headers=headers, timeout=10)
+
+
+def test_the_overview_shows_the_site_its_workers_and_running_steps(site: Running) -> None:
+    job_id = submit(site, "sleep 30")
+    try:
+        wait_for(lambda: job_id in get(site, "/").text, what="the running step shown")
+        resp = get(site, "/")
+        assert resp.status_code == 200 and resp.headers["Content-Type"].startswith("text/html")
+        assert "script-src 'self'" in resp.headers["Content-Security-Policy"]
+        page = resp.text
+        assert f'data-site="{SITE}"' in page and "(this site)" in page
+        assert "sleep 30" in page and f'href="/jobs/{job_id}"' in page
+        assert "Resize pool" not in page  # no token: no actions
+        assert TOKEN not in page
+    finally:
+        post(site, f"/jobs/{job_id}/cancel")
+
+
+def test_with_the_token_a_fragment_offers_actions(site: Running) -> None:
+    resp = get(site, "/?fragment=1", token=TOKEN)
+    assert resp.status_code == 200
+    assert "Resize pool" in resp.text and "<html" not in resp.text
+    assert TOKEN not in resp.text
+    assert get(site, "/?fragment=1", token="wrong").status_code == 403
+
+
+def test_a_job_page_shows_steps_output_and_history_escaped(site: Running) -> None:
+    job_id = submit(site, "printf '<script>alert(1)</script>'", "echo oops >&2; exit 3")
+    doc = ended(site, job_id)
+    assert doc["job_status"] == "failed"
+    page = get(site, f"/jobs/{job_id}").text
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "<script>alert" not in page
+    assert 'class="failure"' in page and "step 1" in page  # the reason
+    assert "oops" in page  # the failed step's stderr tail
+    for event in ("created", "started", "finished", "failed"):
+        assert f"<b>{event}</b>" in page, event
+    assert "conflicting revision" not in page
+
+
+def test_the_list_filters_and_pages_newest_first(site: Running,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    ids = [submit(site, "true") for _ in range(3)]
+    docs = [ended(site, job_id) for job_id in ids]
+    newest = [doc["_id"] for doc in sorted(docs, key=lambda d: (d["created_at"], d["_id"]),
+                                           reverse=True)]
+    monkeypatch.setattr(dashboard, "PAGE_SIZE", 2)
+    first = get(site, "/jobs?status=success").text
+    assert '<option value="success" selected>' in first
+    assert shown_jobs(first)[:2] == newest[:2]
+    older = first.split('class="older" href="')[1].split('"')[0].replace("&amp;", "&")
+    assert "status=success" in older and "before=" in older
+    assert newest[2] in shown_jobs(get(site, older).text)
+    assert get(site, "/jobs?status=nonsense").status_code == 400
+    assert 'data-job="' not in get(site, "/jobs?creator=nobody").text
+
+
+def shown_jobs(page: str) -> list[str]:
+    return [part.split('"')[0] for part in page.split('data-job="')[1:]]
+
+
+def test_search_by_id_and_an_unknown_job(site: Running) -> None:
+    resp = get(site, "/jobs?id=job-123")
+    assert resp.status_code == 303 and resp.headers["Location"] == "/jobs/job-123"
+    missing = get(site, "/jobs/no-such-job")
+    assert missing.status_code == 404 and "no job &#39;no-such-job&#39;" in missing.text
+    assert get(site, "/static/nothing.js").status_code == 404
+    script = get(site, "/static/dashboard.js")
+    assert script.status_code == 200 and "EventSource" in script.text
+
+
+def read_events(resp: requests.Response, wanted: str, limit: int = 200) -> dict[str, Any]:
+    """The first `change` event whose ids name `wanted` (or say "many")."""
+    event = None
+    for count, line in enumerate(resp.iter_lines(decode_unicode=True)):
+        assert count < limit, "no such event"
+        if line.startswith("event: "):
+            event = line.removeprefix("event: ")
+        elif line.startswith("data: ") and event == "change":
+            change = json.loads(line.removeprefix("data: "))
+            if change["ids"] is None or wanted in change["ids"]:
+                return dict(change)
+    raise AssertionError("the stream ended")
+
+
+def test_the_event_stream_tells_of_changes(site: Running) -> None:
+    with requests.get(f"{site.url}/events", stream=True, timeout=10) as resp:
+        assert resp.status_code == 200
+        assert resp.headers["Content-Type"] == "text/event-stream"
+        wait_for(lambda: site.daemon.changes.clients >= 1)
+        job_id = submit(site, "true")
+        change = read_events(resp, job_id)
+        assert change["seq"] is not None
+
+
+def test_event_streams_are_bounded_and_released(site: Running) -> None:
+    hub = site.daemon.changes
+    wait_for(lambda: hub.clients == 0, what="the earlier tests' streams released")
+    hub.max_clients = 2
+    try:
+        first = requests.get(f"{site.url}/events", stream=True, timeout=10)
+        second = requests.get(f"{site.url}/events", stream=True, timeout=10)
+        wait_for(lambda: hub.clients == 2)
+        third = requests.get(f"{site.url}/events", stream=True, timeout=10)
+        assert third.status_code == 503 and "too many" in third.json()["error"]
+        first.close()
+        second.close()
+        # The next heartbeat's write fails: the handler threads end, the slots are free.
+        wait_for(lambda: hub.clients == 0, timeout=10, what="streams released")
+    finally:
+        hub.max_clients = MAX_CLIENTS
+
+
+def test_forged_posts_are_refused(site: Running) -> None:
+    job_id = submit(site, "sleep 30")
+    try:
+        assert post(site, f"/jobs/{job_id}/cancel", token=None).status_code == 401
+        assert post(site, f"/jobs/{job_id}/cancel", token="guess").status_code == 403
+        cross = post(site, f"/jobs/{job_id}/cancel", Origin="http://evil.example")
+        assert cross.status_code == 403 and "cross-site" in cross.json()["error"]
+        assert post(site, f"/jobs/{job_id}/cancel",
+                    **{"Sec-Fetch-Site": "cross-site"}).status_code == 403
+        assert post(site, "/workers", {"size": 7}, Origin="http://evil.example").status_code \
+            == 403
+        assert job_doc(site, job_id)["job_status"] is None
+    finally:
+        post(site, f"/jobs/{job_id}/cancel")
+
+
+def test_cancel_with_the_token_stops_the_step_and_is_in_the_history(site: Running) -> None:
+    job_id = submit(site, "sleep 60")
+    wait_for(lambda: job_doc(site, job_id)["job"][0]["step_status"] == "running")
+    resp = post(site, f"/jobs/{job_id}/cancel", Origin=site.url)
+    assert resp.status_code == 200 and resp.json()["cancelled"] is True
+    doc = job_doc(site, job_id)
+    assert doc["job_status"] == "cancelled"
+    cancel = next(entry for entry in doc["history"] if entry["event"] == "cancelled")
+    assert cancel["detail"] == dashboard.CANCEL_REASON and cancel["site"] == SITE
+    # The daemon kills the step: its run is recorded as failed and the worker is free.
+    wait_for(lambda: job_doc(site, job_id)["job"][0]["step_status"] == "failed",
+             what="the step's process stopped")
+    again = post(site, f"/jobs/{job_id}/cancel")
+    assert again.status_code == 200 and again.json()["cancelled"] is False
+    assert post(site, "/jobs/no-such-job/cancel").status_code == 404
+
+
+def test_no_token_configured_offers_no_actions_and_refuses_writes(site: Running) -> None:
+    admin = AdminServer(site.daemon, "127.0.0.1", 0, token=None)
+    admin.start()
+    try:
+        page = requests.get(f"{admin.url}/?fragment=1", timeout=10,
+                            headers={"Authorization": f"Bearer {TOKEN}"})
+        assert page.status_code == 200 and "Resize pool" not in page.text
+        job_id = submit(site, "true")
+        resp = requests.post(f"{admin.url}/jobs/{job_id}/cancel", timeout=10,
+                             headers={"Authorization": f"Bearer {TOKEN}"})
+        assert resp.status_code == 403 and "no admin token" in resp.json()["error"]
+    finally:
+        admin.stop()
+
+
+def test_progress_text() -> None:
+    assert dashboard.progress_text(None) == "-"
+    assert dashboard.progress_text(0.25) == "25%"
+    assert dashboard.progress_text(40) == "40"
+    assert dashboard.progress_text({"done": 3, "total": 10, "message": "copying"}) == \
+        "3/10 copying"
+    assert dashboard.progress_text({"percent": 12.5}) == "12.5%"
+
+
+def test_a_subscription_keeps_ids_until_too_many() -> None:
+    hub = ChangeHub(max_clients=1)
+    subscription = hub.subscribe()
+    assert subscription is not None and hub.subscribe() is None
+    hub.publish("a", 1)
+    hub.publish("a", 2)
+    batch = subscription.next(0.1)
+    assert batch is not None and batch.ids == ["a"] and batch.seq == 2
+    assert subscription.next(0.01) is None
+    for n in range(MAX_IDS + 1):
+        hub.publish(f"job-{n}", n)
+    batch = subscription.next(0.1)
+    assert batch is not None and batch.ids is None  # many: the page reloads what it shows
+    hub.unsubscribe(subscription)
+    assert hub.clients == 0 and subscription.next(0.01) is None
