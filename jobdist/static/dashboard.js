@@ -63,8 +63,8 @@
 
   function follow() {
     const events = new EventSource("/events");
-    events.onopen = function () { live.textContent = "live"; live.className = "live on"; };
-    events.onerror = function () { live.textContent = "reconnecting…"; live.className = "live"; };
+    events.onopen = function () { live.textContent = "live"; live.className = "feed on"; };
+    events.onerror = function () { live.textContent = "reconnecting…"; live.className = "feed"; };
     events.addEventListener("change", function (event) {
       const change = JSON.parse(event.data);
       const shown = content.dataset.live;
