@@ -85,6 +85,25 @@ def test_the_wheel_carries_every_design_file(wheel: Path) -> None:
         assert f"jobdist/couch_design/{path.relative_to(design).as_posix()}" in names
 
 
+def test_the_wheel_carries_the_dashboards_templates_and_script(wheel: Path,
+                                                              venv: Path, elsewhere: Path) -> None:
+    names = set(zipfile.ZipFile(wheel).namelist())
+    package = PROJECT_ROOT / "jobdist"
+    shipped = [*package.glob("templates/*.html"), *package.glob("static/*")]
+    assert len(shipped) >= 7
+    for path in shipped:
+        assert f"jobdist/{path.relative_to(package).as_posix()}" in names
+    # The installed package finds them: a page renders, the script is read.
+    rendered = checked(venv / "bin" / "python", "-c",
+                       "from jinja2 import Environment, PackageLoader; "
+                       "from importlib.resources import files; "
+                       "env = Environment(loader=PackageLoader('jobdist', 'templates')); "
+                       "print(env.get_template('fragment.html').render()); "
+                       "print(len(files('jobdist').joinpath('static', 'dashboard.js')"
+                       ".read_bytes()))", cwd=elsewhere)
+    assert int(rendered.split()[-1]) > 1000
+
+
 def test_the_venv_runs_the_wheel_not_the_checkout(venv: Path, elsewhere: Path) -> None:
     found = checked(venv / "bin" / "python", "-c",
                     "import jobdist, jobdist.design as d; print(jobdist.__file__); "
