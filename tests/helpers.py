@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import re
 import threading
@@ -12,7 +13,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
+    from jobdist.couch import Database
     from jobdist.daemon import Daemon
+    from jobdist.model import Doc
 
 T = TypeVar("T")
 
@@ -72,3 +75,26 @@ def daemon_with_admin(root: Path, site: str, workers: int, token: str | None) ->
         if thread is not None:
             thread.join(30)
         server.stop()
+
+
+def write_conflict(db: Database, leaves: list[Doc]) -> None:
+    """Store these revisions as replication does (`new_edits: false`): conflicting leaves."""
+    body = {"new_edits": False, "docs": leaves}
+    db.couch.call("write conflicting leaves", db.couch.client.post_bulk_docs, db.name, body)
+
+
+def conflicting_leaves() -> tuple[Doc, Doc]:
+    """Two revisions of one job, open and done: CouchDB's winner is the open one, the
+    merge is the done one. Created at a site with no daemon, for a site nobody runs:
+    nobody resolves the conflict."""
+    from jobdist.model import new_job, new_step
+
+    open_leaf = new_job("archive", [new_step("echo merged", target="nowhere")])
+    done_leaf = copy.deepcopy(open_leaf)
+    done_leaf["job"][0].update(step_status="finished", claimed_by="nowhere", winner="nowhere",
+                               epoch=1, exit_code=0, executioner="nowhere/w0")
+    done_leaf.update(step=1, job_status="success", updated_at=open_leaf["created_at"])
+    done_leaf["history"].append({**done_leaf["history"][0], "event": "finished",
+                                 "site": "nowhere"})
+    open_leaf["_rev"], done_leaf["_rev"] = "1-" + "f" * 32, "1-" + "a" * 32
+    return open_leaf, done_leaf

@@ -6,7 +6,6 @@ $JOBDIST_SITES pointing at its sites directory.
 
 from __future__ import annotations
 
-import copy
 import json
 import shutil
 import time
@@ -25,7 +24,7 @@ from jobdist.lab.localserver import LocalServer, free_port
 from jobdist.lab.scenarios import site_db, write_sites
 from jobdist.model import Doc, new_job, new_step
 
-from .helpers import wait_for
+from .helpers import conflicting_leaves, wait_for, write_conflict
 
 pytestmark = pytest.mark.e2e
 
@@ -118,22 +117,9 @@ def test_submit_a_yaml_file(jobdist: Jobdist, cluster: LocalCluster, tmp_path: P
     assert doc["job"][0]["target"] == ["reg_a", "reg_b"]
 
 
-def write_conflict(db: Database, leaves: list[Doc]) -> None:
-    body = {"new_edits": False, "docs": leaves}
-    db.couch.call("write conflicting leaves", db.couch.client.post_bulk_docs, db.name, body)
-
-
 def test_show_merges_every_conflicting_revision(jobdist: Jobdist,
                                                 cluster: LocalCluster) -> None:
-    # Created at a site with no daemon, for a site nobody runs: nobody resolves it.
-    open_leaf = new_job("archive", [new_step("echo merged", target="nowhere")])
-    done_leaf = copy.deepcopy(open_leaf)
-    done_leaf["job"][0].update(step_status="finished", claimed_by="nowhere", winner="nowhere",
-                               epoch=1, exit_code=0, executioner="nowhere/w0")
-    done_leaf.update(step=1, job_status="success", updated_at=open_leaf["created_at"])
-    done_leaf["history"].append({**done_leaf["history"][0], "event": "finished",
-                                 "site": "nowhere"})
-    open_leaf["_rev"], done_leaf["_rev"] = "1-" + "f" * 32, "1-" + "a" * 32
+    open_leaf, done_leaf = conflicting_leaves()
     db = site_db(cluster, "global")
     write_conflict(db, [open_leaf, done_leaf])
     job_id = open_leaf["_id"]

@@ -16,7 +16,7 @@ from jobdist.daemon import Daemon
 from jobdist.hub import MAX_CLIENTS, MAX_IDS, ChangeHub
 from jobdist.model import Doc, new_job, new_step
 
-from .helpers import daemon_with_admin, wait_for
+from .helpers import conflicting_leaves, daemon_with_admin, wait_for, write_conflict
 
 TOKEN = "dashboard-admin-token"
 SITE = "solo"
@@ -107,6 +107,15 @@ def test_a_job_page_shows_steps_output_and_history_escaped(site: Running) -> Non
     for event in ("created", "started", "finished", "failed"):
         assert f"<b>{event}</b>" in page, event
     assert "conflicting revision" not in page
+
+
+def test_a_job_with_conflicts_is_shown_merged(site: Running) -> None:
+    open_leaf, done_leaf = conflicting_leaves()
+    write_conflict(site.db, [open_leaf, done_leaf])
+    page = get(site, f"/jobs/{open_leaf['_id']}").text
+    assert "1 conflicting revision, merged" in page
+    assert 'id="job-status" class="status success">success<' in page
+    assert "<b>finished</b> step 0 at nowhere" in page
 
 
 def test_the_list_filters_and_pages_newest_first(site: Running,
