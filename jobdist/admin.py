@@ -100,6 +100,7 @@ def site_status(daemon: Daemon) -> dict[str, Any]:
     return {
         "site": manager.site,
         "workers": workers,
+        "draining": manager.draining,
         "running": running,
         "feed": {
             "seq": daemon.feed_position,  # opaque: an int or a CouchDB sequence string
@@ -334,7 +335,9 @@ class AdminServer:
                       timeout=2.0, retries=1)
         self.registry.register(SiteCollector(daemon, couch))
         ProcessCollector(registry=self.registry)  # process_resident_memory_bytes, CPU, fds
-        self.dashboard = Dashboard(daemon, site_database(config, quick=True))
+        self.dashboard = Dashboard(daemon.config.name, daemon.known_sites, daemon.changes,
+                                   site_database(config, quick=True),
+                                   lambda: site_status(daemon))
         self._http: _HttpServer | None = None
         self._thread: threading.Thread | None = None
 

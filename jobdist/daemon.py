@@ -74,6 +74,11 @@ class Daemon:
         return time.monotonic() - self.started
 
     @property
+    def known_sites(self) -> frozenset[str]:
+        """This site and every site it knows of (its peers, the sites directory's)."""
+        return self.manager.known_sites
+
+    @property
     def feed_position(self) -> object:
         """The last change the manager decided on: opaque (int or CouchDB sequence)."""
         return self.manager.seq

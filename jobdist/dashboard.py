@@ -21,13 +21,13 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http import HTTPStatus
 from importlib import resources
 from itertools import islice
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 from urllib.parse import quote, unquote, urlencode, urlsplit
 
 from jinja2 import Environment, PackageLoader, select_autoescape
@@ -35,12 +35,9 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from . import client, render, status
 from .couch import CouchError, Database
 from .design import DDOC
-from .hub import Subscription
+from .hub import ChangeHub, Subscription
 from .listener import feed_lag
 from .model import Doc, targets, utc_now
-
-if TYPE_CHECKING:
-    from .daemon import Daemon
 
 log = logging.getLogger("jobdist.dashboard")
 
@@ -197,11 +194,13 @@ def parse_time(stamp: Any) -> datetime | None:
 class Dashboard:
     """The pages of one daemon's dashboard; the admin endpoint routes to it."""
 
-    def __init__(self, daemon: Daemon, db: Database, heartbeat: float = HEARTBEAT) -> None:
-        self.daemon = daemon
-        self.site = daemon.config.name
+    def __init__(self, site: str, known_sites: frozenset[str], hub: ChangeHub, db: Database,
+                 own_status: Callable[[], Doc], heartbeat: float = HEARTBEAT) -> None:
+        self.site = site
+        self.known_sites = sorted(known_sites)
+        self.hub = hub
         self.db = db  # quick timeouts: a page must not hang on a slow server
-        self.hub = daemon.changes
+        self.own_status = own_status  # what GET /status answers: the same numbers
         self.heartbeat = heartbeat
         self._streams: set[Subscription] = set()  # this endpoint's: ended by `close`
         self.templates = Environment(loader=PackageLoader("jobdist", "templates"),
@@ -271,7 +270,7 @@ class Dashboard:
         running = running_by_site(self.db.view(DDOC, "running", include_docs=True))
         published = {doc["site"]: doc for doc in self._status_docs()}
         now = datetime.now(UTC)
-        names = sorted({*self.daemon.manager.known_sites, *published, *running})
+        names = sorted({*self.known_sites, *published, *running})
         rows = [self._own_row(running.get(self.site, []))]
         for name in names:
             if name == self.site:
@@ -296,16 +295,15 @@ class Dashboard:
                 if isinstance(row.get("doc"), dict) and isinstance(row["doc"].get("site"), str)]
 
     def _own_row(self, running: list[Doc]) -> SiteRow:
-        daemon = self.daemon
-        workers = daemon.manager.pool.snapshot()
-        received = daemon.listener.since
+        own = self.own_status()
+        workers, received = own["workers"], own["feed"]["received"]
         try:
             latest = self.db.last_seq()
         except CouchError:
             latest = None
         return SiteRow(name=self.site, here=True, workers=workers["size"], free=workers["free"],
                        booked=workers["booked"], busy=workers["busy"],
-                       draining=daemon.manager.draining, last_seen="now", silent=False,
+                       draining=own["draining"], last_seen="now", silent=False,
                        feed_seq=received, feed_lag=feed_lag(latest, received), running=running)
 
     def jobs(self, query: Mapping[str, str]) -> dict[str, Any]:
@@ -325,7 +323,7 @@ class Dashboard:
                  if more and rows else None)
         newest = f"/jobs?{urlencode(filters)}" if chosen["before"] else None
         return {"rows": rows, "filters": chosen, "statuses": client.STATUSES,
-                "known_sites": sorted(self.daemon.manager.known_sites),
+                "known_sites": self.known_sites,
                 "older": older, "newest": newest}
 
     def job(self, job_id: str) -> dict[str, Any]:

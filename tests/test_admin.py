@@ -67,6 +67,7 @@ def test_status_shows_the_running_step(site: Running) -> None:
     assert answer["site"] == SITE
     assert answer["workers"]["size"] >= 1
     assert set(answer["workers"]) == {"size", "free", "booked", "busy"}
+    assert answer["draining"] is False
     running = next(r for r in answer["running"] if r["job_id"] == site.job_id)
     assert running["step"] == 0 and running["epoch"] >= 1
     assert running["worker"].startswith(f"{SITE}/w") and running["seconds"] >= 0
