@@ -152,7 +152,7 @@ def test_search_by_id_and_an_unknown_job(site: Running) -> None:
 def read_events(resp: requests.Response, wanted: str, limit: int = 200) -> dict[str, Any]:
     """The first `change` event whose ids name `wanted` (or say "many")."""
     event = None
-    for count, line in enumerate(resp.iter_lines(decode_unicode=True)):
+    for count, line in enumerate(resp.iter_lines(chunk_size=1, decode_unicode=True)):
         assert count < limit, "no such event"
         if line.startswith("event: "):
             event = line.removeprefix("event: ")
