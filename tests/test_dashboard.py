@@ -227,7 +227,10 @@ def test_cancel_with_the_token_stops_the_step_and_is_in_the_history(site: Runnin
 def test_no_token_configured_offers_no_actions_and_refuses_writes(site: Running) -> None:
     admin = AdminServer(site.daemon, "127.0.0.1", 0, token=None)
     admin.start()
+    hub = site.daemon.changes
+    stream = requests.get(f"{admin.url}/events", stream=True, timeout=10)
     try:
+        wait_for(lambda: hub.clients >= 1, what="the stream subscribed")
         page = requests.get(f"{admin.url}/?fragment=1", timeout=10,
                             headers={"Authorization": f"Bearer {TOKEN}"})
         assert page.status_code == 200 and "Resize pool" not in page.text
@@ -237,6 +240,9 @@ def test_no_token_configured_offers_no_actions_and_refuses_writes(site: Running)
         assert resp.status_code == 403 and "no admin token" in resp.json()["error"]
     finally:
         admin.stop()
+    # Stopping the endpoint ends its event streams: no thread is left waiting.
+    wait_for(lambda: hub.clients == 0, timeout=5, what="the stream ended")
+    assert b"connected" in b"".join(stream.iter_content(chunk_size=None))
 
 
 def test_progress_text() -> None:
