@@ -37,7 +37,8 @@ from .couch import CouchError, Database
 from .design import DDOC
 from .hub import ChangeHub, Subscription
 from .listener import feed_lag
-from .model import Doc, targets, utc_now
+from .model import Doc, targets
+from .store import CouchStore
 
 log = logging.getLogger("jobdist.dashboard")
 
@@ -248,7 +249,7 @@ class Dashboard:
     def page(self, template: str, values: dict[str, Any], context: dict[str, Any],
              code: HTTPStatus = HTTPStatus.OK) -> Reply:
         html = self.templates.get_template(template).render(
-            site=self.site, now=render.short_time(utc_now()), **context, **values)
+            site=self.site, **context, **values)
         return Reply("text/html; charset=utf-8", html.encode(), code, dict(SECURITY_HEADERS))
 
     def static(self, name: str) -> Reply:
@@ -268,7 +269,8 @@ class Dashboard:
         """Every site as this one sees it: itself from its own state, the others from
         their replicated status documents and the `running` view."""
         running = running_by_site(self.db.view(DDOC, "running", include_docs=True))
-        published = {doc["site"]: doc for doc in self._status_docs()}
+        published = {doc["site"]: doc for doc in CouchStore(self.db).statuses()
+                     if isinstance(doc.get("site"), str)}
         now = datetime.now(UTC)
         names = sorted({*self.known_sites, *published, *running})
         rows = [self._own_row(running.get(self.site, []))]
@@ -287,12 +289,6 @@ class Dashboard:
                 silent=age is None or age > status.STALE_AFTER,
                 running=running.get(name, [])))
         return rows
-
-    def _status_docs(self) -> list[Doc]:
-        rows = self.db.all_docs(startkey=status.PREFIX, endkey=status.PREFIX + "\ufff0",
-                                include_docs=True)
-        return [row["doc"] for row in rows
-                if isinstance(row.get("doc"), dict) and isinstance(row["doc"].get("site"), str)]
 
     def _own_row(self, running: list[Doc]) -> SiteRow:
         own = self.own_status()
