@@ -18,19 +18,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from jobdist import core
+from jobdist.clock import utc_now
 from jobdist.config import SiteConfig
 from jobdist.couch import Conflict, Couch, CouchError, Database, Saved
 from jobdist.design import DDOC
 from jobdist.errors import JobdistError
-from jobdist.model import (
-    FINAL_STATUSES,
-    Doc,
-    Phase,
-    job_from_submission,
-    normalise,
-    step_phase,
-    utc_now,
-)
+from jobdist.model import FINAL_STATUSES, Doc, Phase, job_from_submission, normalise, step_phase
 from jobdist.validation import validate_job, validate_submission
 
 STATUSES = ("live", *FINAL_STATUSES)

@@ -18,9 +18,9 @@ import logging
 import threading
 
 from . import core
+from .clock import later, utc_now
 from .couch import CouchError, Database, Saved
 from .design import DDOC
-from .model import later, utc_now
 
 log = logging.getLogger("jobdist.keepalive")
 

@@ -29,11 +29,12 @@ from itertools import islice
 from typing import Any
 
 from . import core, status
+from .clock import later, utc_now
 from .config import SiteConfig
 from .couch import Conflict, CouchError, Rejected, Saved, Undecodable
 from .journal import Held, Journal, JournalFull
 from .listener import Changed
-from .model import Doc, is_live, later, utc_now
+from .model import Doc, StepKey, is_live
 from .store import JobStore
 from .validation import validate_job
 from .workers import Execution, StepResult, WorkerPool, kill_orphans
@@ -50,8 +51,8 @@ HELD_RETRY_MAX = 2.0  # short beside any lease: a result is written soon after t
 RETRY_DECISION = 1.0  # seconds before a decision whose read or write failed is taken again
 BATCH = 200  # jobs decided together: one read and one write a round for all of them
 MAX_ROUNDS = 8  # fresh reads of one job in one batch before it is left for later
-Found = tuple[list[Doc], list[core.Rejected]]  # a job's usable leaves, and the others
-Planner = Callable[[list[Doc], list[core.Rejected]], core.Plan]
+Found = tuple[list[Doc], list[core.Unusable]]  # a job's usable leaves, and the others
+Planner = Callable[[list[Doc], list[core.Unusable]], core.Plan]
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ class Finished:
 
 @dataclass(frozen=True)
 class Retried:
-    key: core.Key
+    key: StepKey
     epoch: int
     worker: str
     detail: str
@@ -105,17 +106,17 @@ class Manager:
         self.reports: queue.Queue[Finished | Retried] = queue.Queue()
         self.wake = threading.Event()  # set by the listener and the workers
         self.pool = WorkerPool(self.site, config.workers, self._on_done, config.allows)
-        self.booked_at: dict[core.Key, float] = {}
+        self.booked_at: dict[StepKey, float] = {}
         # Steps this batch decided to start, launched once their revision is saved:
         # to the next plans they already run (their worker is no undecided claim's).
-        self.launching: dict[core.Key, core.Running] = {}
+        self.launching: dict[StepKey, core.Running] = {}
         # Executions whose end is not recorded yet: running, or ended with the result
         # held (below). Both count as running here, so no decision releases them.
-        self.executions: dict[core.Key, core.Running] = {}
+        self.executions: dict[StepKey, core.Running] = {}
         # Results the server did not take yet, kept in the journal until it does.
         self.journal = journal
-        self.held: dict[core.Key, Held] = {}
-        self.held_retry: dict[core.Key, tuple[float, float]] = {}  # key -> (due, delay)
+        self.held: dict[StepKey, Held] = {}
+        self.held_retry: dict[StepKey, tuple[float, float]] = {}  # key -> (due, delay)
         for held in journal.load():
             self._hold_in_memory(held)
         self.own_revs: deque[str] = deque(maxlen=4096)
@@ -195,7 +196,7 @@ class Manager:
 
     def decide_task(self, doc_id: str, seen: Doc | None = None) -> Task:
         """Decide about a job until there is nothing more to do right now."""
-        def plan(leaves: list[Doc], rejected: list[core.Rejected]) -> core.Plan:
+        def plan(leaves: list[Doc], rejected: list[core.Unusable]) -> core.Plan:
             return core.plan(leaves, self.context(self._lease_silence(doc_id, leaves)),
                              self.pool_view(), rejected)
         return Task(doc_id, plan, seen=seen, then_decide=True)
@@ -219,7 +220,7 @@ class Manager:
 
     def record_task(self, held: Held) -> Task:
         """Record what an execution did; only a current execution advances the job."""
-        def plan(leaves: list[Doc], rejected: list[core.Rejected]) -> core.Plan:
+        def plan(leaves: list[Doc], rejected: list[core.Unusable]) -> core.Plan:
             # The worker is free now: the core may chain the next step onto it.
             self.executions.pop(held.key, None)
             return core.plan_finish(leaves, self.context(), self.pool_view(), held.key,
@@ -227,15 +228,15 @@ class Manager:
         return Task(held.job_id, plan, retry_conflicts=True, then_decide=True, held=held)
 
     def retry_note_task(self, item: Retried) -> Task:
-        def plan(leaves: list[Doc], rejected: list[core.Rejected]) -> core.Plan:
+        def plan(leaves: list[Doc], rejected: list[core.Unusable]) -> core.Plan:
             return core.plan_event(leaves, self.context(), item.key, item.epoch, item.worker,
                                    "retried", item.detail)
         # A lost event does not matter: the finish still counts.
         return Task(item.key[0], plan, end_on_refusal=False)
 
-    def renew_task(self, key: core.Key, epoch: int) -> Task:
+    def renew_task(self, key: StepKey, epoch: int) -> Task:
         """The heartbeat: push our lease forward, so the creator knows we are alive."""
-        def plan(leaves: list[Doc], rejected: list[core.Rejected]) -> core.Plan:
+        def plan(leaves: list[Doc], rejected: list[core.Unusable]) -> core.Plan:
             return core.plan_renew(leaves, self.context(), key, epoch,
                                    renew_below=self.config.lease - self.config.heartbeat)
         # Refused: the lease lapses, and the finish will say what happened.

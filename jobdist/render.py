@@ -17,9 +17,10 @@ from rich.console import Console, Group
 from rich.text import Text
 
 from jobdist.client import STATUSES, JobRow, SiteSnapshot
+from jobdist.clock import utc_now
 from jobdist.config import SiteConfig
 from jobdist.couch import CouchError, NotFound, Unavailable
-from jobdist.model import Doc, Phase, step_phase, targets, utc_now
+from jobdist.model import Doc, Phase, step_phase, targets
 from jobdist.tables import Cell, Col, FittedTable
 
 

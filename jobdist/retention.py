@@ -29,11 +29,12 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import IO, Any
 
+from .clock import format_time
 from .core import merge
 from .couch import Conflict, Database, Rejected, Saved
 from .design import DDOC
 from .errors import JobdistError
-from .model import FINAL_STATUSES, Doc, format_time
+from .model import FINAL_STATUSES, Doc
 
 log = logging.getLogger("jobdist.retention")
 

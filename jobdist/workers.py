@@ -9,7 +9,6 @@ daemon threads.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import os
@@ -19,9 +18,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
+
+from .clock import utc_now
+from .model import StepKey
+from .processes import group_has_live_members, signal_group
 
 logger = logging.getLogger("jobdist.workers")
 
@@ -31,7 +33,6 @@ POLL_SECONDS = 0.05  # how often waits look at the cancel event and the deadline
 READER_JOIN_SECONDS = 2.0  # how long to wait for EOF once the process group is gone
 _READ_CHUNK = 65536
 
-StepKey = tuple[str, int]
 RetryCallback = Callable[[int, str], None]
 
 
@@ -51,11 +52,6 @@ class StepResult:
     reason: str  # human-readable outcome, e.g. "exit 3 after 4 attempts"
     cancelled: bool = False
     timed_out: bool = False
-
-
-def utc_now_iso() -> str:
-    """The current UTC time as the job document writes it: microseconds and a "Z"."""
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def retry_delays(strategy: Mapping[str, Any]) -> Iterator[float]:
@@ -161,48 +157,19 @@ class _LogContext:
         return f"job={self.job} step={self.step} site={self.site} worker={self.worker}"
 
 
-def _group_has_live_members(pgid: int) -> bool:
-    """Whether any non-zombie process is still in the group.
-
-    Zombies are skipped because orphans re-parented to an init that never reaps
-    (common in containers) would otherwise make every group look alive forever.
-    """
-    proc = Path("/proc")
-    if not proc.is_dir():  # not Linux: fall back to the kernel's answer, zombies included
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return False
-        return True
-    for stat_file in proc.glob("[0-9]*/stat"):
-        try:
-            fields = stat_file.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue  # the process ended while we looked
-        state, pgrp = fields[0], int(fields[2])
-        if pgrp == pgid and state not in ("Z", "X"):
-            return True
-    return False
-
-
-def _signal_group(pgid: int, signum: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError):  # the group is already empty
-        os.killpg(pgid, signum)
-
-
 def _terminate_group(proc: subprocess.Popen[bytes], log: _LogContext) -> None:
     """SIGTERM the command's whole process group, then SIGKILL what outlives the grace."""
     pgid = proc.pid  # start_new_session made the shell its group's leader
-    _signal_group(pgid, signal.SIGTERM)
+    signal_group(pgid, signal.SIGTERM)
     deadline = time.monotonic() + KILL_GRACE_SECONDS
     while time.monotonic() < deadline:
         proc.poll()  # reap the shell so it does not count as alive
-        if not _group_has_live_members(pgid):
+        if not group_has_live_members(pgid):
             break
         time.sleep(POLL_SECONDS)
     else:
         logger.warning("process group survived SIGTERM, sending SIGKILL %s pgid=%d", log, pgid)
-        _signal_group(pgid, signal.SIGKILL)
+        signal_group(pgid, signal.SIGKILL)
     proc.wait()
 
 
@@ -273,7 +240,7 @@ def _run_attempt(
     stdout = _TailReader(proc.stdout, f"jobdist-stdout-{proc.pid}")
     stderr = _TailReader(proc.stderr, f"jobdist-stderr-{proc.pid}")
     ending = _wait_for_exit(proc, timeout, cancel)
-    if ending != "exited" or _group_has_live_members(proc.pid):
+    if ending != "exited" or group_has_live_members(proc.pid):
         # Also after a normal exit: a step's processes must not outlive it, and
         # leftovers would keep our pipes open.
         logger.warning("killing process group %s attempt=%d ending=%s", log, number, ending)
@@ -340,7 +307,7 @@ class _StepRun:
         self._on_retry = on_retry
         self._log = _LogContext.from_env(env)
         self._attempts = 0
-        self._start_time = utc_now_iso()
+        self._start_time = utc_now()
         self._started = time.monotonic()
 
     def run(self) -> StepResult:
@@ -428,7 +395,7 @@ class _StepRun:
             attempts=self._attempts,
             exec_time=self._elapsed(),
             start_time=self._start_time,
-            finish_time=utc_now_iso(),
+            finish_time=utc_now(),
             stdout=last.stdout,
             stderr=last.stderr,
             reason=reason,
@@ -739,7 +706,7 @@ def _crashed_result(execution: Execution, error: Exception) -> StepResult:
 
 def _not_run(reason: str, exec_time: float, *, cancelled: bool = False) -> StepResult:
     """A result for a step whose command never ran to an exit code."""
-    now = utc_now_iso()
+    now = utc_now()
     return StepResult(ok=False, used_alt=False, exit_code=None, attempts=0,
                       exec_time=exec_time, start_time=now, finish_time=now,
                       stdout="", stderr="", reason=reason, cancelled=cancelled)
@@ -764,6 +731,6 @@ def kill_orphans(site: str, couch: str) -> list[int]:
         if marker <= variables and stat[0] not in ("Z", "X"):
             groups.add(int(stat[2]))
     for pgid in groups:
-        _signal_group(pgid, signal.SIGKILL)
+        signal_group(pgid, signal.SIGKILL)
         logger.warning("killed orphaned step process group pgid=%d site=%s", pgid, site)
     return sorted(groups)

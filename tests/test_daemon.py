@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from jobdist.clock import format_time
 from jobdist.couch import Couch, Database
 from jobdist.design import load_design_docs
 from jobdist.keepalive import KeepAlive
 from jobdist.lab.localserver import LocalServer, free_port
 from jobdist.listener import Changed, Listener, load_checkpoint, save_checkpoint
-from jobdist.model import format_time, new_job, new_step
+from jobdist.model import new_job, new_step
 
 
 @pytest.fixture

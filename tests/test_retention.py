@@ -15,9 +15,10 @@ import requests
 from click.testing import CliRunner, Result
 
 from jobdist.cli import main
+from jobdist.clock import format_time
 from jobdist.couch import Couch, Database, Saved
 from jobdist.lab.localserver import LocalServer
-from jobdist.model import Doc, format_time, new_job, new_step
+from jobdist.model import Doc, new_job, new_step
 from jobdist.retention import (
     RetentionError,
     cleanup,

@@ -30,9 +30,10 @@ from rich.console import Console
 from rich.table import Table
 
 from .. import core
+from ..clock import seconds_between, utc_now
 from ..couch import Couch, Database
 from ..design import load_design_docs
-from ..model import Doc, new_job, new_step, parse_time, utc_now
+from ..model import Doc, new_job, new_step
 from ..setup import admin_couch_of
 from ..status import status_id
 from ..workers import StepResult
@@ -67,10 +68,6 @@ def percentile(values: list[float], pct: float) -> float:
     ordered = sorted(values)
     rank = max(1, round(pct / 100 * len(ordered) + 0.5 - 1e-9))
     return ordered[min(rank, len(ordered)) - 1]
-
-
-def seconds_between(start: str, end: str) -> float:
-    return (parse_time(end) - parse_time(start)).total_seconds()
 
 
 def cpu_seconds(pid: int) -> float:
