@@ -21,29 +21,24 @@ from . import core
 from .clock import later, utc_now
 from .couch import CouchError, Database, Saved
 from .design import DDOC
+from .periodic import Periodic
 
 log = logging.getLogger("jobdist.keepalive")
 
 
-class KeepAlive(threading.Thread):
+class KeepAlive(Periodic):
+    what = "keep-alive pass"
+
     def __init__(self, db: Database, site: str, period: float, stale_after: float,
                  stop: threading.Event) -> None:
-        super().__init__(name=f"keepalive-{site}", daemon=True)
+        super().__init__("keepalive", site, stop, log)
         self.db = db
-        self.site = site
         self.period = period
         self.stale_after = stale_after
-        self.stop_event = stop
         self.resaved = 0
 
-    def run(self) -> None:
-        while not self.stop_event.wait(self.period):
-            try:
-                self.pass_once()
-            except CouchError as error:
-                log.warning("keep-alive pass failed site=%s error=%s", self.site, error)
-            except Exception:  # a dead re-saver would silently forget jobs
-                log.exception("keep-alive pass failed site=%s", self.site)
+    def wait_before_pass(self) -> float:
+        return self.period
 
     def pass_once(self) -> int:
         """Re-save the stale open jobs this site created; how many were re-saved."""

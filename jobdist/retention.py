@@ -35,6 +35,7 @@ from .couch import Conflict, Database, Rejected, Saved
 from .design import DDOC
 from .errors import JobdistError
 from .model import FINAL_STATUSES, Doc
+from .periodic import Periodic
 
 log = logging.getLogger("jobdist.retention")
 
@@ -232,27 +233,23 @@ def cleanup(db: Database, older_than: timedelta, *, export: IO[str] | None = Non
     return report
 
 
-class PeriodicCleanup(threading.Thread):
+class PeriodicCleanup(Periodic):
     """A daemon's retention: every `interval`, remove the finished jobs it created
     that are past `older_than`, exported first when `export` is set."""
 
+    what = "retention pass"
+
     def __init__(self, db: Database, site: str, older_than: timedelta, interval: float,
                  export: Path | None, stop: threading.Event) -> None:
-        super().__init__(name=f"retention-{site}", daemon=True)
+        super().__init__("retention", site, stop, log)
         self.db = db
-        self.site = site
         self.older_than = older_than
         self.interval = interval
         self.export = export
-        self.stop_event = stop
         self.removed = 0
 
-    def run(self) -> None:
-        while not self.stop_event.wait(self.interval):
-            try:
-                self.pass_once()
-            except Exception:  # retention must never take the site down
-                log.exception("retention pass failed site=%s", self.site)
+    def wait_before_pass(self) -> float:
+        return self.interval
 
     def pass_once(self) -> Report:
         if self.export is None:
