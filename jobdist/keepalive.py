@@ -14,7 +14,6 @@ changes nothing but `keepalive_at`. Highest priority first.
 
 from __future__ import annotations
 
-import logging
 import threading
 
 from . import core
@@ -23,15 +22,13 @@ from .couch import CouchError, Database, Saved
 from .design import DDOC
 from .periodic import Periodic
 
-log = logging.getLogger("jobdist.keepalive")
-
 
 class KeepAlive(Periodic):
     what = "keep-alive pass"
 
     def __init__(self, db: Database, site: str, period: float, stale_after: float,
                  stop: threading.Event) -> None:
-        super().__init__("keepalive", site, stop, log)
+        super().__init__("keepalive", site, stop, "jobdist.keepalive")
         self.db = db
         self.period = period
         self.stale_after = stale_after
@@ -53,8 +50,7 @@ class KeepAlive(Periodic):
             try:
                 count += self.resave(row["id"])
             except CouchError as error:  # this job only (refused, unreadable): the rest go on
-                log.warning("keep-alive re-save failed job=%s site=%s error=%s", row["id"],
-                            self.site, error)
+                self.log.warning("keep-alive re-save failed", job=row["id"], error=error)
         self.resaved += count
         return count
 
@@ -64,7 +60,7 @@ class KeepAlive(Periodic):
         touched = core.keepalive(leaves, ctx, self.stale_after) if leaves else None
         if touched is None or not isinstance(self.db.save(touched), Saved):
             return False
-        log.info("keep-alive re-save job=%s site=%s", job_id, self.site)
+        self.log.info("keep-alive re-save", job=job_id)
         return True
 
 

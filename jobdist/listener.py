@@ -15,7 +15,6 @@ without its document, and the manager reads (and skips) the job itself.
 
 from __future__ import annotations
 
-import logging
 import queue
 import threading
 from dataclasses import dataclass
@@ -23,8 +22,6 @@ from typing import Any
 
 from .couch import CouchError, Database
 from .periodic import Periodic
-
-log = logging.getLogger("jobdist.listener")
 
 CHECKPOINT = "jobdist-checkpoint"
 
@@ -62,7 +59,7 @@ class Listener(Periodic):
     def __init__(self, db: Database, site: str, inbox: queue.Queue[object], since: object,
                  stop: threading.Event, wake: threading.Event,
                  heartbeat_ms: int = 5000) -> None:
-        super().__init__("listener", site, stop, log)
+        super().__init__("listener", site, stop, "jobdist.listener")
         self.db = db
         self.inbox = inbox
         self.since = since
@@ -90,8 +87,8 @@ class Listener(Periodic):
         self.reconnects += 1
         self.backoff = min(max(self.backoff * 2, 0.1), 5.0)
 
-    def where(self) -> str:
-        return f" since={self.since}"
+    def where(self) -> dict[str, Any]:
+        return {"since": self.since}
 
     def follow(self) -> None:
         with_docs = self.with_docs

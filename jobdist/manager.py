@@ -18,7 +18,6 @@ keep-alive re-save.
 
 from __future__ import annotations
 
-import logging
 import queue
 import threading
 import time
@@ -34,12 +33,11 @@ from .config import SiteConfig
 from .couch import Conflict, CouchError, Rejected, Saved, Undecodable
 from .journal import Held, Journal, JournalFull
 from .listener import Changed
+from .logs import EventLog
 from .model import Doc, StepKey, is_live
 from .store import JobStore
 from .validation import validate_job
 from .workers import Execution, StepResult, WorkerPool, kill_orphans
-
-log = logging.getLogger("jobdist.manager")
 
 SCAN_INTERVAL = 2.0  # seconds between claimable scans while workers stay free
 CHECKPOINT_INTERVAL = 2.0
@@ -97,6 +95,7 @@ class Manager:
                  journal: Journal) -> None:
         self.config = config
         self.site = config.name
+        self.log = EventLog("jobdist.manager", site=self.site)
         self.store = store
         self.known_sites = frozenset(known_sites) | {self.site}
         # From the listener; bounded so a burst pushes back on the feed, not on memory.
@@ -210,9 +209,8 @@ class Manager:
         running = self.executions.get(key)
         if running is None or running.epoch != execution.epoch:
             return None
-        log.info("step ended job=%s step=%d site=%s worker=%s epoch=%d ok=%s reason=%r",
-                 key[0], key[1], self.site, running.worker, running.epoch, result.ok,
-                 result.reason)
+        self.log.info("step ended", job=key[0], step=key[1], epoch=running.epoch,
+                      worker=running.worker, ok=result.ok, reason=result.reason)
         self.counts["steps_finished" if result.ok else "steps_failed"] += 1
         self.scan_due = True
         return self.record_task(Held(key[0], key[1], running.epoch, running.worker, result,
@@ -261,8 +259,7 @@ class Manager:
                 self._run_batch(batch)
             except Exception:
                 self.counts["handler_errors"] += 1
-                log.exception("error while deciding a batch site=%s jobs=%s", self.site,
-                              list(batch)[:5])
+                self.log.exception("error while deciding a batch", jobs=list(batch)[:5])
                 for task in batch.values():
                     if not task.recorded:
                         self._not_recorded(task)
@@ -287,7 +284,7 @@ class Manager:
             if plans:
                 self._write_all(pending, plans)
         for doc_id, task in pending.items():
-            log.warning("no settled decision job=%s site=%s", doc_id, self.site)
+            self.log.warning("no settled decision", job=doc_id)
             self._not_recorded(task)
 
     def _settle_from_seen(self, pending: dict[str, Task]) -> None:
@@ -313,7 +310,7 @@ class Manager:
             # read each alone, and skip the unreadable one.
             return {doc_id: self._read_alone(doc_id) for doc_id in ids}
         except CouchError as error:
-            log.warning("cannot read jobs site=%s jobs=%d error=%s", self.site, len(ids), error)
+            self.log.warning("cannot read jobs", jobs=len(ids), error=error)
             return None
 
     def _read_alone(self, doc_id: str) -> list[Doc]:
@@ -352,7 +349,7 @@ class Manager:
             return task.plan(*found)
         except Exception:  # a document the core chokes on: logged, the batch goes on
             self.counts["handler_errors"] += 1
-            log.exception("error while deciding job=%s site=%s", task.doc_id, self.site)
+            self.log.exception("error while deciding", job=task.doc_id)
             return None
 
     def _write_all(self, pending: dict[str, Task],
@@ -363,7 +360,7 @@ class Manager:
             results = {doc["_id"]: result for doc, result in zip(docs, self.store.write(docs),
                                                                     strict=True)}
         except CouchError as error:
-            log.warning("write failed site=%s jobs=%d error=%s", self.site, len(docs), error)
+            self.log.warning("write failed", jobs=len(docs), error=error)
             for doc_id in plans:
                 self._not_recorded(pending.pop(doc_id))
             return
@@ -387,7 +384,7 @@ class Manager:
                 self._carried_out(doc_id, plan, rev)
             except Exception:  # e.g. a launch the pool refuses: the others still go
                 self.counts["handler_errors"] += 1
-                log.exception("error after writing job=%s site=%s", doc_id, self.site)
+                self.log.exception("error after writing", job=doc_id)
 
     def _after_write(self, pending: dict[str, Task], task: Task, plan: core.Plan,
                      rev: str) -> None:
@@ -416,8 +413,7 @@ class Manager:
         try:
             results = self.store.write(losers)
         except CouchError as error:  # the creator deletes them on its next decision
-            log.warning("losing revisions not deleted site=%s count=%d error=%s",
-                        self.site, len(losers), error)
+            self.log.warning("losing revisions not deleted", count=len(losers), error=error)
             return
         self.counts["conflicts_resolved"] += sum(isinstance(r, Saved) for r in results)
 
@@ -425,21 +421,22 @@ class Manager:
         self.counts[f"action_{plan.action}"] += 1
         if plan.detail.startswith(core.WON_CLAIM):
             self.counts["claims_won"] += 1
-        log.info("%s job=%s site=%s rev=%s%s", plan.action, doc_id, self.site, rev,
-                 f" detail={plan.detail!r}" if plan.detail else "")
+        step, epoch = acted_on(plan)
+        self.log.info(plan.action, job=doc_id, step=step, epoch=epoch, rev=rev,
+                      detail=plan.detail or None)
         for effect in plan.after:
             self.apply(effect, plan.doc)
 
     def _refused(self, task: Task, plan: core.Plan, leaves: list[Doc], result: Rejected) -> None:
         """The server refuses the revision: the same write can never succeed."""
         if result.error != "forbidden":  # not the rules: a login, or the server's trouble
-            log.warning("write failed job=%s site=%s action=%s error=%s: %s", task.doc_id,
-                        self.site, plan.action, result.error, result.reason)
+            self.log.warning("write failed", job=task.doc_id, action=plan.action,
+                             error=f"{result.error}: {result.reason}")
             self._not_recorded(task)
             return
         self.counts["writes_refused"] += 1
-        log.error("write refused job=%s site=%s action=%s reason=%s",
-                  task.doc_id, self.site, plan.action, result.reason)
+        self.log.error("write refused", job=task.doc_id, action=plan.action,
+                       reason=result.reason)
         for effect in plan.before:  # a worker booked for a write that never happens is lost
             if isinstance(effect, core.Book):
                 self.apply(core.Unbook(effect.key))
@@ -473,8 +470,8 @@ class Manager:
         del self.held[held.key], self.held_retry[held.key]
         self.journal.forget(held)
         self.counts["results_replayed"] += 1
-        log.info("held result written job=%s step=%d site=%s epoch=%d held_for=%.1fs",
-                 held.job_id, held.step, self.site, held.epoch, time.time() - held.since)
+        self.log.info("held result written", job=held.job_id, step=held.step, epoch=held.epoch,
+                      held_for=time.time() - held.since)
 
     def _not_recorded(self, task: Task) -> None:
         """The server did not take the task's write: a result is kept, a decision is
@@ -504,11 +501,11 @@ class Manager:
             self.journal.keep(held)
         except (OSError, JournalFull) as error:
             self.counts["journal_errors"] += 1
-            log.error("result held in memory only job=%s step=%d site=%s epoch=%d error=%s",
-                      held.job_id, held.step, self.site, held.epoch, error)
+            self.log.error("result held in memory only", job=held.job_id, step=held.step,
+                           epoch=held.epoch, error=error)
         self.counts["results_held"] += 1
-        log.warning("result held until the server takes it job=%s step=%d site=%s epoch=%d",
-                    held.job_id, held.step, self.site, held.epoch)
+        self.log.warning("result held until the server takes it", job=held.job_id,
+                         step=held.step, epoch=held.epoch)
         self._hold_in_memory(held, delay=HELD_RETRY_FIRST)
 
     def _hold_in_memory(self, held: Held, delay: float = 0.0) -> None:
@@ -559,14 +556,12 @@ class Manager:
             return
         self.own_revs.append(rev)  # report each bad revision once
         self.counts["invalid_documents"] += 1
-        log.error("invalid job skipped job=%s rev=%s site=%s errors=%r",
-                  doc_id, rev, self.site, reason)
+        self.log.error("invalid job skipped", job=doc_id, rev=rev, errors=reason)
 
     def _skip(self, doc_id: str, reason: str) -> None:
         """Leave the job alone until a new revision of it arrives on the feed."""
         if doc_id not in self.skipped:
-            log.warning("job skipped until it changes job=%s site=%s reason=%r",
-                        doc_id, self.site, reason)
+            self.log.warning("job skipped until it changes", job=doc_id, reason=reason)
             self.counts["jobs_skipped"] += 1
         self.skipped[doc_id] = reason
         self.skipped.move_to_end(doc_id)
@@ -641,8 +636,7 @@ class Manager:
             self.booked_at.pop(effect.key, None)
             self.scan_due = True  # a lost claim: look for other work at once
         elif isinstance(effect, core.Kill):
-            log.info("killing job=%s step=%d site=%s reason=%r",
-                     effect.key[0], effect.key[1], self.site, effect.reason)
+            self.log.info("killing", job=effect.key[0], step=effect.key[1], reason=effect.reason)
             self.pool.cancel(effect.key)
         elif isinstance(effect, core.Launch):
             assert doc is not None
@@ -655,8 +649,7 @@ class Manager:
     def launch(self, effect: core.Launch, doc: Doc) -> None:
         job_id, index = effect.key
         if effect.key in self.executions:  # the core never asks this; never run a step twice
-            log.error("not launching a step already running here job=%s step=%d site=%s",
-                      job_id, index, self.site)
+            self.log.error("not launching a step already running here", job=job_id, step=index)
             return
         env = {
             "JOBDIST_JOB_ID": job_id,
@@ -731,7 +724,7 @@ class Manager:
         try:
             due = self.store.leases_due(self.site, cutoff)
         except CouchError as error:
-            log.warning("lease scan failed site=%s error=%s", self.site, error)
+            self.log.warning("lease scan failed", error=error)
             self.leases_seen.clear()  # renewals go unseen meanwhile: count afresh after
             return []
         return [self.decide_task(doc_id) for doc_id in due if doc_id not in self.skipped]
@@ -758,7 +751,7 @@ class Manager:
         try:
             open_ids = self.store.open_created(self.site, 2 * room + min(len(self.skipped), 1000))
         except CouchError as error:
-            log.warning("open-step scan failed site=%s error=%s", self.site, error)
+            self.log.warning("open-step scan failed", error=error)
             return []
         return [self.decide_task(doc_id) for doc_id in open_ids if doc_id not in self.skipped]
 
@@ -773,7 +766,7 @@ class Manager:
             for doc in self.store.statuses():
                 self.hear_status(doc)
         except CouchError as error:  # the feed brings them as they are renewed
-            log.warning("cannot read site statuses site=%s error=%s", self.site, error)
+            self.log.warning("cannot read site statuses", error=error)
 
     def own_status(self) -> status.SiteStatus:
         return status.SiteStatus(
@@ -796,14 +789,14 @@ class Manager:
                 doc["_rev"] = self.publisher.rev
             (result,) = self.store.write([doc])
         except CouchError as error:
-            log.warning("status not published site=%s error=%s", self.site, error)
+            self.log.warning("status not published", error=error)
             return
         if isinstance(result, Saved):
             self.own_revs.append(result.rev)
             self.publisher.published(mine, result.rev, now)
         else:  # someone wrote it meanwhile (an older daemon of ours): read it next time
             self.publisher.rev = None
-            log.warning("status not published site=%s result=%s", self.site, result)
+            self.log.warning("status not published", result=result)
 
     def claimable(self, limit: int) -> list[str]:
         """Open steps this site may run: highest priority first, then oldest."""
@@ -814,7 +807,7 @@ class Manager:
             rows = [row for target in (self.site, "any")
                     for row in self.store.claimable(target, limit + extra)]
         except CouchError as error:
-            log.warning("claimable scan failed site=%s error=%s", self.site, error)
+            self.log.warning("claimable scan failed", error=error)
             return []
         rows = sorted((row for row in rows if row.job_id not in self.skipped),
                       key=lambda row: (row.rank, row.created_at))
@@ -836,7 +829,7 @@ class Manager:
             self.store.save_checkpoint(self.site, self.seq)
             self.saved_seq, self.last_checkpoint = self.seq, now
         except CouchError as error:
-            log.warning("checkpoint not saved site=%s error=%s", self.site, error)
+            self.log.warning("checkpoint not saved", error=error)
 
     def drain(self, grace: float) -> None:
         """Graceful stop: claim nothing more, let running steps end or stop them, release."""
@@ -845,7 +838,7 @@ class Manager:
             self.apply(core.Unbook(key))
         stopped = self.pool.shutdown(grace)
         if stopped:
-            log.info("stopped %d running steps site=%s", len(stopped), self.site)
+            self.log.info("stopped running steps", count=len(stopped))
         self.settle(self._report_tasks())
         self._checkpoint_if_due(force=True)
 
@@ -865,3 +858,13 @@ def _drain(source: queue.Queue[Any]) -> Iterable[Any]:
             yield source.get_nowait()
         except queue.Empty:
             return
+
+
+def acted_on(plan: core.Plan) -> tuple[int | None, int | None]:
+    """The step and epoch a plan's write is about, for its log line: those of the
+    event it records (a plan that records none, a re-save, gives its current step)."""
+    if plan.doc is None:
+        return None, None
+    history = plan.doc.get("history") or [{}]
+    step = history[-1].get("step", plan.doc.get("step"))
+    return step, history[-1].get("epoch")

@@ -8,10 +8,11 @@ jobs without a word, and a dead listener would stall the site.
 
 from __future__ import annotations
 
-import logging
 import threading
+from typing import Any
 
 from .couch import CouchError
+from .logs import EventLog
 
 
 class Periodic(threading.Thread):
@@ -22,23 +23,22 @@ class Periodic(threading.Thread):
     # is to say (and a RecursionError's traceback would be a thousand frames).
     expected_errors: tuple[type[Exception], ...] = (CouchError,)
 
-    def __init__(self, name: str, site: str, stop: threading.Event,
-                 log: logging.Logger) -> None:
+    def __init__(self, name: str, site: str, stop: threading.Event, logger: str) -> None:
         super().__init__(name=f"{name}-{site}", daemon=True)
         self.site = site
         self.stop_event = stop
-        self.log = log
+        self.log = EventLog(logger, site=site)
 
     def run(self) -> None:
         while not self.stop_event.wait(self.wait_before_pass()):
             try:
                 self.pass_once()
             except self.expected_errors as error:
-                self.log.warning("%s failed site=%s%s error=%s", self.what, self.site,
-                                 self.where(), str(error) or type(error).__name__)
+                self.log.warning(f"{self.what} failed", **self.where(),
+                                 error=str(error) or type(error).__name__)
                 self.failed(error)
             except Exception as error:  # the thread must outlive any one pass
-                self.log.exception("%s failed site=%s%s", self.what, self.site, self.where())
+                self.log.exception(f"{self.what} failed", **self.where())
                 self.failed(error)
             else:
                 self.succeeded()
@@ -48,9 +48,9 @@ class Periodic(threading.Thread):
         changed at run time (the admin endpoint) applies from the next pass."""
         raise NotImplementedError
 
-    def where(self) -> str:
-        """More context for a failure's log line, e.g. " since=42"."""
-        return ""
+    def where(self) -> dict[str, Any]:
+        """More fields for a failure's log line, e.g. the feed's position."""
+        return {}
 
     def pass_once(self) -> object:
         raise NotImplementedError

@@ -241,7 +241,7 @@ class PeriodicCleanup(Periodic):
 
     def __init__(self, db: Database, site: str, older_than: timedelta, interval: float,
                  export: Path | None, stop: threading.Event) -> None:
-        super().__init__("retention", site, stop, log)
+        super().__init__("retention", site, stop, "jobdist.retention")
         self.db = db
         self.older_than = older_than
         self.interval = interval
@@ -259,6 +259,5 @@ class PeriodicCleanup(Periodic):
                 report = cleanup(self.db, self.older_than, export=out, creator=self.site)
         self.removed += report.deleted.jobs
         if report.deleted.jobs:
-            log.info("retention removed jobs=%d site=%s cutoff=%s", report.deleted.jobs,
-                     self.site, report.cutoff)
+            self.log.info("retention removed", jobs=report.deleted.jobs, cutoff=report.cutoff)
         return report

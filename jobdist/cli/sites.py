@@ -45,7 +45,8 @@ def site() -> None:
 def site_run(config_path: Path, sites_dir: Path | None, ready_file: Path | None,
              log_file: Path | None, log_level: str, journal: Path | None) -> None:
     """Run the daemon of one site until SIGTERM or SIGINT."""
-    from jobdist.daemon import Daemon, configure_logging
+    from jobdist.daemon import Daemon
+    from jobdist.logs import configure_logging
 
     config = load_site(config_path)
     if journal is not None:
