@@ -54,12 +54,12 @@ def site_database(site: SiteConfig, *, quick: bool = False) -> Database:
     """The site's jobs database for an operator's command: a few quick retries, not
     the daemon's patience (`quick`: fewer, for views that refresh every second)."""
     if quick:
-        couch = Couch(site.couch_url, user=site.user, password=site.password,
+        couch = Couch(site.couch.url, user=site.couch.user, password=site.couch.password,
                       timeout=3.0, retries=1, retry_time=1.0)
     else:
-        couch = Couch(site.couch_url, user=site.user, password=site.password,
+        couch = Couch(site.couch.url, user=site.couch.user, password=site.couch.password,
                       timeout=15.0, retries=2, retry_time=3.0)
-    return couch.database(site.database)
+    return couch.database(site.couch.database)
 
 
 # --- reading ----------------------------------------------------------------------

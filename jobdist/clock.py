@@ -9,7 +9,10 @@ $JOBDIST_CLOCK_OFFSET (seconds): everything the site writes moves with it.
 from __future__ import annotations
 
 import os
+import re
 from datetime import UTC, datetime, timedelta
+
+from .errors import JobdistError
 
 CLOCK_OFFSET = float(os.environ.get("JOBDIST_CLOCK_OFFSET", "0") or 0)
 
@@ -39,3 +42,25 @@ def later(moment: str, seconds: float) -> str:
 
 def seconds_between(earlier: str, later_moment: str) -> float:
     return (parse_time(later_moment) - parse_time(earlier)).total_seconds()
+
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+class DurationError(JobdistError, ValueError):
+    """A duration (a retention period, say) that cannot be read."""
+
+
+def parse_duration(text: str) -> timedelta:
+    """`90m`, `12h`, `30d`, `2w`, `1d12h`, `45s` as a timedelta (m is minutes)."""
+    compact = text.strip().lower()
+    parts = _DURATION_PART.findall(compact)
+    if not compact or "".join(n + u for n, u in parts) != compact.replace(" ", ""):
+        raise DurationError(
+            f"{text!r} is not a duration: use a number and a unit s, m, h, d or w "
+            "(e.g. 90m, 12h, 30d)")
+    seconds = sum(float(number) * _UNIT_SECONDS[unit] for number, unit in parts)
+    if seconds <= 0:
+        raise DurationError(f"{text!r}: a period must be longer than 0")
+    return timedelta(seconds=seconds)

@@ -84,14 +84,21 @@ class PoolView:
         return key, self.booked[key].worker
 
 
+# The protocol's timing defaults, in seconds; a site's [daemon] settings override them.
+BOOKING_TIMEOUT = 60.0
+LEASE = 60.0
+HEARTBEAT = 15.0
+SKEW_MARGIN = 10.0
+
+
 @dataclass(frozen=True)
 class Context:
     site: str
     now: str  # ISO 8601 UTC, from the caller's clock
     known_sites: frozenset[str] | None = None  # when set, the creator fails jobs no site can run
-    booking_timeout: float = 60.0  # free a booked worker whose claim is not decided by then
-    lease: float = 60.0  # a winner's promise lasts this long unless renewed by its heartbeat
-    skew_margin: float = 10.0  # the creator waits this much past a lease: clocks differ
+    booking_timeout: float = BOOKING_TIMEOUT  # free a booked worker whose claim is undecided
+    lease: float = LEASE  # a winner's promise lasts this long unless renewed by its heartbeat
+    skew_margin: float = SKEW_MARGIN  # the creator waits this much past a lease: clocks differ
     # How long this site has seen each `lease_until` of the job unchanged, by its
     # own clock (None: not tracked). A lease past its deadline is revoked only once
     # it has also been silent that long for `lease` + `skew_margin`: a winner whose

@@ -24,7 +24,7 @@ from .keepalive import KeepAlive
 from .listener import Listener, load_checkpoint
 from .logs import EventLog
 from .manager import Manager
-from .retention import PeriodicCleanup, parse_duration
+from .retention import PeriodicCleanup
 from .setup import check_database, couch_of, setup_database
 from .store import CouchStore
 
@@ -37,13 +37,13 @@ def open_site_database(config: SiteConfig) -> Database:
     on a server without admins (a test or a fresh development server) it sets
     the database up itself.
     """
-    as_site = replace(config, admin_user=None, admin_password=None)
+    as_site = replace(config, couch=replace(config.couch, admin_user=None, admin_password=None))
     log = EventLog("jobdist.daemon", site=config.name)
     try:
         setup_database(as_site, report=lambda line: log.info("setup", detail=line))
     except Forbidden:
         check_database(config)
-    return couch_of(config).database(config.database)
+    return couch_of(config).database(config.couch.database)
 
 
 class Daemon:
@@ -59,11 +59,11 @@ class Daemon:
         self.listener = Listener(self.db, config.name, self.manager.inbox,
                                  load_checkpoint(self.db, config.name), self.stop_event,
                                  self.manager.wake)
-        self.keepalive = KeepAlive(self.db, config.name, config.keepalive_period,
-                                   config.keepalive_stale_after, self.stop_event)
-        self.retention = None if config.retention_older_than is None else PeriodicCleanup(
-            self.db, config.name, parse_duration(config.retention_older_than),
-            config.retention_interval, config.retention_export, self.stop_event)
+        self.keepalive = KeepAlive(self.db, config.name, config.keepalive.period,
+                                   config.keepalive.stale_after, self.stop_event)
+        self.retention = None if config.retention.older_than is None else PeriodicCleanup(
+            self.db, config.name, config.retention.older_than,
+            config.retention.interval, config.retention.export, self.stop_event)
         self.admin: AdminServer | None = None
 
     @property
@@ -78,7 +78,7 @@ class Daemon:
 
     def run(self, ready_file: Path | None = None) -> int:
         self._install_signal_handlers()
-        self.log.info("site starting", couch=self.db.couch.url, db=self.config.database,
+        self.log.info("site starting", couch=self.db.couch.url, db=self.config.couch.database,
                       workers=self.config.workers,
                       journal=self.manager.journal.directory.resolve())
         self._start_admin()  # first: a port that is taken fails before any work starts
@@ -93,8 +93,8 @@ class Daemon:
             self.log.info("site ready")
             while not self.stop_event.is_set():
                 self.manager.serve_once(timeout=0.5)
-            self.log.info("site stopping", grace=self.config.shutdown_grace)
-            self.manager.drain(self.config.shutdown_grace)
+            self.log.info("site stopping", grace=self.config.daemon.shutdown_grace)
+            self.manager.drain(self.config.daemon.shutdown_grace)
         finally:
             if self.admin is not None:  # kept through the drain, to watch steps stop
                 self.admin.stop()
@@ -105,10 +105,10 @@ class Daemon:
         self.stop_event.set()
 
     def _start_admin(self) -> None:
-        if self.config.admin_port is None:
+        if self.config.admin.port is None:
             return
-        self.admin = AdminServer(self, self.config.admin_host, self.config.admin_port,
-                                 self.config.admin_token)
+        self.admin = AdminServer(self, self.config.admin.host, self.config.admin.port,
+                                 self.config.admin.token)
         self.admin.start()
 
     def _install_signal_handlers(self) -> None:

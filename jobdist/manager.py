@@ -104,7 +104,7 @@ class Manager:
         # step must not wait behind a burst of replicated changes.
         self.reports: queue.Queue[Finished | Retried] = queue.Queue()
         self.wake = threading.Event()  # set by the listener and the workers
-        self.pool = WorkerPool(self.site, config.workers, self._on_done, config.allows)
+        self.pool = WorkerPool(self.site, config.workers, self._on_done, config.commands.allows)
         self.booked_at: dict[StepKey, float] = {}
         # Steps this batch decided to start, launched once their revision is saved:
         # to the next plans they already run (their worker is no undecided claim's).
@@ -235,8 +235,9 @@ class Manager:
     def renew_task(self, key: StepKey, epoch: int) -> Task:
         """The heartbeat: push our lease forward, so the creator knows we are alive."""
         def plan(leaves: list[Doc], rejected: list[core.Unusable]) -> core.Plan:
+            daemon = self.config.daemon
             return core.plan_renew(leaves, self.context(), key, epoch,
-                                   renew_below=self.config.lease - self.config.heartbeat)
+                                   renew_below=daemon.lease - daemon.heartbeat)
         # Refused: the lease lapses, and the finish will say what happened.
         return Task(key[0], plan, retry_conflicts=True, end_on_refusal=False)
 
@@ -587,9 +588,10 @@ class Manager:
     def context(self, lease_silence: dict[str, float] | None = None) -> core.Context:
         now = time.monotonic()
         return core.Context(self.site, utc_now(), self.known_sites,
-                            booking_timeout=self.config.booking_timeout,
-                            lease=self.config.lease, skew_margin=self.config.clock_skew_margin,
-                            runs=self.config.allows,
+                            booking_timeout=self.config.daemon.booking_timeout,
+                            lease=self.config.daemon.lease,
+                            skew_margin=self.config.daemon.clock_skew_margin,
+                            runs=self.config.commands.allows,
                             lease_silence=lease_silence,
                             room=self.board.room(now),
                             assigning=self._expecting_assignments(now))
@@ -605,7 +607,7 @@ class Manager:
 
     @property
     def restricted(self) -> bool:
-        return self.config.allowed_commands is not None
+        return self.config.commands.allow is not None
 
     def pool_view(self) -> core.PoolView:
         running = {**self.executions, **self.launching}
@@ -696,19 +698,19 @@ class Manager:
     def _expired_booking_tasks(self) -> list[Task]:
         now = time.monotonic()
         return [self.decide_task(key[0]) for key, since in list(self.booked_at.items())
-                if now - since >= self.config.booking_timeout]
+                if now - since >= self.config.daemon.booking_timeout]
 
     def _unbook_expired(self) -> None:
         """Bookings still held past their timeout once decided: their job is gone."""
         now = time.monotonic()
         for key, since in list(self.booked_at.items()):
-            if now - since >= self.config.booking_timeout and self.pool.is_booked(key):
+            if now - since >= self.config.daemon.booking_timeout and self.pool.is_booked(key):
                 self.apply(core.Unbook(key))
 
     def _renewal_tasks_due(self) -> list[Task]:
         """Renew the lease of every step we run, so the creator knows we are alive."""
         now = time.monotonic()
-        if now - self.last_heartbeat < self.config.heartbeat:
+        if now - self.last_heartbeat < self.config.daemon.heartbeat:
             return []
         self.last_heartbeat = now
         return [self.renew_task(key, running.epoch)
@@ -717,10 +719,10 @@ class Manager:
     def _revocation_tasks_due(self) -> list[Task]:
         """As creator: take back steps whose winner stopped renewing its lease."""
         now = time.monotonic()
-        if now - self.last_lease_scan < self.config.heartbeat / 2:
+        if now - self.last_lease_scan < self.config.daemon.heartbeat / 2:
             return []
         self.last_lease_scan = now
-        cutoff = later(utc_now(), -self.config.clock_skew_margin)
+        cutoff = later(utc_now(), -self.config.daemon.clock_skew_margin)
         try:
             due = self.store.leases_due(self.site, cutoff)
         except CouchError as error:

@@ -21,7 +21,6 @@ import contextlib
 import json
 import logging
 import os
-import re
 import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -33,35 +32,12 @@ from .clock import format_time
 from .core import merge
 from .couch import Conflict, Database, Rejected, Saved
 from .design import DDOC
-from .errors import JobdistError
 from .model import FINAL_STATUSES, Doc
 from .periodic import Periodic
 
 log = logging.getLogger("jobdist.retention")
 
 VIEW = "finished_before"  # key: updated_at of finished jobs
-
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")
-_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-
-
-class RetentionError(JobdistError, ValueError):
-    """A retention setting that cannot be used (e.g. a malformed duration)."""
-
-
-def parse_duration(text: str) -> timedelta:
-    """`90m`, `12h`, `30d`, `2w`, `1d12h`, `45s` as a timedelta (m is minutes)."""
-    compact = text.strip().lower()
-    parts = _DURATION_PART.findall(compact)
-    if not compact or "".join(n + u for n, u in parts) != compact.replace(" ", ""):
-        raise RetentionError(
-            f"{text!r} is not a duration: use a number and a unit s, m, h, d or w "
-            "(e.g. 90m, 12h, 30d)")
-    seconds = sum(float(number) * _UNIT_SECONDS[unit] for number, unit in parts)
-    if seconds <= 0:
-        raise RetentionError(f"{text!r}: the retention period must be longer than 0")
-    return timedelta(seconds=seconds)
-
 
 def cutoff_time(older_than: timedelta, now: datetime | None = None) -> str:
     """The ISO time before which a finished job's last update makes it expired."""

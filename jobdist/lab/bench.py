@@ -31,6 +31,7 @@ from rich.table import Table
 
 from .. import core
 from ..clock import seconds_between, utc_now
+from ..config import CouchSettings
 from ..couch import Couch, Database
 from ..design import load_design_docs
 from ..model import Doc, new_job, new_step
@@ -411,9 +412,12 @@ def summary(values: list[float]) -> dict[str, float]:
 
 
 def server_logs(cluster: LocalCluster) -> list[ServerLog]:
-    return [ServerLog(site.couch_url, cluster.site_dir(name) / "couch" / "log.txt",
-                      (site.admin_user, site.admin_password or "") if site.admin_user else None)
-            for name, site in cluster.sites.items()]
+    return [ServerLog(site.couch.url, cluster.site_dir(name) / "couch" / "log.txt",
+                      admin_login(site.couch)) for name, site in cluster.sites.items()]
+
+
+def admin_login(couch: CouchSettings) -> tuple[str, str] | None:
+    return (couch.admin_user, couch.admin_password or "") if couch.admin_user else None
 
 
 def run_throughput(jobs: int, sites: int, workers: int, raw_docs: int,
