@@ -18,19 +18,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from jobdist import core
+from jobdist.clock import utc_now
 from jobdist.config import SiteConfig
 from jobdist.couch import Conflict, Couch, CouchError, Database, Saved
 from jobdist.design import DDOC
 from jobdist.errors import JobdistError
-from jobdist.model import (
-    FINAL_STATUSES,
-    Doc,
-    Phase,
-    job_from_submission,
-    normalise,
-    step_phase,
-    utc_now,
-)
+from jobdist.model import FINAL_STATUSES, Doc, Phase, job_from_submission, normalise, step_phase
 from jobdist.validation import validate_job, validate_submission
 
 STATUSES = ("live", *FINAL_STATUSES)
@@ -61,12 +54,12 @@ def site_database(site: SiteConfig, *, quick: bool = False) -> Database:
     """The site's jobs database for an operator's command: a few quick retries, not
     the daemon's patience (`quick`: fewer, for views that refresh every second)."""
     if quick:
-        couch = Couch(site.couch_url, user=site.user, password=site.password,
+        couch = Couch(site.couch.url, user=site.couch.user, password=site.couch.password,
                       timeout=3.0, retries=1, retry_time=1.0)
     else:
-        couch = Couch(site.couch_url, user=site.user, password=site.password,
+        couch = Couch(site.couch.url, user=site.couch.user, password=site.couch.password,
                       timeout=15.0, retries=2, retry_time=3.0)
-    return couch.database(site.database)
+    return couch.database(site.couch.database)
 
 
 # --- reading ----------------------------------------------------------------------

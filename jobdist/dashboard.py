@@ -19,7 +19,6 @@ token in sessionStorage and sends it as that header (docs/operations.md).
 from __future__ import annotations
 
 import json
-import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -37,10 +36,9 @@ from .couch import CouchError, Database
 from .design import DDOC
 from .hub import ChangeHub, Subscription
 from .listener import feed_lag
+from .logs import EventLog
 from .model import Doc, targets
 from .store import CouchStore
-
-log = logging.getLogger("jobdist.dashboard")
 
 PAGE_SIZE = 50
 HEARTBEAT = 15.0  # seconds between keep-alive comments on an idle event stream
@@ -198,6 +196,7 @@ class Dashboard:
     def __init__(self, site: str, known_sites: frozenset[str], hub: ChangeHub, db: Database,
                  own_status: Callable[[], Doc], heartbeat: float = HEARTBEAT) -> None:
         self.site = site
+        self.log = EventLog("jobdist.dashboard", site=site)
         self.known_sites = sorted(known_sites)
         self.hub = hub
         self.db = db  # quick timeouts: a page must not hang on a slow server
@@ -233,7 +232,7 @@ class Dashboard:
             return self.page("missing.html", {"message": str(error)}, context,
                              HTTPStatus.NOT_FOUND)
         except CouchError as error:
-            log.warning("dashboard cannot read site=%s path=%s error=%s", self.site, path, error)
+            self.log.warning("dashboard cannot read", path=path, error=error)
             return self.page("missing.html", {"message": f"this site's CouchDB did not "
                                               f"answer: {error}"}, context,
                              HTTPStatus.SERVICE_UNAVAILABLE)
@@ -344,7 +343,7 @@ class Dashboard:
         if not cancelled.written:
             return {"cancelled": False,
                     "message": f"{job_id} had already ended: {cancelled.job['job_status']}"}
-        log.info("dashboard cancelled job=%s site=%s", job_id, self.site)
+        self.log.info("dashboard cancelled", job=job_id)
         return {"cancelled": True, "message": f"{job_id} cancelled"}
 
     # -- live updates --

@@ -17,9 +17,10 @@ from rich.console import Console, Group
 from rich.text import Text
 
 from jobdist.client import STATUSES, JobRow, SiteSnapshot
+from jobdist.clock import utc_now
 from jobdist.config import SiteConfig
 from jobdist.couch import CouchError, NotFound, Unavailable
-from jobdist.model import Doc, Phase, step_phase, targets, utc_now
+from jobdist.model import Doc, Phase, step_phase, targets
 from jobdist.tables import Cell, Col, FittedTable
 
 
@@ -37,7 +38,7 @@ def explain_couch_error(error: CouchError, site: SiteConfig | None) -> str:
             cause = "unknown host"
         else:
             cause = "no answer"
-        where = (f"the CouchDB of site {site.name} at {site.couch_url}" if site is not None
+        where = (f"the CouchDB of site {site.name} at {site.couch.url}" if site is not None
                  else "CouchDB")
         return (f"cannot reach {where}: {cause} (is it running? "
                 "`jobdist cluster status` shows the local sites)")
@@ -252,11 +253,11 @@ def watch_view(snapshots: list[SiteSnapshot]) -> Group:
     for snap in snapshots:
         site = snap.site
         if snap.error:
-            sites.append([site.name, site.couch_url, Text("unreachable", style="red"),
+            sites.append([site.name, site.couch.url, Text("unreachable", style="red"),
                           *("" for _ in STATUSES)])
             errors.append(Text(explain_couch_error(snap.error, site), style="red"))
             continue
-        sites.append([site.name, site.couch_url, f"{len(snap.running)}/{site.workers}",
+        sites.append([site.name, site.couch.url, f"{len(snap.running)}/{site.workers}",
                       *(str(snap.counts.get(status, 0)) for status in STATUSES)])
         running += [running_row(site, row) for row in snap.running]
     parts: list[Any] = [FittedTable(WATCH_SITE_COLUMNS, sites,

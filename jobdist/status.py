@@ -22,7 +22,7 @@ import logging
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .model import Doc
+from .model import Doc, StepKey
 from .validation import validate_site_status
 
 log = logging.getLogger("jobdist.status")
@@ -33,7 +33,6 @@ REFRESH = 30.0  # an unchanged status is published again this often
 STALE_AFTER = 3 * REFRESH  # a status not renewed for this long (our clock) is ignored
 ASSIGNED_FOR = 3.0  # seconds an assignment counts against a room its site has not re-published
 
-Key = tuple[str, int]
 
 
 def status_id(site: str) -> str:
@@ -75,7 +74,7 @@ class Board:
     def __init__(self, site: str) -> None:
         self.site = site
         self.statuses: dict[str, tuple[SiteStatus, float]] = {}  # site -> (status, heard at)
-        self.assigned: dict[Key, tuple[str, float]] = {}  # step -> (site, when we assigned it)
+        self.assigned: dict[StepKey, tuple[str, float]] = {}  # step -> (site, when we assigned it)
 
     def hear(self, doc: Any, now: float) -> bool:
         """Take in a status document; True when that site has more room than we knew."""
@@ -95,7 +94,7 @@ class Board:
         and its last status (fresh for up to STALE_AFTER) would have us assign to it again."""
         self.statuses.pop(site, None)
 
-    def note_assigned(self, key: Key, site: str, now: float) -> None:
+    def note_assigned(self, key: StepKey, site: str, now: float) -> None:
         self.assigned[key] = (site, now)
 
     def room(self, now: float) -> dict[str, int]:

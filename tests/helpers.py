@@ -50,7 +50,13 @@ def readme_http_submission() -> tuple[str, dict[str, Any]]:
 def daemon_with_admin(root: Path, site: str, workers: int, token: str | None) -> Iterator[Daemon]:
     """One site in this process: a real pouchdb-server and its daemon, the admin endpoint
     on a free port; both stopped afterwards."""
-    from jobdist.config import SiteConfig
+    from jobdist.config import (
+        AdminSettings,
+        CouchSettings,
+        DaemonSettings,
+        KeepAliveSettings,
+        SiteConfig,
+    )
     from jobdist.daemon import Daemon
     from jobdist.lab.localserver import LocalServer, free_port
 
@@ -59,9 +65,10 @@ def daemon_with_admin(root: Path, site: str, workers: int, token: str | None) ->
     daemon: Daemon | None = None
     thread: threading.Thread | None = None
     try:
-        config = SiteConfig(name=site, couch_url=server.url, workers=workers, peers=(),
-                            keepalive_period=5.0, shutdown_grace=0.5,
-                            admin_port=0, admin_token=token, journal=root / "journal")
+        config = SiteConfig(name=site, couch=CouchSettings(server.url), workers=workers,
+                            peers=(), keepalive=KeepAliveSettings(period=5.0),
+                            daemon=DaemonSettings(shutdown_grace=0.5, journal=root / "journal"),
+                            admin=AdminSettings(port=0, token=token))
         daemon = Daemon(config)
         ready = root / "ready"
         thread = threading.Thread(target=daemon.run, args=(ready,), daemon=True)

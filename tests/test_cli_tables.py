@@ -12,7 +12,7 @@ from rich.console import Console
 
 from jobdist import client
 from jobdist import render as show
-from jobdist.config import SiteConfig
+from jobdist.config import CouchSettings, SiteConfig
 from jobdist.couch import Unavailable
 from jobdist.model import Doc, event, new_job, new_step
 from jobdist.tables import Col, FittedTable, allot
@@ -114,7 +114,7 @@ def test_list_fits_80_columns_with_whole_ids() -> None:
 
 
 def test_watch_fits_80_columns(tmp_path: Any) -> None:
-    site = SiteConfig(name="reg_a", couch_url="http://127.0.0.1:5985", workers=2)
+    site = SiteConfig(name="reg_a", couch=CouchSettings("http://127.0.0.1:5985"), workers=2)
     running = {"id": JOB_ID, "key": ["reg_a", T1], "value": {"step": 0,
                "executioner": "reg_a/w1"}, "doc": {"job": [{"do": COMMAND}]}}
     snapshot = client.SiteSnapshot(site, {"live": 3, "success": 120}, [running])

@@ -83,7 +83,7 @@ def test_the_example_in_the_module_docstring_loads(tmp_path: Path) -> None:
     doc = jobdist.config.__doc__ or ""
     example = textwrap.dedent(doc[doc.index('    name = "reg_a"'):doc.index("\nCredentials")])
     site = load_site(write_config(tmp_path, example))
-    assert (site.name, site.lease, site.admin_port) == ("reg_a", 60.0, 7984)
+    assert (site.name, site.daemon.lease, site.admin.port) == ("reg_a", 60.0, 7984)
 
 
 # Each setting with a value other than its default: loading it must change the config.

@@ -37,7 +37,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 
 def post_with_curl(block: str, site: SiteConfig, sites_dir: Path) -> Doc:
     """Run the README's own commands, pointed at this cluster's site and secrets."""
-    script = (block.replace("http://127.0.0.1:5984", site.couch_url)
+    script = (block.replace("http://127.0.0.1:5984", site.couch.url)
               .replace(".jobdist/secrets/", f"{sites_dir}/secrets/"))
     run = subprocess.run(["bash", "-euc", script], capture_output=True, text=True, timeout=30)
     assert run.returncode == 0, run.stderr
@@ -45,8 +45,8 @@ def post_with_curl(block: str, site: SiteConfig, sites_dir: Path) -> Doc:
 
 
 def post_with_requests(doc: Doc, site: SiteConfig) -> Doc:
-    response = requests.post(f"{site.couch_url}/{site.database}", json=doc,
-                             auth=(site.user or "", site.password or ""), timeout=10)
+    response = requests.post(f"{site.couch.url}/{site.couch.database}", json=doc,
+                             auth=(site.couch.user or "", site.couch.password or ""), timeout=10)
     return response.json()
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from jobdist import core
-from jobdist.config import SiteConfig
+from jobdist.config import CouchSettings, DaemonSettings, SiteConfig
 from jobdist.couch import Unavailable
 from jobdist.journal import Journal
 from jobdist.listener import Changed
@@ -61,7 +61,7 @@ class World:
         self.lag = lag  # the chance that a document misses one round of replication
         self.stores = {name: CountingStore(Replica(), name) for name in SITES}
         self.managers = {
-            name: Manager(SiteConfig(name, store.url, workers=workers), store, SITES,
+            name: Manager(SiteConfig(name, CouchSettings(store.url), workers=workers), store, SITES,
                           Journal(tmp_path / name))
             for name, store in self.stores.items()}
         self.delivered: dict[str, dict[str, frozenset[str]]] = {name: {} for name in SITES}
@@ -175,7 +175,7 @@ def test_a_worker_booked_in_a_batch_is_not_taken_by_a_later_decision(tmp_path: P
     first win takes the worker, the second is given back; nothing is started twice
     on one worker, nothing fails to launch."""
     store = SimStore(Replica(), "reg_a")
-    manager = Manager(SiteConfig("reg_a", store.url, workers=1), store, SITES,
+    manager = Manager(SiteConfig("reg_a", CouchSettings(store.url), workers=1), store, SITES,
                       Journal(tmp_path / "journal"))
     try:
         claimed, first, second = (new_job("global", [new_step("true")]) for _ in range(3))
@@ -209,7 +209,8 @@ class FlakyStore(SimStore):
 
 
 def creator_alone(tmp_path: Path, store: SimStore, **settings: Any) -> Manager:
-    config = SiteConfig("global", store.url, workers=1, **settings)
+    config = SiteConfig("global", CouchSettings(store.url), workers=1,
+                        daemon=DaemonSettings(**settings))
     return Manager(config, store, SITES, Journal(tmp_path / "journal"))
 
 

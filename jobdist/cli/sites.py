@@ -10,11 +10,11 @@ from pathlib import Path
 
 import click
 
+from jobdist.clock import parse_duration
 from jobdist.config import SiteConfig, ensure_credentials, load_site, load_sites
 from jobdist.couch import CouchError
 from jobdist.render import explain_couch_error, short_time
 from jobdist.retention import cleanup as run_cleanup
-from jobdist.retention import parse_duration
 
 from .common import (
     EXIT_JOB_NOT_OK,
@@ -45,11 +45,12 @@ def site() -> None:
 def site_run(config_path: Path, sites_dir: Path | None, ready_file: Path | None,
              log_file: Path | None, log_level: str, journal: Path | None) -> None:
     """Run the daemon of one site until SIGTERM or SIGINT."""
-    from jobdist.daemon import Daemon, configure_logging
+    from jobdist.daemon import Daemon
+    from jobdist.logs import configure_logging
 
     config = load_site(config_path)
     if journal is not None:
-        config = replace(config, journal=journal)
+        config = replace(config, daemon=replace(config.daemon, journal=journal))
     known = set(load_sites(sites_dir or config_path.parent))
     configure_logging(log_level.upper(), log_file)
     sys.exit(Daemon(config, known).run(ready_file))
@@ -95,7 +96,7 @@ def secrets(sites_dir: Path, compose_env: Path | None) -> None:
     this by itself."""
     sites = load_site_configs(sites_dir)
     missing = [path for site in sites.values()
-               for path in (site.credentials, site.admin_credentials)
+               for path in (site.couch.credentials, site.couch.admin_credentials)
                if path is not None and not path.exists()]
     ensure_credentials(sites, sites_dir)
     for path in dict.fromkeys(missing):

@@ -18,8 +18,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..couch import Couch, Database
+from ..couch import Database
 from ..model import ANY, Doc, allows, new_job, new_step
+from ..setup import couch_of
 from .cluster import LocalCluster
 from .localserver import free_port
 
@@ -156,7 +157,7 @@ def _toml_table(values: Mapping[str, str]) -> str:
 
 def site_db(cluster: LocalCluster, name: str) -> Database:
     site = cluster.sites[name]
-    return Couch(site.couch_url, user=site.user, password=site.password).database(site.database)
+    return couch_of(site).database(site.couch.database)
 
 
 def submit_all(db: Database, creator: str, steps: list[Doc], count: int,

@@ -171,7 +171,7 @@ def trial(name: str, seed: int, tmp_path: Path, summaries: list[dict[str, Any]],
                      if src == a} for a in names}
     sites_dir = write_sites(tmp_path / "sites", sites, **{"lease": LEASE, **options},
                             peer_urls=peer_urls)
-    couch_ports = {site.name: site.port for site in load_sites(sites_dir).values()}
+    couch_ports = {site.name: site.couch.port for site in load_sites(sites_dir).values()}
     cluster = LocalCluster(sites_dir, tmp_path / "state", in_memory=in_memory)
     hub = ProxyHub()
     run = Trial(name, seed, tmp_path, cluster)
