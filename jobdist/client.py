@@ -24,6 +24,7 @@ from jobdist.couch import Conflict, Couch, CouchError, Database, Saved
 from jobdist.design import DDOC
 from jobdist.errors import JobdistError
 from jobdist.model import FINAL_STATUSES, Doc, Phase, job_from_submission, normalise, step_phase
+from jobdist.schedules import schedule_id
 from jobdist.validation import validate_job, validate_submission
 
 STATUSES = ("live", *FINAL_STATUSES)
@@ -285,3 +286,59 @@ def adopt_job(db: Database, site: str, job_id: str, gone: str, reason: str) -> b
             return True
     raise StillConflicting(f"cannot adopt {job_id}: still conflicting after "
                            f"{WRITE_ATTEMPTS} tries; run the command again")
+
+
+# --- schedules --------------------------------------------------------------------
+
+
+class NoSuchSchedule(JobdistError):
+    """The site has no schedule by that name."""
+
+
+class ScheduleExists(JobdistError):
+    """A schedule with the name being added is there already."""
+
+
+def add_schedule(db: Database, site: str, doc: Doc) -> Doc:
+    """Store a new schedule (made by schedules.new_schedule); ScheduleExists if taken."""
+    if isinstance(db.save(doc), Conflict):
+        raise ScheduleExists(f"a schedule named {doc['name']!r} exists at site {site} "
+                             "already: remove it first, or pick another name")
+    return doc
+
+
+def list_schedules(db: Database) -> list[Doc]:
+    """Every schedule the site knows, by owner and name (the `schedules` view's rows)."""
+    return [{"name": row["key"][1], "owner": row["key"][0], **row["value"]}
+            for row in db.view(DDOC, "schedules")]
+
+
+def read_schedule(db: Database, site: str, name: str) -> Doc:
+    doc = db.get(schedule_id(name))
+    if doc is None or doc.get("type") != "schedule":
+        raise NoSuchSchedule(f"no schedule {name!r} at site {site}")
+    return doc
+
+
+def set_schedule_enabled(db: Database, site: str, name: str, enabled: bool) -> Doc:
+    """Pause or resume a schedule; the change's time is its `updated_at`, so the
+    ticks it was paused for never run. The schedule as written."""
+    for _ in range(WRITE_ATTEMPTS):
+        doc = read_schedule(db, site, name)
+        if doc.get("enabled", True) == enabled:
+            return doc
+        changed = {**doc, "enabled": enabled, "updated_at": utc_now()}
+        if isinstance(db.save(changed), Saved):
+            return changed
+    raise StillConflicting(f"cannot change schedule {name!r}: still conflicting after "
+                           f"{WRITE_ATTEMPTS} tries; try again")
+
+
+def remove_schedule(db: Database, site: str, name: str) -> None:
+    """Delete a schedule (the jobs it made stay)."""
+    for _ in range(WRITE_ATTEMPTS):
+        doc = read_schedule(db, site, name)
+        if isinstance(db.delete(doc["_id"], doc["_rev"]), Saved):
+            return
+    raise StillConflicting(f"cannot remove schedule {name!r}: still conflicting after "
+                           f"{WRITE_ATTEMPTS} tries; try again")

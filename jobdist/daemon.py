@@ -26,6 +26,7 @@ from .listener import Listener, load_checkpoint
 from .logs import EventLog
 from .manager import Manager
 from .retention import PeriodicCleanup
+from .schedules import Scheduler
 from .setup import check_database, couch_of, setup_database
 from .store import CouchStore
 
@@ -66,6 +67,7 @@ class Daemon:
         self.retention = None if config.retention.older_than is None else PeriodicCleanup(
             self.db, config.name, config.retention.older_than,
             config.retention.interval, config.retention.export, self.stop_event)
+        self.scheduler = Scheduler(self.db, config.name, self.stop_event)
         self.admin: AdminServer | None = None
 
     @property
@@ -93,6 +95,7 @@ class Daemon:
             self.manager.recover()
             self.listener.start()
             self.keepalive.start()
+            self.scheduler.start()
             if self.retention is not None:
                 self.retention.start()
             if ready_file is not None:

@@ -21,6 +21,7 @@ from jobdist.design import load_design_docs
 from jobdist.model import EVENT_DEFAULTS, JOB_DEFAULTS, RETRY_DEFAULTS, STEP_DEFAULTS, normalise
 from jobdist.validation import (
     MAX_DOC_SIZE,
+    SCHEDULE_DEFAULTS,
     InvalidJob,
     check_job,
     format_errors,
@@ -413,6 +414,7 @@ def test_the_defaults_are_the_same_table_in_python_and_javascript() -> None:
     assert javascript_defaults() == {
         "JOB_DEFAULTS": JOB_DEFAULTS, "STEP_DEFAULTS": STEP_DEFAULTS,
         "RETRY_DEFAULTS": RETRY_DEFAULTS, "EVENT_DEFAULTS": EVENT_DEFAULTS,
+        "SCHEDULE_DEFAULTS": SCHEDULE_DEFAULTS,
     }
 
 

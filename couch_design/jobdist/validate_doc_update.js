@@ -325,6 +325,10 @@ function (newDoc, oldDoc, userCtx, secObj) {
   var OPTIONAL_TIME = simple(nullable(isIsoUtc), "must be null or " + ISO_UTC_RULE);
   var COUNT = simple(countUpTo(MAX_COUNT), "must be an integer between 0 and " + MAX_COUNT);
   var RETRIES = simple(countUpTo(MAX_RETRIES), "must be an integer between 0 and " + MAX_RETRIES);
+  var NAME = simple(isSiteName, "must be " + SITE_NAME_RULE.replace("a site name", "a name"));
+  // The tick a schedule created the job for (jobdist/schedules.py).
+  var TICK = objectOf([field("name", NAME), field("tick", TIME)],
+                      "must be an object {name, tick}", null, false);
 
   var RETRY_STRATEGY_FIELDS = [
     field("max_retries", RETRIES),
@@ -393,7 +397,8 @@ function (newDoc, oldDoc, userCtx, secObj) {
       field("job", checkSteps),
       field("history", listOf(EVENT)),
       field("keepalive_at", TIME, true),
-      field("meta", simple(isObject, "must be an object"), true)
+      field("meta", simple(isObject, "must be an object"), true),
+      field("schedule", TICK, true)
     ].concat(COUCHDB_FIELDS.map(function (name) {
       return field(name, unchecked, true);
     }));
@@ -489,8 +494,63 @@ function (newDoc, oldDoc, userCtx, secObj) {
     return errors;
   }
 
-  var isStatus = isObject(newDoc) && newDoc.type === "site" && newDoc._deleted !== true;
-  var errors = isStatus ? validateSiteStatus(newDoc) : validateJob(newDoc);
+  // --- schedules (jobdist/schedules.py) -------------------------------------
+
+  var CRON = /^[0-9A-Za-z*?,\/#-]+( [0-9A-Za-z*?,\/#-]+){4}$/;
+  var CRON_REASON = "must be a cron expression of 5 fields (minute hour day month weekday), " +
+    "e.g. \"0 2 * * *\"";
+  var TIMEZONE = /^[A-Za-z][A-Za-z0-9_+-]*(\/[A-Za-z0-9_+-]+){0,2}$/;
+  var TIMEZONE_REASON = 'must be an IANA time zone name, e.g. "UTC" or "Europe/Zurich"';
+  var MISSED_POLICIES = ["latest", "all", "skip"];
+  var SCHEDULE_DEFAULTS = {"enabled": true, "missed": "latest", "timezone": "UTC"};
+
+  function checkTemplate(value, path, errors) {
+    // The job each tick submits: a submission, with its errors under `job.`.
+    if (!isObject(value)) {
+      errors.push(path + ": must be an object: the job each tick submits");
+      return;
+    }
+    var submitted = {"type": "job", "creator": "cli"};
+    Object.keys(value).forEach(function (key) { submitted[key] = value[key]; });
+    validateJob(submitted).forEach(function (error) { errors.push(path + "." + error); });
+  }
+
+  function validateSchedule(doc) {
+    var errors = [];
+    var flag = simple(isBoolean, "must be true or false");
+    checkFields(doc, [
+      field("_id", simple(function (value) {
+        return isString(doc.name) && value === "schedule-" + doc.name;
+      }, 'must be "schedule-" followed by the schedule\'s name')),
+      field("type", unchecked),
+      field("name", NAME),
+      field("cron", simple(function (value) {
+        return isString(value) && value.length <= 200 && CRON.test(value);
+      }, CRON_REASON)),
+      field("timezone", simple(function (value) {
+        return isString(value) && value.length <= 64 && TIMEZONE.test(value);
+      }, TIMEZONE_REASON)),
+      field("owner", SITE),
+      field("enabled", flag),
+      field("missed", simple(oneOf(MISSED_POLICIES), describeChoices(MISSED_POLICIES))),
+      field("job", checkTemplate),
+      field("created_at", TIME),
+      field("updated_at", TIME)
+    ].concat(COUCHDB_FIELDS.map(function (name) {
+      return field(name, unchecked, true);
+    })), SCHEDULE_DEFAULTS, "", errors);
+    return errors;
+  }
+
+  var live = isObject(newDoc) && newDoc._deleted !== true;
+  var errors;
+  if (live && newDoc.type === "site") {
+    errors = validateSiteStatus(newDoc);
+  } else if (live && newDoc.type === "schedule") {
+    errors = validateSchedule(newDoc);
+  } else {
+    errors = validateJob(newDoc);
+  }
   if (errors.length > 0) {
     throw {forbidden: errors.join("; ")};
   }

@@ -8,7 +8,8 @@ revisions (`core.merge`), the same view the daemons decide on, never CouchDB's
 winning revision alone.
 
 The commands live by subject: `jobs.py` (submit, show, logs, list, cancel,
-adopt, watch, validate), `sites.py` (site run, setup, secrets, cleanup); the
+adopt, watch, validate), `schedules.py` (schedule add, list, show, pause, resume,
+remove), `sites.py` (site run, setup, secrets, cleanup); the
 lab's (`cluster`, `demo`, `bench`) and the Spark `report` are loaded only when
 run. Errors people meet (an unknown site, an unreachable CouchDB, a bad job
 file, a missing sites directory or config) are one line on stderr starting
@@ -29,7 +30,7 @@ from jobdist.couch import CouchError
 from jobdist.errors import JobdistError
 from jobdist.render import explain_couch_error
 
-from . import jobs, sites
+from . import jobs, schedules, sites
 from .common import EXIT_ERROR, SITE_META, CliError
 
 # Commands that live in other modules, imported only when run: `jobdist site run`
@@ -91,6 +92,6 @@ def main() -> None:
     """
 
 
-for command in (*jobs.COMMANDS, *sites.COMMANDS):
+for command in (*jobs.COMMANDS, *schedules.COMMANDS, *sites.COMMANDS):
     main.add_command(command)
 

@@ -19,7 +19,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -40,10 +40,13 @@ from ..status import status_id
 from ..workers import StepResult
 from .cluster import LocalCluster
 from .localserver import LocalServer, free_port
+from .proxy import LinkShape
 from .scenarios import (
     THESIS_SCENARIOS,
+    Link,
     Result,
     check_ledger,
+    regions_apart,
     run_scenario,
     site_db,
     submit_all,
@@ -259,22 +262,61 @@ def thesis_table(rows: list[ThesisRow], step_seconds: float) -> Table:
     return table
 
 
+def links_option(latency_ms: float | None, jitter_ms: float, bandwidth_kbps: float | None,
+                 regions: bool) -> Callable[[Link], LinkShape] | None:
+    if regions and latency_ms is not None:
+        raise click.UsageError("give --regions or --latency, not both")
+    if regions:
+        return regions_apart
+    if latency_ms is None:
+        if jitter_ms or bandwidth_kbps:
+            raise click.UsageError("--jitter and --bandwidth go with --latency")
+        return None
+    shape = LinkShape.parse(latency_ms, jitter_ms, bandwidth_kbps)
+    return lambda _: shape
+
+
+def describe_links(links: Callable[[Link], LinkShape] | None, regions: bool) -> str:
+    if links is None:
+        return "direct (no added latency)"
+    if regions:
+        return "regions apart (global-reg_a 40 +- 10 ms, other pairs 120 +- 30 ms, 1 MB/s)"
+    shape = links(("global", "reg_a"))
+    rate = f", {shape.bandwidth / 1000:g} kB/s" if shape.bandwidth else ""
+    return f"{shape.latency * 1000:g} +- {shape.jitter * 1000:g} ms one way{rate}"
+
+
 @bench.command("thesis")
 @click.option("--step-seconds", default=1.0, show_default=True,
               help="How long each step sleeps (the thesis used 5).")
 @click.option("--only", multiple=True, help="Run only scenarios whose name starts so.")
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable results.")
-def thesis_command(step_seconds: float, only: tuple[str, ...], as_json: bool) -> None:
+@click.option("--latency", "latency_ms", type=click.FloatRange(min=0), default=None,
+              metavar="MS", help="Replicate through proxies adding this one-way latency.")
+@click.option("--jitter", "jitter_ms", type=click.FloatRange(min=0), default=0.0,
+              metavar="MS", help="With --latency: each chunk's latency varies by up to this.")
+@click.option("--bandwidth", "bandwidth_kbps", type=click.FloatRange(min=1), default=None,
+              metavar="KB/S", help="With --latency: a link carries at most this much a second.")
+@click.option("--regions", is_flag=True,
+              help="Replicate as the design's regions are apart: global-reg_a 40 ms, the "
+                   "other pairs 120 ms one way, jitter, 1 MB/s.")
+def thesis_command(step_seconds: float, only: tuple[str, ...], as_json: bool,
+                   latency_ms: float | None, jitter_ms: float, bandwidth_kbps: float | None,
+                   regions: bool) -> None:
     """The thesis's scenarios (section 6), each on fresh local sites, beside its figures."""
     chosen = [s for s in THESIS_SCENARIOS if not only or s.name.startswith(only)]
     if not chosen:
         raise click.ClickException(f"no scenario starts with {' or '.join(only)}")
-    rows = [thesis_row(run_scenario(scenario, step_seconds)) for scenario in chosen]
+    links = links_option(latency_ms, jitter_ms, bandwidth_kbps, regions)
+    rows = [thesis_row(run_scenario(scenario, step_seconds, links=links))
+            for scenario in chosen]
     if as_json:
-        print_json({"step_seconds": step_seconds, "scenarios": [r.as_json() for r in rows]})
+        print_json({"step_seconds": step_seconds, "links": describe_links(links, regions),
+                    "scenarios": [r.as_json() for r in rows]})
         return
     console = Console()
     console.print(thesis_table(rows, step_seconds))
+    console.print(f"replication: {describe_links(links, regions)}")
     for row in rows:
         for problem in row.problems:
             console.print(f"[red]problem[/] {row.scenario}: {problem}")

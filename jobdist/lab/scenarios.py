@@ -12,17 +12,22 @@ history says why.
 from __future__ import annotations
 
 import collections
+import contextlib
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from ..config import load_sites
 from ..couch import Database
 from ..model import ANY, Doc, allows, new_job, new_step
 from ..setup import couch_of
 from .cluster import LocalCluster
 from .localserver import free_port
+from .proxy import FaultProxy, LinkShape, ProxyHub
 
 SITE_NAMES = ("global", "reg_a", "reg_b")
 LedgerRow = tuple[str, str, int, str, int]  # (kind, job id, step, site, epoch)
@@ -113,6 +118,47 @@ class Result:
 TOPOLOGIES = ("mesh", "star", "filtered")
 
 
+Link = tuple[str, str]  # (pushing site, receiving site): one replication
+
+# The design's sites are regions apart: one-way latency between each pair (a
+# nearby region, and two far ones) and a bandwidth any region pair has.
+WAN = 1_000_000.0  # bytes a second
+REGIONS: dict[frozenset[str], LinkShape] = {
+    frozenset({"global", "reg_a"}): LinkShape(0.040, 0.010, WAN),
+    frozenset({"global", "reg_b"}): LinkShape(0.120, 0.030, WAN),
+    frozenset({"reg_a", "reg_b"}): LinkShape(0.120, 0.030, WAN),
+}
+
+
+def regions_apart(link: Link) -> LinkShape:
+    """The link between two of the design's regions (40 or 120 ms one way)."""
+    return REGIONS.get(frozenset(link), LinkShape(0.120, 0.030, WAN))
+
+
+@contextmanager
+def proxied_sites(directory: Path, count: int, shape: Callable[[Link], LinkShape],
+                  **options: Any) -> Iterator[tuple[Path, dict[Link, FaultProxy]]]:
+    """A sites directory whose every replication runs through a proxy shaped by
+    `shape` (and that a test can cut); the proxies stop when the block ends."""
+    names = site_names(count)
+    ports = {(a, b): free_port() for a in names for b in names if a != b}
+    peer_urls = {a: {b: f"http://127.0.0.1:{port}" for (src, b), port in ports.items()
+                     if src == a} for a in names}
+    sites_dir = write_sites(directory, count, peer_urls=peer_urls, **options)
+    couch_ports = {site.name: site.couch.port for site in load_sites(sites_dir).values()}
+    hub = ProxyHub()
+    try:
+        yield sites_dir, {link: hub.proxy(port, couch_ports[link[1]], shape(link))
+                          for link, port in ports.items()}
+    finally:
+        hub.close()
+
+
+def site_names(count: int) -> tuple[str, ...]:
+    return SITE_NAMES[:count] if count <= len(SITE_NAMES) else (
+        *SITE_NAMES, *(f"reg_{n}" for n in range(len(SITE_NAMES), count)))
+
+
 def write_sites(directory: Path, count: int, workers: int = 2,
                 keepalive: float = 5.0, stale_after: float = 30.0,
                 topology: str = "mesh", lease: float = 60.0, booking_timeout: float = 60.0,
@@ -128,8 +174,7 @@ def write_sites(directory: Path, count: int, workers: int = 2,
     if topology not in TOPOLOGIES:
         raise ValueError(f"unknown topology {topology!r}; choose from {', '.join(TOPOLOGIES)}")
     directory.mkdir(parents=True, exist_ok=True)
-    names = SITE_NAMES[:count] if count <= len(SITE_NAMES) else (
-        *SITE_NAMES, *(f"reg_{n}" for n in range(len(SITE_NAMES), count)))
+    names = site_names(count)
     for name in names:
         hub = name == names[0]
         if topology == "star":
@@ -216,12 +261,21 @@ def ideal_makespan(scenario: Scenario, workers: int) -> int:
 def run_scenario(scenario: Scenario, step_seconds: float = 0.5, workers: int = 2,
                  keepalive: float = 5.0, timeout: float = 300.0,
                  on_progress: Callable[[int], None] | None = None,
-                 work_dir: Path | None = None, topology: str = "mesh") -> Result:
-    with tempfile.TemporaryDirectory(prefix="jobdist-scenario-", dir=work_dir) as tmp:
+                 work_dir: Path | None = None, topology: str = "mesh",
+                 links: Callable[[Link], LinkShape] | None = None) -> Result:
+    """Run a scenario on fresh local sites; with `links`, every replication goes
+    through a proxy that shapes it so (latency, jitter, bandwidth)."""
+    with tempfile.TemporaryDirectory(prefix="jobdist-scenario-", dir=work_dir) as tmp, \
+            contextlib.ExitStack() as stack:
         root = Path(tmp)
         ledger = root / "ledger.txt"
-        sites = write_sites(root / "sites", scenario.sites, workers, keepalive,
-                            topology=topology)
+        options: dict[str, Any] = {"workers": workers, "keepalive": keepalive,
+                                   "topology": topology}
+        if links is None:
+            sites = write_sites(root / "sites", scenario.sites, **options)
+        else:
+            sites, _ = stack.enter_context(proxied_sites(
+                root / "sites", scenario.sites, links, **options))
         with LocalCluster(sites, root / "state", in_memory=True) as cluster:
             db = site_db(cluster, "global")
             started = time.monotonic()

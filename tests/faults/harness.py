@@ -6,6 +6,7 @@ scenario's summary.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import random
@@ -18,30 +19,28 @@ from pathlib import Path
 from typing import Any
 
 from jobdist.client import read_merged_many
-from jobdist.config import load_sites
 from jobdist.couch import Database, Saved
 from jobdist.lab.cluster import LocalCluster
-from jobdist.lab.localserver import free_port
+from jobdist.lab.proxy import FaultProxy
 from jobdist.lab.scenarios import (
-    SITE_NAMES,
     Audit,
+    Link,
     audit_run,
     ledger_command,
+    proxied_sites,
     read_ledger,
+    regions_apart,
     site_db,
     wait_until_done,
     write_sites,
 )
 from jobdist.model import Doc, new_job, new_step
 
-from .proxy import FaultProxy, ProxyHub
-
 log = logging.getLogger("jobdist.faults")
 
 LEASE = 6.0  # write_sites derives heartbeat 1.5 s and clock-skew margin 1 s from it
 TARGETS: tuple[str | list[str], ...] = (
     "any", "any", "global", "reg_a", "reg_b", ["reg_a", "reg_b"], ["global", "reg_b"])
-Link = tuple[str, str]  # (pushing site, receiving site): one replication
 
 
 @dataclass
@@ -156,33 +155,31 @@ class Trial:
 
 @contextmanager
 def trial(name: str, seed: int, tmp_path: Path, summaries: list[dict[str, Any]], *,
-          sites: int = 3, in_memory: bool = True, proxied: bool = False,
+          sites: int = 3, in_memory: bool = True, proxied: bool = True,
           **options: Any) -> Iterator[Trial]:
     """A started cluster of `sites` sites for one scenario; always stopped afterwards.
 
-    `proxied` puts a FaultProxy on every replication link; `options` go to
+    `proxied` puts a FaultProxy on every replication link, shaped as the regions
+    of the design are apart (40 or 120 ms one way, jitter, 1 MB/s); `options` go to
     write_sites (workers, lease, booking_timeout, ...). The summary is recorded,
     written to tmp_path/summary.json and logged however the scenario ends.
     """
     log.warning("scenario %s seed=%d", name, seed)
-    names = SITE_NAMES[:sites]
-    ports = {(a, b): free_port() for a in names for b in names if a != b} if proxied else {}
-    peer_urls = {a: {b: f"http://127.0.0.1:{port}" for (src, b), port in ports.items()
-                     if src == a} for a in names}
-    sites_dir = write_sites(tmp_path / "sites", sites, **{"lease": LEASE, **options},
-                            peer_urls=peer_urls)
-    couch_ports = {site.name: site.couch.port for site in load_sites(sites_dir).values()}
-    cluster = LocalCluster(sites_dir, tmp_path / "state", in_memory=in_memory)
-    hub = ProxyHub()
-    run = Trial(name, seed, tmp_path, cluster)
-    try:
-        run.links = {link: hub.proxy(port, couch_ports[link[1]]) for link, port in ports.items()}
-        cluster.up()
-        yield run
-    finally:
-        cluster.down()
-        hub.close()
-        summary = run.summary()
-        summaries.append(summary)
-        (tmp_path / "summary.json").write_text(json.dumps(summary, indent=2))
-        log.warning("summary %s", json.dumps(summary))
+    with contextlib.ExitStack() as stack:
+        options = {"lease": LEASE, **options}
+        if proxied:
+            sites_dir, links = stack.enter_context(proxied_sites(
+                tmp_path / "sites", sites, regions_apart, **options))
+        else:
+            sites_dir, links = write_sites(tmp_path / "sites", sites, **options), {}
+        cluster = LocalCluster(sites_dir, tmp_path / "state", in_memory=in_memory)
+        run = Trial(name, seed, tmp_path, cluster, links=links)
+        try:
+            cluster.up()
+            yield run
+        finally:
+            cluster.down()
+            summary = run.summary()
+            summaries.append(summary)
+            (tmp_path / "summary.json").write_text(json.dumps(summary, indent=2))
+            log.warning("summary %s", json.dumps(summary))

@@ -12,11 +12,15 @@ from typing import Any
 import pytest
 
 from jobdist.clock import seconds_between, utc_now
-from jobdist.lab.scenarios import ledger_command, read_ledger
+from jobdist.lab.proxy import LinkShape
+from jobdist.lab.scenarios import ledger_command, read_ledger, regions_apart
 from jobdist.model import Doc, Phase, new_step, step_phase
 
 from ..helpers import wait_for
 from .harness import LEASE, Link, Trial, trial
+
+# A link that still carries data, slowly: 300 ms each way and 20 kB a second.
+SLOW = LinkShape(0.3, 0.1, 20_000.0)
 
 pytestmark = pytest.mark.faults
 
@@ -38,13 +42,13 @@ class Partition:
     def begin(self, run: Trial) -> None:
         for link in self.links:
             if self.slow:
-                run.links[link].delay(0.3)
+                run.links[link].shape(SLOW)
             else:
                 run.links[link].cut()
 
     def end(self, run: Trial) -> None:
         for link in self.links:
-            run.links[link].delay(0.0)
+            run.links[link].shape(regions_apart(link))
             run.links[link].restore()
 
 

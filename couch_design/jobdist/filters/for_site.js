@@ -1,11 +1,12 @@
 function (doc, req) {
   // Replicate to a site only the jobs that concern it: those it created and
-  // those with a step it may run, and every site's status. Deletions carry no
+  // those with a step it may run, every site's status and every schedule (a few
+  // small documents that any site may be asked to show or take over). Deletions carry no
   // fields: always pass them.
   if (doc._id.indexOf("_design/") === 0) {
     return false;
   }
-  if (doc._deleted || doc.type === "site") {
+  if (doc._deleted || doc.type === "site" || doc.type === "schedule") {
     return true;  // every site's status concerns every creator
   }
   if (doc.type !== "job") {

@@ -1,12 +1,16 @@
-"""A fault-injecting TCP proxy, for the replication path between two sites.
+"""A TCP proxy for the replication path between two sites: a link regions apart,
+and the faults of one.
 
 Each `FaultProxy` listens on 127.0.0.1 and forwards every connection to one
 target port, byte for byte (real HTTP traffic: the site's replicator talks
-through it). Faults, thread-safe, from the test's thread:
+through it). Its `LinkShape` shapes the traffic as a wide-area link would: every
+chunk arrives `latency` seconds (one way, plus or minus `jitter`) after it was
+sent, in order, and no faster than `bandwidth` bytes a second. Faults,
+thread-safe, from the test's thread:
 
 - `cut()`: drop every open connection and stop listening, so new ones are refused;
 - `restore()`: listen again on the same port;
-- `delay(seconds)`: hold each forwarded chunk that long (a slow link).
+- `shape(link)`: change the link's latency, jitter and bandwidth from now on.
 
 All proxies of a `ProxyHub` share one asyncio loop in one daemon thread.
 """
@@ -15,12 +19,39 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import threading
 from collections.abc import Coroutine
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 CHUNK = 65536
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class LinkShape:
+    """How a link between two sites carries data (seconds, bytes a second)."""
+
+    latency: float = 0.0  # one way
+    jitter: float = 0.0  # each chunk's latency is latency +- up to this
+    bandwidth: float | None = None  # None: as fast as the machine goes
+
+    def delivery(self, now: float, size: int, previous: float, rng: random.Random) -> float:
+        """When a chunk of `size` bytes sent at `now` arrives: after its latency, after
+        the chunk before it (a stream keeps its order), and no faster than the bandwidth."""
+        latency = max(0.0, self.latency + rng.uniform(-self.jitter, self.jitter))
+        due = max(now + latency, previous)
+        if self.bandwidth:
+            due = max(due, previous + size / self.bandwidth)
+        return due
+
+    @classmethod
+    def parse(cls, latency_ms: float, jitter_ms: float = 0.0,
+              bandwidth_kbps: float | None = None) -> LinkShape:
+        """From the bench's units: milliseconds and kilobytes a second."""
+        return cls(latency_ms / 1000, jitter_ms / 1000,
+                   bandwidth_kbps * 1000 if bandwidth_kbps else None)
 
 
 class ProxyHub:
@@ -36,8 +67,9 @@ class ProxyHub:
     def run(self, coroutine: Coroutine[Any, Any, T], timeout: float = 10.0) -> T:
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
 
-    def proxy(self, listen_port: int, target_port: int) -> FaultProxy:
-        proxy = FaultProxy(self, listen_port, target_port)
+    def proxy(self, listen_port: int, target_port: int,
+              link: LinkShape | None = None) -> FaultProxy:
+        proxy = FaultProxy(self, listen_port, target_port, link or LinkShape())
         proxy.restore()
         self.proxies.append(proxy)
         return proxy
@@ -50,13 +82,14 @@ class ProxyHub:
 
 
 class FaultProxy:
-    def __init__(self, hub: ProxyHub, listen_port: int, target_port: int) -> None:
+    def __init__(self, hub: ProxyHub, listen_port: int, target_port: int, link: LinkShape) -> None:
         self.hub = hub
         self.listen_port = listen_port
         self.target_port = target_port
         self.server: asyncio.Server | None = None
         self.writers: set[asyncio.StreamWriter] = set()
-        self.latency = 0.0
+        self.link = link
+        self.rng = random.Random(listen_port)  # jitter that replays with the same ports
         self.connections = 0  # accepted since the start
         self.dropped = 0  # connections cut while open
 
@@ -74,8 +107,8 @@ class FaultProxy:
     def restore(self) -> None:
         self.hub.run(self._listen())
 
-    def delay(self, seconds: float) -> None:
-        self.latency = seconds  # read by the pumps on the loop's thread: a float is atomic
+    def shape(self, link: LinkShape) -> None:
+        self.link = link  # read by the pumps on the loop's thread: one reference, atomic
 
     async def _listen(self) -> None:
         if self.server is None:
@@ -109,10 +142,29 @@ class FaultProxy:
             writer.close()
 
     async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Read chunks as they come and deliver each at its due time, in order: the
+        reader never waits for the delivery, so latency is paid once, not per chunk."""
+        queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
+        deliver = asyncio.ensure_future(self._deliver(queue, writer))
+        loop = asyncio.get_running_loop()
+        previous = 0.0
         with contextlib.suppress(OSError, RuntimeError):
             while chunk := await reader.read(CHUNK):
-                if self.latency:
-                    await asyncio.sleep(self.latency)
+                previous = self.link.delivery(loop.time(), len(chunk), previous, self.rng)
+                queue.put_nowait((previous, chunk))
+        queue.put_nowait((previous, b""))  # end of stream, after the last chunk
+        await deliver
+
+    async def _deliver(self, queue: asyncio.Queue[tuple[float, bytes]],
+                       writer: asyncio.StreamWriter) -> None:
+        loop = asyncio.get_running_loop()
+        with contextlib.suppress(OSError, RuntimeError):
+            while True:
+                due, chunk = await queue.get()
+                if due > loop.time():
+                    await asyncio.sleep(due - loop.time())
+                if not chunk:
+                    break
                 writer.write(chunk)
                 await writer.drain()
             if writer.can_write_eof():

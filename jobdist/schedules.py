@@ -1,0 +1,207 @@
+"""Schedules: a document that makes its owner site create a job at every tick.
+
+    {"_id": "schedule-nightly", "type": "schedule", "name": "nightly",
+     "cron": "0 2 * * *", "timezone": "Europe/Zurich", "owner": "global",
+     "enabled": true, "missed": "latest", "job": {"job": [...steps...]},
+     "created_at": "...", "updated_at": "..."}
+
+Only the owner's daemon creates a schedule's jobs (`Scheduler`, a thread of
+the daemon). A tick's job is the same document wherever and however often it
+is made: its id is `job-<tick>-<name>` and its fields come from the schedule
+and the tick alone (the tick is its creation time, the owner its creator).
+So if two sites ever create one tick (an owner restored from a backup, a
+site that takes the owner's place) CouchDB holds one job, perhaps with two
+identical revisions, which the creator merges like any other conflict.
+
+Ticks are computed in the schedule's time zone (cronsim follows daylight
+saving: a 02:30 that does not exist runs at 03:00, one that happens twice
+runs once). A tick the owner finds more than `LATE_AFTER` seconds late was
+missed (the daemon was down): the schedule's `missed` policy says what then:
+`latest` runs the most recent missed tick once, `all` runs each (at most
+`MAX_CATCH_UP` a pass), `skip` runs none. Ticks before the schedule's last
+change (`updated_at`: created, paused, resumed, edited) never run, so a
+schedule resumed after a month does not replay the month.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from cronsim import CronSim, CronSimError
+
+from .clock import format_time, later, parse_time, seconds_between, utc_now
+from .couch import Conflict, Database, Saved
+from .design import DDOC
+from .model import Doc, new_job
+from .periodic import Periodic
+from .validation import SCHEDULE_DEFAULTS, validate_schedule
+
+LATE_AFTER = 60.0  # seconds: a tick found later than this was missed
+MAX_CATCH_UP = 100  # missed ticks run in one pass under the "all" policy
+END_OF_TIME = "9999-12-31T23:59:59Z"
+MAX_TICKS = 10_000  # ticks looked at in one pass: a schedule every minute for a week
+PASS_SECONDS = 10.0  # the owner looks at its schedules at least this often
+STATE = "jobdist-scheduler"  # _local/<STATE>-<site>: when each schedule was last looked at
+
+
+class BadSchedule(ValueError):
+    """A schedule that cannot make jobs: the message says which rule it breaks."""
+
+
+def schedule_id(name: str) -> str:
+    return f"schedule-{name}"
+
+
+def new_schedule(name: str, cron: str, owner: str, submission: Doc, *, timezone: str = "UTC",
+                 missed: str = "latest", enabled: bool = True, now: str | None = None) -> Doc:
+    """A schedule document; BadSchedule when it breaks a rule (all of them, in one message)."""
+    now = now or utc_now()
+    doc = {"_id": schedule_id(name), "type": "schedule", "name": name, "cron": cron,
+           "timezone": timezone, "owner": owner, "enabled": enabled, "missed": missed,
+           "job": submission, "created_at": now, "updated_at": now}
+    check_schedule(doc)
+    return doc
+
+
+def check_schedule(doc: Any) -> None:
+    """validate_doc_update's rules, then what only Python can check: the cron
+    expression's values and the time zone's name."""
+    problems = validate_schedule(doc)
+    if not problems:
+        try:
+            zone(doc)
+        except (ZoneInfoNotFoundError, ValueError):
+            problems.append(f"timezone: unknown time zone {doc['timezone']!r}")
+        try:
+            CronSim(doc["cron"], datetime.now())
+        except CronSimError as error:
+            problems.append(f"cron: {doc['cron']!r}: {str(error).lower()}")
+    if problems:
+        raise BadSchedule("; ".join(problems))
+
+
+def zone(doc: Doc) -> ZoneInfo:
+    return ZoneInfo(doc.get("timezone") or SCHEDULE_DEFAULTS["timezone"])
+
+
+def ticks(doc: Doc, after: str, until: str) -> Iterator[str]:
+    """The schedule's ticks in (after, until], as UTC times, oldest first."""
+    local = parse_time(after).astimezone(zone(doc))
+    for count, moment in enumerate(CronSim(doc["cron"], local)):
+        tick = format_time(moment)
+        if tick > until or count >= MAX_TICKS:
+            return
+        yield tick
+
+
+def next_ticks(doc: Doc, after: str, count: int) -> list[str]:
+    """The schedule's next `count` ticks after `after`."""
+    return list(itertools.islice(ticks(doc, after, until=END_OF_TIME), count))
+
+
+def due_ticks(doc: Doc, after: str, now: str) -> tuple[list[str], int]:
+    """The ticks to create jobs for now, and how many missed ticks the policy skips."""
+    all_ticks = list(ticks(doc, after, now))
+    late_before = later(now, -LATE_AFTER)
+    on_time = [tick for tick in all_ticks if tick >= late_before]
+    missed = all_ticks[:len(all_ticks) - len(on_time)]
+    policy = doc.get("missed") or SCHEDULE_DEFAULTS["missed"]
+    caught_up = {"latest": missed[-1:], "all": missed[-MAX_CATCH_UP:], "skip": []}[policy]
+    return caught_up + on_time, len(missed) - len(caught_up)
+
+
+def tick_job_id(name: str, tick: str) -> str:
+    compact = tick.replace("-", "").replace(":", "")
+    return f"job-{compact}-{name}"
+
+
+def tick_job(doc: Doc, tick: str) -> Doc:
+    """The job of one tick: the same document whoever makes it."""
+    template = doc["job"]
+    job = new_job(doc["owner"], template["job"], priority=template.get("priority", 0),
+                  created_at=tick, job_id=tick_job_id(doc["name"], tick),
+                  meta=template.get("meta"))
+    job["schedule"] = {"name": doc["name"], "tick": tick}
+    return job
+
+
+@dataclass
+class TickReport:
+    created: list[str]  # job ids written now
+    existing: list[str]  # job ids some site had written already
+    skipped: int  # missed ticks the policy did not run
+
+
+class Scheduler(Periodic):
+    """The owner's half of schedules: every pass, create the jobs of the ticks due."""
+
+    what = "schedule pass"
+
+    def __init__(self, db: Database, site: str, stop: threading.Event,
+                 period: float = PASS_SECONDS) -> None:
+        super().__init__("scheduler", site, stop, "jobdist.schedules")
+        self.db = db
+        self.period = period
+        self.delay = 1.0  # until the first pass: the schedules are read once the site runs
+        self.jobs_created = 0
+
+    def wait_before_pass(self) -> float:
+        return self.delay
+
+    def pass_once(self) -> dict[str, TickReport]:
+        state = self.db.get_local(f"{STATE}-{self.site}") or {}
+        checked: dict[str, str] = dict(state.get("checked") or {})
+        reports = {}
+        upcoming: list[str] = []
+        for doc in self.owned_schedules():
+            now = utc_now()
+            name = doc["name"]
+            try:
+                check_schedule(doc)
+            except BadSchedule as problem:
+                self.log.error("schedule skipped", schedule=name, reason=str(problem))
+                continue
+            if not doc.get("enabled", True):
+                continue
+            after = max(checked.get(name, ""), doc["updated_at"])
+            reports[name] = self.create_due(doc, after, now)
+            checked[name] = now
+            upcoming += next_ticks(doc, now, 1)
+        self.db.put_local(f"{STATE}-{self.site}", {"checked": checked})
+        # Wake at the next tick (a job on time to the second), or in `period` at most
+        # to see schedules added or changed meanwhile.
+        self.delay = self.period
+        if upcoming:
+            self.delay = min(self.period, max(0.05, seconds_between(utc_now(), min(upcoming))))
+        return reports
+
+    def owned_schedules(self) -> list[Doc]:
+        rows = self.db.view(DDOC, "schedules", startkey=[self.site], endkey=[self.site, {}],
+                            include_docs=True)
+        return [row["doc"] for row in rows if row.get("doc")]
+
+    def create_due(self, doc: Doc, after: str, now: str) -> TickReport:
+        due, skipped = due_ticks(doc, after, now)
+        report = TickReport([], [], skipped)
+        if skipped:
+            self.log.warning("missed ticks skipped", schedule=doc["name"], count=skipped,
+                             policy=doc.get("missed"))
+        jobs = [tick_job(doc, tick) for tick in due]
+        for job, result in zip(jobs, self.db.bulk_docs(jobs), strict=True):
+            if isinstance(result, Saved):
+                report.created.append(job["_id"])
+                self.log.info("tick job created", job=job["_id"], schedule=doc["name"],
+                              tick=job["created_at"])
+            elif isinstance(result, Conflict):
+                report.existing.append(job["_id"])
+            else:
+                self.log.error("tick job refused", job=job["_id"], schedule=doc["name"],
+                               result=result)
+        self.jobs_created += len(report.created)
+        return report
