@@ -32,6 +32,8 @@ from .test_fauxton import chromium
 
 pytestmark = pytest.mark.e2e
 
+expect.set_options(timeout=20_000)  # a loaded 2-core machine: pages may take seconds
+
 TOKEN = "browser-test-token"
 SITES = ("global", "reg_a", "reg_b")
 

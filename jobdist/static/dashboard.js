@@ -13,6 +13,7 @@
   const logout = document.getElementById("logout");
   let pending = null;
   let lastRefresh = 0;
+  let latest = 0;  // the newest refresh asked for: an older answer arriving later is dropped
 
   function token() { return sessionStorage.getItem(KEY); }
 
@@ -36,6 +37,7 @@
   async function refresh() {
     pending = null;
     lastRefresh = Date.now();
+    const mine = ++latest;
     const url = new URL(location.href);
     url.searchParams.set("fragment", "1");
     let answer;
@@ -51,7 +53,8 @@
       say("The token was refused; actions are off.", true);
       return refresh();
     }
-    content.innerHTML = await answer.text();  // rendered and escaped by the server
+    const html = await answer.text();
+    if (mine === latest) { content.innerHTML = html; }  // rendered and escaped by the server
   }
 
   // At most one refresh a second, however fast the feed moves.
