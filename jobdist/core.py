@@ -20,6 +20,7 @@ current one can never advance the job (see `plan_finish`).
 
 from __future__ import annotations
 
+import calendar
 import copy
 import dataclasses
 import hashlib
@@ -43,7 +44,15 @@ from .model import (
     step_phase,
     targets,
 )
-from .validation import MAX_DOC_SIZE, format_errors, json_length, json_size, validate_job
+from .validation import (
+    MAX_DOC_SIZE,
+    format_errors,
+    is_integer,
+    is_iso_utc,
+    json_length,
+    json_size,
+    validate_job,
+)
 
 Unusable = tuple[str, str]  # (leaf rev, why no site may act on it)
 
@@ -596,6 +605,34 @@ def site_with_room(doc: Doc, step: Doc, ctx: Context) -> str | None:
     if not fits:
         return None
     return max(fits, key=lambda site: (room[site], spread(site, doc["_id"])))
+
+
+# --- the order open steps are taken in ---------------------------------------
+
+AGING_SECONDS = 10  # waiting this long is worth one priority level (docs/protocol.md)
+UNSTAMPED_BAND = 2**53 - 1  # no creation time yet: after every stamped job
+
+
+def claim_rank(priority: Any, created_at: Any) -> int:
+    """Where a job's open step stands in line: lower goes first; the same at every site.
+
+    rank = floor(creation second / AGING_SECONDS) - priority: a job that has
+    waited k * AGING_SECONDS longer than another counts k priority levels
+    higher, so a constant stream of urgent jobs delays a low one by a bounded
+    time, never forever. The rank depends on the document alone, never on
+    "now", so the `claimable` view (couch_design/jobdist/views/claimable/map.js,
+    the same arithmetic) can sort by it. Jobs of one rank are taken in the
+    `spread` order, so sites do not all claim the same one. Values a document
+    written around validation may hold read as priority 0 and "not stamped".
+    """
+    band = UNSTAMPED_BAND
+    if is_iso_utc(created_at):
+        band = calendar.timegm(parse_time(created_at).utctimetuple()) // AGING_SECONDS
+    return band - (int(priority) if is_integer(priority) else 0)  # 2.0 is 2 in JavaScript
+
+
+def doc_rank(doc: Doc) -> int:
+    return claim_rank(doc.get("priority", 0), doc.get("created_at"))
 
 
 def spread(site: str, doc_id: str) -> int:

@@ -11,7 +11,7 @@ stale mid-batch. Per step that is a few requests shared by the whole batch,
 where deciding one job at a time cost a read and a write each.
 
 Beyond the thesis: when a worker frees up, the manager asks the `claimable`
-view for open steps this site may run (highest priority, then oldest), so a
+view for open steps this site may run (in line: core.claim_rank), so a
 job that arrived while every worker was busy is not forgotten until the next
 keep-alive re-save.
 """
@@ -801,7 +801,7 @@ class Manager:
             self.log.warning("status not published", result=result)
 
     def claimable(self, limit: int) -> list[str]:
-        """Open steps this site may run: highest priority first, then oldest."""
+        """Open steps this site may run, in line order (core.claim_rank)."""
         # Skipped jobs may sort first (a hostile priority): read past them, or they
         # would fill the window on every scan and starve everything behind them.
         extra = min(len(self.skipped), 1000)
@@ -818,8 +818,7 @@ class Manager:
         return sorted(window, key=lambda doc_id: (rank[doc_id], core.spread(self.site, doc_id)))
 
     def _claim_order(self, item: Changed) -> tuple[int, int]:
-        priority = (item.doc or {}).get("priority", 0)
-        return (-priority if isinstance(priority, int) else 0, core.spread(self.site, item.doc_id))
+        return core.doc_rank(item.doc or {}), core.spread(self.site, item.doc_id)
 
     def _checkpoint_if_due(self, force: bool = False) -> None:
         now = time.monotonic()

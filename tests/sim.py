@@ -282,14 +282,15 @@ class SimStore:
     def open_created(self, creator: str, limit: int) -> list[str]:
         rows = [doc for doc in self.live_jobs() if doc["creator"] == creator
                 and step_phase(doc["job"][doc["step"]]) == Phase.OPEN]
-        return [doc["_id"] for doc in sorted(rows, key=lambda doc: doc["updated_at"])][:limit]
+        oldest = sorted(rows, key=lambda doc: doc["updated_at"])[:limit]
+        return [doc["_id"] for doc in sorted(oldest, key=core.doc_rank)]
 
     def statuses(self) -> list[Doc]:
         return [doc for doc_id in sorted(self.replica.docs) if doc_id.startswith("site-")
                 and (doc := self.replica.winner(doc_id)) is not None]
 
     def claimable(self, target: str, limit: int) -> list[Open]:
-        rows = [Open(doc["_id"], -doc["priority"], doc["created_at"])
+        rows = [Open(doc["_id"], core.doc_rank(doc), doc["created_at"])
                 for doc in self.live_jobs()
                 if step_phase(doc["job"][doc["step"]]) == Phase.OPEN
                 and target in targets(doc["job"][doc["step"]])]

@@ -13,12 +13,14 @@ import random
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from jobdist import core
+from jobdist.clock import format_time
 from jobdist.config import CouchSettings, DaemonSettings, SiteConfig
 from jobdist.couch import Unavailable
 from jobdist.journal import Journal
@@ -244,5 +246,31 @@ def test_a_creator_whose_own_booking_expires_assigns_the_waiting_claim(tmp_path:
         step = store.replica.winner(job["_id"])["job"][0]
         assert (step["winner"], step["epoch"]) == ("reg_a", 1)
         assert not manager.pool.bookings()
+    finally:
+        manager.pool.shutdown(1.0)
+
+
+def test_a_free_worker_takes_open_steps_in_line_order_where_waiting_counts(
+        tmp_path: Path) -> None:
+    """core.claim_rank: ten seconds of waiting are worth one priority level. A job of
+    priority 0 that waited 30 s goes before a new one of priority 1 (pure priority
+    would starve it) and after a new one of priority 5."""
+    store = SimStore(Replica(), "global")
+    manager = creator_alone(tmp_path, store)
+    now = datetime.now(UTC)
+    ages_and_priorities = {"old-low": (30, 0), "new-high": (0, 1), "new-urgent": (0, 5),
+                           "older-low": (45, 0)}
+    try:
+        jobs = {name: new_job("global", [new_step("true")], priority=priority,
+                              created_at=format_time(now - timedelta(seconds=age)))
+                for name, (age, priority) in ages_and_priorities.items()}
+        assert all(store.write(list(jobs.values())))
+        wait_for(lambda: manager.serve_once(timeout=0.05) or all(
+            store.replica.winner(job["_id"])["job_status"] == "success"
+            for job in jobs.values()), timeout=20, what="every job ended")
+        start_of = {name: store.replica.winner(job["_id"])["job"][0]["start_time"]
+                    for name, job in jobs.items()}
+        assert sorted(start_of, key=start_of.__getitem__) == [
+            "new-urgent", "older-low", "old-low", "new-high"]
     finally:
         manager.pool.shutdown(1.0)
