@@ -107,6 +107,7 @@ def t(minute: int) -> str:
     return f"2026-11-22T00:{minute:02d}:00.000000Z"
 
 
+PROGRESS = {"fraction": 0.4, "message": "copying volume 3", "at": t(6)}
 DONE = step(claimed_by="beta", winner="beta", step_status="finished", epoch=1)
 JOBS = [
     # Open, for anyone.
@@ -118,7 +119,8 @@ JOBS = [
     job("c", "beta", t(4), [step(target="gamma", claimed_by="gamma")]),
     # Second step running at beta.
     job("d", "alpha", t(5), [DONE, step(claimed_by="beta", winner="beta", step_status="running",
-                                        executioner="beta/w1", start_time=t(6), epoch=1)],
+                                        executioner="beta/w1", start_time=t(6), epoch=1,
+                                        progress=PROGRESS)],
         step=1),
     job("e", "beta", t(7), [DONE], step=1, job_status="success"),
     job("f", "gamma", t(8), [DONE], job_status="failed"),
@@ -184,7 +186,7 @@ def test_by_status_counts(jobs_db: str) -> None:
 
 def test_running(jobs_db: str) -> None:
     assert rows(jobs_db, "running") == [
-        (["beta", t(6)], {"step": 1, "executioner": "beta/w1"}, "d")
+        (["beta", t(6)], {"step": 1, "executioner": "beta/w1", "progress": PROGRESS}, "d")
     ]
 
 

@@ -25,7 +25,7 @@ from jobdist.config import CouchSettings, DaemonSettings, SiteConfig
 from jobdist.couch import Unavailable
 from jobdist.journal import Journal
 from jobdist.listener import Changed
-from jobdist.manager import Manager
+from jobdist.manager import PROGRESS_INTERVAL, Manager
 from jobdist.model import Doc, new_job, new_step
 from jobdist.store import Written
 
@@ -272,5 +272,38 @@ def test_a_free_worker_takes_open_steps_in_line_order_where_waiting_counts(
                     for name, job in jobs.items()}
         assert sorted(start_of, key=start_of.__getitem__) == [
             "new-urgent", "older-low", "old-low", "new-high"]
+    finally:
+        manager.pool.shutdown(1.0)
+
+
+def test_progress_is_written_within_seconds_at_most_once_per_interval_never_per_line(
+        tmp_path: Path) -> None:
+    """A step prints a progress line every 10 ms for 4 s: the document shows progress
+    within a few seconds, the site writes it at most once every PROGRESS_INTERVAL
+    (the lease renewed in the same revision), and the finish keeps the last value."""
+    store = SimStore(Replica(), "global")
+    manager = creator_alone(tmp_path, store)  # a heartbeat every 15 s: none due here
+    command = ("for i in $(seq 100 499); do echo \"JOBDIST_PROGRESS 0.$i line $i\"; "
+               "sleep 0.01; done")
+    try:
+        job = new_job("global", [new_step(command)])
+        assert all(store.write([job]))
+        began = time.monotonic()
+
+        def step() -> Doc:
+            manager.serve_once(timeout=0.05)
+            return store.replica.winner(job["_id"])["job"][0]
+
+        wait_for(lambda: step()["progress"], timeout=3, what="the first progress")
+        assert time.monotonic() - began < 3
+        wait_for(lambda: step()["step_status"] == "finished", timeout=30, what="the end")
+        took = time.monotonic() - began
+        final = store.replica.winner(job["_id"])
+        revisions = int(final["_rev"].split("-")[0])
+        # The submission, the start, the finish, and the progress writes: the first at
+        # once, then one per interval at most (400 lines printed).
+        assert 4 <= revisions <= 3 + 1 + took / PROGRESS_INTERVAL, (revisions, took)
+        last = final["job"][0]["progress"]
+        assert (last["fraction"], last["message"]) == (0.499, "line 499")
     finally:
         manager.pool.shutdown(1.0)
