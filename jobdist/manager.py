@@ -150,8 +150,13 @@ class Manager:
 
     def serve_once(self, timeout: float) -> None:
         changes = self._next_changes(timeout)
-        self.settle([*self._report_tasks(), *self._held_tasks_due(),
-                     *self._change_tasks(changes), *self._retry_tasks_due()])
+        self.settle([*self._report_tasks(), *self._held_tasks_due()])
+        arrivals = self._change_tasks(changes)  # (hears the sites' statuses too)
+        # Workers and room just freed go to the open steps first in line (core.claim_rank),
+        # and only then to what just arrived: a constant stream of new jobs must not
+        # overtake the jobs that have waited longest.
+        self.settle([*self._scan_tasks_due(), *self._assign_tasks_due(), *arrivals,
+                     *self._retry_tasks_due()])
         if changes:
             self.seq = changes[-1].seq  # feed order: the checkpoint never goes back
         self.settle([*self._report_tasks(), *self._expired_booking_tasks(),
