@@ -9,10 +9,13 @@ daemon threads.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import math
 import os
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -127,6 +130,38 @@ class _ProgressScanner:
         report = parse_progress(line.decode("utf-8", errors="replace"))
         if report is not None:
             self._report(report)
+
+
+class ProgressFile:
+    """$JOBDIST_PROGRESS_FILE: where a step may also write its progress, a line in the stdout
+    form with or without the mark (`0.4 copying volume 3`); the file's last line counts."""
+
+    def __init__(self) -> None:
+        handle, name = tempfile.mkstemp(prefix="jobdist-progress-")
+        os.close(handle)
+        self.path = Path(name)
+        self._seen: tuple[int, int] | None = None  # (mtime, size) when last read
+
+    def poll(self) -> Report | None:
+        """A new report if the file changed since the last look, else None."""
+        try:
+            stat = self.path.stat()
+            if (stat.st_mtime_ns, stat.st_size) == self._seen:
+                return None
+            self._seen = (stat.st_mtime_ns, stat.st_size)
+            with self.path.open("rb") as file:
+                file.seek(max(0, stat.st_size - MAX_PROGRESS_LINE))
+                tail = file.read(MAX_PROGRESS_LINE).decode("utf-8", errors="replace")
+        except OSError:  # removed or unreadable: the step's business; stdout still counts
+            return None
+        lines = tail.strip().splitlines()
+        line = lines[-1].strip() if lines else ""
+        mark = PROGRESS_MARK.decode()
+        return parse_progress(line if line.startswith(mark) else f"{mark} {line}")
+
+    def remove(self) -> None:
+        with contextlib.suppress(OSError):
+            self.path.unlink()
 
 
 class _TailReader:
@@ -513,7 +548,15 @@ class Execution:
     started_at: float  # time.monotonic()
     cancel: threading.Event
     thread: threading.Thread = field(init=False, repr=False)
-    progress: Report | None = None  # the latest report, set from the stdout reader's thread
+    progress: Report | None = None  # the latest report, from stdout's reader or the file
+    progress_file: ProgressFile | None = None
+
+    def poll_progress(self) -> Report | None:
+        """The latest report, after a look at the progress file."""
+        report = None if self.progress_file is None else self.progress_file.poll()
+        if report is not None:
+            self.progress = report
+        return self.progress
 
 
 DoneCallback = Callable[[Execution, StepResult], None]
@@ -571,7 +614,7 @@ class WorkerPool:
         running)."""
         with self._lock:
             execution = self._busy.get(key)
-        return None if execution is None else execution.progress
+        return None if execution is None else execution.poll_progress()
 
     def running(self) -> list[Execution]:
         with self._lock:
@@ -623,14 +666,19 @@ class WorkerPool:
         """Run the step on the key's booked slot (or a free one) in a daemon thread.
 
         When the step ends its slot is freed first, then on_done(execution, result) is
-        called from the worker thread. The command also sees JOBDIST_WORKER.
+        called from the worker thread. The command also sees JOBDIST_WORKER and
+        JOBDIST_PROGRESS_FILE (unless no file could be made).
         """
+        progress_file = _new_progress_file(
+            EventLog("jobdist.workers", job=key[0], step=key[1], site=self._site))
+        extra = {} if progress_file is None else {"JOBDIST_PROGRESS_FILE": str(progress_file.path)}
         with self._lock:
             worker = self._take_slot_for(key)
             execution = Execution(key, epoch, worker, time.monotonic(), threading.Event())
+            execution.progress_file = progress_file
             execution.thread = threading.Thread(
                 target=self._execute,
-                args=(execution, step, {**env, "JOBDIST_WORKER": worker}, on_retry),
+                args=(execution, step, {**env, "JOBDIST_WORKER": worker, **extra}, on_retry),
                 name=f"jobdist-{worker}",
                 daemon=True,
             )
@@ -697,6 +745,9 @@ class WorkerPool:
         except Exception as error:  # the slot must be freed and the end reported anyway
             self._log_of(execution).exception("step crashed")
             result = _crashed_result(execution, error)
+        result = dataclasses.replace(result, progress=execution.poll_progress())  # either source
+        if execution.progress_file is not None:
+            execution.progress_file.remove()
         with self._lock:
             del self._busy[execution.key]
             self._release(execution.worker)
@@ -761,6 +812,14 @@ class WorkerPool:
             worker = f"{self._site}/w{number}"
         self._slots.append(worker)
         self._slots.sort(key=_slot_number)
+
+
+def _new_progress_file(log: EventLog) -> ProgressFile | None:
+    try:
+        return ProgressFile()
+    except OSError as error:  # no room in the temporary directory: stdout reports still work
+        log.warning("no progress file for the step", error=error)
+        return None
 
 
 def _slot_number(worker: str) -> int:

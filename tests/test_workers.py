@@ -566,3 +566,21 @@ def test_the_pool_holds_each_running_steps_latest_report(
     done.wait_for(1)
     assert pool.progress_of(K1) is None  # not running any more
     assert done.calls[0][1].progress["fraction"] == 0.2
+
+
+def test_a_step_may_write_its_progress_to_the_file_the_pool_names(
+        make_pool: Callable[[int], WorkerPool], done: DoneLog, tmp_path: Path) -> None:
+    pool = make_pool(1)
+    gate = tmp_path / "go"
+    pool.start(K1, 1, make_step(
+        'echo "$JOBDIST_PROGRESS_FILE"; echo "0.3 from the file" > "$JOBDIST_PROGRESS_FILE"; '
+        f"while [ ! -f {gate} ]; do sleep 0.02; done; "
+        'echo "JOBDIST_PROGRESS 0.9 last" >> "$JOBDIST_PROGRESS_FILE"'), JOB_ENV)
+    assert wait_until(lambda: pool.progress_of(K1) is not None)
+    report = pool.progress_of(K1)
+    assert report is not None and (report["fraction"], report["message"]) == (0.3, "from the file")
+    gate.touch()
+    done.wait_for(1)
+    result = done.calls[0][1]
+    assert (result.progress["fraction"], result.progress["message"]) == (0.9, "last")
+    assert not Path(result.stdout.strip()).exists()  # the daemon removes the file after the step
