@@ -669,13 +669,12 @@ class WorkerPool:
         called from the worker thread. The command also sees JOBDIST_WORKER and
         JOBDIST_PROGRESS_FILE (unless no file could be made).
         """
-        progress_file = _new_progress_file(
-            EventLog("jobdist.workers", job=key[0], step=key[1], site=self._site))
-        extra = {} if progress_file is None else {"JOBDIST_PROGRESS_FILE": str(progress_file.path)}
         with self._lock:
             worker = self._take_slot_for(key)
             execution = Execution(key, epoch, worker, time.monotonic(), threading.Event())
-            execution.progress_file = progress_file
+            execution.progress_file = progress_file = _new_progress_file(self._log_of(execution))
+            extra = {} if progress_file is None else {
+                "JOBDIST_PROGRESS_FILE": str(progress_file.path)}
             execution.thread = threading.Thread(
                 target=self._execute,
                 args=(execution, step, {**env, "JOBDIST_WORKER": worker, **extra}, on_retry),
