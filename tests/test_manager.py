@@ -254,12 +254,13 @@ def test_a_free_worker_takes_open_steps_in_line_order_where_waiting_counts(
         tmp_path: Path) -> None:
     """core.claim_rank: ten seconds of waiting are worth one priority level. A job of
     priority 0 that waited 30 s goes before a new one of priority 1 (pure priority
-    would starve it) and after a new one of priority 5."""
+    would starve it), and one that waited 40 s after a new one of priority 5."""
     store = SimStore(Replica(), "global")
     manager = creator_alone(tmp_path, store)
     now = datetime.now(UTC)
+    # Ages in whole tens of seconds: the ranks differ by exact levels, whatever the clock.
     ages_and_priorities = {"old-low": (30, 0), "new-high": (0, 1), "new-urgent": (0, 5),
-                           "older-low": (45, 0)}
+                           "older-low": (40, 0)}
     try:
         jobs = {name: new_job("global", [new_step("true")], priority=priority,
                               created_at=format_time(now - timedelta(seconds=age)))
