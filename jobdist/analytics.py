@@ -140,7 +140,15 @@ def step_row(step: Doc) -> tuple:
         _moment(step.get("finish_time")),
         _int(step.get("attempts")),
         _int(step.get("exit_code")),
+        *_progress(step.get("progress")),
     )
+
+
+def _progress(report: Any) -> tuple[float | None, Any]:
+    """The step's last progress report: (fraction, message), or nothing."""
+    if not isinstance(report, dict):
+        return None, None
+    return _float(report.get("fraction")), report.get("message")
 
 
 def event_row(event: Doc) -> tuple:
@@ -199,6 +207,7 @@ def raw_schema() -> StructType:
         ("winner", StringType), ("executioner", StringType), ("step_status", StringType),
         ("exec_time", DoubleType), ("start_time", TimestampType),
         ("finish_time", TimestampType), ("attempts", IntegerType), ("exit_code", IntegerType),
+        ("progress", DoubleType), ("progress_message", StringType),
     )
     event = struct(
         ("event", StringType), ("step", IntegerType), ("site", StringType),
@@ -265,6 +274,8 @@ def steps_table(raw: DataFrame) -> DataFrame:
         history_count(lambda e: _event_at(index, e, "retried")).alias("retries"),
         F.col("s.exit_code").alias("exit_code"),
         F.col("s.exec_time").alias("exec_time_s"),
+        F.col("s.progress").alias("progress"),  # the last value the command reported
+        F.col("s.progress_message").alias("progress_message"),
         F.when(index == 0, F.col("created_at")).otherwise(previous).alias("runnable_at"),
         F.col("s.start_time").alias("start_time"),
         F.col("s.finish_time").alias("finish_time"),

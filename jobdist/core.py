@@ -20,6 +20,7 @@ current one can never advance the job (see `plan_finish`).
 
 from __future__ import annotations
 
+import calendar
 import copy
 import dataclasses
 import hashlib
@@ -43,7 +44,15 @@ from .model import (
     step_phase,
     targets,
 )
-from .validation import MAX_DOC_SIZE, format_errors, json_length, json_size, validate_job
+from .validation import (
+    MAX_DOC_SIZE,
+    format_errors,
+    is_integer,
+    is_iso_utc,
+    json_length,
+    json_size,
+    validate_job,
+)
 
 Unusable = tuple[str, str]  # (leaf rev, why no site may act on it)
 
@@ -163,6 +172,9 @@ class StepOutcome(Protocol):
     @property
     def cancelled(self) -> bool: ...
 
+    @property
+    def progress(self) -> Doc | None: ...  # the last {fraction, message, at} it printed
+
 
 # --- outputs ----------------------------------------------------------------
 
@@ -261,6 +273,8 @@ def merge(leaves: list[Doc]) -> Doc:
     # otherwise two executions of one step could share a fencing token.
     for index, step in enumerate(merged["job"]):
         step["epoch"] = max(leaf["job"][index].get("epoch", 0) for leaf in leaves)
+    for index, step in enumerate(merged["job"]):
+        step["progress"] = latest_progress(leaves, index, step)
     touched = [leaf["keepalive_at"] for leaf in leaves if leaf.get("keepalive_at")]
     if touched:
         merged["keepalive_at"] = max(touched)
@@ -278,6 +292,20 @@ def merge(leaves: list[Doc]) -> Doc:
     ):
         merged["job_status"] = "cancelled"
     return merged
+
+
+def latest_progress(leaves: list[Doc], index: int, step: Doc) -> Doc | None:
+    """The newest progress any leaf holds for the merged step's own execution.
+
+    A progress write can lose to a concurrent write on the same revision (a
+    cancellation, an adoption) that carries the older value; an execution of
+    another epoch or winner (a stale or released run) never lends its own.
+    """
+    reports = [leaf["job"][index]["progress"] for leaf in leaves
+               if leaf["job"][index].get("progress")
+               and leaf["job"][index].get("epoch", 0) == step.get("epoch", 0)
+               and leaf["job"][index].get("winner") == step.get("winner")]
+    return max(reports, key=lambda report: str(report.get("at")), default=None)
 
 
 def union_history(leaves: list[Doc]) -> list[Doc]:
@@ -598,6 +626,34 @@ def site_with_room(doc: Doc, step: Doc, ctx: Context) -> str | None:
     return max(fits, key=lambda site: (room[site], spread(site, doc["_id"])))
 
 
+# --- the order open steps are taken in ---------------------------------------
+
+AGING_SECONDS = 10  # waiting this long is worth one priority level (docs/protocol.md)
+UNSTAMPED_BAND = 2**53 - 1  # no creation time yet: after every stamped job
+
+
+def claim_rank(priority: Any, created_at: Any) -> int:
+    """Where a job's open step stands in line: lower goes first; the same at every site.
+
+    rank = floor(creation second / AGING_SECONDS) - priority: a job that has
+    waited k * AGING_SECONDS longer than another counts k priority levels
+    higher, so a constant stream of urgent jobs delays a low one by a bounded
+    time, never forever. The rank depends on the document alone, never on
+    "now", so the `claimable` view (couch_design/jobdist/views/claimable/map.js,
+    the same arithmetic) can sort by it. Jobs of one rank are taken in the
+    `spread` order, so sites do not all claim the same one. Values a document
+    written around validation may hold read as priority 0 and "not stamped".
+    """
+    band = UNSTAMPED_BAND
+    if is_iso_utc(created_at):
+        band = calendar.timegm(parse_time(created_at).utctimetuple()) // AGING_SECONDS
+    return band - (int(priority) if is_integer(priority) else 0)  # 2.0 is 2 in JavaScript
+
+
+def doc_rank(doc: Doc) -> int:
+    return claim_rank(doc.get("priority", 0), doc.get("created_at"))
+
+
 def spread(site: str, doc_id: str) -> int:
     """A stable pseudo-random order of (site, job) pairs: sites do not all claim the same
     equally urgent jobs, and equal rooms do not all go to one site."""
@@ -732,6 +788,7 @@ def start(ctx: Context, worker: str, *, assign: bool) -> Edit:
         step["executioner"] = worker
         step["start_time"] = ctx.now
         step["lease_until"] = later(ctx.now, ctx.lease)
+        step["progress"] = None  # a new execution has reported nothing yet
         _log(doc, "started", ctx, worker=worker)
     return edit
 
@@ -741,7 +798,7 @@ def release(ctx: Context, reason: str) -> Edit:
     def edit(doc: Doc) -> None:
         step = _current(doc)
         step.update(claimed_by=None, winner=None, executioner=None,
-                    step_status=None, start_time=None, lease_until=None)
+                    step_status=None, start_time=None, lease_until=None, progress=None)
         step["epoch"] = step.get("epoch", 0) + 1
         _log(doc, "released", ctx, detail=reason)
     return edit
@@ -891,6 +948,8 @@ def end_step(step: Doc, outcome: StepOutcome) -> None:
         lease_until=None,
         output={"stdout": outcome.stdout, "stderr": outcome.stderr},
     )
+    if outcome.progress is not None:  # the last report, even one no heartbeat carried yet
+        step["progress"] = dict(outcome.progress)
 
 
 def record_cancelled(merged: Doc, ctx: Context, key: StepKey, worker: str, epoch: int,
@@ -972,21 +1031,29 @@ def keepalive(leaves: list[Doc], ctx: Context, stale_after: float) -> Doc | None
 
 
 def plan_renew(leaves: list[Doc], ctx: Context, key: StepKey, epoch: int,
-               renew_below: float | None = None) -> Plan:
-    """The heartbeat: push the lease of our current execution forward.
+               renew_below: float | None = None, report: Doc | None = None) -> Plan:
+    """The heartbeat: push the lease of our current execution forward, and record
+    the execution's latest progress `report` in the same revision.
 
     With `renew_below`, only a lease with less than that many seconds left is
-    renewed: a step that started a moment ago needs no write yet.
+    renewed: a step that started a moment ago needs no write yet, unless it
+    has new progress to show. Fenced like a finish: a run whose epoch is not
+    the step's current one writes neither.
     """
     merged = merge(leaves)
     if not backs_execution(merged, key, epoch, ctx.site):
         return NOTHING
-    deadline = merged["job"][key[1]].get("lease_until")
-    if renew_below is not None and deadline and seconds_between(ctx.now, deadline) > renew_below:
+    step = merged["job"][key[1]]
+    news = report is not None and report != step.get("progress")
+    deadline = step.get("lease_until")
+    if not news and renew_below is not None and deadline \
+            and seconds_between(ctx.now, deadline) > renew_below:
         return NOTHING
 
     def edit(doc: Doc) -> None:
         _current(doc)["lease_until"] = later(ctx.now, ctx.lease)
+        if news:
+            _current(doc)["progress"] = dict(report or {})
 
     return finalize(leaves, merged, Decision("renew", edit), ctx)
 

@@ -9,7 +9,8 @@ sites that missed a change (a feed gap, a replication that was down).
 
 Rules (core.keepalive): only the creator, only open steps, only documents
 unchanged for `stale_after` seconds, only unconflicted ones, and the re-save
-changes nothing but `keepalive_at`. Highest priority first.
+changes nothing but `keepalive_at`. In line order (core.claim_rank): the job
+that should run first is re-saved first.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ class KeepAlive(Periodic):
         cutoff = later(utc_now(), -self.stale_after)
         rows = self.db.view(DDOC, "stale_open", startkey=[self.site],
                             endkey=[self.site, cutoff])
-        rows.sort(key=row_priority, reverse=True)
+        rows.sort(key=row_rank)
         count = 0
         for row in rows:
             if self.stop_event.is_set():
@@ -64,8 +65,9 @@ class KeepAlive(Periodic):
         return True
 
 
-def row_priority(row: dict[str, object]) -> int:
-    """A row's priority; a document written around validation may hold anything there."""
+def row_rank(row: dict[str, object]) -> int:
+    """Where a `stale_open` row's job stands in line (core.claim_rank); a document
+    written around validation may hold anything in those fields."""
     value = row.get("value")
-    priority = value.get("priority") if isinstance(value, dict) else None
-    return priority if isinstance(priority, int) and not isinstance(priority, bool) else 0
+    fields = value if isinstance(value, dict) else {}
+    return core.claim_rank(fields.get("priority"), fields.get("created_at"))

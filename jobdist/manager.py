@@ -11,7 +11,7 @@ stale mid-batch. Per step that is a few requests shared by the whole batch,
 where deciding one job at a time cost a read and a write each.
 
 Beyond the thesis: when a worker frees up, the manager asks the `claimable`
-view for open steps this site may run (highest priority, then oldest), so a
+view for open steps this site may run (in line: core.claim_rank), so a
 job that arrived while every worker was busy is not forgotten until the next
 keep-alive re-save.
 """
@@ -41,6 +41,7 @@ from .workers import Execution, StepResult, WorkerPool, kill_orphans
 
 SCAN_INTERVAL = 2.0  # seconds between claimable scans while workers stay free
 CHECKPOINT_INTERVAL = 2.0
+PROGRESS_INTERVAL = 3.0  # seconds between two progress writes of one step, at least
 MAX_LEASES_SEEN = 100_000  # jobs whose leases we time; the least recently seen go first
 MAX_SKIPPED = 10_000  # jobs remembered as not to be acted on until they change
 MAX_VERDICTS = 10_000  # revisions whose validation we remember
@@ -133,6 +134,9 @@ class Manager:
         self.scan_due = True
         self.last_checkpoint = time.monotonic()
         self.last_heartbeat = time.monotonic()
+        # The progress report last sent for each running step, and when (see
+        # _renewal_tasks_due).
+        self.progress_sent: dict[StepKey, tuple[float, Doc]] = {}
         self.last_lease_scan = 0.0
         # When this daemon first saw each live lease (job -> lease_until ->
         # monotonic time): see core.Context.lease_silence.
@@ -146,8 +150,13 @@ class Manager:
 
     def serve_once(self, timeout: float) -> None:
         changes = self._next_changes(timeout)
-        self.settle([*self._report_tasks(), *self._held_tasks_due(),
-                     *self._change_tasks(changes), *self._retry_tasks_due()])
+        self.settle([*self._report_tasks(), *self._held_tasks_due()])
+        arrivals = self._change_tasks(changes)  # (hears the sites' statuses too)
+        # Workers and room just freed go to the open steps first in line (core.claim_rank),
+        # and only then to what just arrived: a constant stream of new jobs must not
+        # overtake the jobs that have waited longest.
+        self.settle([*self._scan_tasks_due(), *self._assign_tasks_due(), *arrivals,
+                     *self._retry_tasks_due()])
         if changes:
             self.seq = changes[-1].seq  # feed order: the checkpoint never goes back
         self.settle([*self._report_tasks(), *self._expired_booking_tasks(),
@@ -232,12 +241,14 @@ class Manager:
         # A lost event does not matter: the finish still counts.
         return Task(item.key[0], plan, end_on_refusal=False)
 
-    def renew_task(self, key: StepKey, epoch: int) -> Task:
-        """The heartbeat: push our lease forward, so the creator knows we are alive."""
+    def renew_task(self, key: StepKey, epoch: int, report: Doc | None = None) -> Task:
+        """The heartbeat: push our lease forward, so the creator knows we are alive;
+        with the step's latest progress `report`, if it has news."""
         def plan(leaves: list[Doc], rejected: list[core.Unusable]) -> core.Plan:
             daemon = self.config.daemon
             return core.plan_renew(leaves, self.context(), key, epoch,
-                                   renew_below=daemon.lease - daemon.heartbeat)
+                                   renew_below=daemon.lease - daemon.heartbeat,
+                                   report=report)
         # Refused: the lease lapses, and the finish will say what happened.
         return Task(key[0], plan, retry_conflicts=True, end_on_refusal=False)
 
@@ -708,13 +719,32 @@ class Manager:
                 self.apply(core.Unbook(key))
 
     def _renewal_tasks_due(self) -> list[Task]:
-        """Renew the lease of every step we run, so the creator knows we are alive."""
+        """Renew the lease of every step we run, so the creator knows we are alive, and
+        write the progress a step reported: at most one write per step every
+        PROGRESS_INTERVAL, the lease renewed in it (so a heartbeat then has nothing
+        to write), never a write per line."""
         now = time.monotonic()
-        if now - self.last_heartbeat < self.config.daemon.heartbeat:
-            return []
-        self.last_heartbeat = now
-        return [self.renew_task(key, running.epoch)
-                for key, running in list(self.executions.items())]
+        heartbeat = now - self.last_heartbeat >= self.config.daemon.heartbeat
+        if heartbeat:
+            self.last_heartbeat = now
+        for key in self.progress_sent.keys() - self.executions.keys():
+            del self.progress_sent[key]
+        tasks = []
+        for key, running in list(self.executions.items()):
+            report = self._progress_due(key, now)
+            if heartbeat or report is not None:
+                tasks.append(self.renew_task(key, running.epoch, report))
+        return tasks
+
+    def _progress_due(self, key: StepKey, now: float) -> Doc | None:
+        """The step's latest progress report, if it is new and the last went out long enough
+        ago."""
+        report = self.pool.progress_of(key)
+        sent_at, sent = self.progress_sent.get(key, (-PROGRESS_INTERVAL, None))
+        if report is None or report is sent or now - sent_at < PROGRESS_INTERVAL:
+            return None
+        self.progress_sent[key] = (now, report)
+        return report
 
     def _revocation_tasks_due(self) -> list[Task]:
         """As creator: take back steps whose winner stopped renewing its lease."""
@@ -801,7 +831,7 @@ class Manager:
             self.log.warning("status not published", result=result)
 
     def claimable(self, limit: int) -> list[str]:
-        """Open steps this site may run: highest priority first, then oldest."""
+        """Open steps this site may run, in line order (core.claim_rank)."""
         # Skipped jobs may sort first (a hostile priority): read past them, or they
         # would fill the window on every scan and starve everything behind them.
         extra = min(len(self.skipped), 1000)
@@ -818,8 +848,7 @@ class Manager:
         return sorted(window, key=lambda doc_id: (rank[doc_id], core.spread(self.site, doc_id)))
 
     def _claim_order(self, item: Changed) -> tuple[int, int]:
-        priority = (item.doc or {}).get("priority", 0)
-        return (-priority if isinstance(priority, int) else 0, core.spread(self.site, item.doc_id))
+        return core.doc_rank(item.doc or {}), core.spread(self.site, item.doc_id)
 
     def _checkpoint_if_due(self, force: bool = False) -> None:
         now = time.monotonic()

@@ -88,6 +88,7 @@ STEP_DEFAULTS: dict[str, Any] = {
     "attempts": 0,
     "exit_code": None,
     "output": None,
+    "progress": None,  # {fraction, message, at}: what the running command last reported
 }
 RETRY_DEFAULTS: dict[str, Any] = {
     "max_retries": 0,

@@ -90,6 +90,39 @@ def step_state(doc: Doc, index: int) -> str:
             Phase.RUNNING: "running"}[phase]
 
 
+def progress_text(step: Doc) -> str:
+    """A step's last progress report as `40% copying volume 3`; "" when it has none."""
+    report = step.get("progress")
+    if not isinstance(report, dict) or not isinstance(report.get("fraction"), int | float):
+        return ""
+    percent = math.floor(report["fraction"] * 100 + 1e-9)  # 0.29 is 29%, not 28%
+    return f"{percent}% {report.get('message') or ''}".strip()
+
+
+def step_status_cell(doc: Doc, index: int) -> str:
+    """The step's state, with its percentage while it runs."""
+    state = step_state(doc, index)
+    if state != "running" or not progress_text(doc["job"][index]):
+        return state
+    return f"{state} {progress_text(doc['job'][index]).split(' ', 1)[0]}"
+
+
+def progress_lines(doc: Doc) -> list[Text]:
+    """The header's `progress` line: the current step's last report, while the job runs."""
+    step = doc["job"][doc["step"]] if doc["step"] < len(doc["job"]) else {}
+    if doc.get("job_status") is not None or not progress_text(step):
+        return []
+    at = short_time(step["progress"].get("at"))
+    return [Text(f"progress step {doc['step']}: {progress_text(step)}   (reported {at})")]
+
+
+def progress_events(doc: Doc) -> list[str]:
+    """`--wait`'s line for each progress report a step holds, in event_line's form."""
+    return [f"{short_time(step['progress'].get('at'))}  step {index}  progress  "
+            f"{progress_text(step)}"
+            for index, step in enumerate(doc["job"]) if progress_text(step)]
+
+
 def step_where(step: Doc) -> str:
     if step.get("executioner"):
         return str(step["executioner"])
@@ -133,7 +166,8 @@ WATCH_SITE_COLUMNS = (
 )
 WATCH_RUNNING_COLUMNS = (
     Col("SITE", drop=1), Col("WORKER", floor=8), Col("JOB"), Col("STEP"),
-    Col("SINCE", floor=10, at_once=True), Col("COMMAND", floor=10, cut=True),
+    Col("SINCE", floor=10, at_once=True), Col("PROGRESS", floor=4, cut=True, drop=2),
+    Col("COMMAND", floor=10, cut=True),
 )
 
 
@@ -142,7 +176,7 @@ def steps_table(doc: Doc) -> FittedTable:
     for index, step in enumerate(doc["job"]):
         took = step.get("exec_time")
         rows.append([
-            str(index), step_state(doc, index), plain(", ".join(targets(step))),
+            str(index), step_status_cell(doc, index), plain(", ".join(targets(step))),
             plain(step_where(step)), str(step.get("attempts", 0)), plain(step.get("exit_code")),
             short_time(step.get("start_time")), short_time(step.get("finish_time")),
             "-" if took is None else f"{took:.1f}s", plain(step["do"]),
@@ -204,6 +238,7 @@ def job_header(doc: Doc, leaves: int, site: str) -> Text:
     lines = [
         title,
         Text(f"status   {job_status_text(doc)}"),
+        *progress_lines(doc),
         Text(f"creator  {doc['creator']}   priority {doc['priority']}   as seen at {site}"),
         Text(f"created  {created_text(doc)}   updated {short_time(doc['updated_at'])}"),
         Text(f"rev      {doc['_rev']}"),  # its own line: a revision is 34 characters
@@ -275,5 +310,5 @@ def running_row(site: SiteConfig, row: Doc) -> list[Cell]:
     steps = doc.get("job") or []
     command = steps[index].get("do") if index < len(steps) else None
     return [site.name, plain(value.get("executioner")), row["id"], str(index),
-            short_time(row["key"][1]), plain(command)]
+            short_time(row["key"][1]), plain(progress_text(value) or "-"), plain(command)]
 

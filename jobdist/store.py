@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from . import listener, status
+from . import keepalive, listener, status
 from .couch import Conflict, Database, Rejected, Saved
 from .design import DDOC
 from .model import Doc
@@ -28,7 +28,7 @@ class Open:
     """An open step a site may claim: its job, and the order sites take them in."""
 
     job_id: str
-    rank: int  # minus the job's priority: lower goes first
+    rank: int  # core.claim_rank: lower goes first
     created_at: str
 
 
@@ -59,7 +59,8 @@ class JobStore(Protocol):
         ...
 
     def open_created(self, creator: str, limit: int) -> list[str]:
-        """Live jobs `creator` created whose current step is open, least recently touched first."""
+        """Live jobs `creator` created whose current step is open: the `limit` least
+        recently touched, in line order (core.claim_rank)."""
         ...
 
     def statuses(self) -> list[Doc]:
@@ -105,7 +106,7 @@ class CouchStore:
     def open_created(self, creator: str, limit: int) -> list[str]:
         rows = self.db.view(DDOC, "stale_open", startkey=[creator], endkey=[creator, {}],
                             limit=limit)
-        return [row["id"] for row in rows]
+        return [row["id"] for row in sorted(rows, key=keepalive.row_rank)]
 
     def statuses(self) -> list[Doc]:
         rows = self.db.all_docs(startkey=status.PREFIX, endkey=status.PREFIX + "\ufff0",

@@ -37,6 +37,7 @@ MAX_DEPTH = 32  # levels of objects and lists; Python's JSON parser gives up nea
 MAX_STEPS = 1000
 MAX_DO_LENGTH = 65536
 MAX_STREAM_LENGTH = 4096
+MAX_PROGRESS_MESSAGE = 200  # characters of a step's progress message
 MAX_ID_LENGTH = 256
 # Counts stay far below 2**53: past it, JavaScript cannot add 1 and epochs stop growing.
 MAX_COUNT = 1_000_000_000
@@ -328,6 +329,13 @@ OUTPUT_FIELDS = [
     Field("stderr", text(MAX_STREAM_LENGTH, non_empty=False)),
 ]
 
+PROGRESS_FIELDS = [
+    Field("fraction", simple(lambda value: is_number(value) and 0 <= value <= 1,
+                             "must be a number between 0 and 1")),
+    Field("message", text(MAX_PROGRESS_MESSAGE, non_empty=False)),
+    Field("at", TIME),
+]
+
 # Submitter fields first, then the runtime fields. Only `do` has no default.
 STEP_FIELDS = [
     Field("target", check_target),
@@ -349,6 +357,9 @@ STEP_FIELDS = [
     Field("exit_code", simple(nullable(is_integer), "must be null or an integer")),
     Field("output", object_of(OUTPUT_FIELDS, "must be null or an object {stdout, stderr}",
                               allow_null=True)),
+    Field("progress", object_of(PROGRESS_FIELDS,
+                                "must be null or an object {fraction, message, at}",
+                                allow_null=True)),
 ]
 STEP = object_of(STEP_FIELDS, "must be an object", STEP_DEFAULTS)
 

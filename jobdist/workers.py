@@ -9,10 +9,13 @@ daemon threads.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import math
 import os
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -24,6 +27,7 @@ from .clock import utc_now
 from .logs import EventLog
 from .model import StepKey
 from .processes import group_has_live_members, signal_group
+from .validation import MAX_PROGRESS_MESSAGE, text_length
 
 OUTPUT_TAIL_BYTES = 4096
 KILL_GRACE_SECONDS = 2.0  # between SIGTERM and SIGKILL of a process group
@@ -32,6 +36,10 @@ READER_JOIN_SECONDS = 2.0  # how long to wait for EOF once the process group is 
 _READ_CHUNK = 65536
 
 RetryCallback = Callable[[int, str], None]
+Report = dict[str, Any]  # a progress report: {fraction, message, at}, as the step holds it
+ProgressCallback = Callable[[Report], None]
+PROGRESS_MARK = b"JOBDIST_PROGRESS"  # a stdout line `JOBDIST_PROGRESS 0.4 copying volume 3`
+MAX_PROGRESS_LINE = 1024  # bytes: a longer line is no progress report, and is not kept
 
 
 @dataclass(frozen=True)
@@ -50,6 +58,7 @@ class StepResult:
     reason: str  # human-readable outcome, e.g. "exit 3 after 4 attempts"
     cancelled: bool = False
     timed_out: bool = False
+    progress: Report | None = None  # the last progress report the command printed
 
 
 def retry_delays(strategy: Mapping[str, Any]) -> Iterator[float]:
@@ -70,11 +79,99 @@ def retry_delays(strategy: Mapping[str, Any]) -> Iterator[float]:
 # --- one attempt: a process group, its output tails, its end ------------------------------
 
 
-class _TailReader:
-    """Reads one pipe to EOF in a daemon thread, keeping only the last `limit` bytes."""
+def parse_progress(line: str) -> Report | None:
+    """`JOBDIST_PROGRESS 0.4 copying volume 3` as a report; None for any other line.
 
-    def __init__(self, stream: IO[bytes], name: str, limit: int = OUTPUT_TAIL_BYTES) -> None:
+    The fraction is a number from 0 to 1; the message, possibly empty, is cut
+    to what the document allows. A malformed report is an ordinary output line.
+    """
+    mark, _, rest = line.strip().partition(" ")
+    number, _, message = rest.strip().partition(" ")
+    try:
+        fraction = float(number)
+    except ValueError:
+        return None
+    if mark != PROGRESS_MARK.decode() or not 0 <= fraction <= 1:  # (NaN compares false)
+        return None
+    message = message.strip().replace("\x00", "\ufffd")
+    while text_length(message) > MAX_PROGRESS_MESSAGE:
+        message = message[:-1]
+    return {"fraction": fraction, "message": message, "at": utc_now()}
+
+
+class _ProgressScanner:
+    """Finds progress reports in a stream that arrives in chunks of any size."""
+
+    def __init__(self, report: ProgressCallback) -> None:
+        self._report = report
+        self._partial = bytearray()  # the line read so far
+        self._overlong = False  # the current line is already too long to be a report
+
+    def feed(self, chunk: bytes) -> None:
+        *complete, rest = chunk.split(b"\n")
+        for line in complete:
+            if not self._overlong:
+                self._take(bytes(self._partial + line))
+            self._partial.clear()
+            self._overlong = False
+        if not self._overlong:
+            self._partial += rest
+        if len(self._partial) > MAX_PROGRESS_LINE:
+            self._partial.clear()
+            self._overlong = True
+
+    def end(self) -> None:
+        """EOF: a last line without a newline counts too."""
+        self.feed(b"\n")
+
+    def _take(self, line: bytes) -> None:
+        if len(line) > MAX_PROGRESS_LINE or not line.lstrip().startswith(PROGRESS_MARK):
+            return
+        report = parse_progress(line.decode("utf-8", errors="replace"))
+        if report is not None:
+            self._report(report)
+
+
+class ProgressFile:
+    """$JOBDIST_PROGRESS_FILE: where a step may also write its progress, a line in the stdout
+    form with or without the mark (`0.4 copying volume 3`); the file's last line counts."""
+
+    def __init__(self) -> None:
+        handle, name = tempfile.mkstemp(prefix="jobdist-progress-")
+        os.close(handle)
+        self.path = Path(name)
+        self._seen: tuple[int, int] | None = None  # (mtime, size) when last read
+
+    def poll(self) -> Report | None:
+        """A new report if the file changed since the last look, else None."""
+        try:
+            stat = self.path.stat()
+            if (stat.st_mtime_ns, stat.st_size) == self._seen:
+                return None
+            self._seen = (stat.st_mtime_ns, stat.st_size)
+            with self.path.open("rb") as file:
+                file.seek(max(0, stat.st_size - MAX_PROGRESS_LINE))
+                tail = file.read(MAX_PROGRESS_LINE).decode("utf-8", errors="replace")
+        except OSError:  # removed or unreadable: the step's business; stdout still counts
+            return None
+        lines = tail.strip().splitlines()
+        line = lines[-1].strip() if lines else ""
+        mark = PROGRESS_MARK.decode()
+        return parse_progress(line if line.startswith(mark) else f"{mark} {line}")
+
+    def remove(self) -> None:
+        with contextlib.suppress(OSError):
+            self.path.unlink()
+
+
+class _TailReader:
+    """Reads one pipe to EOF in a daemon thread, keeping only the last `limit` bytes
+    (and handing each chunk to `scanner`, if any)."""
+
+    def __init__(self, stream: IO[bytes], name: str, limit: int = OUTPUT_TAIL_BYTES,
+                 scanner: _ProgressScanner | None = None) -> None:
         self._stream = stream
+        self._scanner = scanner
         self._limit = limit
         self._tail = bytearray()
         self._truncated = False
@@ -92,6 +189,10 @@ class _TailReader:
                     if len(self._tail) > self._limit:
                         del self._tail[: -self._limit]
                         self._truncated = True
+                if self._scanner is not None:
+                    self._scanner.feed(chunk)
+            if self._scanner is not None:
+                self._scanner.end()
 
     def join(self, timeout: float) -> bool:
         """Wait for EOF; False if a process outside the group still holds the pipe open."""
@@ -206,6 +307,7 @@ def _run_attempt(
     timeout: float | None,
     cancel: threading.Event,
     log: EventLog,
+    on_progress: ProgressCallback | None = None,
 ) -> _Attempt:
     """Run `command` once with /bin/sh in a new process group and wait for its end."""
     log.info("attempt started", attempt=number, command=command)
@@ -223,7 +325,8 @@ def _run_attempt(
         log.error("attempt could not start", attempt=number, error=error)
         return _Attempt(number, None, "", "", outcome=f"could not start: {error}")
     assert proc.stdout is not None and proc.stderr is not None  # both are PIPE
-    stdout = _TailReader(proc.stdout, f"jobdist-stdout-{proc.pid}")
+    scanner = None if on_progress is None else _ProgressScanner(on_progress)
+    stdout = _TailReader(proc.stdout, f"jobdist-stdout-{proc.pid}", scanner=scanner)
     stderr = _TailReader(proc.stderr, f"jobdist-stderr-{proc.pid}")
     ending = _wait_for_exit(proc, timeout, cancel)
     if ending != "exited" or group_has_live_members(proc.pid):
@@ -285,7 +388,10 @@ class _StepRun:
         cancel: threading.Event,
         on_retry: RetryCallback | None,
         allows: Callable[[str], bool],
+        on_progress: ProgressCallback | None = None,
     ) -> None:
+        self._on_progress = on_progress
+        self._progress: Report | None = None
         self._step = step
         self._env = env
         self._allows = allows
@@ -323,7 +429,14 @@ class _StepRun:
                                     "site's [commands] allow list (or uses shell operators "
                                     "it does not allow)")
         timeout = self._step.get("timeout")
-        return _run_attempt(command, self._env, self._attempts, timeout, self._cancel, self._log)
+        return _run_attempt(command, self._env, self._attempts, timeout, self._cancel, self._log,
+                            self._note_progress)
+
+    def _note_progress(self, report: Report) -> None:
+        """From the stdout reader's thread: keep the latest, and pass it on."""
+        self._progress = report
+        if self._on_progress is not None:
+            self._on_progress(report)
 
     def _run_do(self) -> _DoPhase:
         strategy = self._step.get("retry_strategy") or {}
@@ -387,6 +500,7 @@ class _StepRun:
             reason=reason,
             cancelled=cancelled,
             timed_out=last.timed_out,
+            progress=self._progress,
         )
 
     def _cancelled_before_start(self) -> StepResult:
@@ -404,6 +518,7 @@ def run_step(
     cancel: threading.Event | None = None,
     on_retry: RetryCallback | None = None,
     allows: Callable[[str], bool] = allow_all,
+    on_progress: ProgressCallback | None = None,
 ) -> StepResult:
     """Run a step's `do` with its timeout and retries, then `alt_do` if `do` failed.
 
@@ -413,8 +528,11 @@ def run_step(
     once, with no more retries nor alt_do. `on_retry(failed_attempt_number, reason)`
     is called before each retry's sleep. A command `allows` refuses is not run: the
     attempt fails at once, without retries (alt_do, if allowed, still runs).
+    `on_progress(report)` is called, from a reader thread, for each progress line the
+    command prints on stdout (`parse_progress`); the result keeps the last one.
     """
-    return _StepRun(step, env, cancel or threading.Event(), on_retry, allows).run()
+    return _StepRun(step, env, cancel or threading.Event(), on_retry, allows,
+                    on_progress).run()
 
 
 # --- the worker pool ----------------------------------------------------------------------
@@ -430,6 +548,15 @@ class Execution:
     started_at: float  # time.monotonic()
     cancel: threading.Event
     thread: threading.Thread = field(init=False, repr=False)
+    progress: Report | None = None  # the latest report, from stdout's reader or the file
+    progress_file: ProgressFile | None = None
+
+    def poll_progress(self) -> Report | None:
+        """The latest report, after a look at the progress file."""
+        report = None if self.progress_file is None else self.progress_file.poll()
+        if report is not None:
+            self.progress = report
+        return self.progress
 
 
 DoneCallback = Callable[[Execution, StepResult], None]
@@ -482,6 +609,13 @@ class WorkerPool:
         with self._lock:
             return list(self._booked)
 
+    def progress_of(self, key: StepKey) -> Report | None:
+        """The latest progress report of the step running as `key` (None: none, or not
+        running)."""
+        with self._lock:
+            execution = self._busy.get(key)
+        return None if execution is None else execution.poll_progress()
+
     def running(self) -> list[Execution]:
         with self._lock:
             return list(self._busy.values())
@@ -532,14 +666,18 @@ class WorkerPool:
         """Run the step on the key's booked slot (or a free one) in a daemon thread.
 
         When the step ends its slot is freed first, then on_done(execution, result) is
-        called from the worker thread. The command also sees JOBDIST_WORKER.
+        called from the worker thread. The command also sees JOBDIST_WORKER and
+        JOBDIST_PROGRESS_FILE (unless no file could be made).
         """
         with self._lock:
             worker = self._take_slot_for(key)
             execution = Execution(key, epoch, worker, time.monotonic(), threading.Event())
+            execution.progress_file = progress_file = _new_progress_file(self._log_of(execution))
+            extra = {} if progress_file is None else {
+                "JOBDIST_PROGRESS_FILE": str(progress_file.path)}
             execution.thread = threading.Thread(
                 target=self._execute,
-                args=(execution, step, {**env, "JOBDIST_WORKER": worker}, on_retry),
+                args=(execution, step, {**env, "JOBDIST_WORKER": worker, **extra}, on_retry),
                 name=f"jobdist-{worker}",
                 daemon=True,
             )
@@ -601,10 +739,14 @@ class WorkerPool:
     ) -> None:
         """The worker thread's body (no lock held): run, free the slot, then report."""
         try:
-            result = run_step(step, env, execution.cancel, on_retry, self._allows)
+            result = run_step(step, env, execution.cancel, on_retry, self._allows,
+                              on_progress=lambda report: setattr(execution, "progress", report))
         except Exception as error:  # the slot must be freed and the end reported anyway
             self._log_of(execution).exception("step crashed")
             result = _crashed_result(execution, error)
+        result = dataclasses.replace(result, progress=execution.poll_progress())  # either source
+        if execution.progress_file is not None:
+            execution.progress_file.remove()
         with self._lock:
             del self._busy[execution.key]
             self._release(execution.worker)
@@ -669,6 +811,14 @@ class WorkerPool:
             worker = f"{self._site}/w{number}"
         self._slots.append(worker)
         self._slots.sort(key=_slot_number)
+
+
+def _new_progress_file(log: EventLog) -> ProgressFile | None:
+    try:
+        return ProgressFile()
+    except OSError as error:  # no room in the temporary directory: stdout reports still work
+        log.warning("no progress file for the step", error=error)
+        return None
 
 
 def _slot_number(worker: str) -> int:

@@ -102,6 +102,7 @@ class Outcome:
     stderr: str = ""
     reason: str = "exit 0"
     cancelled: bool = False
+    progress: Doc | None = None
 
 
 class Clock:
@@ -157,12 +158,17 @@ class SimSite:
                             assigning=self.assigning)
 
     def heartbeat(self) -> None:
-        """Renew the lease of every execution this site runs."""
+        """Renew the lease of every execution this site runs, with a progress report
+        that names the execution (see check_progress_is_the_current_runs)."""
         for key, execution in sorted(self.running.items()):
             plan = core.plan_renew(self.replica.live_leaves(key[0]), self.ctx(), key,
-                                   execution.epoch)
+                                   execution.epoch, report=self.progress_report(execution))
             if plan.doc is not None:
                 self.execute(key[0], plan)
+
+    def progress_report(self, execution: Execution) -> Doc:
+        return {"fraction": 0.5, "message": f"{self.name} epoch {execution.epoch}",
+                "at": self.clock.now()}
 
     def pool(self) -> core.PoolView:
         taken = {w for w, _ in self.booked.values()} | {e.worker for e in self.running.values()}
@@ -202,7 +208,8 @@ class SimSite:
         execution = self.running.pop(key)
         plan = core.plan_finish(
             self.replica.live_leaves(key[0]), self.ctx(), self.pool(), key,
-            execution.epoch, execution.worker, outcome or Outcome(),
+            execution.epoch, execution.worker,
+            outcome or Outcome(progress=self.progress_report(execution)),
         )
         self.execute(key[0], plan)
 
@@ -236,6 +243,20 @@ class SimSite:
             execution = self.running.pop(effect.key)
             self.killed.append(execution)
             self.dying.append(execution)
+
+
+def check_progress_is_the_current_runs(replicas: Iterable[Replica], job_ids: list[str]) -> None:
+    """Every progress a merged step shows came from the execution the step names: never
+    from a stale or released run (SimSite.progress_report names its execution)."""
+    for replica in replicas:
+        for doc_id in job_ids:
+            leaves = replica.live_leaves(doc_id)
+            if not leaves:
+                continue
+            for step in core.merge(leaves)["job"]:
+                if step.get("progress"):
+                    assert step["progress"]["message"] == f"{step['winner']} epoch " \
+                        f"{step['epoch']}", (doc_id, step)
 
 
 def check_no_double_execution(ledger: list[Execution], *, per_site: bool = False) -> None:
@@ -282,14 +303,15 @@ class SimStore:
     def open_created(self, creator: str, limit: int) -> list[str]:
         rows = [doc for doc in self.live_jobs() if doc["creator"] == creator
                 and step_phase(doc["job"][doc["step"]]) == Phase.OPEN]
-        return [doc["_id"] for doc in sorted(rows, key=lambda doc: doc["updated_at"])][:limit]
+        oldest = sorted(rows, key=lambda doc: doc["updated_at"])[:limit]
+        return [doc["_id"] for doc in sorted(oldest, key=core.doc_rank)]
 
     def statuses(self) -> list[Doc]:
         return [doc for doc_id in sorted(self.replica.docs) if doc_id.startswith("site-")
                 and (doc := self.replica.winner(doc_id)) is not None]
 
     def claimable(self, target: str, limit: int) -> list[Open]:
-        rows = [Open(doc["_id"], -doc["priority"], doc["created_at"])
+        rows = [Open(doc["_id"], core.doc_rank(doc), doc["created_at"])
                 for doc in self.live_jobs()
                 if step_phase(doc["job"][doc["step"]]) == Phase.OPEN
                 and target in targets(doc["job"][doc["step"]])]

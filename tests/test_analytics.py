@@ -97,6 +97,7 @@ def job_c() -> Doc:
     doc["step"] = 1
     ran(doc["job"][0], "reg_a", 2.5, 3.5)
     ran(doc["job"][1], "reg_b", 3.6, 6.6, attempts=2, exit_code=1, status="failed")
+    doc["job"][1]["progress"] = {"fraction": 0.25, "message": "copying volume 1", "at": at(5.0)}
     log(doc, "started", 0, "reg_a", 2.5)
     log(doc, "finished", 0, "reg_a", 3.5, "exit 0 after 1 attempt")
     log(doc, "started", 1, "reg_b", 3.6)
@@ -233,6 +234,9 @@ def test_steps_site_attempts_exit_code_and_alt_do(spark: Any, result: tuple[dict
     assert figures[("job-c", 1)] == ("reg_b", "failed", 2, 1, 1, False)
     assert figures[("job-c", 2)] == (None, None, 0, 0, None, False)
     assert figures[("job-a", 1)] == ("reg_b", "finished", 1, 0, 0, False)
+    progress = {key: (row["progress"], row["progress_message"]) for key, row in steps.items()}
+    assert progress[("job-c", 1)] == (0.25, "copying volume 1")  # the last value, kept
+    assert progress[("job-c", 0)] == (None, None)
     assert steps[("job-b", 0)]["exec_time_s"] == pytest.approx(3.0)
     assert steps[("job-b", 1)]["runnable_at"] == steps[("job-b", 0)]["finish_time"]
 
@@ -376,6 +380,7 @@ def test_job_row_reads_a_field_left_out_as_its_default() -> None:
     assert row[1:5] == ("global", 0, None, 0)  # creator, priority, status, current step
     assert row[5] is None and row[9] == []  # not yet accepted; no history
     assert row[8][0][:3] == ("any", False, 0)  # target, targeted, epoch
+    assert row[8][0][11:] == (None, None)  # no progress reported
 
 
 # -- the command -----------------------------------------------------------------------

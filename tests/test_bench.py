@@ -122,7 +122,7 @@ def test_bench_is_a_jobdist_command() -> None:
 
     result = CliRunner().invoke(main, ["bench", "--help"])
     assert result.exit_code == 0
-    for command in ("thesis", "throughput", "replication", "memory"):
+    for command in ("thesis", "throughput", "replication", "memory", "priorities"):
         assert command in result.output
 
 
@@ -178,3 +178,14 @@ def test_memory_small() -> None:
     out = run_json("memory", "--jobs", "200", "--timeout", "60")
     assert out["jobs"] == 200
     assert 0 < out["rss_mib"] <= out["peak_mib"]
+
+
+@pytest.mark.e2e
+def test_priorities_small() -> None:
+    out = run_json("priorities", "--sites", "2", "--rate", "4", "--duration", "4",
+                   "--step-seconds", "0.2", "--low", "2", "--high-priority", "1")
+    assert len(out["low_waits"]) == 2 and out["high_jobs"] >= 12
+    assert all(wait >= 0 for wait in out["low_waits"])
+    assert out["low"]["max"] == max(out["low_waits"])
+    assert out["bound"] == pytest.approx(2 * 10 + out["high_waits"]["max"])
+    assert 0 <= out["low_done_during_stream"] <= 2

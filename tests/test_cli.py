@@ -428,3 +428,47 @@ def test_cleanup_deletions_replicate_to_every_site(jobdist: Jobdist, cluster: Lo
     for site in SITES:
         wait_for(lambda site=site: site_db(cluster, site).bulk_get(ids) == [],
                  timeout=10, what=f"deletions reach {site}")
+
+
+# --- progress -----------------------------------------------------------------------------
+
+
+def test_a_running_step_reports_progress_to_show_watch_and_wait(
+        jobdist: Jobdist, cluster: LocalCluster) -> None:
+    """A step prints `JOBDIST_PROGRESS 0.5 halfway` and sleeps: within a few seconds the
+    document holds it in the step, at every site, and `show` and `watch` print 50%;
+    `--wait`'s event lines and the finished step keep the last value."""
+    result = jobdist("submit", "--step", "echo JOBDIST_PROGRESS 0.5 halfway; sleep 6; "
+                     "echo 'JOBDIST_PROGRESS 1 done'", "--target", "reg_a")
+    assert result.exit_code == 0, result.output
+    job_id = result.stdout.strip()
+    started = time.monotonic()
+    for site in SITES:
+        doc = wait_for(lambda site=site: (d := merged_at(cluster, site, job_id))
+                       and d["job"][0].get("progress") and d, timeout=5,
+                       what=f"the progress at {site}")
+        report = doc["job"][0]["progress"]
+        assert (report["fraction"], report["message"]) == (0.5, "halfway")
+        assert doc["job"][0]["step_status"] == "running"
+    assert time.monotonic() - started < 5
+    shown = jobdist("show", job_id)
+    assert "progress step 0: 50% halfway" in shown.stdout
+    assert " running 50% " in next(line for line in shown.stdout.splitlines()
+                                   if line.lstrip().startswith("0 "))
+    watched = jobdist("watch", "--once")
+    assert "50% halfway" in next(line for line in watched.stdout.splitlines() if job_id in line)
+
+    waited = jobdist("submit", "--step", "printf 'JOBDIST_PROGRESS 0.25 a quarter\\n'; sleep 4",
+                     "--wait")
+    assert waited.exit_code == 0, waited.output
+    assert "step 0  progress  25% a quarter" in waited.stdout
+
+    doc = wait_until_ended(cluster, job_id)
+    assert doc["job_status"] == "success"
+    assert (doc["job"][0]["progress"]["fraction"], doc["job"][0]["progress"]["message"]) \
+        == (1, "done")  # printed just before the end: the finish carries it
+
+
+def wait_until_ended(cluster: LocalCluster, job_id: str) -> Doc:
+    return wait_for(lambda: (d := merged_at(cluster, "global", job_id))
+                    and d["job_status"] is not None and d, timeout=30, what="the job ends")

@@ -1137,3 +1137,59 @@ def test_a_revoked_site_is_named_so_that_the_creator_stops_assigning_to_it():
     plan = core.plan([doc], room_ctx(), pool())
     assert plan.action == "revoke"
     assert plan.before == (core.Revoke(KEY, "reg_a"),)
+
+
+# --- progress ---------------------------------------------------------------------------
+
+def report(fraction: float, message: str, seconds: float) -> Doc:
+    return {"fraction": fraction, "message": message, "at": at(seconds)}
+
+
+def test_renew_writes_new_progress_with_the_lease_and_nothing_twice():
+    doc = step(running(job(), "reg_a", epoch=1), lease_until=at(660))
+    now = Context("reg_a", NOW, lease=60)
+    plan = core.plan_renew([doc], now, KEY, 1, renew_below=45, report=report(0.4, "vol 3", 599))
+    assert plan.action == "renew"  # 60 s of lease left: written for the progress alone
+    assert plan.doc["job"][0]["progress"] == report(0.4, "vol 3", 599)
+    assert plan.doc["job"][0]["lease_until"] == at(660)  # renewed in the same revision
+    written = {**plan.doc, "_rev": "2-b"}
+    again = core.plan_renew([written], now, KEY, 1, renew_below=45,
+                            report=report(0.4, "vol 3", 599))
+    assert again.action == "none"  # nothing new: no write
+
+
+def test_a_stale_execution_never_writes_its_progress():
+    doc = step(running(job(), "reg_b", epoch=2), lease_until=at(620))
+    for site, epoch in (("reg_a", 1), ("reg_b", 1), ("reg_a", 2)):  # an old run, or not ours
+        plan = core.plan_renew([doc], Context(site, NOW), KEY, epoch,
+                               report=report(0.9, "still going", 599))
+        assert plan.action == "none", (site, epoch)
+
+
+def test_merge_keeps_the_newest_progress_of_the_current_execution_only():
+    older = step(running(job(rev="3-a"), "reg_a"), progress=report(0.2, "early", 20))
+    newer = step(running(job(rev="3-b"), "reg_a"), progress=report(0.6, "later", 40))
+    cancelled = {**copy.deepcopy(older), "_rev": "3-z", "job_status": "cancelled"}
+    # CouchDB's winner, the cancellation, carries the older report: the newer one stays.
+    assert core.merge([cancelled, newer])["job"][0]["progress"] == report(0.6, "later", 40)
+    assert core.merge([older, newer])["job"][0]["progress"] == report(0.6, "later", 40)
+    # A release in a new epoch fences off what the old run reported.
+    released = step(job(rev="4-a"), epoch=2)
+    assert core.merge([released, newer])["job"][0]["progress"] is None
+    # Another site's run in the same epoch number (across a partition) lends nothing.
+    elsewhere = step(running(job(rev="3-c"), "reg_b"), progress=None)
+    merged = core.merge([elsewhere, newer])
+    assert merged["job"][0]["winner"] == "reg_b" and merged["job"][0]["progress"] is None
+
+
+def test_release_and_start_clear_progress_and_a_finish_keeps_the_last_report():
+    doc = step(running(job(), "reg_a"), progress=report(0.5, "half", 20))
+    released = core.plan([doc], ctx("reg_a"), pool()).doc  # no execution here: released
+    assert released["job"][0]["progress"] is None
+    last = report(1.0, "done", 599)
+    plan = core.plan_finish([doc], ctx("reg_a"), pool(), KEY, 1, "reg_a/w1",
+                            Outcome(progress=last))
+    assert plan.doc["job"][0]["progress"] == last
+    assert plan.doc["job"][0]["step_status"] == "finished"
+    kept = core.plan_finish([doc], ctx("reg_a"), pool(), KEY, 1, "reg_a/w1", Outcome())
+    assert kept.doc["job"][0]["progress"] == report(0.5, "half", 20)  # nothing newer printed

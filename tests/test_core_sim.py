@@ -18,7 +18,13 @@ from hypothesis import strategies as st
 from jobdist import core
 from jobdist.model import is_live, new_job, new_step, normalise
 
-from .sim import Clock, Execution, SimSite, check_no_double_execution
+from .sim import (
+    Clock,
+    Execution,
+    SimSite,
+    check_no_double_execution,
+    check_progress_is_the_current_runs,
+)
 
 SITES = ("global", "reg_a", "reg_b")
 TARGETS = ("any", "global", "reg_a", "reg_b", ["reg_a", "reg_b"], ["global", "reg_b"])
@@ -125,6 +131,7 @@ def test_no_faults_each_step_runs_once_in_order_and_every_job_ends(jobs, workers
     for _ in range(data.draw(st.integers(0, 120))):
         random_event(data, sites, job_ids, clock, faults=False)
     settle(sites, job_ids, clock)
+    check_progress_is_the_current_runs((site.replica for site in sites), job_ids)
 
     check_no_double_execution(ledger)
     started = [e.key for e in ledger]
@@ -150,7 +157,9 @@ def test_restarts_never_give_two_executions_one_epoch_and_jobs_still_end(jobs, w
     sites, job_ids, clock, ledger = make_world(jobs, workers, lease=15.0)
     for _ in range(data.draw(st.integers(0, 150))):
         random_event(data, sites, job_ids, clock, faults=True)
+        check_progress_is_the_current_runs((site.replica for site in sites), job_ids)
     settle(sites, job_ids, clock)
+    check_progress_is_the_current_runs((site.replica for site in sites), job_ids)
 
     check_no_double_execution(ledger, per_site=True)
     states = merged_states(sites, job_ids)

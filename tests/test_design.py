@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import requests
 
+from jobdist.core import UNSTAMPED_BAND, claim_rank
 from jobdist.design import design_dir, load_design_docs
 from jobdist.model import normalise
 
@@ -106,6 +107,7 @@ def t(minute: int) -> str:
     return f"2026-11-22T00:{minute:02d}:00.000000Z"
 
 
+PROGRESS = {"fraction": 0.4, "message": "copying volume 3", "at": t(6)}
 DONE = step(claimed_by="beta", winner="beta", step_status="finished", epoch=1)
 JOBS = [
     # Open, for anyone.
@@ -117,7 +119,8 @@ JOBS = [
     job("c", "beta", t(4), [step(target="gamma", claimed_by="gamma")]),
     # Second step running at beta.
     job("d", "alpha", t(5), [DONE, step(claimed_by="beta", winner="beta", step_status="running",
-                                        executioner="beta/w1", start_time=t(6), epoch=1)],
+                                        executioner="beta/w1", start_time=t(6), epoch=1,
+                                        progress=PROGRESS)],
         step=1),
     job("e", "beta", t(7), [DONE], step=1, job_status="success"),
     job("f", "gamma", t(8), [DONE], job_status="failed"),
@@ -150,10 +153,11 @@ def test_live(jobs_db: str) -> None:
 
 
 def test_claimable_has_a_row_per_target_best_first(jobs_db: str) -> None:
+    # 2026-11-22T00:01:00Z is second 1795305660 of the epoch: band 179530566.
     assert rows(jobs_db, "claimable") == [
-        (["any", 0, t(1)], {"step": 0, "epoch": 0}, "a"),
-        (["beta", -5, t(2)], {"step": 0, "epoch": 2}, "b"),
-        (["gamma", -5, t(2)], {"step": 0, "epoch": 2}, "b"),
+        (["any", 179530566, t(1)], {"step": 0, "epoch": 0}, "a"),
+        (["beta", 179530572 - 5, t(2)], {"step": 0, "epoch": 2}, "b"),
+        (["gamma", 179530572 - 5, t(2)], {"step": 0, "epoch": 2}, "b"),
     ]
     for_gamma = rows(jobs_db, "claimable", startkey=["gamma"], endkey=["gamma", {}])
     assert [row[2] for row in for_gamma] == ["b"]
@@ -165,8 +169,8 @@ def test_claimed_unassigned(jobs_db: str) -> None:
 
 def test_stale_open_uses_the_later_of_update_and_keepalive(jobs_db: str) -> None:
     assert rows(jobs_db, "stale_open") == [
-        (["alpha", t(1)], {"priority": 0}, "a"),
-        (["alpha", t(9)], {"priority": 5}, "b"),
+        (["alpha", t(1)], {"priority": 0, "created_at": t(1)}, "a"),
+        (["alpha", t(9)], {"priority": 5, "created_at": t(2)}, "b"),
     ]
     stale = rows(jobs_db, "stale_open", startkey=["alpha"], endkey=["alpha", t(5)])
     assert [row[2] for row in stale] == ["a"]
@@ -182,7 +186,7 @@ def test_by_status_counts(jobs_db: str) -> None:
 
 def test_running(jobs_db: str) -> None:
     assert rows(jobs_db, "running") == [
-        (["beta", t(6)], {"step": 1, "executioner": "beta/w1"}, "d")
+        (["beta", t(6)], {"step": 1, "executioner": "beta/w1", "progress": PROGRESS}, "d")
     ]
 
 
@@ -239,10 +243,13 @@ HTTP_DOCS: list[Doc] = [{"_id": f"h{n}", **doc} for n, doc in enumerate([
 ])]
 
 
-def run_design_functions(docs: list[Doc]) -> Any:
+def run_design_functions(docs: list[Doc], only: str | None = None) -> Any:
+    """Every view and filter on `docs`, or the view `only` alone."""
     [design] = load_design_docs()
-    payload = {"maps": {name: view["map"] for name, view in design["views"].items()},
-               "filters": design["filters"], "docs": docs, "sites": ["alpha", "beta", "x"]}
+    maps = {name: view["map"] for name, view in design["views"].items()
+            if only in (None, name)}
+    payload = {"maps": maps, "filters": design["filters"] if only is None else {},
+               "docs": docs, "sites": ["alpha", "beta", "x"]}
     node = subprocess.run(["node", "-e", RUN_FUNCTIONS], input=json.dumps(payload), text=True,
                           capture_output=True)
     assert node.returncode == 0, node.stderr
@@ -254,6 +261,28 @@ def test_views_and_filters_read_a_missing_field_as_its_default() -> None:
     raw = run_design_functions(HTTP_DOCS)
     assert raw == run_design_functions([normalise(doc) for doc in HTTP_DOCS])
     assert "<undefined>" not in json.dumps(raw)
-    assert raw["claimable"][0] == [[["any", 0, ""], {"step": 0, "epoch": 0}]]
+    assert raw["claimable"][0] == [[["any", UNSTAMPED_BAND, ""], {"step": 0, "epoch": 0}]]
     assert raw["live"][:2] == [[[["alpha", ""], None]]] * 2
     assert raw["for_site"][1] == [True, True, True]  # the first step's target: "any"
+
+
+# --- the line order: the claimable view and core.claim_rank agree ----------------
+
+RANKED = [
+    (priority, created_at)
+    for priority in (0, 1, -3, 7, 2.0, 10**6, "high", True, None)
+    for created_at in ("2026-11-22T00:00:09.999999Z", "2026-11-22T00:00:10Z",
+                       "0042-02-28T23:59:59Z", "1969-12-31T23:59:55.5Z", "2026-11-22T00:00:00",
+                       None, 7)
+]
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="needs node")
+def test_claimable_ranks_like_the_core() -> None:
+    docs = [{"type": "job", "creator": "alpha", "job": [{"do": "make"}], "priority": priority,
+             "created_at": created_at} for priority, created_at in RANKED]
+    keys = [rows[0][0] for rows in run_design_functions(docs, "claimable")["claimable"]]
+    assert [key[1] for key in keys] == [claim_rank(p, c) for p, c in RANKED]
+    # Ten seconds of waiting are worth one priority level, from the creation second.
+    assert claim_rank(0, "2026-11-22T00:00:10Z") == claim_rank(1, "2026-11-22T00:00:20.5Z")
+    assert claim_rank(0, "2026-11-22T00:00:09.999999Z") < claim_rank(1, "2026-11-22T00:00:20Z")

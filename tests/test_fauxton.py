@@ -99,6 +99,9 @@ class FauxtonPage(HTMLParser):
             self.rows[self._row] += data
 
 
+PROGRESS = {"fraction": 0.5, "message": "halfway", "at": "2026-11-23T00:00:00Z"}
+
+
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalServer, dict[str, str]]]:
     server = LocalServer(free_port(), tmp_path_factory.mktemp("fauxton"), in_memory=True)
@@ -107,6 +110,9 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalServer
         db = Couch(server.url).ensure_database("jobs")
         db.sync_design_docs(load_design_docs())
         jobs = [new_job("global", [new_step(f"echo {n}")]) for n in range(3)]
+        jobs[2]["job"][0].update(  # running at reg_a, halfway
+            epoch=1, claimed_by="reg_a", winner="reg_a", step_status="running",
+            executioner="reg_a/w1", start_time=jobs[2]["created_at"], progress=PROGRESS)
         db.bulk_docs(jobs)
         yield server, {job["_id"]: job["created_at"] for job in jobs}
     finally:
@@ -135,6 +141,17 @@ def test_the_by_status_view_shows_its_rows(site: tuple[LocalServer, dict[str, st
         row = "".join(page.rows[job_id].split())
         assert f'"key":["live","{created_at}"]' in row, row  # the view's key: status, age
         assert f'"id":"{job_id}"' in row
+
+
+def test_the_running_view_shows_the_steps_progress(site: tuple[LocalServer, dict[str, str]],
+                                                   tmp_path: Path) -> None:
+    server, jobs = site
+    url = f"{server.url}/_utils/#database/jobs/_design/jobdist/_view/running"
+    page = FauxtonPage(dump_dom(url, tmp_path / "profile"))
+    [(job_id, text)] = page.rows.items()  # the one running step
+    row = "".join(text.split())
+    assert f'"key":["reg_a","{jobs[job_id]}"]' in row, row
+    assert '"progress":{"fraction":0.5,"message":"halfway"' in row, row
 
 
 def test_the_parser_reads_nested_rows() -> None:

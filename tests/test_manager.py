@@ -13,17 +13,19 @@ import random
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from jobdist import core
+from jobdist.clock import format_time
 from jobdist.config import CouchSettings, DaemonSettings, SiteConfig
 from jobdist.couch import Unavailable
 from jobdist.journal import Journal
 from jobdist.listener import Changed
-from jobdist.manager import Manager
+from jobdist.manager import PROGRESS_INTERVAL, Manager
 from jobdist.model import Doc, new_job, new_step
 from jobdist.store import Written
 
@@ -244,5 +246,65 @@ def test_a_creator_whose_own_booking_expires_assigns_the_waiting_claim(tmp_path:
         step = store.replica.winner(job["_id"])["job"][0]
         assert (step["winner"], step["epoch"]) == ("reg_a", 1)
         assert not manager.pool.bookings()
+    finally:
+        manager.pool.shutdown(1.0)
+
+
+def test_a_free_worker_takes_open_steps_in_line_order_where_waiting_counts(
+        tmp_path: Path) -> None:
+    """core.claim_rank: ten seconds of waiting are worth one priority level. A job of
+    priority 0 that waited 30 s goes before a new one of priority 1 (pure priority
+    would starve it), and one that waited 40 s after a new one of priority 5."""
+    store = SimStore(Replica(), "global")
+    manager = creator_alone(tmp_path, store)
+    now = datetime.now(UTC)
+    # Ages in whole tens of seconds: the ranks differ by exact levels, whatever the clock.
+    ages_and_priorities = {"old-low": (30, 0), "new-high": (0, 1), "new-urgent": (0, 5),
+                           "older-low": (40, 0)}
+    try:
+        jobs = {name: new_job("global", [new_step("true")], priority=priority,
+                              created_at=format_time(now - timedelta(seconds=age)))
+                for name, (age, priority) in ages_and_priorities.items()}
+        assert all(store.write(list(jobs.values())))
+        wait_for(lambda: manager.serve_once(timeout=0.05) or all(
+            store.replica.winner(job["_id"])["job_status"] == "success"
+            for job in jobs.values()), timeout=20, what="every job ended")
+        start_of = {name: store.replica.winner(job["_id"])["job"][0]["start_time"]
+                    for name, job in jobs.items()}
+        assert sorted(start_of, key=start_of.__getitem__) == [
+            "new-urgent", "older-low", "old-low", "new-high"]
+    finally:
+        manager.pool.shutdown(1.0)
+
+
+def test_progress_is_written_within_seconds_at_most_once_per_interval_never_per_line(
+        tmp_path: Path) -> None:
+    """A step prints a progress line every 10 ms for 4 s: the document shows progress
+    within a few seconds, the site writes it at most once every PROGRESS_INTERVAL
+    (the lease renewed in the same revision), and the finish keeps the last value."""
+    store = SimStore(Replica(), "global")
+    manager = creator_alone(tmp_path, store)  # a heartbeat every 15 s: none due here
+    command = ("for i in $(seq 100 499); do echo \"JOBDIST_PROGRESS 0.$i line $i\"; "
+               "sleep 0.01; done")
+    try:
+        job = new_job("global", [new_step(command)])
+        assert all(store.write([job]))
+        began = time.monotonic()
+
+        def step() -> Doc:
+            manager.serve_once(timeout=0.05)
+            return store.replica.winner(job["_id"])["job"][0]
+
+        wait_for(lambda: step()["progress"], timeout=3, what="the first progress")
+        assert time.monotonic() - began < 3
+        wait_for(lambda: step()["step_status"] == "finished", timeout=30, what="the end")
+        took = time.monotonic() - began
+        final = store.replica.winner(job["_id"])
+        revisions = int(final["_rev"].split("-")[0])
+        # The submission, the start, the finish, and the progress writes: the first at
+        # once, then one per interval at most (400 lines printed).
+        assert 4 <= revisions <= 3 + 1 + took / PROGRESS_INTERVAL, (revisions, took)
+        last = final["job"][0]["progress"]
+        assert (last["fraction"], last["message"]) == (0.499, "line 499")
     finally:
         manager.pool.shutdown(1.0)

@@ -62,6 +62,7 @@ def step(**fields: Any) -> Doc:
         "attempts": 0,
         "exit_code": None,
         "output": None,
+        "progress": None,
         **fields,
     }
 
@@ -107,6 +108,7 @@ def finished_job() -> Doc:
         claimed_by="site-b", winner="site-b", executioner="site-b/w1", step_status="finished",
         exec_time=1.5, start_time=T0, finish_time=T1, attempts=1, exit_code=0, epoch=1,
         output={"stdout": "hi\n", "stderr": ""},
+        progress={"fraction": 1, "message": "copied volume 3", "at": T1},
     )
     return job(step=1, job_status="success", job=[done], keepalive_at=T1)
 
@@ -227,6 +229,14 @@ CASES: list[tuple[str, tuple[str | int, ...], Any, str]] = [
     ("output-missing", ("job", 0, "output"), {"stdout": ""}, "job[0].output.stderr: is missing"),
     ("output-long", ("job", 0, "output"), {"stdout": "x" * 4097, "stderr": ""},
      "job[0].output.stdout: must be at most 4096 characters long"),
+    ("progress", ("job", 0, "progress"), 0.4,
+     "job[0].progress: must be null or an object {fraction, message, at}"),
+    ("progress-fraction", ("job", 0, "progress"), {"fraction": 1.5, "message": "", "at": T0},
+     "job[0].progress.fraction: must be a number between 0 and 1"),
+    ("progress-message", ("job", 0, "progress"), {"fraction": 0, "message": "x" * 201, "at": T0},
+     "job[0].progress.message: must be at most 200 characters long"),
+    ("progress-at", ("job", 0, "progress"), {"fraction": 0.5, "message": "half"},
+     "job[0].progress.at: is missing"),
     ("step-unknown", ("job", 0, "command"), "ls", "job[0].command: unknown field"),
     ("history", ("history",), {}, "history: must be a list"),
     ("history-item", ("history", 0), "created", "history[0]: must be an object"),
@@ -473,6 +483,9 @@ CORPUS: list[tuple[str, Callable[[], Doc]]] = [
                         {"sleep_factor": 0.5, "max_time": 0, "sleep": "1", "extra": None})),
     ("retry-not-object", variant(job(), ("job", 0, "retry_strategy"), "3 times")),
     ("output-huge", variant(job(), ("job", 0, "output"), {"stdout": "x" * 5000, "stderr": 1})),
+    ("progress-bad", variant(job(), ("job", 0, "progress"),
+                             {"fraction": -0.1, "message": 3, "at": "now", "eta": 5})),
+    ("progress-text", variant(job(), ("job", 0, "progress"), "40%")),
     ("step-unknown-fields", variant(job(), ("job", 0), step(command="ls", **{"2": 0, "Z": 1}))),
     ("runtime-bad", variant(job(), ("job", 0), step(
         epoch=-1, claimed_by="X", winner=True, step_status="paused", attempts=1.5,

@@ -491,3 +491,96 @@ def test_snapshot_shape(
     assert running["seconds"] >= 0
     (tmp_path / "go").touch()
     done.wait_for(1)
+
+
+# --- progress reports ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("line", "expected"), [
+    ("JOBDIST_PROGRESS 0.4 copying volume 3", (0.4, "copying volume 3")),
+    ("  JOBDIST_PROGRESS 1\r", (1.0, "")),
+    ("JOBDIST_PROGRESS 0   spaced   out  ", (0.0, "spaced   out")),
+    ("JOBDIST_PROGRESS 1.5 too far", None),
+    ("JOBDIST_PROGRESS -0.1 below", None),
+    ("JOBDIST_PROGRESS nan what", None),
+    ("JOBDIST_PROGRESS 40% percent", None),
+    ("JOBDIST_PROGRESSED 0.4 another word", None),
+    ("echo JOBDIST_PROGRESS 0.4", None),
+])
+def test_parse_progress(line: str, expected: tuple[float, str] | None) -> None:
+    parsed = workers.parse_progress(line)
+    if expected is None:
+        assert parsed is None
+    else:
+        assert parsed is not None and (parsed["fraction"], parsed["message"]) == expected
+        assert ISO_UTC.match(parsed["at"])
+
+
+def test_a_long_message_is_cut_to_what_the_document_allows() -> None:
+    parsed = workers.parse_progress("JOBDIST_PROGRESS 0.5 " + "\U0001f600" * 150)
+    assert parsed is not None and parsed["message"] == "\U0001f600" * 100  # 200 UTF-16 units
+
+
+def test_reports_are_found_however_the_output_is_cut_into_chunks() -> None:
+    reports: list[dict[str, Any]] = []
+    scanner = workers._ProgressScanner(reports.append)
+    stream = (b"noise\nJOBDIST_PROGRESS 0.1 one\n" + b"x" * 5000 + b" JOBDIST_PROGRESS 0.2 in a"
+              b" long line\nJOBDIST_PROGRESS 0.3 three\nJOBDIST_PROGRESS 0.4 at EOF")
+    for size in (1, 7, 4096):
+        reports.clear()
+        for start in range(0, len(stream), size):
+            scanner.feed(stream[start:start + size])
+        scanner.end()
+        assert [(r["fraction"], r["message"]) for r in reports] == [
+            (0.1, "one"), (0.3, "three"), (0.4, "at EOF")], size
+
+
+def test_a_step_reports_progress_as_it_runs_and_its_result_keeps_the_last(tmp_path: Path) -> None:
+    gate = tmp_path / "go"
+    seen: list[dict[str, Any]] = []
+    command = (f"echo 'JOBDIST_PROGRESS 0.5 halfway'; while [ ! -f {gate} ]; do sleep 0.02; "
+               "done; printf 'JOBDIST_PROGRESS 0.75 nearly'; echo ' there'")
+    thread = threading.Thread(target=lambda: seen.append(
+        {"result": run_step(make_step(command), JOB_ENV, on_progress=seen.append)}))
+    thread.start()
+    assert wait_until(lambda: len(seen) == 1)  # reported while the command still runs
+    assert (seen[0]["fraction"], seen[0]["message"]) == (0.5, "halfway")
+    gate.touch()
+    thread.join(10)
+    result = seen[-1]["result"]
+    assert result.ok and result.progress == seen[-2]
+    assert (result.progress["fraction"], result.progress["message"]) == (0.75, "nearly there")
+    assert "JOBDIST_PROGRESS 0.5 halfway" in result.stdout  # the lines stay in the output
+
+
+def test_the_pool_holds_each_running_steps_latest_report(
+        make_pool: Callable[[int], WorkerPool], done: DoneLog, tmp_path: Path) -> None:
+    pool = make_pool(1)
+    pool.start(K1, 1, make_step(f"echo JOBDIST_PROGRESS 0.2 early; "
+                                f"while [ ! -f {tmp_path / 'go'} ]; do sleep 0.02; done"),
+               JOB_ENV)
+    assert pool.progress_of(K2) is None
+    assert wait_until(lambda: pool.progress_of(K1) is not None)
+    assert pool.progress_of(K1)["message"] == "early"  # type: ignore[index]
+    (tmp_path / "go").touch()
+    done.wait_for(1)
+    assert pool.progress_of(K1) is None  # not running any more
+    assert done.calls[0][1].progress["fraction"] == 0.2
+
+
+def test_a_step_may_write_its_progress_to_the_file_the_pool_names(
+        make_pool: Callable[[int], WorkerPool], done: DoneLog, tmp_path: Path) -> None:
+    pool = make_pool(1)
+    gate = tmp_path / "go"
+    pool.start(K1, 1, make_step(
+        'echo "$JOBDIST_PROGRESS_FILE"; echo "0.3 from the file" > "$JOBDIST_PROGRESS_FILE"; '
+        f"while [ ! -f {gate} ]; do sleep 0.02; done; "
+        'echo "JOBDIST_PROGRESS 0.9 last" >> "$JOBDIST_PROGRESS_FILE"'), JOB_ENV)
+    assert wait_until(lambda: pool.progress_of(K1) is not None)
+    report = pool.progress_of(K1)
+    assert report is not None and (report["fraction"], report["message"]) == (0.3, "from the file")
+    gate.touch()
+    done.wait_for(1)
+    result = done.calls[0][1]
+    assert (result.progress["fraction"], result.progress["message"]) == (0.9, "last")
+    assert not Path(result.stdout.strip()).exists()  # the daemon removes the file after the step

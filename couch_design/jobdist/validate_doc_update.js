@@ -10,6 +10,7 @@ function (newDoc, oldDoc, userCtx, secObj) {
   var MAX_STEPS = 1000;
   var MAX_DO_LENGTH = 65536;
   var MAX_STREAM_LENGTH = 4096;
+  var MAX_PROGRESS_MESSAGE = 200;  // characters of a step's progress message
   var MAX_ID_LENGTH = 256;
   // Counts stay far below 2**53: past it, JavaScript cannot add 1 and epochs stop growing.
   var MAX_COUNT = 1000000000;
@@ -64,7 +65,7 @@ function (newDoc, oldDoc, userCtx, secObj) {
     "target": "any", "alt_do": null, "timeout": null, "retry_strategy": {}, "epoch": 0,
     "claimed_by": null, "winner": null, "executioner": null, "step_status": null,
     "exec_time": null, "start_time": null, "finish_time": null, "lease_until": null,
-    "attempts": 0, "exit_code": null, "output": null
+    "attempts": 0, "exit_code": null, "output": null, "progress": null
   };
   var RETRY_DEFAULTS = {
     "max_retries": 0, "max_time": null, "sleep": null, "sleep_factor": null, "sleep_max": null
@@ -343,6 +344,13 @@ function (newDoc, oldDoc, userCtx, secObj) {
     field("stderr", text(MAX_STREAM_LENGTH, false, false))
   ];
 
+  var PROGRESS_FIELDS = [
+    field("fraction", simple(function (value) { return isNumber(value) && value >= 0 && value <= 1; },
+                             "must be a number between 0 and 1")),
+    field("message", text(MAX_PROGRESS_MESSAGE, false, false)),
+    field("at", TIME)
+  ];
+
   // Submitter fields first, then the runtime fields. Only `do` has no default.
   var STEP_FIELDS = [
     field("target", checkTarget),
@@ -363,7 +371,10 @@ function (newDoc, oldDoc, userCtx, secObj) {
     field("attempts", COUNT),
     field("exit_code", simple(nullable(isInteger), "must be null or an integer")),
     field("output",
-          objectOf(OUTPUT_FIELDS, "must be null or an object {stdout, stderr}", null, true))
+          objectOf(OUTPUT_FIELDS, "must be null or an object {stdout, stderr}", null, true)),
+    field("progress",
+          objectOf(PROGRESS_FIELDS, "must be null or an object {fraction, message, at}", null,
+                   true))
   ];
   var STEP = objectOf(STEP_FIELDS, "must be an object", STEP_DEFAULTS, false);
 

@@ -27,6 +27,7 @@ from jobdist.render import (
     job_header,
     list_row,
     make_console,
+    progress_events,
     progress_view,
     step_state,
     step_where,
@@ -143,11 +144,12 @@ def follow_job(db: Database, site: SiteConfig, job_id: str, interval: float = 0.
                     live.update(progress_view(doc))
         else:
             while True:
-                for entry in doc.get("history", []):
-                    key = json.dumps(entry, sort_keys=True)
+                lines = [(json.dumps(entry, sort_keys=True), event_line(entry))
+                         for entry in doc.get("history", [])]
+                for key, line in [*lines, *((line, line) for line in progress_events(doc))]:
                     if key not in seen:
                         seen.add(key)
-                        click.echo(event_line(entry))
+                        click.echo(line)
                 if doc["job_status"] is not None:
                     break
                 time.sleep(interval)

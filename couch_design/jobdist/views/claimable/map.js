@@ -15,8 +15,22 @@ function (doc) {
   var target = step.target == null ? "any" : step.target;
   var targets = Array.isArray(target) ? target : [target];
   var value = {step: index, epoch: step.epoch || 0};
-  // `|| 0` turns -0 into 0 for priority 0.
-  var rank = -(doc.priority == null ? 0 : doc.priority) || 0;
+  // The rank: floor(creation second / 10) - priority, lower first; waiting 10 s
+  // is worth one priority level (core.claim_rank, docs/protocol.md: the same
+  // arithmetic, so every site orders alike). No creation time yet: last.
+  var priority = typeof doc.priority === "number" && Math.floor(doc.priority) === doc.priority
+    ? doc.priority : 0;
+  var parts = typeof doc.created_at === "string" &&
+    /^(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})(\.\d+)?Z$/.exec(doc.created_at);
+  var band = 9007199254740991;
+  if (parts) {
+    var moment = new Date(0);  // setUTCFullYear, not Date.UTC: years below 100 stay as written
+    moment.setUTCFullYear(+parts[1], +parts[2] - 1, +parts[3]);
+    moment.setUTCHours(+parts[4], +parts[5], +parts[6]);
+    band = Math.floor(moment.getTime() / 10000);
+  }
+  // `|| 0` turns -0 into 0.
+  var rank = (band - priority) || 0;
   targets.forEach(function (site) {
     emit([site, rank, doc.created_at || ""], value);
   });

@@ -10,6 +10,8 @@ function (doc) {
   if (step.step_status === "running") {
     var started = step.start_time == null ? null : step.start_time;
     var executioner = step.executioner == null ? null : step.executioner;
-    emit([step.winner, started], {step: index, executioner: executioner});
+    // The command's last progress report ({fraction, message, at}), or null.
+    var progress = step.progress == null ? null : step.progress;
+    emit([step.winner, started], {step: index, executioner: executioner, progress: progress});
   }
 }

@@ -17,5 +17,7 @@ function (doc) {
   if (typeof doc.keepalive_at === "string" && doc.keepalive_at > touched) {
     touched = doc.keepalive_at;
   }
-  emit([doc.creator, touched], {priority: doc.priority == null ? 0 : doc.priority});
+  // Priority and creation time: readers order rows by core.claim_rank.
+  emit([doc.creator, touched], {priority: doc.priority == null ? 0 : doc.priority,
+                                created_at: doc.created_at == null ? null : doc.created_at});
 }
