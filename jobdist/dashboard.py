@@ -116,27 +116,8 @@ def running_by_site(rows: list[Doc]) -> dict[str, list[Doc]]:
         found.setdefault(str(row["key"][0]), []).append({
             "job": row["id"], "step": index, "worker": value.get("executioner"),
             "since": render.short_time(row["key"][1]), "command": step.get("do"),
-            "progress": step.get("progress")})
+            "progress": render.progress_text(step)})
     return found
-
-
-def progress_text(value: Any) -> str:
-    """A step's `progress` as one short text: a fraction (0..1) as a percentage, an
-    object by its percent/done/total/message fields, anything else as it is."""
-    if value is None:
-        return "-"
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return f"{value:.0%}" if 0 <= value <= 1 else f"{value:g}"
-    if isinstance(value, dict):
-        parts = []
-        if isinstance(value.get("percent"), int | float):
-            parts.append(f"{value['percent']:g}%")
-        if value.get("done") is not None and value.get("total") is not None:
-            parts.append(f"{value['done']}/{value['total']}")
-        if value.get("message"):
-            parts.append(str(value["message"]))
-        return " ".join(parts) or json.dumps(value)[:80]
-    return str(value)[:80]
 
 
 def step_rows(doc: Doc) -> list[Doc]:
@@ -151,7 +132,7 @@ def step_rows(doc: Doc) -> list[Doc]:
             "started": render.short_time(step.get("start_time")),
             "finished": render.short_time(step.get("finish_time")),
             "took": None if took is None else f"{took:.1f}s", "command": step.get("do"),
-            "alt_do": step.get("alt_do"), "progress": step.get("progress"),
+            "alt_do": step.get("alt_do"), "progress": render.progress_text(step),
             "stdout": output.get("stdout") if isinstance(output, dict) else None,
             "stderr": output.get("stderr") if isinstance(output, dict) else None,
         })
@@ -207,7 +188,7 @@ class Dashboard:
                                      autoescape=select_autoescape(default=True),
                                      trim_blocks=True, lstrip_blocks=True)
         self.templates.filters.update(dash=lambda value: "-" if value in (None, "") else value,
-                                      shorttime=render.short_time, progress=progress_text)
+                                      shorttime=render.short_time)
 
     # -- routing --
 

@@ -87,6 +87,16 @@ def test_the_overview_shows_the_site_its_workers_and_running_steps(site: Running
         post(site, f"/jobs/{job_id}/cancel")
 
 
+def test_a_running_steps_progress_is_shown(site: Running) -> None:
+    job_id = submit(site, "echo 'JOBDIST_PROGRESS 0.4 copying volume 3'; sleep 30")
+    try:
+        wait_for(lambda: "40% copying volume 3" in get(site, "/").text, timeout=30,
+                 what="the progress on the overview")
+        assert "40% copying volume 3" in get(site, f"/jobs/{job_id}").text
+    finally:
+        post(site, f"/jobs/{job_id}/cancel")
+
+
 def test_with_the_token_a_fragment_offers_actions(site: Running) -> None:
     resp = get(site, "/?fragment=1", token=TOKEN)
     assert resp.status_code == 200
@@ -243,15 +253,6 @@ def test_no_token_configured_offers_no_actions_and_refuses_writes(site: Running)
     # Stopping the endpoint ends its event streams: no thread is left waiting.
     wait_for(lambda: hub.clients == 0, timeout=5, what="the stream ended")
     assert b"connected" in b"".join(stream.iter_content(chunk_size=None))
-
-
-def test_progress_text() -> None:
-    assert dashboard.progress_text(None) == "-"
-    assert dashboard.progress_text(0.25) == "25%"
-    assert dashboard.progress_text(40) == "40"
-    assert dashboard.progress_text({"done": 3, "total": 10, "message": "copying"}) == \
-        "3/10 copying"
-    assert dashboard.progress_text({"percent": 12.5}) == "12.5%"
 
 
 def test_a_subscription_keeps_ids_until_too_many() -> None:
