@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 from urllib.parse import parse_qsl, urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -40,13 +40,11 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from .client import site_database
-from .config import ConfigError
-from .couch import Couch, CouchError
+from .config import ConfigError, SiteConfig
+from .couch import Couch, CouchError, Database
 from .dashboard import Dashboard, Refused, Reply, same_origin
+from .hub import ChangeHub
 from .listener import feed_lag
-
-if TYPE_CHECKING:
-    from .daemon import Daemon
 
 log = logging.getLogger("jobdist.admin")
 
@@ -92,83 +90,77 @@ def resident_memory_bytes(status_file: Path = Path("/proc/self/status")) -> int 
     return None
 
 
-def site_status(daemon: Daemon) -> dict[str, Any]:
-    """The document GET /status answers: no configuration, so never a credential."""
-    manager = daemon.manager
-    workers = manager.pool.snapshot()
-    running = workers.pop("running")
-    return {
-        "site": manager.site,
-        "workers": workers,
-        "draining": manager.draining,
-        "running": running,
-        "feed": {
-            "seq": daemon.feed_position,  # opaque: an int or a CouchDB sequence string
-            "received": daemon.listener.since,
-            "queued": manager.inbox.qsize(),
-        },
-        "journal": manager.journal_status(),
-        "keepalive_period": daemon.keepalive.period,
-        "uptime_seconds": round(daemon.uptime, 3),
-        "memory_bytes": resident_memory_bytes(),
-        "counts": dict(manager.counts),  # one C-level copy: safe beside the manager thread
-    }
+class Site(Protocol):
+    """What the admin endpoint needs of a daemon (jobdist/daemon.py's Daemon)."""
+
+    config: SiteConfig
+    db: Database
+    changes: ChangeHub
+
+    @property
+    def known_sites(self) -> frozenset[str]: ...
+
+    def status(self) -> dict[str, Any]: ...
+
+    def resize_workers(self, size: int) -> dict[str, int]: ...
+
+    def set_keepalive_period(self, period: float) -> float: ...
 
 
 class SiteCollector(Collector):
     """Prometheus metrics read from the daemon's live state at each scrape."""
 
-    def __init__(self, daemon: Daemon, couch: Couch) -> None:
+    def __init__(self, daemon: Site, couch: Couch) -> None:
         self.daemon = daemon
         self.couch = couch  # short timeout, no retries: a scrape must stay quick
 
     def collect(self) -> Iterator[Metric]:
-        daemon, site = self.daemon, self.daemon.config.name
-        counts = dict(daemon.manager.counts)
+        site = self.daemon.config.name
+        status = self.daemon.status()
+        counts = status["counts"]
         for name, key, doc in COUNTERS:
             yield _counter(f"jobdist_{name}", doc, site, counts.get(key, 0))
         yield _counter("jobdist_keepalive_resaves", "Jobs the keep-alive re-saved.", site,
-                       daemon.keepalive.resaved)
+                       status["keepalive_resaves"])
         yield _counter("jobdist_feed_reconnects", "Times the changes feed was reconnected.",
-                       site, daemon.listener.reconnects)
+                       site, status["feed"]["reconnects"])
         actions = CounterMetricFamily("jobdist_decisions", "Decisions carried out, by action.",
                                       labels=["site", "action"])
         for key, value in sorted(counts.items()):
             if key.startswith("action_"):
                 actions.add_metric([site, key.removeprefix("action_")], value)
         yield actions
-        yield from self._workers(site)
-        yield from self._feed(site)
-        journal = daemon.manager.journal_status()
+        yield from self._workers(site, status["workers"])
+        yield from self._feed(site, status["feed"])
+        journal = status["journal"]
         yield _gauge("jobdist_results_held", "Step results waiting in the journal for CouchDB.",
                      site, journal["held"])
         yield _gauge("jobdist_results_held_oldest_seconds", "Age of the oldest held result "
                      "(0 when none).", site, journal["oldest_seconds"] or 0)
         yield _gauge("jobdist_keepalive_period_seconds", "Seconds between keep-alive passes.",
-                     site, daemon.keepalive.period)
+                     site, status["keepalive_period"])
         yield _gauge("jobdist_uptime_seconds", "Seconds since the daemon started.", site,
-                     daemon.uptime)
+                     status["uptime_seconds"])
 
-    def _workers(self, site: str) -> Iterator[Metric]:
-        snapshot = self.daemon.manager.pool.snapshot()
+    def _workers(self, site: str, workers: dict[str, int]) -> Iterator[Metric]:
         by_state = GaugeMetricFamily("jobdist_workers", "Worker slots by state.",
                                      labels=["site", "state"])
         for state in ("free", "booked", "busy"):
-            by_state.add_metric([site, state], snapshot[state])
+            by_state.add_metric([site, state], workers[state])
         yield by_state
         yield _gauge("jobdist_workers_size", "Worker slots the pool should have.", site,
-                     snapshot["size"])
+                     workers["size"])
 
-    def _feed(self, site: str) -> Iterator[Metric]:
+    def _feed(self, site: str, feed: dict[str, Any]) -> Iterator[Metric]:
         yield _gauge("jobdist_feed_queued", "Changes received but not yet decided on.", site,
-                     self.daemon.manager.inbox.qsize())
+                     feed["queued"])
         try:
             update_seq = self.couch.database(self.daemon.db.name).last_seq()
         except CouchError:
             update_seq = None
         yield _gauge("jobdist_couch_up", "1 when the site's CouchDB answered this scrape.",
                      site, 0 if update_seq is None else 1)
-        lag = feed_lag(update_seq, self.daemon.listener.since)
+        lag = feed_lag(update_seq, feed["received"])
         if lag is not None:
             yield _gauge("jobdist_feed_lag", "Changes in the database the feed has not "
                          "delivered yet (approximate on clustered CouchDB).", site, lag)
@@ -322,7 +314,7 @@ def _json(value: Any) -> bytes:
 class AdminServer:
     """One daemon's admin endpoint; `start` binds (port 0: any free port), `stop` closes."""
 
-    def __init__(self, daemon: Daemon, host: str = "127.0.0.1", port: int = 0,
+    def __init__(self, daemon: Site, host: str = "127.0.0.1", port: int = 0,
                  token: str | None = None) -> None:
         self.daemon = daemon
         self.site = daemon.config.name
@@ -337,7 +329,7 @@ class AdminServer:
         ProcessCollector(registry=self.registry)  # process_resident_memory_bytes, CPU, fds
         self.dashboard = Dashboard(daemon.config.name, daemon.known_sites, daemon.changes,
                                    site_database(config, quick=True),
-                                   lambda: site_status(daemon))
+                                   daemon.status)
         self._http: _HttpServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -382,7 +374,7 @@ class AdminServer:
 
     def get(self, path: str, query: dict[str, str], headers: Any) -> Reply:
         if path == "/status":
-            return Reply("application/json", _json(site_status(self.daemon)))
+            return Reply("application/json", _json(self.daemon.status()))
         if path == "/metrics":
             return Reply(CONTENT_TYPE_LATEST, generate_latest(self.registry))
         if self.dashboard.handles(path):
@@ -428,18 +420,12 @@ class AdminServer:
             raise RequestError(HTTPStatus.FORBIDDEN, "wrong token")
 
     def resize_workers(self, size: int) -> dict[str, Any]:
-        pool = self.daemon.manager.pool
-        before = pool.snapshot()["size"]
-        pool.resize(size)
-        self.daemon.manager.wake.set()  # new free slots: let the manager look for work now
-        log.info("admin resized workers site=%s size=%d->%d", self.site, before, size)
-        workers = pool.snapshot()
-        workers.pop("running")
+        workers = self.daemon.resize_workers(size)
+        log.info("admin resized workers site=%s size=%d", self.site, workers["size"])
         return {"workers": workers}
 
     def set_keepalive_period(self, period: float) -> dict[str, Any]:
-        before = self.daemon.keepalive.period
-        self.daemon.keepalive.period = period  # read by the keep-alive thread each pass
+        before = self.daemon.set_keepalive_period(period)
         log.info("admin changed keep-alive period site=%s period=%.3gs->%.3gs",
                  self.site, before, period)
         return {"keepalive_period": period}

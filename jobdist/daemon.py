@@ -15,8 +15,9 @@ import time
 from dataclasses import replace
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
-from .admin import AdminServer
+from .admin import AdminServer, resident_memory_bytes
 from .config import SiteConfig
 from .couch import Database, Forbidden
 from .hub import ChangeHub
@@ -84,6 +85,46 @@ class Daemon:
     def feed_position(self) -> object:
         """The last change the manager decided on: opaque (int or CouchDB sequence)."""
         return self.manager.seq
+
+    def status(self) -> dict[str, Any]:
+        """What the admin endpoint shows of this site (GET /status, the metrics, the
+        dashboard): read from the parts' thread-safe state, never a setting, so never
+        a credential."""
+        manager = self.manager
+        workers = manager.pool.snapshot()
+        running = workers.pop("running")
+        return {
+            "site": self.config.name,
+            "workers": workers,
+            "draining": manager.draining,
+            "running": running,
+            "feed": {
+                "seq": self.feed_position,  # opaque: an int or a CouchDB sequence string
+                "received": self.listener.since,
+                "queued": manager.inbox.qsize(),
+                "reconnects": self.listener.reconnects,
+            },
+            "journal": manager.journal_status(),
+            "keepalive_period": self.keepalive.period,
+            "keepalive_resaves": self.keepalive.resaved,
+            "uptime_seconds": round(self.uptime, 3),
+            "memory_bytes": resident_memory_bytes(),
+            "counts": dict(manager.counts),  # one C-level copy: safe beside the manager thread
+        }
+
+    def resize_workers(self, size: int) -> dict[str, int]:
+        """Resize the pool (running steps are never killed); its sizes after."""
+        self.manager.pool.resize(size)
+        self.manager.wake.set()  # new free slots: let the manager look for work now
+        workers = self.manager.pool.snapshot()
+        workers.pop("running")
+        return workers
+
+    def set_keepalive_period(self, period: float) -> float:
+        """Change the keep-alive period from its next pass; the period before."""
+        before = self.keepalive.period
+        self.keepalive.period = period  # read by the keep-alive thread each pass
+        return before
 
     def run(self, ready_file: Path | None = None) -> int:
         self._install_signal_handlers()
