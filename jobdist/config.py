@@ -33,6 +33,10 @@
                                        # DIR/SITE (default: .jobdist/SITE/journal, from
                                        # the working directory; the start-up log says where)
 
+    [succession]                       # optional: automatic creator succession
+    successors = { global = ["reg_a", "reg_b"] }   # per creator, in order (default: none)
+    creator_timeout = 120.0            # a creator silent this long (our clock) is succeeded
+
     [retention]                        # optional: the daemon removes its own old jobs
     older_than = "30d"                 # finished jobs last updated longer ago (90m, 12h, 30d)
     interval = 3600.0                  # seconds between passes
@@ -75,6 +79,7 @@ from .errors import JobdistError
 from .names import nearest_name
 
 SITE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
+CREATOR_TIMEOUT = 120.0  # seconds of a creator's silence before its successor takes over
 SHELL_OPERATORS = re.compile(r"[;&|$`<>()\n\r]")
 
 # Every key a site config may hold, by section ("": the top level, besides the
@@ -88,6 +93,7 @@ SETTINGS: dict[str, tuple[str, ...]] = {
     "keepalive": ("period", "stale_after"),
     "daemon": ("booking_timeout", "shutdown_grace", "lease", "heartbeat", "clock_skew_margin",
                "journal"),
+    "succession": ("successors", "creator_timeout"),
     "retention": ("older_than", "interval", "export"),
     "admin": ("port", "host", "token"),
 }
@@ -167,6 +173,10 @@ class SiteConfig:
     heartbeat: float = 15.0
     clock_skew_margin: float = 10.0
     journal: Path | None = None
+    # Per creator, the sites that take its live jobs over, in order, once it has
+    # been silent for creator_timeout (docs/protocol.md, "Automatic succession").
+    successors: Mapping[str, tuple[str, ...]] = field(default_factory=dict, hash=False)
+    creator_timeout: float = CREATOR_TIMEOUT
     retention_older_than: str | None = None
     retention_interval: float = 3600.0
     retention_export: Path | None = None
@@ -240,6 +250,11 @@ def load_sites(directory: Path | str) -> dict[str, SiteConfig]:
         unknown = sorted(set(site.peers) - set(sites))
         if unknown:
             raise ConfigError(f"{site.path}: unknown peers {', '.join(unknown)}")
+        named = {name for creator, line in site.successors.items() for name in (creator, *line)}
+        unknown = sorted(named - set(sites))
+        if unknown:
+            raise ConfigError(f"{site.path}: succession.successors names unknown sites "
+                              f"{', '.join(unknown)}")
     return sites
 
 
@@ -287,6 +302,7 @@ def _site_from(raw: Section, path: Path) -> SiteConfig:
     replication = _section(raw, "replication")
     retention = _section(raw, "retention")
     commands = _section(raw, "commands")
+    succession = _section(raw, "succession")
     if "older_than" in retention:
         from .retention import RetentionError, parse_duration
 
@@ -327,6 +343,8 @@ def _site_from(raw: Section, path: Path) -> SiteConfig:
         heartbeat=float(daemon.get("heartbeat", 15.0)),
         clock_skew_margin=float(daemon.get("clock_skew_margin", 10.0)),
         journal=_path_setting(daemon, "journal", path),
+        successors=_successors(succession),
+        creator_timeout=_creator_timeout(succession),
         retention_older_than=(str(retention["older_than"]) if "older_than" in retention
                               else None),
         retention_interval=float(retention.get("interval", 3600.0)),
@@ -401,6 +419,32 @@ def _allow_list(commands: Mapping[str, Any]) -> tuple[re.Pattern[str], ...] | No
         except re.error as error:
             raise ValueError(f"commands.allow: bad pattern {pattern!r}: {error}") from None
     return tuple(compiled)
+
+
+def _successors(succession: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
+    """`{creator = [site, ...]}`: site names, none twice in a line, never the creator."""
+    table = succession.get("successors", {})
+    if not isinstance(table, dict):
+        raise ValueError("succession.successors must be a table of creator = [sites]")
+    lines = {}
+    for creator, line in table.items():
+        where = f"succession.successors.{creator}"
+        if not SITE_NAME.match(creator):
+            raise ValueError(f"{where}: {creator!r} is not a site name")
+        if not isinstance(line, list) or not all(isinstance(name, str) and SITE_NAME.match(name)
+                                                 for name in line):
+            raise ValueError(f"{where} must be a list of site names, not {line!r}")
+        if creator in line or len(set(line)) != len(line):
+            raise ValueError(f"{where}: a site appears twice in the line {[creator, *line]}")
+        lines[creator] = tuple(line)
+    return lines
+
+
+def _creator_timeout(succession: Mapping[str, Any]) -> float:
+    timeout = float(succession.get("creator_timeout", CREATOR_TIMEOUT))
+    if not timeout > 0:
+        raise ValueError(f"succession.creator_timeout ({timeout}) must be above 0")
+    return timeout
 
 
 def _check_lease(daemon: Mapping[str, Any]) -> None:

@@ -112,6 +112,12 @@ class Context:
     # seconds: a claim would mostly lose to the assignment, and book a worker meanwhile.
     assigning: frozenset[str] = frozenset()
     claim_delay: float = 2.0
+    # Automatic succession: each creator's successors, in order (config
+    # `[succession] successors`), and the sites none of whose statuses has been new
+    # to this site for `creator_timeout` seconds of its own clock (never itself).
+    successors: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    silent: frozenset[str] = frozenset()
+    creator_timeout: float = 120.0
 
     def lease_expired(self, step: Doc) -> bool:
         deadline = step.get("lease_until")
@@ -440,6 +446,9 @@ def decide(doc: Doc, ctx: Context, pool: PoolView) -> Decision:
         return STAY
     if not known(doc["creator"], ctx):
         return on_unknown_creator(doc, ctx)
+    if succeeds(doc, ctx):
+        silence = f"no status from {doc['creator']} for {ctx.creator_timeout:g} s"
+        return adopt(doc, ctx, f"{silence} (automatic succession)")
     if not is_accepted(doc) and ctx.site != doc["creator"]:
         return STAY  # until its creator accepts it (see accepting)
     step = doc["job"][doc["step"]]
@@ -998,31 +1007,68 @@ def plan_event(leaves: list[Doc], ctx: Context, key: Key, epoch: int, worker: st
 
 def plan_adopt(leaves: list[Doc], ctx: Context, gone: str, reason: str) -> Plan:
     """An operator makes this site the creator of a live job whose creator `gone` is
-    gone for good: from then on this site arbitrates its claims, revokes expired
-    leases and keeps it alive.
-
-    Nothing else changes: a claim waiting for a decision is decided by the new
-    creator, a running step keeps its lease. The `adopted` event carries the
-    adoption's term in its epoch field; the merge takes the creator of the
-    highest term, so a late write of the gone creator cannot take the job back.
-    If `gone` is in fact alive behind a partition, both sites arbitrate until it
-    sees the adoption: a step may then run twice, in two epochs, recorded.
-    """
+    gone for good (`jobdist adopt`): see `adopt`."""
     if not leaves:
         return NOTHING
     merged = merge(leaves)
     if merged["creator"] != gone or gone == ctx.site or not is_live(merged):
         return NOTHING
-    term = 1 + max((entry.get("epoch", 0) for entry in merged["history"]
+    return finalize(leaves, merged, adopt(merged, ctx, reason), ctx)
+
+
+def adopt(doc: Doc, ctx: Context, reason: str) -> Decision:
+    """This site becomes the job's creator: from then on it arbitrates its claims,
+    revokes expired leases and keeps it alive.
+
+    Nothing else changes: a claim waiting for a decision is decided by the new
+    creator, a running step keeps its lease. The `adopted` event carries the
+    adoption's term in its epoch field; the merge takes the creator of the
+    highest term, so a late write of the old creator cannot take the job back.
+    If the old creator is in fact alive behind a partition, both sites arbitrate
+    until it sees the adoption: a step may then run twice, in two epochs, recorded.
+    """
+    gone = doc["creator"]
+    term = 1 + max((entry.get("epoch", 0) for entry in doc["history"]
                     if entry["event"] == "adopted"), default=0)
     detail = f"creator {gone} -> {ctx.site}: {reason}"
 
-    def edit(doc: Doc) -> None:
-        doc["creator"] = ctx.site
-        doc["history"].append(event("adopted", step=doc["step"], site=ctx.site, at=ctx.now,
+    def edit(new: Doc) -> None:
+        new["creator"] = ctx.site
+        new["history"].append(event("adopted", step=new["step"], site=ctx.site, at=ctx.now,
                                     worker=None, epoch=term, detail=detail))
 
-    return finalize(leaves, merged, Decision("adopt", edit, detail=detail), ctx)
+    return Decision("adopt", edit, detail=detail)
+
+
+def origin(doc: Doc) -> str:
+    """The site that created the job: its `created` event's, else (an HTTP job not yet
+    accepted) its creator."""
+    return next((entry["site"] for entry in doc["history"] if entry["event"] == "created"),
+                doc["creator"])
+
+
+def succeeds(doc: Doc, ctx: Context) -> bool:
+    """Is it this site's turn to take the job over from its silent creator?
+
+    The job's line is its origin and then the origin's successors, in order. When
+    the current creator (the origin, or a site that took over before) is silent,
+    the first site of the line that is not silent takes over: the next successor
+    when the one before went silent too, the origin itself when it is back and the
+    site that took over from it is silent. A creator outside its job's line is
+    left alone (an operator chose it), and so is a job its creator has not accepted
+    yet: its acceptance stamps the creation time that fixes the job's identity, and
+    a successor accepting it too, while the creator did on a branch not seen yet,
+    would make two jobs of it (see accepting).
+    """
+    creator = doc["creator"]
+    if creator == ctx.site or creator not in ctx.silent or not is_accepted(doc):
+        return False
+    first = origin(doc)
+    line = (first, *ctx.successors.get(first, ()))
+    if creator not in line:
+        return False
+    return next((site for site in line if site != creator and site not in ctx.silent),
+                None) == ctx.site
 
 
 def plan_cancel(leaves: list[Doc], ctx: Context, reason: str) -> Plan:

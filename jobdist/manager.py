@@ -138,8 +138,13 @@ class Manager:
         # monotonic time): see core.Context.lease_silence.
         self.leases_seen: dict[str, dict[str, float]] = {}
         # The other sites' room (status documents), and when to publish ours.
-        self.board = status.Board(self.site)
-        self.publisher = status.Publisher()
+        self.board = status.Board(self.site, time.monotonic())
+        self.publisher = status.Publisher(status.refresh_for(config.creator_timeout))
+        self.last_succession_scan = time.monotonic()
+        # The sites whose jobs may become ours, or be taken from us, by succession.
+        self.line_sites = frozenset(
+            name for creator, line in config.successors.items() if self.site in (creator, *line)
+            for name in (creator, *line)) - {self.site}
         self.assign_scan_due = False
 
     # --- the loop -------------------------------------------------------------
@@ -151,7 +156,8 @@ class Manager:
         if changes:
             self.seq = changes[-1].seq  # feed order: the checkpoint never goes back
         self.settle([*self._report_tasks(), *self._expired_booking_tasks(),
-                     *self._renewal_tasks_due(), *self._revocation_tasks_due()])
+                     *self._renewal_tasks_due(), *self._revocation_tasks_due(),
+                     *self._succession_tasks_due()])
         self._unbook_expired()
         self.settle([*self._report_tasks(), *self._scan_tasks_due(),
                      *self._assign_tasks_due()])
@@ -596,7 +602,13 @@ class Manager:
                             runs=self.config.allows,
                             lease_silence=lease_silence,
                             room=self.board.room(now),
-                            assigning=self._expecting_assignments(now))
+                            assigning=self._expecting_assignments(now),
+                            successors=self.config.successors, silent=self.silent(now),
+                            creator_timeout=self.config.creator_timeout)
+
+    def silent(self, now: float) -> frozenset[str]:
+        """The sites of our succession lines silent for creator_timeout, by our clock."""
+        return self.board.silent(self.line_sites, now, self.config.creator_timeout)
 
     def _expecting_assignments(self, now: float) -> frozenset[str]:
         """The creators that may assign steps to us: those that assign, unless our last
@@ -734,6 +746,25 @@ class Manager:
             self.leases_seen.clear()  # renewals go unseen meanwhile: count afresh after
             return []
         return [self.decide_task(doc_id) for doc_id in due if doc_id not in self.skipped]
+
+    def _succession_tasks_due(self) -> list[Task]:
+        """Look at the live jobs of silent creators of our lines: the core says whether it
+        is our turn to take them over (core.succeeds)."""
+        now = time.monotonic()
+        if not self.line_sites or \
+                now - self.last_succession_scan < self.config.creator_timeout / 4:
+            return []
+        self.last_succession_scan = now
+        ids: list[str] = []
+        try:
+            for site in sorted(self.silent(now)):
+                ids += self.store.involving(site)
+        except CouchError as error:
+            log.warning("succession scan failed site=%s error=%s", self.site, error)
+            self.board.restart_silence(now)  # we heard nothing meanwhile: count afresh
+            return []
+        return [self.decide_task(doc_id) for doc_id in dict.fromkeys(ids)
+                if doc_id not in self.skipped]
 
     def _scan_tasks_due(self) -> list[Task]:
         """Claim open steps that arrived while every worker was busy."""

@@ -116,7 +116,9 @@ TOPOLOGIES = ("mesh", "star", "filtered")
 def write_sites(directory: Path, count: int, workers: int = 2,
                 keepalive: float = 5.0, stale_after: float = 30.0,
                 topology: str = "mesh", lease: float = 60.0, booking_timeout: float = 60.0,
-                peer_urls: Mapping[str, Mapping[str, str]] | None = None) -> Path:
+                peer_urls: Mapping[str, Mapping[str, str]] | None = None,
+                successors: Mapping[str, list[str]] | None = None,
+                creator_timeout: float | None = None) -> Path:
     """A sites directory of `count` sites on free ports, with authentication on
     (the local cluster writes the credentials files under `secrets/`).
 
@@ -124,6 +126,7 @@ def write_sites(directory: Path, count: int, workers: int = 2,
     replicate with it only, and it passes on to each only what concerns it;
     filtered: a mesh where each site pushes to a peer only what concerns it.
     `peer_urls[site][peer]`: where `site` sends its replication to `peer` (a proxy).
+    `successors` and `creator_timeout`: every site's `[succession]` (none: off).
     """
     if topology not in TOPOLOGIES:
         raise ValueError(f"unknown topology {topology!r}; choose from {', '.join(TOPOLOGIES)}")
@@ -147,8 +150,19 @@ def write_sites(directory: Path, count: int, workers: int = 2,
             f"peer_urls = {_toml_table((peer_urls or {}).get(name, {}))}\n\n"
             f"[keepalive]\nperiod = {keepalive}\nstale_after = {stale_after}\n\n"
             f"[daemon]\nshutdown_grace = 2.0\nlease = {lease}\nheartbeat = {lease / 4}\n"
-            f"clock_skew_margin = {lease / 6}\nbooking_timeout = {booking_timeout}\n")
+            f"clock_skew_margin = {lease / 6}\nbooking_timeout = {booking_timeout}\n"
+            + _succession(successors, creator_timeout))
     return directory
+
+
+def _succession(successors: Mapping[str, list[str]] | None,
+                creator_timeout: float | None) -> str:
+    if successors is None:
+        return ""
+    lines = ", ".join(f"{creator} = [{', '.join(chr(34) + s + chr(34) for s in line)}]"
+                      for creator, line in successors.items())
+    timeout = "" if creator_timeout is None else f"creator_timeout = {creator_timeout}\n"
+    return f"\n[succession]\nsuccessors = {{ {lines} }}\n{timeout}"
 
 
 def _toml_table(values: Mapping[str, str]) -> str:
@@ -379,11 +393,18 @@ def why_superseded(history: list[Doc], run: Run) -> str | None:
     cancellation in its epoch, a release that ended its epoch (a release moves the
     step to the next epoch) written by its site or naming it (a revoked lease), or
     a finish of the step before that it was chained on, in the same revision by the
-    same site, itself superseded."""
+    same site, itself superseded; or, in a job taken over by another creator, its own
+    end on a branch the merge left: two creators arbitrated it for a while (the old
+    one cut off, or back before it saw the adoption), each branch fenced."""
     step, epoch, site = run
     for entry in history:
         if entry["step"] == step and _ends_epoch(entry, epoch, site):
             return f"{entry['event']} by {entry['site']}: {entry['detail']}"
+    adoptions = [entry for entry in history if entry["event"] == "adopted"]
+    if adoptions and any((entry["event"], entry["step"], entry["epoch"], entry["site"])
+                         in (("finished", *run), ("failed", *run)) for entry in history):
+        return ("ended on a branch the merge left, two creators arbitrating: "
+                + "; ".join(f"{entry['detail']} (term {entry['epoch']})" for entry in adoptions))
     started = {e["at"] for e in history
                if (e["event"], e["step"], e["epoch"], e["site"]) == ("started", *run)}
     for entry in history:
