@@ -77,6 +77,7 @@ from urllib.parse import urlsplit
 
 from .errors import JobdistError
 from .names import nearest_name
+from .status import MIN_INTERVAL
 
 SITE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 CREATOR_TIMEOUT = 120.0  # seconds of a creator's silence before its successor takes over
@@ -442,8 +443,11 @@ def _successors(succession: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
 
 def _creator_timeout(succession: Mapping[str, Any]) -> float:
     timeout = float(succession.get("creator_timeout", CREATOR_TIMEOUT))
-    if not timeout > 0:
-        raise ValueError(f"succession.creator_timeout ({timeout}) must be above 0")
+    # A live site renews its status at most once a MIN_INTERVAL: several must fit in.
+    shortest = 4 * MIN_INTERVAL
+    if not timeout >= shortest:
+        raise ValueError(f"succession.creator_timeout ({timeout}) must be at least {shortest:g} "
+                         "s: four renewals of a site's status")
     return timeout
 
 

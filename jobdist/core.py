@@ -118,6 +118,10 @@ class Context:
     successors: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     silent: frozenset[str] = frozenset()
     creator_timeout: float = 120.0
+    # How long this site has seen the job's leaves unchanged, by its own clock (None:
+    # not tracked). A job is taken over only once it too has been still that long: a
+    # creator back from silence whose new job outran its status keeps the job.
+    unchanged_for: float | None = None
 
     def lease_expired(self, step: Doc) -> bool:
         deadline = step.get("lease_until")
@@ -1062,6 +1066,8 @@ def succeeds(doc: Doc, ctx: Context) -> bool:
     """
     creator = doc["creator"]
     if creator == ctx.site or creator not in ctx.silent or not is_accepted(doc):
+        return False
+    if ctx.unchanged_for is not None and ctx.unchanged_for < ctx.creator_timeout:
         return False
     first = origin(doc)
     line = (first, *ctx.successors.get(first, ()))

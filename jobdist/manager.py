@@ -141,6 +141,8 @@ class Manager:
         self.board = status.Board(self.site, time.monotonic())
         self.publisher = status.Publisher(status.refresh_for(config.creator_timeout))
         self.last_succession_scan = time.monotonic()
+        # Jobs of our succession lines: their leaves, and since when we see them so.
+        self.jobs_seen: dict[str, tuple[frozenset[str], float]] = {}
         # The sites whose jobs may become ours, or be taken from us, by succession.
         self.line_sites = frozenset(
             name for creator, line in config.successors.items() if self.site in (creator, *line)
@@ -202,8 +204,9 @@ class Manager:
     def decide_task(self, doc_id: str, seen: Doc | None = None) -> Task:
         """Decide about a job until there is nothing more to do right now."""
         def plan(leaves: list[Doc], rejected: list[core.Rejected]) -> core.Plan:
-            return core.plan(leaves, self.context(self._lease_silence(doc_id, leaves)),
-                             self.pool_view(), rejected)
+            context = self.context(self._lease_silence(doc_id, leaves),
+                                   self._unchanged_for(doc_id, leaves))
+            return core.plan(leaves, context, self.pool_view(), rejected)
         return Task(doc_id, plan, seen=seen, then_decide=True)
 
     def process(self, doc_id: str, seen: Doc | None = None) -> None:
@@ -594,7 +597,22 @@ class Manager:
             del self.leases_seen[next(iter(self.leases_seen))]
         return {lease: now - since for lease, since in seen.items()}
 
-    def context(self, lease_silence: dict[str, float] | None = None) -> core.Context:
+    def _unchanged_for(self, doc_id: str, leaves: list[Doc]) -> float:
+        """How long we have seen the job's leaves as they are now (0: first sight, or
+        a job no succession line of ours may take over: not tracked)."""
+        now = time.monotonic()
+        revs = frozenset(leaf["_rev"] for leaf in leaves)
+        before = self.jobs_seen.pop(doc_id, None)
+        if not any(leaf.get("creator") in self.line_sites and is_live(leaf) for leaf in leaves):
+            return 0.0
+        since = before[1] if before is not None and before[0] == revs else now
+        self.jobs_seen[doc_id] = (revs, since)  # re-inserted: the dict stays oldest first
+        while len(self.jobs_seen) > MAX_LEASES_SEEN:  # forgetting only delays a takeover
+            del self.jobs_seen[next(iter(self.jobs_seen))]
+        return now - since
+
+    def context(self, lease_silence: dict[str, float] | None = None,
+                unchanged_for: float = 0.0) -> core.Context:
         now = time.monotonic()
         return core.Context(self.site, utc_now(), self.known_sites,
                             booking_timeout=self.config.booking_timeout,
@@ -604,7 +622,8 @@ class Manager:
                             room=self.board.room(now),
                             assigning=self._expecting_assignments(now),
                             successors=self.config.successors, silent=self.silent(now),
-                            creator_timeout=self.config.creator_timeout)
+                            creator_timeout=self.config.creator_timeout,
+                            unchanged_for=unchanged_for)
 
     def silent(self, now: float) -> frozenset[str]:
         """The sites of our succession lines silent for creator_timeout, by our clock."""

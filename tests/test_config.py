@@ -175,7 +175,7 @@ def test_succession_is_off_by_default_and_read_in_order(tmp_path: Path) -> None:
     ('successors = { global = "solo" }', "succession.successors.global must be a list"),
     ('successors = { global = ["Solo!"] }', "must be a list of site names"),
     ("successors = 3", "succession.successors must be a table"),
-    ("creator_timeout = 0", "succession.creator_timeout (0.0) must be above 0"),
+    ("creator_timeout = 3", "succession.creator_timeout (3.0) must be at least 4 s"),
 ])
 def test_a_bad_succession_is_refused_with_the_reason(tmp_path: Path, succession: str,
                                                      message: str) -> None:

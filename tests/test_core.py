@@ -795,6 +795,15 @@ def test_the_creator_back_takes_its_job_from_a_silent_successor_only():
     assert plan.action == "adopt" and plan.doc["creator"] == CREATOR
 
 
+def test_a_job_is_taken_over_only_once_it_too_has_been_still_for_the_timeout():
+    """A creator back from silence whose new job reached us before its status keeps it."""
+    still = dataclasses.replace(ctx("reg_a"), successors=LINE, silent=frozenset({CREATOR}),
+                                creator_timeout=8.0, unchanged_for=7.9)
+    assert core.plan([job()], still, pool()).action == "none"
+    longer = dataclasses.replace(still, unchanged_for=8.0)
+    assert core.plan([job()], longer, pool()).action == "adopt"
+
+
 def test_succession_leaves_alone_what_is_not_its_to_take():
     outside = job(creator="reg_b")  # a creator with no line
     assert succession_plan(outside, "reg_a", {"reg_b"}).action == "none"
