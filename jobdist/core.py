@@ -245,6 +245,26 @@ def progress(doc: Doc) -> tuple[tuple[int, int], ...]:
     return tuple((step.get("epoch", 0), int(step_phase(step))) for step in doc["job"])
 
 
+def term(doc: Doc) -> int:
+    """The highest adoption term the job's history knows (0: none)."""
+    return max((entry.get("epoch", 0) for entry in doc.get("history", [])
+                if entry["event"] == "adopted"), default=0)
+
+
+def succeeded(doc: Doc) -> bool:
+    """In a job that changed creators, a leaf where it succeeded outranks any other,
+    however far along by epochs.
+
+    Every step of it ran, in order, and counted once on that branch. Two branches
+    both move on under two arbiters (a creator cut off while its successor took over):
+    the old creator's branch may then hold a higher epoch at an early step, and would
+    otherwise take a job that succeeded back to that step. The other branch's runs
+    are fenced off as any stale run: killed, recorded. (With one creator, a release
+    still beats a revoked winner's finish: test_core's higher-epoch case.)
+    """
+    return doc.get("job_status") == "success"
+
+
 def merge(leaves: list[Doc]) -> Doc:
     """One view of a job from all its live leaves; `_rev` is CouchDB's winner.
 
@@ -252,7 +272,9 @@ def merge(leaves: list[Doc]) -> Doc:
     """
     leaves = [normalise(leaf) for leaf in leaves]
     winner = max(leaves, key=couch_order)
-    furthest = max(leaves, key=lambda leaf: (progress(leaf), couch_order(leaf)))
+    taken_over = any(term(leaf) for leaf in leaves)
+    furthest = max(leaves, key=lambda leaf: (taken_over and succeeded(leaf), progress(leaf),
+                                             couch_order(leaf)))
     merged = copy.deepcopy(furthest)
     merged["_rev"] = winner["_rev"]
     if len(leaves) == 1:
@@ -263,8 +285,10 @@ def merge(leaves: list[Doc]) -> Doc:
     merged["created_at"] = max(leaf["created_at"] or "" for leaf in leaves) or None
     # An epoch once issued is never issued again, even when the branch that
     # issued it loses (a step chained on top of a finish that was revoked):
-    # otherwise two executions of one step could share a fencing token.
-    for index, step in enumerate(merged["job"]):
+    # otherwise two executions of one step could share a fencing token. Epochs are
+    # issued at the current step and later ones only; a step that ended keeps the
+    # epoch of the run that counted.
+    for index, step in enumerate(merged["job"][merged["step"]:], start=merged["step"]):
         step["epoch"] = max(leaf["job"][index].get("epoch", 0) for leaf in leaves)
     touched = [leaf["keepalive_at"] for leaf in leaves if leaf.get("keepalive_at")]
     if touched:
@@ -1032,14 +1056,13 @@ def adopt(doc: Doc, ctx: Context, reason: str) -> Decision:
     until it sees the adoption: a step may then run twice, in two epochs, recorded.
     """
     gone = doc["creator"]
-    term = 1 + max((entry.get("epoch", 0) for entry in doc["history"]
-                    if entry["event"] == "adopted"), default=0)
+    next_term = 1 + term(doc)
     detail = f"creator {gone} -> {ctx.site}: {reason}"
 
     def edit(new: Doc) -> None:
         new["creator"] = ctx.site
         new["history"].append(event("adopted", step=new["step"], site=ctx.site, at=ctx.now,
-                                    worker=None, epoch=term, detail=detail))
+                                    worker=None, epoch=next_term, detail=detail))
 
     return Decision("adopt", edit, detail=detail)
 

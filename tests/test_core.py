@@ -795,6 +795,19 @@ def test_the_creator_back_takes_its_job_from_a_silent_successor_only():
     assert plan.action == "adopt" and plan.doc["creator"] == CREATOR
 
 
+def test_a_job_that_succeeded_under_its_successor_is_not_taken_back_by_the_old_branch():
+    """Healed: the old creator's branch re-ran step 0 in a higher epoch while the
+    successor's branch ended the job; the job stays ended, as the run that counted."""
+    taken = succession_plan(job(), "reg_a", {CREATOR}).doc
+    assert taken is not None
+    ended = step(won(taken, "reg_b", epoch=1), step_status="finished")
+    ended.update(step=1, job_status="success", _rev="3-a")
+    old_branch = running(job(rev="5-f"), "global", epoch=3)
+    merged = core.merge([ended, old_branch])
+    assert (merged["job_status"], merged["creator"]) == ("success", "reg_a")
+    assert (merged["job"][0]["epoch"], merged["job"][0]["winner"]) == (1, "reg_b")
+
+
 def test_a_job_is_taken_over_only_once_it_too_has_been_still_for_the_timeout():
     """A creator back from silence whose new job reached us before its status keeps it."""
     still = dataclasses.replace(ctx("reg_a"), successors=LINE, silent=frozenset({CREATOR}),

@@ -14,7 +14,7 @@ from __future__ import annotations
 import collections
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -292,11 +292,12 @@ class Audit:
 
 
 def audit_run(ledger: list[LedgerRow], docs: Mapping[str, Doc], submitted: list[str],
-              expect: str | None = "success") -> Audit:
+              expect: str | None = "success", killed: Collection[str] = ()) -> Audit:
     """Check a run: no job lost, every job ended as `expect`ed (None: any end), the
     steps of a job ran in order, each on a site its target allows, and each step
     that counted ran once. Any other run of a step is a duplicate: allowed only
-    with a fencing token of its own and when the history says why (`why_superseded`).
+    with a fencing token of its own and when the history says why (`why_superseded`),
+    or when it ran on a site `killed` for good, whose record of it died with it.
 
     The fencing token is the epoch and the site (core.backs_execution): after a
     revocation, a site on the losing side of a partition may issue an epoch number
@@ -314,7 +315,7 @@ def audit_run(ledger: list[LedgerRow], docs: Mapping[str, Doc], submitted: list[
             continue
         if expect is not None and doc["job_status"] != expect:
             audit.problems.append(f"{job_id} ended {doc['job_status']}, expected {expect}")
-        _audit_job(doc, runs.pop(job_id, []), audit)
+        _audit_job(doc, runs.pop(job_id, []), audit, killed)
     audit.problems += [f"{job_id} ran but was never submitted" for job_id in runs]
     return audit
 
@@ -343,7 +344,8 @@ def counted(doc: Doc) -> dict[Run, Doc]:
             if step["step_status"] in ("finished", "failed")}
 
 
-def _audit_job(doc: Doc, rows: list[tuple[int, LedgerRow]], audit: Audit) -> None:
+def _audit_job(doc: Doc, rows: list[tuple[int, LedgerRow]], audit: Audit,
+               killed: Collection[str] = ()) -> None:
     runs = JobRuns()
     for line, row in rows:
         runs.add(line, row)
@@ -352,8 +354,13 @@ def _audit_job(doc: Doc, rows: list[tuple[int, LedgerRow]], audit: Audit) -> Non
     for run in sorted(set(runs.starts) - set(kept)):
         where = f"{doc['_id']} step {run[0]} epoch {run[1]} on {run[2]}"
         reason = why_superseded(doc["history"], run)
+        if reason is None and run[2] in killed:
+            reason = f"{run[2]} was killed for good: its record of the run died with it"
+        takeovers = adoptions(doc["history"])
         if reason is None:
             audit.problems.append(f"{where}: ran, did not count, and the history says nothing")
+        elif takeovers and takeovers not in reason:
+            audit.duplicates.append(f"{where}: {reason}; in a job taken over: {takeovers}")
         else:
             audit.duplicates.append(f"{where}: {reason}")
 
@@ -400,11 +407,10 @@ def why_superseded(history: list[Doc], run: Run) -> str | None:
     for entry in history:
         if entry["step"] == step and _ends_epoch(entry, epoch, site):
             return f"{entry['event']} by {entry['site']}: {entry['detail']}"
-    adoptions = [entry for entry in history if entry["event"] == "adopted"]
-    if adoptions and any((entry["event"], entry["step"], entry["epoch"], entry["site"])
+    takeovers = adoptions(history)
+    if takeovers and any((entry["event"], entry["step"], entry["epoch"], entry["site"])
                          in (("finished", *run), ("failed", *run)) for entry in history):
-        return ("ended on a branch the merge left, two creators arbitrating: "
-                + "; ".join(f"{entry['detail']} (term {entry['epoch']})" for entry in adoptions))
+        return f"ended on a branch the merge left, two creators arbitrating: {takeovers}"
     started = {e["at"] for e in history
                if (e["event"], e["step"], e["epoch"], e["site"]) == ("started", *run)}
     for entry in history:
@@ -414,6 +420,12 @@ def why_superseded(history: list[Doc], run: Run) -> str | None:
             if reason is not None:
                 return f"chained on step {step - 1} epoch {entry['epoch']}, {reason}"
     return None
+
+
+def adoptions(history: list[Doc]) -> str:
+    """The job's changes of creator, as the history gives them ("" when none)."""
+    return "; ".join(f"{entry['detail']} (term {entry['epoch']})" for entry in history
+                     if entry["event"] == "adopted")
 
 
 def _ends_epoch(entry: Doc, epoch: int, site: str) -> bool:
