@@ -51,13 +51,18 @@ def note_takeovers(run: Trial) -> None:
         takeovers=dict(Counter(f"{e['site']} term {e['epoch']}" for e in takeovers(run))))
 
 
+def kill_creator_mid_run(run: Trial, runs: int) -> None:
+    """Once `runs` steps have started, global is killed for good (SIGKILL, server gone)."""
+    wait_for(lambda: run.runs() >= runs, 30, "some steps to run")
+    run.kill_site("global")
+    run.fault("creator killed for good", f"global, creator_timeout {CREATOR_TIMEOUT:g} s")
+
+
 def test_a_creator_killed_for_good_is_succeeded_and_every_job_ends(
         tmp_path: Path, fault_summary: list[dict[str, Any]]) -> None:
     with succession_trial("creator killed for good", 505, tmp_path, fault_summary) as run:
         run.submit([run.steps(3, (0.3, 1.0), targets=TARGETS) for _ in range(12)])
-        wait_for(lambda: run.runs() >= 6, 30, "some steps to run")
-        run.kill_site("global")
-        run.fault("creator killed for good", f"global, creator_timeout {CREATOR_TIMEOUT:g} s")
+        kill_creator_mid_run(run, runs=6)
         run.rounds = 1
         audit = run.finish(timeout=90)
         note_takeovers(run)
@@ -98,9 +103,7 @@ def test_a_successor_that_dies_too_is_succeeded_by_the_next(
         tmp_path: Path, fault_summary: list[dict[str, Any]]) -> None:
     with succession_trial("successor dies too", 707, tmp_path, fault_summary) as run:
         run.submit([run.steps(3, (0.5, 1.5), targets=REG_B_TARGETS) for _ in range(10)])
-        wait_for(lambda: run.runs() >= 4, 30, "some steps to run")
-        run.kill_site("global")
-        run.fault("creator killed for good", f"global, creator_timeout {CREATOR_TIMEOUT:g} s")
+        kill_creator_mid_run(run, runs=4)
         wait_for(lambda: taken_over(run, "reg_b", "reg_a"), 4 * CREATOR_TIMEOUT,
                  "reg_a's takeover to reach reg_b")
         run.kill_site("reg_a")
