@@ -188,3 +188,12 @@ def test_successors_must_be_sites_of_the_directory(tmp_path: Path) -> None:
     unknown = re.escape("succession.successors names unknown sites reg_z")
     with pytest.raises(ConfigError, match=unknown):
         load_sites(sites)
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/protocol.md"])
+def test_the_documented_succession_table_loads(tmp_path: Path, doc: str) -> None:
+    text = (PROJECT_ROOT / doc).read_text(encoding="utf-8")
+    [table] = [block for block in re.findall(r"```toml\n(.*?)```", text, re.DOTALL)
+               if "[succession]" in block]
+    site = load_site(write_config(tmp_path, BASE + table))
+    assert site.successors == {"global": ("reg_a", "reg_b")}
