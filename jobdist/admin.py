@@ -315,7 +315,7 @@ class AdminServer:
         self._token = token.encode() if token else None
         self.registry = CollectorRegistry(auto_describe=False)  # per server: nothing global
         config = daemon.config
-        couch = Couch(config.couch_url, user=config.user, password=config.password,
+        couch = Couch(config.couch.url, user=config.couch.user, password=config.couch.password,
                       timeout=2.0, retries=1)
         self.registry.register(SiteCollector(daemon, couch))
         ProcessCollector(registry=self.registry)  # process_resident_memory_bytes, CPU, fds

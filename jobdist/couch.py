@@ -59,9 +59,9 @@ from tenacity import (
     wait_exponential,
 )
 
-log = logging.getLogger("jobdist.couch")
+from .model import Doc
 
-Doc = dict[str, Any]
+log = logging.getLogger("jobdist.couch")
 
 # CouchDB's view parameter names as the SDK spells them.
 _VIEW_PARAMS = {

@@ -9,7 +9,6 @@ With `[admin] port` set it also serves its admin HTTP endpoint (jobdist/admin.py
 
 from __future__ import annotations
 
-import logging
 import signal
 import threading
 import time
@@ -23,12 +22,11 @@ from .couch import Database, Forbidden
 from .journal import Journal
 from .keepalive import KeepAlive
 from .listener import Listener, load_checkpoint
+from .logs import EventLog
 from .manager import Manager
-from .retention import PeriodicCleanup, parse_duration
+from .retention import PeriodicCleanup
 from .setup import check_database, couch_of, setup_database
 from .store import CouchStore
-
-log = logging.getLogger("jobdist.daemon")
 
 
 def open_site_database(config: SiteConfig) -> Database:
@@ -39,18 +37,20 @@ def open_site_database(config: SiteConfig) -> Database:
     on a server without admins (a test or a fresh development server) it sets
     the database up itself.
     """
-    as_site = replace(config, admin_user=None, admin_password=None)
+    as_site = replace(config, couch=replace(config.couch, admin_user=None, admin_password=None))
+    log = EventLog("jobdist.daemon", site=config.name)
     try:
-        setup_database(as_site, report=lambda line: log.info("setup %s", line))
+        setup_database(as_site, report=lambda line: log.info("setup", detail=line))
     except Forbidden:
         check_database(config)
-    return couch_of(config).database(config.database)
+    return couch_of(config).database(config.couch.database)
 
 
 class Daemon:
     def __init__(self, config: SiteConfig, known_sites: set[str] | None = None) -> None:
         config.require_credentials()
         self.config = config
+        self.log = EventLog("jobdist.daemon", site=config.name)
         self.db = open_site_database(config)
         sites = known_sites or {config.name, *config.peers}
         self.manager = Manager(config, CouchStore(self.db), sites, Journal(config.journal_dir()))
@@ -59,11 +59,11 @@ class Daemon:
         self.listener = Listener(self.db, config.name, self.manager.inbox,
                                  load_checkpoint(self.db, config.name), self.stop_event,
                                  self.manager.wake)
-        self.keepalive = KeepAlive(self.db, config.name, config.keepalive_period,
-                                   config.keepalive_stale_after, self.stop_event)
-        self.retention = None if config.retention_older_than is None else PeriodicCleanup(
-            self.db, config.name, parse_duration(config.retention_older_than),
-            config.retention_interval, config.retention_export, self.stop_event)
+        self.keepalive = KeepAlive(self.db, config.name, config.keepalive.period,
+                                   config.keepalive.stale_after, self.stop_event)
+        self.retention = None if config.retention.older_than is None else PeriodicCleanup(
+            self.db, config.name, config.retention.older_than,
+            config.retention.interval, config.retention.export, self.stop_event)
         self.admin: AdminServer | None = None
 
     @property
@@ -78,9 +78,9 @@ class Daemon:
 
     def run(self, ready_file: Path | None = None) -> int:
         self._install_signal_handlers()
-        log.info("site starting site=%s couch=%s db=%s workers=%d journal=%s",
-                 self.config.name, self.db.couch.url, self.config.database,
-                 self.config.workers, self.manager.journal.directory.resolve())
+        self.log.info("site starting", couch=self.db.couch.url, db=self.config.couch.database,
+                      workers=self.config.workers,
+                      journal=self.manager.journal.directory.resolve())
         self._start_admin()  # first: a port that is taken fails before any work starts
         try:
             self.manager.recover()
@@ -90,26 +90,25 @@ class Daemon:
                 self.retention.start()
             if ready_file is not None:
                 ready_file.write_text(str(time.time()))
-            log.info("site ready site=%s", self.config.name)
+            self.log.info("site ready")
             while not self.stop_event.is_set():
                 self.manager.serve_once(timeout=0.5)
-            log.info("site stopping site=%s grace=%.1fs", self.config.name,
-                     self.config.shutdown_grace)
-            self.manager.drain(self.config.shutdown_grace)
+            self.log.info("site stopping", grace=self.config.daemon.shutdown_grace)
+            self.manager.drain(self.config.daemon.shutdown_grace)
         finally:
             if self.admin is not None:  # kept through the drain, to watch steps stop
                 self.admin.stop()
-        log.info("site stopped site=%s", self.config.name)
+        self.log.info("site stopped")
         return 0
 
     def stop(self) -> None:
         self.stop_event.set()
 
     def _start_admin(self) -> None:
-        if self.config.admin_port is None:
+        if self.config.admin.port is None:
             return
-        self.admin = AdminServer(self, self.config.admin_host, self.config.admin_port,
-                                 self.config.admin_token)
+        self.admin = AdminServer(self, self.config.admin.host, self.config.admin.port,
+                                 self.config.admin.token)
         self.admin.start()
 
     def _install_signal_handlers(self) -> None:
@@ -117,21 +116,8 @@ class Daemon:
             return
 
         def handle(signum: int, frame: FrameType | None) -> None:
-            log.info("signal received site=%s signal=%s", self.config.name,
-                     signal.Signals(signum).name)
+            self.log.info("signal received", signal=signal.Signals(signum).name)
             self.stop()
 
         signal.signal(signal.SIGTERM, handle)
         signal.signal(signal.SIGINT, handle)
-
-
-def configure_logging(level: str = "INFO", path: Path | None = None) -> None:
-    """One line an event: time, level, component, then key=value fields."""
-    handler: logging.Handler = (
-        logging.FileHandler(path) if path is not None else logging.StreamHandler()
-    )
-    handler.setFormatter(logging.Formatter(
-        "%(asctime)s %(levelname)s %(name)s %(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level)

@@ -18,6 +18,10 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
+# The design document every view, filter and validator of ours lives in
+# (`_design/jobdist`, couch_design/jobdist/): the one place its name is written.
+DDOC = "jobdist"
+
 # In a checkout, couch_design/ beside the package. Read first: setuptools' editable
 # install cannot import a mapped folder without __init__.py as jobdist.couch_design, and a
 # checkout run without installing it (a worktree's tests) must not get another one's.

@@ -14,40 +14,33 @@ changes nothing but `keepalive_at`. Highest priority first.
 
 from __future__ import annotations
 
-import logging
 import threading
 
 from . import core
+from .clock import later, utc_now
 from .couch import CouchError, Database, Saved
-from .model import later, utc_now
+from .design import DDOC
+from .periodic import Periodic
 
-log = logging.getLogger("jobdist.keepalive")
 
+class KeepAlive(Periodic):
+    what = "keep-alive pass"
 
-class KeepAlive(threading.Thread):
     def __init__(self, db: Database, site: str, period: float, stale_after: float,
                  stop: threading.Event) -> None:
-        super().__init__(name=f"keepalive-{site}", daemon=True)
+        super().__init__("keepalive", site, stop, "jobdist.keepalive")
         self.db = db
-        self.site = site
         self.period = period
         self.stale_after = stale_after
-        self.stop_event = stop
         self.resaved = 0
 
-    def run(self) -> None:
-        while not self.stop_event.wait(self.period):
-            try:
-                self.pass_once()
-            except CouchError as error:
-                log.warning("keep-alive pass failed site=%s error=%s", self.site, error)
-            except Exception:  # a dead re-saver would silently forget jobs
-                log.exception("keep-alive pass failed site=%s", self.site)
+    def wait_before_pass(self) -> float:
+        return self.period
 
     def pass_once(self) -> int:
         """Re-save the stale open jobs this site created; how many were re-saved."""
         cutoff = later(utc_now(), -self.stale_after)
-        rows = self.db.view("jobdist", "stale_open", startkey=[self.site],
+        rows = self.db.view(DDOC, "stale_open", startkey=[self.site],
                             endkey=[self.site, cutoff])
         rows.sort(key=row_priority, reverse=True)
         count = 0
@@ -57,8 +50,7 @@ class KeepAlive(threading.Thread):
             try:
                 count += self.resave(row["id"])
             except CouchError as error:  # this job only (refused, unreadable): the rest go on
-                log.warning("keep-alive re-save failed job=%s site=%s error=%s", row["id"],
-                            self.site, error)
+                self.log.warning("keep-alive re-save failed", job=row["id"], error=error)
         self.resaved += count
         return count
 
@@ -68,7 +60,7 @@ class KeepAlive(threading.Thread):
         touched = core.keepalive(leaves, ctx, self.stale_after) if leaves else None
         if touched is None or not isinstance(self.db.save(touched), Saved):
             return False
-        log.info("keep-alive re-save job=%s site=%s", job_id, self.site)
+        self.log.info("keep-alive re-save", job=job_id)
         return True
 
 

@@ -15,15 +15,13 @@ without its document, and the manager reads (and skips) the job itself.
 
 from __future__ import annotations
 
-import logging
 import queue
 import threading
 from dataclasses import dataclass
 from typing import Any
 
 from .couch import CouchError, Database
-
-log = logging.getLogger("jobdist.listener")
+from .periodic import Periodic
 
 CHECKPOINT = "jobdist-checkpoint"
 
@@ -51,43 +49,46 @@ def save_checkpoint(db: Database, site: str, seq: object) -> None:
     db.put_local(f"{CHECKPOINT}-{site}", {"seq": seq})
 
 
-class Listener(threading.Thread):
+class Listener(Periodic):
+    """Follows the site's changes feed, handing each change to the manager's inbox;
+    reconnects at once when the server ends the stream, with backoff when it fails."""
+
+    what = "changes feed"
+    expected_errors = (CouchError, RecursionError)  # a line nested too deeply to decode
+
     def __init__(self, db: Database, site: str, inbox: queue.Queue[object], since: object,
                  stop: threading.Event, wake: threading.Event,
                  heartbeat_ms: int = 5000) -> None:
-        super().__init__(name=f"listener-{site}", daemon=True)
+        super().__init__("listener", site, stop, "jobdist.listener")
         self.db = db
-        self.site = site
         self.inbox = inbox
         self.since = since
-        self.stop_event = stop
         self.wake = wake
         self.heartbeat_ms = heartbeat_ms
         self.reconnects = 0
         self.with_docs = True  # False while passing a change whose document we cannot decode
+        self.backoff = 0.0
+        self.failed_at: object = None
 
-    def run(self) -> None:
-        backoff = 0.1
-        failed_at: object = None
-        while not self.stop_event.is_set():
-            try:
-                self.follow()
-                backoff = 0.1
-                continue  # the server closed the stream cleanly: reconnect at once
-            except CouchError as error:
-                log.warning("changes feed lost site=%s since=%s error=%s retry_in=%.1fs",
-                            self.site, self.since, error, backoff)
-            except RecursionError:
-                log.error("changes feed line nested too deeply to decode site=%s since=%s",
-                          self.site, self.since)
-            except Exception:  # a listener that died silently would stall the site
-                log.exception("changes feed failed site=%s since=%s retry_in=%.1fs",
-                              self.site, self.since, backoff)
-            self.with_docs = self.since != failed_at
-            failed_at = self.since
-            self.reconnects += 1
-            self.stop_event.wait(backoff)
-            backoff = min(backoff * 2, 5.0)
+    def wait_before_pass(self) -> float:
+        return self.backoff
+
+    def pass_once(self) -> None:
+        self.follow()
+
+    def succeeded(self) -> None:
+        self.backoff = 0.0  # the server closed the stream cleanly: reconnect at once
+
+    def failed(self, error: Exception) -> None:
+        # Failing twice at the same change: its document may be what we cannot
+        # decode, so pass it once without documents (the manager reads it itself).
+        self.with_docs = self.since != self.failed_at
+        self.failed_at = self.since
+        self.reconnects += 1
+        self.backoff = min(max(self.backoff * 2, 0.1), 5.0)
+
+    def where(self) -> dict[str, Any]:
+        return {"since": self.since}
 
     def follow(self) -> None:
         with_docs = self.with_docs

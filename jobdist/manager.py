@@ -18,7 +18,6 @@ keep-alive re-save.
 
 from __future__ import annotations
 
-import logging
 import queue
 import threading
 import time
@@ -29,16 +28,16 @@ from itertools import islice
 from typing import Any
 
 from . import core, status
+from .clock import later, utc_now
 from .config import SiteConfig
 from .couch import Conflict, CouchError, Rejected, Saved, Undecodable
 from .journal import Held, Journal, JournalFull
 from .listener import Changed
-from .model import Doc, is_live, later, utc_now
+from .logs import EventLog
+from .model import Doc, StepKey, is_live
 from .store import JobStore
 from .validation import validate_job
 from .workers import Execution, StepResult, WorkerPool, kill_orphans
-
-log = logging.getLogger("jobdist.manager")
 
 SCAN_INTERVAL = 2.0  # seconds between claimable scans while workers stay free
 CHECKPOINT_INTERVAL = 2.0
@@ -50,8 +49,8 @@ HELD_RETRY_MAX = 2.0  # short beside any lease: a result is written soon after t
 RETRY_DECISION = 1.0  # seconds before a decision whose read or write failed is taken again
 BATCH = 200  # jobs decided together: one read and one write a round for all of them
 MAX_ROUNDS = 8  # fresh reads of one job in one batch before it is left for later
-Found = tuple[list[Doc], list[core.Rejected]]  # a job's usable leaves, and the others
-Planner = Callable[[list[Doc], list[core.Rejected]], core.Plan]
+Found = tuple[list[Doc], list[core.Unusable]]  # a job's usable leaves, and the others
+Planner = Callable[[list[Doc], list[core.Unusable]], core.Plan]
 
 
 @dataclass(frozen=True)
@@ -62,7 +61,7 @@ class Finished:
 
 @dataclass(frozen=True)
 class Retried:
-    key: core.Key
+    key: StepKey
     epoch: int
     worker: str
     detail: str
@@ -96,6 +95,7 @@ class Manager:
                  journal: Journal) -> None:
         self.config = config
         self.site = config.name
+        self.log = EventLog("jobdist.manager", site=self.site)
         self.store = store
         self.known_sites = frozenset(known_sites) | {self.site}
         # From the listener; bounded so a burst pushes back on the feed, not on memory.
@@ -104,18 +104,18 @@ class Manager:
         # step must not wait behind a burst of replicated changes.
         self.reports: queue.Queue[Finished | Retried] = queue.Queue()
         self.wake = threading.Event()  # set by the listener and the workers
-        self.pool = WorkerPool(self.site, config.workers, self._on_done, config.allows)
-        self.booked_at: dict[core.Key, float] = {}
+        self.pool = WorkerPool(self.site, config.workers, self._on_done, config.commands.allows)
+        self.booked_at: dict[StepKey, float] = {}
         # Steps this batch decided to start, launched once their revision is saved:
         # to the next plans they already run (their worker is no undecided claim's).
-        self.launching: dict[core.Key, core.Running] = {}
+        self.launching: dict[StepKey, core.Running] = {}
         # Executions whose end is not recorded yet: running, or ended with the result
         # held (below). Both count as running here, so no decision releases them.
-        self.executions: dict[core.Key, core.Running] = {}
+        self.executions: dict[StepKey, core.Running] = {}
         # Results the server did not take yet, kept in the journal until it does.
         self.journal = journal
-        self.held: dict[core.Key, Held] = {}
-        self.held_retry: dict[core.Key, tuple[float, float]] = {}  # key -> (due, delay)
+        self.held: dict[StepKey, Held] = {}
+        self.held_retry: dict[StepKey, tuple[float, float]] = {}  # key -> (due, delay)
         for held in journal.load():
             self._hold_in_memory(held)
         self.own_revs: deque[str] = deque(maxlen=4096)
@@ -139,14 +139,14 @@ class Manager:
         self.leases_seen: dict[str, dict[str, float]] = {}
         # The other sites' room (status documents), and when to publish ours.
         self.board = status.Board(self.site, time.monotonic())
-        self.publisher = status.Publisher(status.refresh_for(config.creator_timeout))
+        self.publisher = status.Publisher(status.refresh_for(config.succession.creator_timeout))
         self.last_succession_scan = time.monotonic()
         # Jobs of our succession lines: their leaves, and since when we see them so.
         self.jobs_seen: dict[str, tuple[frozenset[str], float]] = {}
         # The sites whose jobs may become ours, or be taken from us, by succession.
+        lines = [(creator, *line) for creator, line in config.succession.successors.items()]
         self.line_sites = frozenset(
-            name for creator, line in config.successors.items() if self.site in (creator, *line)
-            for name in (creator, *line)) - {self.site}
+            name for line in lines if self.site in line for name in line) - {self.site}
         self.assign_scan_due = False
 
     # --- the loop -------------------------------------------------------------
@@ -203,7 +203,7 @@ class Manager:
 
     def decide_task(self, doc_id: str, seen: Doc | None = None) -> Task:
         """Decide about a job until there is nothing more to do right now."""
-        def plan(leaves: list[Doc], rejected: list[core.Rejected]) -> core.Plan:
+        def plan(leaves: list[Doc], rejected: list[core.Unusable]) -> core.Plan:
             context = self.context(self._lease_silence(doc_id, leaves),
                                    self._unchanged_for(doc_id, leaves))
             return core.plan(leaves, context, self.pool_view(), rejected)
@@ -218,9 +218,8 @@ class Manager:
         running = self.executions.get(key)
         if running is None or running.epoch != execution.epoch:
             return None
-        log.info("step ended job=%s step=%d site=%s worker=%s epoch=%d ok=%s reason=%r",
-                 key[0], key[1], self.site, running.worker, running.epoch, result.ok,
-                 result.reason)
+        self.log.info("step ended", job=key[0], step=key[1], epoch=running.epoch,
+                      worker=running.worker, ok=result.ok, reason=result.reason)
         self.counts["steps_finished" if result.ok else "steps_failed"] += 1
         self.scan_due = True
         return self.record_task(Held(key[0], key[1], running.epoch, running.worker, result,
@@ -228,7 +227,7 @@ class Manager:
 
     def record_task(self, held: Held) -> Task:
         """Record what an execution did; only a current execution advances the job."""
-        def plan(leaves: list[Doc], rejected: list[core.Rejected]) -> core.Plan:
+        def plan(leaves: list[Doc], rejected: list[core.Unusable]) -> core.Plan:
             # The worker is free now: the core may chain the next step onto it.
             self.executions.pop(held.key, None)
             return core.plan_finish(leaves, self.context(), self.pool_view(), held.key,
@@ -236,17 +235,18 @@ class Manager:
         return Task(held.job_id, plan, retry_conflicts=True, then_decide=True, held=held)
 
     def retry_note_task(self, item: Retried) -> Task:
-        def plan(leaves: list[Doc], rejected: list[core.Rejected]) -> core.Plan:
+        def plan(leaves: list[Doc], rejected: list[core.Unusable]) -> core.Plan:
             return core.plan_event(leaves, self.context(), item.key, item.epoch, item.worker,
                                    "retried", item.detail)
         # A lost event does not matter: the finish still counts.
         return Task(item.key[0], plan, end_on_refusal=False)
 
-    def renew_task(self, key: core.Key, epoch: int) -> Task:
+    def renew_task(self, key: StepKey, epoch: int) -> Task:
         """The heartbeat: push our lease forward, so the creator knows we are alive."""
-        def plan(leaves: list[Doc], rejected: list[core.Rejected]) -> core.Plan:
+        def plan(leaves: list[Doc], rejected: list[core.Unusable]) -> core.Plan:
+            daemon = self.config.daemon
             return core.plan_renew(leaves, self.context(), key, epoch,
-                                   renew_below=self.config.lease - self.config.heartbeat)
+                                   renew_below=daemon.lease - daemon.heartbeat)
         # Refused: the lease lapses, and the finish will say what happened.
         return Task(key[0], plan, retry_conflicts=True, end_on_refusal=False)
 
@@ -269,8 +269,7 @@ class Manager:
                 self._run_batch(batch)
             except Exception:
                 self.counts["handler_errors"] += 1
-                log.exception("error while deciding a batch site=%s jobs=%s", self.site,
-                              list(batch)[:5])
+                self.log.exception("error while deciding a batch", jobs=list(batch)[:5])
                 for task in batch.values():
                     if not task.recorded:
                         self._not_recorded(task)
@@ -295,7 +294,7 @@ class Manager:
             if plans:
                 self._write_all(pending, plans)
         for doc_id, task in pending.items():
-            log.warning("no settled decision job=%s site=%s", doc_id, self.site)
+            self.log.warning("no settled decision", job=doc_id)
             self._not_recorded(task)
 
     def _settle_from_seen(self, pending: dict[str, Task]) -> None:
@@ -321,7 +320,7 @@ class Manager:
             # read each alone, and skip the unreadable one.
             return {doc_id: self._read_alone(doc_id) for doc_id in ids}
         except CouchError as error:
-            log.warning("cannot read jobs site=%s jobs=%d error=%s", self.site, len(ids), error)
+            self.log.warning("cannot read jobs", jobs=len(ids), error=error)
             return None
 
     def _read_alone(self, doc_id: str) -> list[Doc]:
@@ -360,7 +359,7 @@ class Manager:
             return task.plan(*found)
         except Exception:  # a document the core chokes on: logged, the batch goes on
             self.counts["handler_errors"] += 1
-            log.exception("error while deciding job=%s site=%s", task.doc_id, self.site)
+            self.log.exception("error while deciding", job=task.doc_id)
             return None
 
     def _write_all(self, pending: dict[str, Task],
@@ -371,7 +370,7 @@ class Manager:
             results = {doc["_id"]: result for doc, result in zip(docs, self.store.write(docs),
                                                                     strict=True)}
         except CouchError as error:
-            log.warning("write failed site=%s jobs=%d error=%s", self.site, len(docs), error)
+            self.log.warning("write failed", jobs=len(docs), error=error)
             for doc_id in plans:
                 self._not_recorded(pending.pop(doc_id))
             return
@@ -395,7 +394,7 @@ class Manager:
                 self._carried_out(doc_id, plan, rev)
             except Exception:  # e.g. a launch the pool refuses: the others still go
                 self.counts["handler_errors"] += 1
-                log.exception("error after writing job=%s site=%s", doc_id, self.site)
+                self.log.exception("error after writing", job=doc_id)
 
     def _after_write(self, pending: dict[str, Task], task: Task, plan: core.Plan,
                      rev: str) -> None:
@@ -424,8 +423,7 @@ class Manager:
         try:
             results = self.store.write(losers)
         except CouchError as error:  # the creator deletes them on its next decision
-            log.warning("losing revisions not deleted site=%s count=%d error=%s",
-                        self.site, len(losers), error)
+            self.log.warning("losing revisions not deleted", count=len(losers), error=error)
             return
         self.counts["conflicts_resolved"] += sum(isinstance(r, Saved) for r in results)
 
@@ -433,21 +431,22 @@ class Manager:
         self.counts[f"action_{plan.action}"] += 1
         if plan.detail.startswith(core.WON_CLAIM):
             self.counts["claims_won"] += 1
-        log.info("%s job=%s site=%s rev=%s%s", plan.action, doc_id, self.site, rev,
-                 f" detail={plan.detail!r}" if plan.detail else "")
+        step, epoch = acted_on(plan)
+        self.log.info(plan.action, job=doc_id, step=step, epoch=epoch, rev=rev,
+                      detail=plan.detail or None)
         for effect in plan.after:
             self.apply(effect, plan.doc)
 
     def _refused(self, task: Task, plan: core.Plan, leaves: list[Doc], result: Rejected) -> None:
         """The server refuses the revision: the same write can never succeed."""
         if result.error != "forbidden":  # not the rules: a login, or the server's trouble
-            log.warning("write failed job=%s site=%s action=%s error=%s: %s", task.doc_id,
-                        self.site, plan.action, result.error, result.reason)
+            self.log.warning("write failed", job=task.doc_id, action=plan.action,
+                             error=f"{result.error}: {result.reason}")
             self._not_recorded(task)
             return
         self.counts["writes_refused"] += 1
-        log.error("write refused job=%s site=%s action=%s reason=%s",
-                  task.doc_id, self.site, plan.action, result.reason)
+        self.log.error("write refused", job=task.doc_id, action=plan.action,
+                       reason=result.reason)
         for effect in plan.before:  # a worker booked for a write that never happens is lost
             if isinstance(effect, core.Book):
                 self.apply(core.Unbook(effect.key))
@@ -481,8 +480,8 @@ class Manager:
         del self.held[held.key], self.held_retry[held.key]
         self.journal.forget(held)
         self.counts["results_replayed"] += 1
-        log.info("held result written job=%s step=%d site=%s epoch=%d held_for=%.1fs",
-                 held.job_id, held.step, self.site, held.epoch, time.time() - held.since)
+        self.log.info("held result written", job=held.job_id, step=held.step, epoch=held.epoch,
+                      held_for=time.time() - held.since)
 
     def _not_recorded(self, task: Task) -> None:
         """The server did not take the task's write: a result is kept, a decision is
@@ -512,11 +511,11 @@ class Manager:
             self.journal.keep(held)
         except (OSError, JournalFull) as error:
             self.counts["journal_errors"] += 1
-            log.error("result held in memory only job=%s step=%d site=%s epoch=%d error=%s",
-                      held.job_id, held.step, self.site, held.epoch, error)
+            self.log.error("result held in memory only", job=held.job_id, step=held.step,
+                           epoch=held.epoch, error=error)
         self.counts["results_held"] += 1
-        log.warning("result held until the server takes it job=%s step=%d site=%s epoch=%d",
-                    held.job_id, held.step, self.site, held.epoch)
+        self.log.warning("result held until the server takes it", job=held.job_id,
+                         step=held.step, epoch=held.epoch)
         self._hold_in_memory(held, delay=HELD_RETRY_FIRST)
 
     def _hold_in_memory(self, held: Held, delay: float = 0.0) -> None:
@@ -567,14 +566,12 @@ class Manager:
             return
         self.own_revs.append(rev)  # report each bad revision once
         self.counts["invalid_documents"] += 1
-        log.error("invalid job skipped job=%s rev=%s site=%s errors=%r",
-                  doc_id, rev, self.site, reason)
+        self.log.error("invalid job skipped", job=doc_id, rev=rev, errors=reason)
 
     def _skip(self, doc_id: str, reason: str) -> None:
         """Leave the job alone until a new revision of it arrives on the feed."""
         if doc_id not in self.skipped:
-            log.warning("job skipped until it changes job=%s site=%s reason=%r",
-                        doc_id, self.site, reason)
+            self.log.warning("job skipped until it changes", job=doc_id, reason=reason)
             self.counts["jobs_skipped"] += 1
         self.skipped[doc_id] = reason
         self.skipped.move_to_end(doc_id)
@@ -615,19 +612,20 @@ class Manager:
                 unchanged_for: float = 0.0) -> core.Context:
         now = time.monotonic()
         return core.Context(self.site, utc_now(), self.known_sites,
-                            booking_timeout=self.config.booking_timeout,
-                            lease=self.config.lease, skew_margin=self.config.clock_skew_margin,
-                            runs=self.config.allows,
+                            booking_timeout=self.config.daemon.booking_timeout,
+                            lease=self.config.daemon.lease,
+                            skew_margin=self.config.daemon.clock_skew_margin,
+                            runs=self.config.commands.allows,
                             lease_silence=lease_silence,
                             room=self.board.room(now),
                             assigning=self._expecting_assignments(now),
-                            successors=self.config.successors, silent=self.silent(now),
-                            creator_timeout=self.config.creator_timeout,
+                            successors=self.config.succession.successors, silent=self.silent(now),
+                            creator_timeout=self.config.succession.creator_timeout,
                             unchanged_for=unchanged_for)
 
     def silent(self, now: float) -> frozenset[str]:
         """The sites of our succession lines silent for creator_timeout, by our clock."""
-        return self.board.silent(self.line_sites, now, self.config.creator_timeout)
+        return self.board.silent(self.line_sites, now, self.config.succession.creator_timeout)
 
     def _expecting_assignments(self, now: float) -> frozenset[str]:
         """The creators that may assign steps to us: those that assign, unless our last
@@ -640,7 +638,7 @@ class Manager:
 
     @property
     def restricted(self) -> bool:
-        return self.config.allowed_commands is not None
+        return self.config.commands.allow is not None
 
     def pool_view(self) -> core.PoolView:
         running = {**self.executions, **self.launching}
@@ -671,8 +669,7 @@ class Manager:
             self.booked_at.pop(effect.key, None)
             self.scan_due = True  # a lost claim: look for other work at once
         elif isinstance(effect, core.Kill):
-            log.info("killing job=%s step=%d site=%s reason=%r",
-                     effect.key[0], effect.key[1], self.site, effect.reason)
+            self.log.info("killing", job=effect.key[0], step=effect.key[1], reason=effect.reason)
             self.pool.cancel(effect.key)
         elif isinstance(effect, core.Launch):
             assert doc is not None
@@ -685,8 +682,7 @@ class Manager:
     def launch(self, effect: core.Launch, doc: Doc) -> None:
         job_id, index = effect.key
         if effect.key in self.executions:  # the core never asks this; never run a step twice
-            log.error("not launching a step already running here job=%s step=%d site=%s",
-                      job_id, index, self.site)
+            self.log.error("not launching a step already running here", job=job_id, step=index)
             return
         env = {
             "JOBDIST_JOB_ID": job_id,
@@ -733,19 +729,19 @@ class Manager:
     def _expired_booking_tasks(self) -> list[Task]:
         now = time.monotonic()
         return [self.decide_task(key[0]) for key, since in list(self.booked_at.items())
-                if now - since >= self.config.booking_timeout]
+                if now - since >= self.config.daemon.booking_timeout]
 
     def _unbook_expired(self) -> None:
         """Bookings still held past their timeout once decided: their job is gone."""
         now = time.monotonic()
         for key, since in list(self.booked_at.items()):
-            if now - since >= self.config.booking_timeout and self.pool.is_booked(key):
+            if now - since >= self.config.daemon.booking_timeout and self.pool.is_booked(key):
                 self.apply(core.Unbook(key))
 
     def _renewal_tasks_due(self) -> list[Task]:
         """Renew the lease of every step we run, so the creator knows we are alive."""
         now = time.monotonic()
-        if now - self.last_heartbeat < self.config.heartbeat:
+        if now - self.last_heartbeat < self.config.daemon.heartbeat:
             return []
         self.last_heartbeat = now
         return [self.renew_task(key, running.epoch)
@@ -754,14 +750,14 @@ class Manager:
     def _revocation_tasks_due(self) -> list[Task]:
         """As creator: take back steps whose winner stopped renewing its lease."""
         now = time.monotonic()
-        if now - self.last_lease_scan < self.config.heartbeat / 2:
+        if now - self.last_lease_scan < self.config.daemon.heartbeat / 2:
             return []
         self.last_lease_scan = now
-        cutoff = later(utc_now(), -self.config.clock_skew_margin)
+        cutoff = later(utc_now(), -self.config.daemon.clock_skew_margin)
         try:
             due = self.store.leases_due(self.site, cutoff)
         except CouchError as error:
-            log.warning("lease scan failed site=%s error=%s", self.site, error)
+            self.log.warning("lease scan failed", error=error)
             self.leases_seen.clear()  # renewals go unseen meanwhile: count afresh after
             return []
         return [self.decide_task(doc_id) for doc_id in due if doc_id not in self.skipped]
@@ -771,7 +767,7 @@ class Manager:
         is our turn to take them over (core.succeeds)."""
         now = time.monotonic()
         if not self.line_sites or \
-                now - self.last_succession_scan < self.config.creator_timeout / 4:
+                now - self.last_succession_scan < self.config.succession.creator_timeout / 4:
             return []
         self.last_succession_scan = now
         ids: list[str] = []
@@ -779,7 +775,7 @@ class Manager:
             for site in sorted(self.silent(now)):
                 ids += self.store.involving(site)
         except CouchError as error:
-            log.warning("succession scan failed site=%s error=%s", self.site, error)
+            self.log.warning("succession scan failed", error=error)
             self.board.restart_silence(now)  # we heard nothing meanwhile: count afresh
             return []
         return [self.decide_task(doc_id) for doc_id in dict.fromkeys(ids)
@@ -807,7 +803,7 @@ class Manager:
         try:
             open_ids = self.store.open_created(self.site, 2 * room + min(len(self.skipped), 1000))
         except CouchError as error:
-            log.warning("open-step scan failed site=%s error=%s", self.site, error)
+            self.log.warning("open-step scan failed", error=error)
             return []
         return [self.decide_task(doc_id) for doc_id in open_ids if doc_id not in self.skipped]
 
@@ -822,7 +818,7 @@ class Manager:
             for doc in self.store.statuses():
                 self.hear_status(doc)
         except CouchError as error:  # the feed brings them as they are renewed
-            log.warning("cannot read site statuses site=%s error=%s", self.site, error)
+            self.log.warning("cannot read site statuses", error=error)
 
     def own_status(self) -> status.SiteStatus:
         return status.SiteStatus(
@@ -845,14 +841,14 @@ class Manager:
                 doc["_rev"] = self.publisher.rev
             (result,) = self.store.write([doc])
         except CouchError as error:
-            log.warning("status not published site=%s error=%s", self.site, error)
+            self.log.warning("status not published", error=error)
             return
         if isinstance(result, Saved):
             self.own_revs.append(result.rev)
             self.publisher.published(mine, result.rev, now)
         else:  # someone wrote it meanwhile (an older daemon of ours): read it next time
             self.publisher.rev = None
-            log.warning("status not published site=%s result=%s", self.site, result)
+            self.log.warning("status not published", result=result)
 
     def claimable(self, limit: int) -> list[str]:
         """Open steps this site may run: highest priority first, then oldest."""
@@ -863,7 +859,7 @@ class Manager:
             rows = [row for target in (self.site, "any")
                     for row in self.store.claimable(target, limit + extra)]
         except CouchError as error:
-            log.warning("claimable scan failed site=%s error=%s", self.site, error)
+            self.log.warning("claimable scan failed", error=error)
             return []
         rows = sorted((row for row in rows if row.job_id not in self.skipped),
                       key=lambda row: (row.rank, row.created_at))
@@ -885,7 +881,7 @@ class Manager:
             self.store.save_checkpoint(self.site, self.seq)
             self.saved_seq, self.last_checkpoint = self.seq, now
         except CouchError as error:
-            log.warning("checkpoint not saved site=%s error=%s", self.site, error)
+            self.log.warning("checkpoint not saved", error=error)
 
     def drain(self, grace: float) -> None:
         """Graceful stop: claim nothing more, let running steps end or stop them, release."""
@@ -894,7 +890,7 @@ class Manager:
             self.apply(core.Unbook(key))
         stopped = self.pool.shutdown(grace)
         if stopped:
-            log.info("stopped %d running steps site=%s", len(stopped), self.site)
+            self.log.info("stopped running steps", count=len(stopped))
         self.settle(self._report_tasks())
         self._checkpoint_if_due(force=True)
 
@@ -914,3 +910,13 @@ def _drain(source: queue.Queue[Any]) -> Iterable[Any]:
             yield source.get_nowait()
         except queue.Empty:
             return
+
+
+def acted_on(plan: core.Plan) -> tuple[int | None, int | None]:
+    """The step and epoch a plan's write is about, for its log line: those of the
+    event it records (a plan that records none, a re-save, gives its current step)."""
+    if plan.doc is None:
+        return None, None
+    history = plan.doc.get("history") or [{}]
+    step = history[-1].get("step", plan.doc.get("step"))
+    return step, history[-1].get("epoch")

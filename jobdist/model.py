@@ -8,15 +8,14 @@ shape and nothing about I/O: builders for new jobs, and small readers such as
 from __future__ import annotations
 
 import copy
-import os
 import secrets
-from datetime import UTC, datetime, timedelta
 from enum import IntEnum
 from typing import Any
 
-Doc = dict[str, Any]
+from .clock import utc_now
 
-CLOCK_OFFSET = float(os.environ.get("JOBDIST_CLOCK_OFFSET", "0") or 0)
+Doc = dict[str, Any]
+StepKey = tuple[str, int]  # (job id, step index): what a booking or a run is for
 
 ANY = "any"
 FINAL_STATUSES = ("success", "failed", "cancelled")
@@ -24,34 +23,6 @@ HISTORY_EVENTS = (
     "created", "claimed", "won", "started", "retried", "finished", "failed",
     "released", "cancelled", "stale_finish", "invalid", "adopted",
 )
-
-
-def utc_now() -> str:
-    """The time as ISO 8601 UTC with microseconds: sortable as a string.
-
-    The daemon's one wall clock for the protocol (leases, keep-alive). The fault
-    suite skews a site's clock by setting $JOBDIST_CLOCK_OFFSET (seconds).
-    """
-    return format_time(datetime.now(UTC) + timedelta(seconds=CLOCK_OFFSET))
-
-
-def format_time(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def parse_time(text: str) -> datetime:
-    """Any time the rules accept: the fraction may be missing or have up to 9 digits."""
-    whole, _, fraction = text.removesuffix("Z").partition(".")
-    moment = datetime.strptime(whole, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=UTC)
-    return moment.replace(microsecond=int(fraction[:6].ljust(6, "0")))
-
-
-def later(moment: str, seconds: float) -> str:
-    return format_time(parse_time(moment) + timedelta(seconds=seconds))
-
-
-def seconds_between(earlier: str, later_moment: str) -> float:
-    return (parse_time(later_moment) - parse_time(earlier)).total_seconds()
 
 
 def new_job_id(created_at: str) -> str:

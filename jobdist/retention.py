@@ -21,7 +21,6 @@ import contextlib
 import json
 import logging
 import os
-import re
 import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -29,37 +28,16 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import IO, Any
 
+from .clock import format_time
 from .core import merge
 from .couch import Conflict, Database, Rejected, Saved
-from .errors import JobdistError
-from .model import FINAL_STATUSES, Doc, format_time
+from .design import DDOC
+from .model import FINAL_STATUSES, Doc
+from .periodic import Periodic
 
 log = logging.getLogger("jobdist.retention")
 
-DDOC = "jobdist"
 VIEW = "finished_before"  # key: updated_at of finished jobs
-
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")
-_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-
-
-class RetentionError(JobdistError, ValueError):
-    """A retention setting that cannot be used (e.g. a malformed duration)."""
-
-
-def parse_duration(text: str) -> timedelta:
-    """`90m`, `12h`, `30d`, `2w`, `1d12h`, `45s` as a timedelta (m is minutes)."""
-    compact = text.strip().lower()
-    parts = _DURATION_PART.findall(compact)
-    if not compact or "".join(n + u for n, u in parts) != compact.replace(" ", ""):
-        raise RetentionError(
-            f"{text!r} is not a duration: use a number and a unit s, m, h, d or w "
-            "(e.g. 90m, 12h, 30d)")
-    seconds = sum(float(number) * _UNIT_SECONDS[unit] for number, unit in parts)
-    if seconds <= 0:
-        raise RetentionError(f"{text!r}: the retention period must be longer than 0")
-    return timedelta(seconds=seconds)
-
 
 def cutoff_time(older_than: timedelta, now: datetime | None = None) -> str:
     """The ISO time before which a finished job's last update makes it expired."""
@@ -231,27 +209,23 @@ def cleanup(db: Database, older_than: timedelta, *, export: IO[str] | None = Non
     return report
 
 
-class PeriodicCleanup(threading.Thread):
+class PeriodicCleanup(Periodic):
     """A daemon's retention: every `interval`, remove the finished jobs it created
     that are past `older_than`, exported first when `export` is set."""
 
+    what = "retention pass"
+
     def __init__(self, db: Database, site: str, older_than: timedelta, interval: float,
                  export: Path | None, stop: threading.Event) -> None:
-        super().__init__(name=f"retention-{site}", daemon=True)
+        super().__init__("retention", site, stop, "jobdist.retention")
         self.db = db
-        self.site = site
         self.older_than = older_than
         self.interval = interval
         self.export = export
-        self.stop_event = stop
         self.removed = 0
 
-    def run(self) -> None:
-        while not self.stop_event.wait(self.interval):
-            try:
-                self.pass_once()
-            except Exception:  # retention must never take the site down
-                log.exception("retention pass failed site=%s", self.site)
+    def wait_before_pass(self) -> float:
+        return self.interval
 
     def pass_once(self) -> Report:
         if self.export is None:
@@ -261,6 +235,5 @@ class PeriodicCleanup(threading.Thread):
                 report = cleanup(self.db, self.older_than, export=out, creator=self.site)
         self.removed += report.deleted.jobs
         if report.deleted.jobs:
-            log.info("retention removed jobs=%d site=%s cutoff=%s", report.deleted.jobs,
-                     self.site, report.cutoff)
+            self.log.info("retention removed", jobs=report.deleted.jobs, cutoff=report.cutoff)
         return report

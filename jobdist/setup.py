@@ -40,19 +40,20 @@ SITE_ROLE = "jobdist"
 
 def couch_of(site: SiteConfig, **options: Any) -> Couch:
     """The site's server as the site's own user (what the daemon and the CLI use)."""
-    return Couch(site.couch_url, user=site.user, password=site.password, **options)
+    return Couch(site.couch.url, user=site.couch.user, password=site.couch.password, **options)
 
 
 def admin_couch_of(site: SiteConfig, **options: Any) -> Couch:
     """The site's server as its admin, where the config names one; else as the site."""
-    if site.admin_user is None:
+    if site.couch.admin_user is None:
         return couch_of(site, **options)
-    return Couch(site.couch_url, user=site.admin_user, password=site.admin_password, **options)
+    return Couch(site.couch.url, user=site.couch.admin_user, password=site.couch.admin_password,
+                 **options)
 
 
 def security_object(site: SiteConfig) -> dict[str, Any]:
     """Only the admin administers the jobs database; only site users read and write it."""
-    admins = [site.admin_user] if site.admin_user else []
+    admins = [site.couch.admin_user] if site.couch.admin_user else []
     return {"admins": {"names": admins, "roles": []},
             "members": {"names": [], "roles": [SITE_ROLE]}}
 
@@ -96,7 +97,8 @@ def setup_sites(sites: dict[str, SiteConfig], chosen: list[SiteConfig] | None = 
 
 def site_logins(sites: dict[str, SiteConfig]) -> dict[str, str]:
     """Every site's user and password: each must exist on every server."""
-    return {site.user: site.password or "" for site in sites.values() if site.user}
+    return {site.couch.user: site.couch.password or "" for site in sites.values()
+            if site.couch.user}
 
 
 def setup_database(site: SiteConfig, report: Say, logins: dict[str, str] | None = None) -> int:
@@ -107,15 +109,15 @@ def setup_database(site: SiteConfig, report: Say, logins: dict[str, str] | None 
         couch.ensure_database("_users")
         changes += 1
         report(f"{site.name}: created database _users")
-    db = couch.database(site.database)
+    db = couch.database(site.couch.database)
     if not db.exists():
-        couch.ensure_database(site.database)
+        couch.ensure_database(site.couch.database)
         changes += 1
-        report(f"{site.name}: created database {site.database}")
+        report(f"{site.name}: created database {site.couch.database}")
     for doc_id in db.sync_design_docs(load_design_docs()):
         changes += 1
         report(f"{site.name}: wrote {doc_id}")
-    if site.admin_user is not None:  # without an admin there is no one to lock out
+    if site.couch.admin_user is not None:  # without an admin there is no one to lock out
         for user, password in sorted((logins or {}).items()):
             if ensure_user(couch, site, user, password):
                 changes += 1
@@ -123,14 +125,14 @@ def setup_database(site: SiteConfig, report: Say, logins: dict[str, str] | None 
         if db.security() != security_object(site):
             db.put_security(security_object(site))
             changes += 1
-            report(f"{site.name}: wrote _security of {site.database}")
+            report(f"{site.name}: wrote _security of {site.couch.database}")
     couch.replicator()
     return changes
 
 
 def ensure_user(couch: Couch, site: SiteConfig, user: str, password: str) -> bool:
     """Create the user, or set its password if that no longer logs in; True on a write."""
-    if Couch(site.couch_url, user=user, password=password, retries=1).session_user() == user:
+    if Couch(site.couch.url, user=user, password=password, retries=1).session_user() == user:
         return False
     users = couch.database("_users")
     doc_id = f"org.couchdb.user:{user}"
@@ -143,10 +145,10 @@ def ensure_user(couch: Couch, site: SiteConfig, user: str, password: str) -> boo
 
 def check_database(site: SiteConfig) -> None:
     """For a daemon without admin rights: the database must have been set up already."""
-    db = couch_of(site).database(site.database)
+    db = couch_of(site).database(site.couch.database)
     missing = [doc["_id"] for doc in load_design_docs() if db.get(doc["_id"]) is None]
     if missing:
-        raise CouchError(f"{site.name}: the database {site.database} is not set up "
+        raise CouchError(f"{site.name}: the database {site.couch.database} is not set up "
                          f"({', '.join(missing)} missing): run `jobdist setup`")
 
 

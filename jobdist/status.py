@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .model import Doc
+from .model import Doc, StepKey
 from .validation import validate_site_status
 
 log = logging.getLogger("jobdist.status")
@@ -39,7 +39,6 @@ REFRESH = 30.0  # an unchanged status is published again this often
 STALE_AFTER = 3 * REFRESH  # a status not renewed for this long (our clock) is ignored
 ASSIGNED_FOR = 3.0  # seconds an assignment counts against a room its site has not re-published
 
-Key = tuple[str, int]
 
 
 def refresh_for(creator_timeout: float) -> float:
@@ -88,7 +87,7 @@ class Board:
     def __init__(self, site: str, started: float = 0.0) -> None:
         self.site = site
         self.statuses: dict[str, tuple[SiteStatus, float]] = {}  # site -> (status, heard at)
-        self.assigned: dict[Key, tuple[str, float]] = {}  # step -> (site, when we assigned it)
+        self.assigned: dict[StepKey, tuple[str, float]] = {}  # step -> (site, when we assigned it)
         # site -> (its last `updated_at`, when we heard that new status): silence counts
         # from there, or from `started` for a site we never heard.
         self.news: dict[str, tuple[str, float]] = {}
@@ -124,7 +123,7 @@ class Board:
         self.started = now
         self.news = {site: (updated_at, now) for site, (updated_at, _) in self.news.items()}
 
-    def note_assigned(self, key: Key, site: str, now: float) -> None:
+    def note_assigned(self, key: StepKey, site: str, now: float) -> None:
         self.assigned[key] = (site, now)
 
     def room(self, now: float) -> dict[str, int]:

@@ -17,9 +17,8 @@ from typing import Protocol
 
 from . import listener, status
 from .couch import Conflict, Database, Rejected, Saved
+from .design import DDOC
 from .model import Doc
-
-DESIGN = "jobdist"
 
 Written = Saved | Conflict | Rejected
 
@@ -92,19 +91,19 @@ class CouchStore:
         return self.db.bulk_docs(list(docs))
 
     def claimable(self, target: str, limit: int) -> list[Open]:
-        rows = self.db.view(DESIGN, "claimable", startkey=[target], endkey=[target, {}],
+        rows = self.db.view(DDOC, "claimable", startkey=[target], endkey=[target, {}],
                             limit=limit)
         return [Open(row["id"], row["key"][1], row["key"][2]) for row in rows]
 
     def leases_due(self, creator: str, cutoff: str) -> list[str]:
-        rows = self.db.view(DESIGN, "leases", startkey=[creator], endkey=[creator, cutoff])
+        rows = self.db.view(DDOC, "leases", startkey=[creator], endkey=[creator, cutoff])
         return [row["id"] for row in rows]
 
     def involving(self, site: str) -> Iterator[str]:
-        return (row["id"] for row in self.db.iter_view(DESIGN, "involving", key=site))
+        return (row["id"] for row in self.db.iter_view(DDOC, "involving", key=site))
 
     def open_created(self, creator: str, limit: int) -> list[str]:
-        rows = self.db.view(DESIGN, "stale_open", startkey=[creator], endkey=[creator, {}],
+        rows = self.db.view(DDOC, "stale_open", startkey=[creator], endkey=[creator, {}],
                             limit=limit)
         return [row["id"] for row in rows]
 

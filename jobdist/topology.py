@@ -37,12 +37,12 @@ class Replication:
 
     @property
     def source_endpoint(self) -> str:
-        return endpoint(self.source.couch_url, self.source.database, self.source)
+        return endpoint(self.source.couch.url, self.source.couch.database, self.source)
 
     @property
     def target_endpoint(self) -> str:
-        url = self.source.peer_urls.get(self.target.name, self.target.couch_url)
-        return endpoint(url, self.target.database, self.source)
+        url = self.source.replication.peer_urls.get(self.target.name, self.target.couch.url)
+        return endpoint(url, self.target.couch.database, self.source)
 
 
 def endpoint(couch_url: str, database: str, login: SiteConfig) -> str:
@@ -50,12 +50,12 @@ def endpoint(couch_url: str, database: str, login: SiteConfig) -> str:
     replicator runs inside CouchDB and must log in to both ends. A replication
     logs in as the site that pushes (its user exists on every site)."""
     url = f"{couch_url.rstrip('/')}/{database}"
-    if login.user is None:
+    if login.couch.user is None:
         return url
     parts = urlsplit(url)
     host = parts.netloc.rpartition("@")[2]
-    userinfo = quote(login.user, safe="") + (
-        f":{quote(login.password, safe='')}" if login.password else "")
+    userinfo = quote(login.couch.user, safe="") + (
+        f":{quote(login.couch.password, safe='')}" if login.couch.password else "")
     return urlunsplit((parts.scheme, f"{userinfo}@{host}", parts.path, parts.query,
                        parts.fragment))
 
@@ -66,7 +66,7 @@ def replications(sites: dict[str, SiteConfig]) -> list[Replication]:
     for site in sites.values():
         for peer_name in site.peers:
             peer = sites[peer_name]
-            if site.filtered and not peer.relay:
+            if site.replication.filtered and not peer.replication.relay:
                 wanted.append(Replication(site, peer, JOBS_FOR_SITE, {"site": peer.name}))
             else:
                 wanted.append(Replication(site, peer, EVERY_JOB, None))

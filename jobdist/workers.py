@@ -9,8 +9,6 @@ daemon threads.
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import math
 import os
 import signal
@@ -19,11 +17,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
-logger = logging.getLogger("jobdist.workers")
+from .clock import utc_now
+from .logs import EventLog
+from .model import StepKey
+from .processes import group_has_live_members, signal_group
 
 OUTPUT_TAIL_BYTES = 4096
 KILL_GRACE_SECONDS = 2.0  # between SIGTERM and SIGKILL of a process group
@@ -31,7 +31,6 @@ POLL_SECONDS = 0.05  # how often waits look at the cancel event and the deadline
 READER_JOIN_SECONDS = 2.0  # how long to wait for EOF once the process group is gone
 _READ_CHUNK = 65536
 
-StepKey = tuple[str, int]
 RetryCallback = Callable[[int, str], None]
 
 
@@ -51,11 +50,6 @@ class StepResult:
     reason: str  # human-readable outcome, e.g. "exit 3 after 4 attempts"
     cancelled: bool = False
     timed_out: bool = False
-
-
-def utc_now_iso() -> str:
-    """The current UTC time as the job document writes it: microseconds and a "Z"."""
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def retry_delays(strategy: Mapping[str, Any]) -> Iterator[float]:
@@ -139,70 +133,29 @@ class _Attempt:
         return self.exit_code == 0 and not (self.timed_out or self.cancelled)
 
 
-@dataclass(frozen=True)
-class _LogContext:
-    """Who runs what, for log lines; read from the env the caller passes to the command."""
-
-    job: str
-    step: str
-    site: str
-    worker: str
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> _LogContext:
-        return cls(
-            job=env.get("JOBDIST_JOB_ID", "-"),
-            step=env.get("JOBDIST_STEP", "-"),
-            site=env.get("JOBDIST_SITE", "-"),
-            worker=env.get("JOBDIST_WORKER", "-"),
-        )
-
-    def __str__(self) -> str:
-        return f"job={self.job} step={self.step} site={self.site} worker={self.worker}"
+def step_log(env: Mapping[str, str]) -> EventLog:
+    """The log of one step's run: its job, step, site and worker, from the env the
+    caller passes to the command."""
+    return EventLog("jobdist.workers", **{
+        field: env.get(variable, "-")
+        for field, variable in (("job", "JOBDIST_JOB_ID"), ("step", "JOBDIST_STEP"),
+                                ("site", "JOBDIST_SITE"), ("worker", "JOBDIST_WORKER"))
+    })
 
 
-def _group_has_live_members(pgid: int) -> bool:
-    """Whether any non-zombie process is still in the group.
-
-    Zombies are skipped because orphans re-parented to an init that never reaps
-    (common in containers) would otherwise make every group look alive forever.
-    """
-    proc = Path("/proc")
-    if not proc.is_dir():  # not Linux: fall back to the kernel's answer, zombies included
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return False
-        return True
-    for stat_file in proc.glob("[0-9]*/stat"):
-        try:
-            fields = stat_file.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue  # the process ended while we looked
-        state, pgrp = fields[0], int(fields[2])
-        if pgrp == pgid and state not in ("Z", "X"):
-            return True
-    return False
-
-
-def _signal_group(pgid: int, signum: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError):  # the group is already empty
-        os.killpg(pgid, signum)
-
-
-def _terminate_group(proc: subprocess.Popen[bytes], log: _LogContext) -> None:
+def _terminate_group(proc: subprocess.Popen[bytes], log: EventLog) -> None:
     """SIGTERM the command's whole process group, then SIGKILL what outlives the grace."""
     pgid = proc.pid  # start_new_session made the shell its group's leader
-    _signal_group(pgid, signal.SIGTERM)
+    signal_group(pgid, signal.SIGTERM)
     deadline = time.monotonic() + KILL_GRACE_SECONDS
     while time.monotonic() < deadline:
         proc.poll()  # reap the shell so it does not count as alive
-        if not _group_has_live_members(pgid):
+        if not group_has_live_members(pgid):
             break
         time.sleep(POLL_SECONDS)
     else:
-        logger.warning("process group survived SIGTERM, sending SIGKILL %s pgid=%d", log, pgid)
-        _signal_group(pgid, signal.SIGKILL)
+        log.warning("process group survived SIGTERM, sending SIGKILL", pgid=pgid)
+        signal_group(pgid, signal.SIGKILL)
     proc.wait()
 
 
@@ -252,10 +205,10 @@ def _run_attempt(
     number: int,
     timeout: float | None,
     cancel: threading.Event,
-    log: _LogContext,
+    log: EventLog,
 ) -> _Attempt:
     """Run `command` once with /bin/sh in a new process group and wait for its end."""
-    logger.info("attempt started %s attempt=%d command=%r", log, number, command)
+    log.info("attempt started", attempt=number, command=command)
     try:
         proc = subprocess.Popen(
             ["/bin/sh", "-c", command],
@@ -267,20 +220,20 @@ def _run_attempt(
             bufsize=0,  # raw pipes: readers get whatever is there, no buffering here
         )
     except (OSError, ValueError) as error:  # e.g. a NUL byte in the command
-        logger.error("attempt could not start %s attempt=%d error=%s", log, number, error)
+        log.error("attempt could not start", attempt=number, error=error)
         return _Attempt(number, None, "", "", outcome=f"could not start: {error}")
     assert proc.stdout is not None and proc.stderr is not None  # both are PIPE
     stdout = _TailReader(proc.stdout, f"jobdist-stdout-{proc.pid}")
     stderr = _TailReader(proc.stderr, f"jobdist-stderr-{proc.pid}")
     ending = _wait_for_exit(proc, timeout, cancel)
-    if ending != "exited" or _group_has_live_members(proc.pid):
+    if ending != "exited" or group_has_live_members(proc.pid):
         # Also after a normal exit: a step's processes must not outlive it, and
         # leftovers would keep our pipes open.
-        logger.warning("killing process group %s attempt=%d ending=%s", log, number, ending)
+        log.warning("killing process group", attempt=number, ending=ending)
         _terminate_group(proc, log)
     for reader in (stdout, stderr):
         if not reader.join(READER_JOIN_SECONDS):
-            logger.warning("a process that left the group still holds an output pipe %s", log)
+            log.warning("a process that left the group still holds an output pipe")
     return _attempt_from_ending(ending, proc.returncode, number, timeout, stdout, stderr, log)
 
 
@@ -291,7 +244,7 @@ def _attempt_from_ending(
     timeout: float | None,
     stdout: _TailReader,
     stderr: _TailReader,
-    log: _LogContext,
+    log: EventLog,
 ) -> _Attempt:
     out, err = stdout.text(), stderr.text()
     if ending == "timed_out":
@@ -302,7 +255,7 @@ def _attempt_from_ending(
     else:
         exit_code, outcome = _exit_outcome(returncode)
         attempt = _Attempt(number, exit_code, out, err, outcome=outcome)
-    logger.info("attempt ended %s attempt=%d outcome=%s", log, number, attempt.outcome)
+    log.info("attempt ended", attempt=number, outcome=attempt.outcome)
     return attempt
 
 
@@ -338,9 +291,9 @@ class _StepRun:
         self._allows = allows
         self._cancel = cancel
         self._on_retry = on_retry
-        self._log = _LogContext.from_env(env)
+        self._log = step_log(env)
         self._attempts = 0
-        self._start_time = utc_now_iso()
+        self._start_time = utc_now()
         self._started = time.monotonic()
 
     def run(self) -> StepResult:
@@ -357,14 +310,14 @@ class _StepRun:
             return self._result(do.last, do.summary)
         if self._cancel.is_set():
             return self._result(do.last, f"cancelled before alt_do ({do.summary})", cancelled=True)
-        logger.info("do failed, running alt_do %s reason=%s", self._log, do.summary)
+        self._log.info("do failed, running alt_do", reason=do.summary)
         alt = self._attempt(alt_do)
         return self._result(alt, self._alt_reason(alt, do), used_alt=True)
 
     def _attempt(self, command: str) -> _Attempt:
         self._attempts += 1
         if not self._allows(command):
-            logger.warning("command refused %s command=%r", self._log, command)
+            self._log.warning("command refused", command=command)
             return _Attempt(self._attempts, None, "", "", refused=True,
                             outcome="refused: the command matches no pattern of this "
                                     "site's [commands] allow list (or uses shell operators "
@@ -380,7 +333,7 @@ class _StepRun:
             if attempt.ok or attempt.cancelled or attempt.refused:
                 break  # a refused command would be refused again
             if max_time is not None and self._elapsed() + delay > max_time:
-                logger.info("no retry: max_time reached %s max_time=%s", self._log, max_time)
+                self._log.info("no retry: max_time reached", max_time=max_time)
                 summary = f"{self._summary(attempt)} (max_time {max_time} s reached)"
                 return _DoPhase(attempt, summary)
             if self._cancel.is_set():  # no "retried" event for a retry that cannot happen
@@ -393,13 +346,13 @@ class _StepRun:
 
     def _announce_retry(self, failed: _Attempt, retry_number: int, delay: float) -> None:
         reason = f"{failed.outcome}; retry {retry_number} in {delay} s"
-        logger.info("retrying %s attempt=%d %s", self._log, failed.number, reason)
+        self._log.info("retrying", attempt=failed.number, reason=reason)
         if self._on_retry is None:
             return
         try:
             self._on_retry(failed.number, reason)
         except Exception:  # a broken history writer must not abort the step
-            logger.exception("on_retry callback failed %s", self._log)
+            self._log.exception("on_retry callback failed")
 
     def _summary(self, attempt: _Attempt) -> str:
         if self._attempts <= 1:
@@ -420,7 +373,7 @@ class _StepRun:
         self, last: _Attempt, reason: str, used_alt: bool = False, cancelled: bool = False
     ) -> StepResult:
         cancelled = cancelled or last.cancelled
-        logger.info("step finished %s exit=%s reason=%s", self._log, last.exit_code, reason)
+        self._log.info("step finished", exit=last.exit_code, reason=reason)
         return StepResult(
             ok=last.ok and not cancelled,
             used_alt=used_alt,
@@ -428,7 +381,7 @@ class _StepRun:
             attempts=self._attempts,
             exec_time=self._elapsed(),
             start_time=self._start_time,
-            finish_time=utc_now_iso(),
+            finish_time=utc_now(),
             stdout=last.stdout,
             stderr=last.stderr,
             reason=reason,
@@ -437,7 +390,7 @@ class _StepRun:
         )
 
     def _cancelled_before_start(self) -> StepResult:
-        logger.info("step cancelled before its first attempt %s", self._log)
+        self._log.info("step cancelled before its first attempt")
         return _not_run("cancelled before start", 0.0, cancelled=True)
 
 
@@ -591,7 +544,7 @@ class WorkerPool:
                 daemon=True,
             )
             self._busy[key] = execution
-        logger.info("step started %s epoch=%d", self._where(execution), epoch)
+        self._log_of(execution).info("step started", epoch=epoch)
         execution.thread.start()
         return execution
 
@@ -601,7 +554,7 @@ class WorkerPool:
             execution = self._busy.get(key)
         if execution is None:
             return False
-        logger.info("cancelling %s", self._where(execution))
+        self._log_of(execution).info("cancelling")
         execution.cancel.set()
         return True
 
@@ -631,7 +584,7 @@ class WorkerPool:
             execution.thread.join(max(0.0, deadline - time.monotonic()))
         stragglers = [execution for execution in executions if execution.thread.is_alive()]
         for execution in stragglers:
-            logger.info("shutdown cancels %s", self._where(execution))
+            self._log_of(execution).info("shutdown cancels")
             execution.cancel.set()
         for execution in stragglers:
             execution.thread.join()
@@ -650,7 +603,7 @@ class WorkerPool:
         try:
             result = run_step(step, env, execution.cancel, on_retry, self._allows)
         except Exception as error:  # the slot must be freed and the end reported anyway
-            logger.exception("step crashed %s", self._where(execution))
+            self._log_of(execution).exception("step crashed")
             result = _crashed_result(execution, error)
         with self._lock:
             del self._busy[execution.key]
@@ -658,11 +611,12 @@ class WorkerPool:
         try:
             self._on_done(execution, result)
         except Exception:
-            logger.exception("on_done failed %s", self._where(execution))
+            self._log_of(execution).exception("on_done failed")
 
-    def _where(self, execution: Execution) -> str:
+    def _log_of(self, execution: Execution) -> EventLog:
         job_id, step = execution.key
-        return f"job={job_id} step={step} site={self._site} worker={execution.worker}"
+        return EventLog("jobdist.workers", job=job_id, step=step, site=self._site,
+                        worker=execution.worker)
 
     def _take_slot_for(self, key: StepKey) -> str:
         if key in self._busy:
@@ -739,7 +693,7 @@ def _crashed_result(execution: Execution, error: Exception) -> StepResult:
 
 def _not_run(reason: str, exec_time: float, *, cancelled: bool = False) -> StepResult:
     """A result for a step whose command never ran to an exit code."""
-    now = utc_now_iso()
+    now = utc_now()
     return StepResult(ok=False, used_alt=False, exit_code=None, attempts=0,
                       exec_time=exec_time, start_time=now, finish_time=now,
                       stdout="", stderr="", reason=reason, cancelled=cancelled)
@@ -764,6 +718,7 @@ def kill_orphans(site: str, couch: str) -> list[int]:
         if marker <= variables and stat[0] not in ("Z", "X"):
             groups.add(int(stat[2]))
     for pgid in groups:
-        _signal_group(pgid, signal.SIGKILL)
-        logger.warning("killed orphaned step process group pgid=%d site=%s", pgid, site)
+        signal_group(pgid, signal.SIGKILL)
+        EventLog("jobdist.workers", site=site).warning(
+            "killed orphaned step process group", pgid=pgid)
     return sorted(groups)

@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from jobdist import core
+from jobdist.clock import format_time
 from jobdist.couch import Conflict, Saved
-from jobdist.model import Doc, Phase, format_time, is_live, step_phase, targets
+from jobdist.model import Doc, Phase, StepKey, is_live, step_phase, targets
 from jobdist.store import Open, Written
 
 
@@ -82,7 +83,7 @@ class Replica:
 
 @dataclass
 class Execution:
-    key: core.Key
+    key: StepKey
     epoch: int
     worker: str
     site: str
@@ -124,8 +125,8 @@ class SimSite:
         self.clock = clock
         self.ledger = ledger
         self.known_sites = known_sites
-        self.booked: dict[core.Key, tuple[str, float]] = {}
-        self.running: dict[core.Key, Execution] = {}
+        self.booked: dict[StepKey, tuple[str, float]] = {}
+        self.running: dict[StepKey, Execution] = {}
         self.killed: list[Execution] = []
         self.dying: list[Execution] = []  # killed, their cancelled result not yet reported
         self.crashed: list[Execution] = []  # running or dying when the site restarted
@@ -203,7 +204,7 @@ class SimSite:
         if core.plan([view], self.ctx(), self.pool()).action != "none":
             self.process(doc_id)
 
-    def finish(self, key: core.Key, outcome: Outcome | None = None) -> None:
+    def finish(self, key: StepKey, outcome: Outcome | None = None) -> None:
         execution = self.running.pop(key)
         plan = core.plan_finish(
             self.replica.live_leaves(key[0]), self.ctx(), self.pool(), key,

@@ -13,7 +13,14 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from jobdist.admin import AdminServer, SiteCollector, resident_memory_bytes, seq_number
-from jobdist.config import ConfigError, SiteConfig
+from jobdist.config import (
+    AdminSettings,
+    ConfigError,
+    CouchSettings,
+    DaemonSettings,
+    KeepAliveSettings,
+    SiteConfig,
+)
 from jobdist.couch import Couch
 from jobdist.daemon import Daemon
 from jobdist.lab.localserver import LocalServer, free_port
@@ -41,9 +48,10 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     daemon: Daemon | None = None
     thread: threading.Thread | None = None
     try:
-        config = SiteConfig(name=SITE, couch_url=server.url, workers=1, peers=(),
-                            keepalive_period=5.0, shutdown_grace=0.5,
-                            admin_port=0, admin_token=TOKEN, journal=root / "journal")
+        config = SiteConfig(name=SITE, couch=CouchSettings(server.url), workers=1, peers=(),
+                            keepalive=KeepAliveSettings(period=5.0),
+                            daemon=DaemonSettings(shutdown_grace=0.5, journal=root / "journal"),
+                            admin=AdminSettings(port=0, token=TOKEN))
         daemon = Daemon(config)
         ready = root / "ready"
         thread = threading.Thread(target=daemon.run, args=(ready,), daemon=True)

@@ -21,9 +21,10 @@ pytest.importorskip("pyspark")
 pytest.importorskip("matplotlib")
 
 from jobdist import analytics
+from jobdist.clock import format_time
 from jobdist.couch import Couch, Database, Saved
 from jobdist.lab.localserver import LocalServer, free_port
-from jobdist.model import Doc, event, format_time, new_job, new_step
+from jobdist.model import Doc, event, new_job, new_step
 
 pytestmark = pytest.mark.spark
 

@@ -74,13 +74,13 @@ class Raw:
     def of(cls, cluster: LocalCluster, name: str, *, admin: bool = False) -> Raw:
         site = cluster.sites[name]
         session = requests.Session()
-        user, password = site.user, site.password
-        if admin and getattr(site, "admin_user", None):
-            user, password = site.admin_user, site.admin_password
+        user, password = site.couch.user, site.couch.password
+        if admin and site.couch.admin_user:
+            user, password = site.couch.admin_user, site.couch.admin_password
         if user:
             session.auth = (user, password or "")
         session.headers["Content-Type"] = "application/json"
-        return cls(f"{site.couch_url}/{site.database}", session)
+        return cls(f"{site.couch.url}/{site.couch.database}", session)
 
     def send(self, method: str, path: str = "", body: bytes | None = None,
              **params: str) -> requests.Response:

@@ -10,8 +10,10 @@ import pytest
 from rich.cells import cell_len
 from rich.console import Console
 
-from jobdist import cli
-from jobdist.config import SiteConfig
+from jobdist import client
+from jobdist import render as show
+from jobdist.config import CouchSettings, SiteConfig
+from jobdist.couch import Unavailable
 from jobdist.model import Doc, event, new_job, new_step
 from jobdist.tables import Col, FittedTable, allot
 
@@ -66,7 +68,7 @@ def assert_fits(lines: list[str], width: int) -> None:
 @pytest.mark.parametrize("width", [80, 100])
 def test_show_fits_keeping_every_status_number_and_command(width: int) -> None:
     doc = shown_job()
-    lines = render(cli.steps_table(doc), width) + render(cli.history_table(doc), width)
+    lines = render(show.steps_table(doc), width) + render(show.history_table(doc), width)
     assert_fits(lines, width)
     header = lines[1].split()
     assert header[:2] == ["#", "STATUS"] and header[-1] == "COMMAND"
@@ -74,13 +76,13 @@ def test_show_fits_keeping_every_status_number_and_command(width: int) -> None:
     for status in ("finished", "cancelled", "not run"):
         assert f" {status} " in words
     assert "12.3s" in words and "reg_a/w1" in words and "stale_finish" in words
-    steps = render(cli.steps_table(doc), width)
+    steps = render(show.steps_table(doc), width)
     assert column_text(steps[1:], "COMMAND") == (COMMAND + "sleep1" + "echodone").replace(" ", "")
     assert "operator asked" in words and words.count("a long reason") == 6
 
 
 def test_at_80_columns_finished_is_left_out_and_times_wrap_into_date_and_clock() -> None:
-    lines = render(cli.steps_table(shown_job()), 80)
+    lines = render(show.steps_table(shown_job()), 80)
     assert "FINISHED" not in lines[1] and "STARTED" in lines[1]
     started = lines[1].index("STARTED")
     assert lines[2][started:].startswith("2026-11-22 ")
@@ -88,7 +90,7 @@ def test_at_80_columns_finished_is_left_out_and_times_wrap_into_date_and_clock()
 
 
 def test_a_wide_terminal_shows_every_column_unwrapped() -> None:
-    lines = render(cli.steps_table(shown_job()), 200)
+    lines = render(show.steps_table(shown_job()), 200)
     assert lines[1].split() == ["#", "STATUS", "TARGET", "WHERE", "TRIES", "EXIT", "STARTED",
                                 "FINISHED", "TOOK", "COMMAND"]
     assert len(lines) == 2 + 3  # title, header, one line a step
@@ -96,15 +98,15 @@ def test_a_wide_terminal_shows_every_column_unwrapped() -> None:
 
 
 def test_the_wait_view_fits_80_columns() -> None:
-    lines = render(cli.progress_view(shown_job()), 80)
+    lines = render(show.progress_view(shown_job()), 80)
     assert_fits(lines, 80)
     assert "COMMAND" in lines[2] and "#" in lines[2]
 
 
 def test_list_fits_80_columns_with_whole_ids() -> None:
-    rows = [cli.JobRow(JOB_ID, status, "global", 5, 0, 3, T1, T2, COMMAND)
+    rows = [client.JobRow(JOB_ID, status, "global", 5, 0, 3, T1, T2, COMMAND)
             for status in ("live", "cancelled", "success")]
-    lines = render(FittedTable(cli.LIST_COLUMNS, [cli.list_row(row) for row in rows]), 80)
+    lines = render(FittedTable(show.LIST_COLUMNS, [show.list_row(row) for row in rows]), 80)
     assert_fits(lines, 80)
     assert sum(JOB_ID in line for line in lines) == 3
     assert lines[0].split()[:3] == ["JOB", "STATUS", "STEP"] and "CREATED" in lines[0]
@@ -112,12 +114,12 @@ def test_list_fits_80_columns_with_whole_ids() -> None:
 
 
 def test_watch_fits_80_columns(tmp_path: Any) -> None:
-    site = SiteConfig(name="reg_a", couch_url="http://127.0.0.1:5985", workers=2)
+    site = SiteConfig(name="reg_a", couch=CouchSettings("http://127.0.0.1:5985"), workers=2)
     running = {"id": JOB_ID, "key": ["reg_a", T1], "value": {"step": 0,
                "executioner": "reg_a/w1"}, "doc": {"job": [{"do": COMMAND}]}}
-    snapshot = cli.SiteSnapshot(site, {"live": 3, "success": 120}, [running])
-    down = cli.SiteSnapshot(site, {}, [], error="cannot reach the CouchDB of site reg_a")
-    lines = render(cli.watch_view([snapshot, down]), 80)
+    snapshot = client.SiteSnapshot(site, {"live": 3, "success": 120}, [running])
+    down = client.SiteSnapshot(site, {}, [], error=Unavailable("connection refused"))
+    lines = render(show.watch_view([snapshot, down]), 80)
     assert_fits(lines, 80)
     words = text_of(lines)
     assert JOB_ID in words and "unreachable" in words and "120" in words

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import jobdist.config
-from jobdist.config import SETTINGS, ConfigError, Section, load_site, load_sites
+from jobdist.config import SETTINGS, ConfigError, Section, SuccessionSettings, load_site, load_sites
 from jobdist.lab.scenarios import TOPOLOGIES, write_sites
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -83,7 +83,7 @@ def test_the_example_in_the_module_docstring_loads(tmp_path: Path) -> None:
     doc = jobdist.config.__doc__ or ""
     example = textwrap.dedent(doc[doc.index('    name = "reg_a"'):doc.index("\nCredentials")])
     site = load_site(write_config(tmp_path, example))
-    assert (site.name, site.lease, site.admin_port) == ("reg_a", 60.0, 7984)
+    assert (site.name, site.daemon.lease, site.admin.port) == ("reg_a", 60.0, 7984)
 
 
 # Each setting with a value other than its default: loading it must change the config.
@@ -163,18 +163,18 @@ def test_a_section_is_a_mapping() -> None:
 
 
 def test_succession_is_off_by_default_and_read_in_order(tmp_path: Path) -> None:
-    assert load_site(write_config(tmp_path, BASE)).successors == {}
+    assert load_site(write_config(tmp_path, BASE)).succession.successors == {}
     site = load_site(write_config(tmp_path, BASE + '[succession]\ncreator_timeout = 8\n'
                                   'successors = { global = ["reg_b", "solo"] }\n'))
-    assert (site.successors, site.creator_timeout) == ({"global": ("reg_b", "solo")}, 8.0)
+    assert site.succession == SuccessionSettings({"global": ("reg_b", "solo")}, 8.0)
 
 
 @pytest.mark.parametrize(("succession", "message"), [
     ('successors = { global = ["global", "solo"] }', "a site appears twice in the line"),
     ('successors = { global = ["solo", "solo"] }', "a site appears twice in the line"),
-    ('successors = { global = "solo" }', "succession.successors.global must be a list"),
+    ('successors = { global = "solo" }', "succession.successors: global must be a list"),
     ('successors = { global = ["Solo!"] }', "must be a list of site names"),
-    ("successors = 3", "succession.successors must be a table"),
+    ("successors = 3", "succession.successors: must be a table"),
     ("creator_timeout = 3", "succession.creator_timeout (3.0) must be at least 4 s"),
 ])
 def test_a_bad_succession_is_refused_with_the_reason(tmp_path: Path, succession: str,
@@ -196,4 +196,4 @@ def test_the_documented_succession_table_loads(tmp_path: Path, doc: str) -> None
     [table] = [block for block in re.findall(r"```toml\n(.*?)```", text, re.DOTALL)
                if "[succession]" in block]
     site = load_site(write_config(tmp_path, BASE + table))
-    assert site.successors == {"global": ("reg_a", "reg_b")}
+    assert site.succession.successors == {"global": ("reg_a", "reg_b")}

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from jobdist import core
+from jobdist.clock import format_time
 from jobdist.core import (
     Book,
     Booking,
@@ -28,7 +29,7 @@ from jobdist.core import (
     Running,
     Unbook,
 )
-from jobdist.model import Doc, event, format_time, is_live, new_job, new_step
+from jobdist.model import Doc, event, is_live, new_job, new_step
 from jobdist.validation import validate_job
 
 from .sim import Clock, Execution, Outcome, SimSite, check_no_double_execution

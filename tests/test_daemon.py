@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from jobdist.clock import format_time
 from jobdist.couch import Couch, Database
 from jobdist.design import load_design_docs
 from jobdist.keepalive import KeepAlive
 from jobdist.lab.localserver import LocalServer, free_port
 from jobdist.listener import Changed, Listener, load_checkpoint, save_checkpoint
-from jobdist.model import format_time, new_job, new_step
+from jobdist.model import new_job, new_step
 
 
 @pytest.fixture
@@ -152,7 +153,7 @@ def test_sigterm_lets_the_daemon_release_its_running_step_and_exit_zero(
 
 def test_a_malformed_job_is_logged_and_skipped_and_the_next_job_still_runs(
         couch_server: LocalServer, caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
-    from jobdist.config import SiteConfig
+    from jobdist.config import CouchSettings, SiteConfig
     from jobdist.journal import Journal
     from jobdist.manager import Manager
     from jobdist.store import CouchStore
@@ -162,7 +163,7 @@ def test_a_malformed_job_is_logged_and_skipped_and_the_next_job_still_runs(
     bad = {"_id": "job-bad", "type": "job", "creator": "global", "job": "not a list"}
     good = new_job("global", [new_step("true")])
     db.bulk_docs([bad, good])
-    manager = Manager(SiteConfig("global", couch_server.url, db.name, workers=1),
+    manager = Manager(SiteConfig("global", CouchSettings(couch_server.url, db.name), workers=1),
                       CouchStore(db), {"global"}, Journal(tmp_path / "journal"))
     try:
         manager.process("job-bad")

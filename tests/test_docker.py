@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from jobdist.config import SiteConfig, load_sites
+from jobdist.config import CouchSettings, SiteConfig, load_sites
 from jobdist.couch import Couch
 from jobdist.lab.localserver import LocalServer, free_port
 from jobdist.model import new_job, new_step
@@ -57,7 +57,7 @@ def sites() -> dict[str, SiteConfig]:
 
 
 def server_service(site: SiteConfig) -> str:
-    host = urlsplit(site.couch_url).hostname
+    host = urlsplit(site.couch.url).hostname
     assert host is not None
     return host
 
@@ -86,7 +86,7 @@ def test_servers_are_couchdb_3_with_named_volumes_and_env_credentials(
     for site in sites.values():
         service = compose["services"][server_service(site)]
         assert service["image"] == "couchdb:3"
-        assert urlsplit(site.couch_url).port == 5984
+        assert urlsplit(site.couch.url).port == 5984
         env = service["environment"]
         assert ENV_REF.match(env["COUCHDB_USER"])
         assert REQUIRED_ENV_REF.match(env["COUCHDB_PASSWORD"])  # no default, no secret
@@ -114,9 +114,9 @@ def test_daemons_run_the_site_with_env_credentials_after_setup(
         assert service["depends_on"]["setup"]["condition"] == "service_completed_successfully"
         assert "/status" in " ".join(service["healthcheck"]["test"])
         host_port = f"${{ADMIN_PORT_{site.name.upper()}:-{DEFAULT_ADMIN_PORTS[site.name]}}}"
-        assert service["ports"] == [f"127.0.0.1:{host_port}:{site.admin_port}"]
+        assert service["ports"] == [f"127.0.0.1:{host_port}:{site.admin.port}"]
         # The daemon's config holds no secret: they come from the environment above.
-        assert site.admin_port == 7984 and site.admin_host == "0.0.0.0"
+        assert site.admin.port == 7984 and site.admin.host == "0.0.0.0"
         raw = (COMPOSE_SITES / f"{site.name}.toml").read_text()
         assert not re.search(r"^\s*(password|token|user)\s*=", raw, re.MULTILINE)
 
@@ -270,24 +270,24 @@ def test_setup_command_reports_an_unreachable_server(tmp_path: Path) -> None:
 
 
 def test_replication_endpoints_carry_the_pushing_sites_credentials() -> None:
-    site = SiteConfig("global", "http://couchdb-global:5984", "jobs")
-    assert endpoint(site.couch_url, "jobs", site) == "http://couchdb-global:5984/jobs"
-    with_password = SiteConfig("global", "http://couchdb-global:5984", "jobs",
-                               user="jobdist_global", password="p@ss:w/rd")
+    site = SiteConfig("global", CouchSettings("http://couchdb-global:5984", "jobs"))
+    assert endpoint(site.couch.url, "jobs", site) == "http://couchdb-global:5984/jobs"
+    with_password = SiteConfig("global", CouchSettings(
+        "http://couchdb-global:5984", "jobs", user="jobdist_global", password="p@ss:w/rd"))
     assert endpoint("http://couchdb-reg-a:5984", "jobs", with_password) == (
         "http://jobdist_global:p%40ss%3Aw%2Frd@couchdb-reg-a:5984/jobs")
-    renamed = SiteConfig("global", "https://old:one@h", "db", user="new")
-    assert endpoint(renamed.couch_url, "db", renamed) == "https://new@h/db"
+    renamed = SiteConfig("global", CouchSettings("https://old:one@h", "db", user="new"))
+    assert endpoint(renamed.couch.url, "db", renamed) == "https://new@h/db"
 
 
 # --- the compose project on a Docker engine ------------------------------------------------
 
 SUBMIT = """
 from jobdist.config import load_site
-from jobdist.couch import Couch
+from jobdist.client import site_database
 from jobdist.model import new_job, new_step
 site = load_site("/etc/jobdist/sites/global.toml")
-db = Couch(site.couch_url, user=site.user, password=site.password).database(site.database)
+db = site_database(site)
 job = new_job("global", [new_step("sleep 1") for _ in range(3)])
 db.save(job)
 print(job["_id"])
@@ -296,9 +296,9 @@ print(job["_id"])
 READ = """
 import json, sys
 from jobdist.config import load_site
-from jobdist.couch import Couch
+from jobdist.client import site_database
 site = load_site(f"/etc/jobdist/sites/{sys.argv[1]}.toml")
-db = Couch(site.couch_url, user=site.user, password=site.password).database(site.database)
+db = site_database(site)
 print(json.dumps(db.get(sys.argv[2])))
 """
 

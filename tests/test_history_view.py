@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from jobdist.cli import event_name, lost_claims
 from jobdist.model import Doc, event
+from jobdist.render import event_name, lost_claims
 
 AT = "2026-11-22T10:00:00.000000Z"
 

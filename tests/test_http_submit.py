@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 import requests
 
+from jobdist.client import read_merged_many
 from jobdist.config import SiteConfig
 from jobdist.lab.cluster import LocalCluster
-from jobdist.lab.scenarios import merged_docs, site_db, wait_until_done, write_sites
+from jobdist.lab.scenarios import site_db, wait_until_done, write_sites
 from jobdist.model import JOB_DEFAULTS, STEP_DEFAULTS, Doc
 from jobdist.validation import validate_job
 
@@ -36,7 +37,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 
 def post_with_curl(block: str, site: SiteConfig, sites_dir: Path) -> Doc:
     """Run the README's own commands, pointed at this cluster's site and secrets."""
-    script = (block.replace("http://127.0.0.1:5984", site.couch_url)
+    script = (block.replace("http://127.0.0.1:5984", site.couch.url)
               .replace(".jobdist/secrets/", f"{sites_dir}/secrets/"))
     run = subprocess.run(["bash", "-euc", script], capture_output=True, text=True, timeout=30)
     assert run.returncode == 0, run.stderr
@@ -44,8 +45,8 @@ def post_with_curl(block: str, site: SiteConfig, sites_dir: Path) -> Doc:
 
 
 def post_with_requests(doc: Doc, site: SiteConfig) -> Doc:
-    response = requests.post(f"{site.couch_url}/{site.database}", json=doc,
-                             auth=(site.user or "", site.password or ""), timeout=10)
+    response = requests.post(f"{site.couch.url}/{site.couch.database}", json=doc,
+                             auth=(site.couch.user or "", site.couch.password or ""), timeout=10)
     return response.json()
 
 
@@ -61,7 +62,7 @@ def test_the_readme_curl_submission_runs_to_success(cluster: LocalCluster) -> No
     [ended] = wait_until_done(db, [answer["id"]], timeout=60)
     assert ended["job_status"] == "success"
 
-    final = merged_docs(db, [answer["id"]])[answer["id"]]
+    final = read_merged_many(db, [answer["id"]])[answer["id"]]
     assert validate_job(final) == []
     assert set(final) >= set(JOB_DEFAULTS) and set(final["job"][0]) >= set(STEP_DEFAULTS)
     assert final["created_at"] is not None  # stamped by the creator's first revision

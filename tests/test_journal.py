@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from jobdist.config import SiteConfig
+from jobdist.config import CouchSettings, DaemonSettings, SiteConfig
 from jobdist.couch import Couch, Database
 from jobdist.design import load_design_docs
 from jobdist.journal import Held, Journal, JournalFull
@@ -85,7 +85,8 @@ def server(tmp_path: Path) -> Iterator[LocalServer]:
 def manager_for(server: LocalServer, journal_dir: Path) -> tuple[Manager, Database]:
     db = Couch(server.url, retries=2, retry_time=1.0).ensure_database("jobs")
     db.sync_design_docs(load_design_docs())
-    config = SiteConfig("global", server.url, "jobs", workers=1, lease=60.0, heartbeat=15.0)
+    config = SiteConfig("global", CouchSettings(server.url, "jobs"), workers=1,
+                        daemon=DaemonSettings(lease=60.0, heartbeat=15.0))
     return Manager(config, CouchStore(db), {"global"}, Journal(journal_dir)), db
 
 

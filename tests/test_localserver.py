@@ -45,7 +45,7 @@ def test_the_local_cluster_restarts_a_site_server_that_dies(tmp_path: Path) -> N
     cluster.up()
     try:
         site = cluster.sites["global"]
-        url, login = site.couch_url, (site.user, site.password)
+        url, login = site.couch.url, (site.couch.user, site.couch.password)
         requests.put(f"{url}/jobs/kept", json={"type": "note"}, auth=login, timeout=5)
         first = cluster.server_pid("global")
         os.kill(first, signal.SIGKILL)

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from jobdist import core
-from jobdist.config import SiteConfig
+from jobdist.config import CouchSettings, DaemonSettings, SiteConfig, SuccessionSettings
 from jobdist.couch import Unavailable
 from jobdist.journal import Journal
 from jobdist.listener import Changed
@@ -62,8 +62,8 @@ class World:
         self.lag = lag  # the chance that a document misses one round of replication
         self.stores = {name: CountingStore(Replica(), name) for name in SITES}
         self.managers = {
-            name: Manager(SiteConfig(name, store.url, workers=workers, **settings), store,
-                          SITES, Journal(tmp_path / name))
+            name: Manager(SiteConfig(name, CouchSettings(store.url), workers=workers, **settings),
+                          store, SITES, Journal(tmp_path / name))
             for name, store in self.stores.items()}
         self.dead: set[str] = set()  # sites that neither serve nor replicate
         self.delivered: dict[str, dict[str, frozenset[str]]] = {name: {} for name in SITES}
@@ -185,7 +185,7 @@ def test_a_worker_booked_in_a_batch_is_not_taken_by_a_later_decision(tmp_path: P
     first win takes the worker, the second is given back; nothing is started twice
     on one worker, nothing fails to launch."""
     store = SimStore(Replica(), "reg_a")
-    manager = Manager(SiteConfig("reg_a", store.url, workers=1), store, SITES,
+    manager = Manager(SiteConfig("reg_a", CouchSettings(store.url), workers=1), store, SITES,
                       Journal(tmp_path / "journal"))
     try:
         claimed, first, second = (new_job("global", [new_step("true")]) for _ in range(3))
@@ -219,7 +219,8 @@ class FlakyStore(SimStore):
 
 
 def creator_alone(tmp_path: Path, store: SimStore, **settings: Any) -> Manager:
-    config = SiteConfig("global", store.url, workers=1, **settings)
+    config = SiteConfig("global", CouchSettings(store.url), workers=1,
+                        daemon=DaemonSettings(**settings))
     return Manager(config, store, SITES, Journal(tmp_path / "journal"))
 
 
@@ -259,8 +260,10 @@ def test_a_creator_whose_own_booking_expires_assigns_the_waiting_claim(tmp_path:
 
 # --- automatic creator succession ---------------------------------------------------------
 
-SUCCESSION = dict(successors={"global": ("reg_a", "reg_b")}, creator_timeout=4.0, lease=2.0,
-                  heartbeat=0.5, clock_skew_margin=0.5, booking_timeout=0.5)
+CREATOR_TIMEOUT = 4.0
+SUCCESSION = dict(
+    succession=SuccessionSettings({"global": ("reg_a", "reg_b")}, creator_timeout=CREATOR_TIMEOUT),
+    daemon=DaemonSettings(lease=2.0, heartbeat=0.5, clock_skew_margin=0.5, booking_timeout=0.5))
 
 
 def adoptions(doc: Doc) -> list[tuple[str, int]]:
@@ -284,7 +287,7 @@ def test_a_silent_creator_is_succeeded_by_the_first_successor_heard(
         started_at = time.monotonic()
         docs = world.run(ids, timeout=30.0)
         heir = "reg_b" if "reg_a" in dead else "reg_a"
-        assert time.monotonic() - started_at >= SUCCESSION["creator_timeout"]
+        assert time.monotonic() - started_at >= CREATOR_TIMEOUT
         for doc in docs.values():
             assert doc["job_status"] == "success" and doc["creator"] == heir
             assert adoptions(doc) == [(heir, 1)]

@@ -15,16 +15,15 @@ import requests
 from click.testing import CliRunner, Result
 
 from jobdist.cli import main
+from jobdist.clock import DurationError, format_time, parse_duration
 from jobdist.couch import Couch, Database, Saved
 from jobdist.lab.localserver import LocalServer
-from jobdist.model import Doc, format_time, new_job, new_step
+from jobdist.model import Doc, new_job, new_step
 from jobdist.retention import (
-    RetentionError,
     cleanup,
     delete_jobs,
     export_jobs,
     find_expired,
-    parse_duration,
 )
 
 NOW = datetime.now(UTC)
@@ -111,7 +110,7 @@ def test_parse_duration(text: str, seconds: float) -> None:
 
 @pytest.mark.parametrize("text", ["", "30", "d", "3x", "30 days", "-1d", "0d", "1d-2h"])
 def test_parse_duration_refuses(text: str) -> None:
-    with pytest.raises(RetentionError):
+    with pytest.raises(DurationError):
         parse_duration(text)
 
 

@@ -47,7 +47,7 @@ def test_credentials_file_is_read_relative_to_the_config(tmp_path: Path,
     path = write_site(tmp_path, "")
     write_credentials(tmp_path / "secrets" / "solo.toml", "jobdist_solo", 'pa"ss\\word')
     site = load_site(path)
-    assert (site.user, site.password) == ("jobdist_solo", 'pa"ss\\word')
+    assert (site.couch.user, site.couch.password) == ("jobdist_solo", 'pa"ss\\word')
     assert stat.S_IMODE((tmp_path / "secrets").stat().st_mode) == 0o700
     assert 'pa"ss' not in repr(site)
 
@@ -79,14 +79,14 @@ def test_the_environment_overrides_files_site_by_site(tmp_path: Path,
     monkeypatch.setenv("JOBDIST_COUCH_USER", "generic")
     monkeypatch.setenv("JOBDIST_COUCH_PASSWORD_SOLO", "site-password")
     site = load_site(path)
-    assert (site.user, site.password) == ("generic", "site-password")
+    assert (site.couch.user, site.couch.password) == ("generic", "site-password")
 
 
 def test_allow_list_patterns_are_checked_when_loaded(tmp_path: Path) -> None:
     site = load_site(write_site(tmp_path / "ok", '[commands]\nallow = ["rsync .*", "true"]\n'))
-    assert site.allows("rsync -a /a /b") and site.allows("true")
-    assert not site.allows("rm -rf /") and not site.allows("true; rm -rf /")
-    assert load_site(write_site(tmp_path / "all", "")).allows("anything at all")
+    assert site.commands.allows("rsync -a /a /b") and site.commands.allows("true")
+    assert not site.commands.allows("rm -rf /") and not site.commands.allows("true; rm -rf /")
+    assert load_site(write_site(tmp_path / "all", "")).commands.allows("anything at all")
     with pytest.raises(ConfigError, match="bad pattern"):
         load_site(write_site(tmp_path / "bad", '[commands]\nallow = ["rsync ("]\n'))
 
@@ -96,10 +96,10 @@ def test_allow_list_patterns_are_checked_when_loaded(tmp_path: Path) -> None:
                                      "rsync a b & reboot"])
 def test_shell_operators_need_allow_shell(tmp_path: Path, command: str) -> None:
     strict = load_site(write_site(tmp_path / "strict", '[commands]\nallow = ["rsync .*"]\n'))
-    assert strict.allows("rsync -a /a /b") and not strict.allows(command)
+    assert strict.commands.allows("rsync -a /a /b") and not strict.commands.allows(command)
     shell = load_site(write_site(tmp_path / "shell",
                                  '[commands]\nallow = ["rsync .*"]\nallow_shell = true\n'))
-    assert shell.allows(command) == ("\n" not in command)  # `.` never matches a newline
+    assert shell.commands.allows(command) == ("\n" not in command)  # `.` never matches a newline
 
 
 def test_a_missing_credentials_file_stops_setup_and_the_daemon(tmp_path: Path) -> None:
@@ -185,21 +185,21 @@ def test_generated_secrets_only_their_owner_reads(secured: LocalCluster) -> None
 
 def test_nobody_without_credentials_reads_or_writes(secured: LocalCluster) -> None:
     site = secured.sites["global"]
-    url = f"{site.couch_url}/{site.database}"
+    url = f"{site.couch.url}/{site.couch.database}"
     assert requests.get(f"{url}/_all_docs", timeout=10).status_code == 401
     assert requests.put(f"{url}/intruder", json={}, timeout=10).status_code == 401
-    assert requests.get(f"{url}/_all_docs", auth=(site.user, "wrong"),
+    assert requests.get(f"{url}/_all_docs", auth=(site.couch.user, "wrong"),
                         timeout=10).status_code == 401
     # Anonymous database creation once crashed pouchdb-server (patched in localserver).
-    assert requests.put(f"{site.couch_url}/newdb", timeout=10).status_code == 401
-    assert requests.get(site.couch_url, timeout=10).status_code == 200
+    assert requests.put(f"{site.couch.url}/newdb", timeout=10).status_code == 401
+    assert requests.get(site.couch.url, timeout=10).status_code == 200
 
 
 def test_a_site_user_works_jobs_but_administers_nothing(secured: LocalCluster) -> None:
     site = secured.sites["global"]
-    couch = Couch(site.couch_url, user=site.user, password=site.password, retries=1)
-    assert couch.session_user() == site.user
-    db = couch.database(site.database)
+    couch = Couch(site.couch.url, user=site.couch.user, password=site.couch.password, retries=1)
+    assert couch.session_user() == site.couch.user
+    db = couch.database(site.couch.database)
     assert db.get("_design/jobdist") is not None
     with pytest.raises(Forbidden):
         db.save({"_id": "_design/mine", "views": {}})
@@ -221,8 +221,8 @@ def test_jobs_run_across_sites_and_no_password_leaks(secured: LocalCluster) -> N
     [done] = wait_until_done(db, [job["_id"]], 60)
     assert done["job_status"] == "success"
     status = requests.get(f"http://127.0.0.1:{admin_port(secured)}/status", timeout=10).text
-    passwords = {s.password for s in secured.sites.values()} | {
-        s.admin_password for s in secured.sites.values()}
+    passwords = {s.couch.password for s in secured.sites.values()} | {
+        s.couch.admin_password for s in secured.sites.values()}
     texts = [status, str(done), *(p.read_text(errors="replace")
                                   for p in secured.state_dir.rglob("*") if p.is_file()
                                   and p.suffix in (".log", ".err", ".json", ""))]

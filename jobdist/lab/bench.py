@@ -30,9 +30,11 @@ from rich.console import Console
 from rich.table import Table
 
 from .. import core
+from ..clock import seconds_between, utc_now
+from ..config import CouchSettings
 from ..couch import Couch, Database
 from ..design import load_design_docs
-from ..model import Doc, new_job, new_step, parse_time, utc_now
+from ..model import Doc, new_job, new_step
 from ..setup import admin_couch_of
 from ..status import status_id
 from ..workers import StepResult
@@ -67,10 +69,6 @@ def percentile(values: list[float], pct: float) -> float:
     ordered = sorted(values)
     rank = max(1, round(pct / 100 * len(ordered) + 0.5 - 1e-9))
     return ordered[min(rank, len(ordered)) - 1]
-
-
-def seconds_between(start: str, end: str) -> float:
-    return (parse_time(end) - parse_time(start)).total_seconds()
 
 
 def cpu_seconds(pid: int) -> float:
@@ -414,9 +412,12 @@ def summary(values: list[float]) -> dict[str, float]:
 
 
 def server_logs(cluster: LocalCluster) -> list[ServerLog]:
-    return [ServerLog(site.couch_url, cluster.site_dir(name) / "couch" / "log.txt",
-                      (site.admin_user, site.admin_password or "") if site.admin_user else None)
-            for name, site in cluster.sites.items()]
+    return [ServerLog(site.couch.url, cluster.site_dir(name) / "couch" / "log.txt",
+                      admin_login(site.couch)) for name, site in cluster.sites.items()]
+
+
+def admin_login(couch: CouchSettings) -> tuple[str, str] | None:
+    return (couch.admin_user, couch.admin_password or "") if couch.admin_user else None
 
 
 def run_throughput(jobs: int, sites: int, workers: int, raw_docs: int,

@@ -156,8 +156,8 @@ class LocalCluster:
             procs = state.get("sites", {}).get(name, {})
             rows.append({
                 "site": name,
-                "url": site.couch_url,
-                "fauxton": f"{site.couch_url}/_utils",
+                "url": site.couch.url,
+                "fauxton": f"{site.couch.url}/_utils",
                 "server": _describe(procs.get("server")),
                 "daemon": _describe(procs.get("daemon")),
             })
@@ -173,21 +173,21 @@ class LocalCluster:
         data = self.site_dir(site.name) / "couch"
         data.mkdir(parents=True, exist_ok=True)
         (data / "server.pid").unlink(missing_ok=True)
-        args = [sys.executable, "-m", "jobdist.lab.localserver", "--port", str(site.port),
+        args = [sys.executable, "-m", "jobdist.lab.localserver", "--port", str(site.couch.port),
                 "--dir", str(data), *(["--in-memory"] if self.in_memory else [])]
-        if site.admin_credentials is not None:
-            args += ["--admin-credentials", str(site.admin_credentials)]
+        if site.couch.admin_credentials is not None:
+            args += ["--admin-credentials", str(site.couch.admin_credentials)]
         with open(data / "supervisor.log", "ab") as log:
             process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                        start_new_session=True)
         supervisor = Proc.of(process.pid)
-        probe = LocalServer(site.port, data)  # never started: only asks who answers
+        probe = LocalServer(site.couch.port, data)  # never started: only asks who answers
         deadline = time.monotonic() + timeout
         while not (answers(probe.url) and probe.answering_is_us()):
             if not supervisor.alive() or time.monotonic() > deadline:
                 supervisor.stop()
                 raise ClusterError(f"the server of site {site.name} did not start on port "
-                                   f"{site.port}; see {data / 'supervisor.log'}")
+                                   f"{site.couch.port}; see {data / 'supervisor.log'}")
             time.sleep(0.05)
         return supervisor.__dict__
 
@@ -266,8 +266,8 @@ class LocalCluster:
         test may cut links on purpose.
         """
         deadline = time.monotonic() + timeout
-        dbs = {name: Couch(site.couch_url, user=site.user, password=site.password,
-                           retries=1).database(site.database)
+        dbs = {name: Couch(site.couch.url, user=site.couch.user, password=site.couch.password,
+                           retries=1).database(site.couch.database)
                for name, site in self.sites.items()}
         missing = {(name, other) for name in dbs for other in dbs if other != name}
         while missing and time.monotonic() < deadline:

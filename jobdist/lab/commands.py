@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from ..cli import sites_option
+from ..cli.common import sites_option
 from .cluster import DEFAULT_STATE_DIR, LocalCluster
 from .demo import run_demo
 

@@ -9,7 +9,6 @@ anything else on the machine.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -24,6 +23,7 @@ from pathlib import Path
 import requests
 
 from ..errors import JobdistError
+from ..processes import signal_group
 
 # Running from a checkout (an editable install, or the source tree on sys.path), the
 # checkout's own `npm ci` installed the server in node_modules beside the package.
@@ -246,18 +246,18 @@ class LocalServer:
         if self.process is None:
             return
         if self.process.poll() is None:
-            _signal_group(self.process.pid, signal.SIGTERM)
+            signal_group(self.process.pid, signal.SIGTERM)
             try:
                 self.process.wait(timeout)
             except subprocess.TimeoutExpired:
-                _signal_group(self.process.pid, signal.SIGKILL)
+                signal_group(self.process.pid, signal.SIGKILL)
                 self.process.wait(timeout)
         self.process = None
 
     def kill(self) -> None:
         """Kill the server abruptly (SIGKILL), as a crash would."""
         if self.process is not None and self.process.poll() is None:
-            _signal_group(self.process.pid, signal.SIGKILL)
+            signal_group(self.process.pid, signal.SIGKILL)
             self.process.wait()
         self.process = None
 
@@ -274,12 +274,6 @@ def answers(url: str) -> bool:
         return requests.get(url, timeout=1).status_code == 200
     except requests.RequestException:
         return False
-
-
-def _signal_group(pid: int, sig: int) -> None:
-    # The server runs in its own session whose group id is its pid.
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, sig)
 
 
 def supervise(server: LocalServer, stop: threading.Event, pid_file: Path | None = None) -> None:

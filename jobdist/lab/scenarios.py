@@ -18,9 +18,9 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..core import merge
-from ..couch import Couch, Database
+from ..couch import Database
 from ..model import ANY, Doc, allows, new_job, new_step
+from ..setup import couch_of
 from .cluster import LocalCluster
 from .localserver import free_port
 
@@ -171,7 +171,7 @@ def _toml_table(values: Mapping[str, str]) -> str:
 
 def site_db(cluster: LocalCluster, name: str) -> Database:
     site = cluster.sites[name]
-    return Couch(site.couch_url, user=site.user, password=site.password).database(site.database)
+    return couch_of(site).database(site.couch.database)
 
 
 def submit_all(db: Database, creator: str, steps: list[Doc], count: int,
@@ -194,15 +194,6 @@ def wait_until_done(db: Database, ids: list[str], timeout: float,
         if time.monotonic() > deadline:
             raise TimeoutError(f"{len(ids) - len(done)} of {len(ids)} jobs did not end in time")
         time.sleep(0.1)
-
-
-def merged_docs(db: Database, ids: list[str]) -> dict[str, Doc]:
-    """Each job that exists, by id, merged from all its leaves (histories unioned)."""
-    docs = {doc["_id"]: doc for doc in db.bulk_get(ids, conflicts=True)}
-    for doc_id, doc in docs.items():
-        if doc.get("_conflicts"):
-            docs[doc_id] = merge(db.leaves(doc_id))
-    return docs
 
 
 def read_ledger(path: Path) -> list[LedgerRow]:

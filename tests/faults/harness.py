@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from jobdist.client import read_merged_many
 from jobdist.config import load_sites
 from jobdist.couch import Database, Saved
 from jobdist.lab.cluster import LocalCluster
@@ -28,7 +29,6 @@ from jobdist.lab.scenarios import (
     Audit,
     audit_run,
     ledger_command,
-    merged_docs,
     read_ledger,
     site_db,
     wait_until_done,
@@ -106,7 +106,7 @@ class Trial:
         creator = self.db(self.alive[0])
         for site in self.alive:
             wait_until_done(self.db(site), self.ids, timeout)
-        self.docs = merged_docs(creator, self.ids)
+        self.docs = read_merged_many(creator, self.ids)
         (self.root / "jobs.json").write_text(json.dumps(self.docs, indent=1))  # to look into
         self.audit = audit_run(read_ledger(self.ledger), self.docs, self.ids, expect,
                                killed=self.dead)
@@ -187,7 +187,7 @@ def trial(name: str, seed: int, tmp_path: Path, summaries: list[dict[str, Any]],
                      if src == a} for a in names}
     sites_dir = write_sites(tmp_path / "sites", sites, **{"lease": LEASE, **options},
                             peer_urls=peer_urls)
-    couch_ports = {site.name: site.port for site in load_sites(sites_dir).values()}
+    couch_ports = {site.name: site.couch.port for site in load_sites(sites_dir).values()}
     cluster = LocalCluster(sites_dir, tmp_path / "state", in_memory=in_memory)
     hub = ProxyHub()
     run = Trial(name, seed, tmp_path, cluster)

@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
+from jobdist.clock import seconds_between, utc_now
 from jobdist.lab.scenarios import ledger_command, read_ledger
-from jobdist.model import Doc, Phase, new_step, seconds_between, step_phase, utc_now
+from jobdist.model import Doc, Phase, new_step, step_phase
 
 from ..helpers import wait_for
 from .harness import LEASE, Link, Trial, trial

@@ -1,0 +1,3 @@
+from jobdist.cli import main
+
+main(prog_name="jobdist")

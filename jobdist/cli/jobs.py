@@ -1,0 +1,390 @@
+"""Commands about jobs: submit, show, logs, list, cancel, adopt, watch, validate."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+import click
+from rich.console import Group
+from rich.live import Live
+
+from jobdist import client
+from jobdist.client import STATUSES, JobRow
+from jobdist.config import SiteConfig
+from jobdist.couch import Database
+from jobdist.jobfile import UnreadableFile, read_job_file, submission_from_flags, unknown_targets
+from jobdist.model import Doc
+from jobdist.render import (
+    LIST_COLUMNS,
+    event_line,
+    failure_reason,
+    history_table,
+    job_header,
+    list_row,
+    make_console,
+    progress_view,
+    step_state,
+    step_where,
+    steps_table,
+    watch_view,
+)
+from jobdist.tables import FittedTable
+from jobdist.validation import validate_submission
+
+from .common import (
+    EXIT_INTERRUPTED,
+    EXIT_INVALID,
+    EXIT_JOB_NOT_OK,
+    EXIT_UNREADABLE,
+    CliError,
+    connect,
+    known_site,
+    load_site_configs,
+    open_site,
+    operator_name,
+    pick_site,
+    site_option,
+    sites_option,
+)
+
+# --- submit ------------------------------------------------------------------------
+
+
+@click.command()
+@click.argument("file", required=False)
+@click.option("--format", "file_format", type=click.Choice(["auto", "json", "yaml"]),
+              default="auto", show_default=True,
+              help="How FILE is written; auto: by its extension (.json, .yaml, .yml), "
+                   "else JSON when it starts with { or [, else YAML.")
+@click.option("--step", "steps", multiple=True, metavar="CMD",
+              help="A step's shell command; repeat for more steps, run in order.")
+@click.option("--target", "targets", multiple=True, metavar="SITES",
+              help="Where the step at the same position may run: a site, a comma-separated "
+                   "list of sites, or any. Give none (all any) or one per --step.")
+@click.option("--retries", "retries", multiple=True, type=click.IntRange(min=0), metavar="N",
+              help="Retries after a failed attempt: once for every step, or one per --step.")
+@click.option("--timeout", "timeouts", multiple=True, type=click.FloatRange(min=0, min_open=True),
+              metavar="S", help="Seconds an attempt may run: once for every step, or one per "
+                                "--step.")
+@click.option("--alt", "alts", multiple=True, metavar="CMD",
+              help="Command run when the step's command failed after its retries: once for "
+                   "every step, or one per --step.")
+@click.option("--priority", type=int, default=None,
+              help="Higher runs first (default 0; overrides the file's).")
+@click.option("--wait", is_flag=True,
+              help="Follow the job until it ends; exit 0 on success, 1 if it failed or was "
+                   "cancelled.")
+@click.option("--dry-run", is_flag=True, help="Print the job as it would be submitted; "
+                                              "submit nothing.")
+@sites_option
+@site_option
+def submit(file: str | None, file_format: str, steps: tuple[str, ...],
+           targets: tuple[str, ...], retries: tuple[int, ...], timeouts: tuple[float, ...],
+           alts: tuple[str, ...], priority: int | None, wait: bool, dry_run: bool,
+           sites_dir: Path, site_name: str | None) -> None:
+    """Submit a job at a site and print its id.
+
+    The job comes from FILE (JSON or YAML, `-` for stdin), or from --step
+    options, e.g.
+
+      jobdist submit --step 'make' --target reg_a --step 'make test' --target any --retries 2
+
+    Targets are checked against the sites directory; every validation error
+    is printed on a line of its own (exit 2).
+    """
+    if file is not None and steps:
+        raise CliError("give a job FILE or --step options, not both")
+    if file is None and not steps:
+        raise CliError("nothing to submit: give a job FILE (`-` for stdin) or --step CMD")
+    if file is not None:
+        if targets or retries or timeouts or alts:
+            raise CliError("--target, --retries, --timeout and --alt go with --step, "
+                           "not with a job FILE")
+        submission = read_job_file(file, file_format)
+        if priority is not None and isinstance(submission, dict):
+            submission["priority"] = priority
+    else:
+        submission = submission_from_flags(steps, targets, retries, timeouts, alts, priority)
+    sites = load_site_configs(sites_dir)
+    errors = validate_submission(submission) + unknown_targets(submission, sites)
+    if errors:
+        raise CliError(*errors)
+    site, db = connect(pick_site(sites, site_name))
+    try:
+        if dry_run:
+            click.echo(json.dumps(client.prepare(submission, site.name), indent=2))
+            return
+        job = client.submit(db, site.name, submission)
+    except client.InvalidJob as invalid:
+        raise CliError(*invalid.problems) from None
+    click.echo(job["_id"])
+    if wait:
+        final = follow_job(db, site, job["_id"])
+        sys.exit(0 if final["job_status"] == "success" else EXIT_JOB_NOT_OK)
+
+
+def follow_job(db: Database, site: SiteConfig, job_id: str, interval: float = 0.5) -> Doc:
+    """Show the job's progress until it ends (a live table on a terminal, event lines
+    otherwise); return its final merged document."""
+    console = make_console()
+    seen: set[str] = set()
+    try:
+        doc, _ = client.read_merged(db, site.name, job_id)
+        if console.is_terminal:
+            with Live(progress_view(doc), console=console, refresh_per_second=4) as live:
+                while doc["job_status"] is None:
+                    time.sleep(interval)
+                    doc, _ = client.read_merged(db, site.name, job_id)
+                    live.update(progress_view(doc))
+        else:
+            while True:
+                for entry in doc.get("history", []):
+                    key = json.dumps(entry, sort_keys=True)
+                    if key not in seen:
+                        seen.add(key)
+                        click.echo(event_line(entry))
+                if doc["job_status"] is not None:
+                    break
+                time.sleep(interval)
+                doc, _ = client.read_merged(db, site.name, job_id)
+    except KeyboardInterrupt:
+        click.echo(f"stopped following {job_id}; the job goes on: jobdist show {job_id}",
+                   err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    click.echo(f"{job_id}: {doc['job_status']}{failure_reason(doc)}")
+    return doc
+
+
+# --- show, logs ---------------------------------------------------------------------------
+
+
+@click.command()
+@click.argument("job_id")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the merged document (with `_conflicts` when there are).")
+@sites_option
+@site_option
+def show(job_id: str, as_json: bool, sites_dir: Path, site_name: str | None) -> None:
+    """Show a job as a site sees it: its steps and history, merged from all its
+    conflicting revisions (as the daemons merge them)."""
+    site, db = open_site(sites_dir, site_name)
+    doc, leaves = client.read_merged(db, site.name, job_id)
+    if as_json:
+        shown = client.with_conflicts(doc, leaves)
+        click.echo(json.dumps(shown, indent=2, ensure_ascii=False))
+        return
+    console = make_console()
+    console.print(job_header(doc, len(leaves), site.name))
+    console.print()
+    console.print(steps_table(doc))
+    console.print()
+    console.print(history_table(doc))
+
+
+@click.command()
+@click.argument("job_id")
+@click.option("--step", "only_step", type=int, default=None, help="Only this step (from 0).")
+@sites_option
+@site_option
+def logs(job_id: str, only_step: int | None, sites_dir: Path, site_name: str | None) -> None:
+    """Print each step's output: the last 4 KiB of stdout and stderr."""
+    site, db = open_site(sites_dir, site_name)
+    doc, _ = client.read_merged(db, site.name, job_id)
+    indexes = range(len(doc["job"]))
+    if only_step is not None:
+        if only_step not in indexes:
+            raise CliError(f"job {job_id} has steps 0 to {len(doc['job']) - 1}, "
+                           f"not {only_step}")
+        indexes = range(only_step, only_step + 1)
+    for index in indexes:
+        step = doc["job"][index]
+        exit_code = "" if step.get("exit_code") is None else f", exit {step['exit_code']}"
+        click.echo(f"== step {index} ({step_state(doc, index)}{exit_code}, "
+                   f"{step_where(step)}): {step['do']}")
+        output = step.get("output")
+        if not output:
+            click.echo("(no output recorded)")
+            continue
+        for stream in ("stdout", "stderr"):
+            text = output.get(stream) or ""
+            click.echo(f"-- {stream}" + ("" if text else ": (empty)"))
+            if text:
+                click.echo(text, nl=not text.endswith("\n"))
+
+
+TIME_PREFIX = re.compile(r"^\d{4}(-\d{2}(-\d{2}([T ][0-9:.]*Z?)?)?)?$")
+
+
+@click.command("list")
+@click.option("--status", type=click.Choice(STATUSES), help="Only jobs in this state.")
+@click.option("--site", "involving", metavar="SITE",
+              help="Only jobs that concern SITE: a step targets it by name (alone or in a "
+                   "list; `any` names no site), was won by it or was started there.")
+@click.option("--creator", metavar="SITE", help="Only jobs created at SITE.")
+@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True,
+              help="Show at most this many jobs.")
+@click.option("--before", metavar="TIME",
+              help="Only jobs created before TIME (ISO 8601 UTC, or a prefix such as "
+                   "2026-11-22): the next page after a listing's last job.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per job, one a line.")
+@sites_option
+@click.option("--at", "site_name", default=None, envvar="JOBDIST_SITE", metavar="SITE",
+              help="The site whose CouchDB to ask ($JOBDIST_SITE; default: global, or the "
+                   "only site). Elsewhere --site, here --at: --site filters.")
+def list_command(status: str | None, involving: str | None, creator: str | None, limit: int,
+                 before: str | None, as_json: bool, sites_dir: Path,
+                 site_name: str | None) -> None:
+    """List jobs, newest first, from the site's views (a page at a time)."""
+    if before is not None:
+        before = before.strip().replace(" ", "T")
+        if not TIME_PREFIX.match(before):
+            raise CliError(f"--before {before!r}: give an ISO 8601 time such as "
+                           "2026-11-22T00:35:12Z or a prefix of one")
+    sites = load_site_configs(sites_dir)
+    # A misspelt site would list nothing, as if it had no jobs.
+    for option, name in (("--site", involving), ("--creator", creator)):
+        if name is not None:
+            known_site(sites, name, option)
+    site, db = connect(pick_site(sites, site_name))
+    rows = client.list_jobs(db, status=status, creator=creator, site=involving, before=before,
+                     page_size=min(limit + 1, 100))
+    shown: list[JobRow] = []
+    more = False
+    for row in rows:
+        if len(shown) == limit:
+            more = True
+            break
+        shown.append(row)
+    if as_json:
+        for row in shown:
+            click.echo(json.dumps(row.as_json()))
+        return
+    if not shown:
+        click.echo(f"no jobs match at site {site.name}")
+        return
+    console = make_console()
+    console.print(FittedTable(LIST_COLUMNS, [list_row(row) for row in shown]))
+    if more:
+        again = ["jobdist list"]
+        for flag, value in (("--status", status), ("--site", involving),
+                            ("--creator", creator)):
+            if value:
+                again.append(f"{flag} {value}")
+        again.append(f"--before {shown[-1].created_at}")
+        click.echo(f"{len(shown)} newest shown; older: {' '.join(again)}")
+
+
+# --- cancel ------------------------------------------------------------------------------
+
+
+@click.command()
+@click.argument("job_id")
+@click.option("--reason", default=None, help="Why (kept in the job's history).")
+@sites_option
+@site_option
+def cancel(job_id: str, reason: str | None, sites_dir: Path, site_name: str | None) -> None:
+    """Cancel a job. The site running its current step sees the change on its
+    feed and kills the step's process group. Exit 1 if the job had already
+    ended otherwise."""
+    site, db = open_site(sites_dir, site_name)
+    reason = reason or f"cancelled by {operator_name()} from the command line"
+    outcome = client.cancel(db, site.name, job_id, reason)
+    status = outcome.job["job_status"]
+    if status == "cancelled":
+        click.echo(f"{job_id} was cancelled already")
+    elif status is not None:
+        click.echo(f"{job_id} already ended: {status}; nothing to cancel")
+        sys.exit(EXIT_JOB_NOT_OK)
+    else:
+        step = outcome.running_step
+        where = (f"; step {outcome.job['step']} ({step['do']}) is running at "
+                 f"{step_where(step)}, which stops it when the change reaches it"
+                 if step is not None else "")
+        click.echo(f"cancelled {job_id} at site {site.name}{where}")
+
+
+@click.command()
+@click.option("--from", "gone", required=True, metavar="SITE",
+              help="The creator site that is gone for good.")
+@click.option("--reason", default=None, help="Why (kept in each job's history).")
+@click.option("--dry-run", is_flag=True, help="Count the jobs; change nothing.")
+@sites_option
+@site_option
+def adopt(gone: str, reason: str | None, dry_run: bool, sites_dir: Path,
+          site_name: str | None) -> None:
+    """Make this site (--site) the creator of every live job that SITE created.
+
+    For a creator site lost for good: without its creator a job's claims wait
+    forever. Use it only once SITE is down for good or cut off: if SITE still
+    runs behind a partition, both arbitrate until it sees the adoption, and a
+    step may then run twice (in two epochs, recorded in the history)."""
+    site, db = open_site(sites_dir, site_name)
+    if gone == site.name:
+        raise CliError(f"site {site.name} cannot adopt its own jobs: run this at another site "
+                       "(--site)")
+    reason = reason or f"adopted by {operator_name()} from the command line"
+    if dry_run:
+        count = len(client.live_jobs_created_by(db, gone))
+        click.echo(f"{count} live jobs created by {gone} would be adopted by {site.name}")
+        return
+    adopted = client.adopt(db, site.name, gone, reason)
+    click.echo(f"{site.name} adopted {adopted} live jobs created by {gone}")
+
+
+@click.command()
+@click.option("--once", is_flag=True, help="Print one snapshot and exit.")
+@click.option("--interval", type=click.FloatRange(min=0.1), default=2.0, show_default=True,
+              help="Seconds between refreshes.")
+@sites_option
+def watch(once: bool, interval: float, sites_dir: Path) -> None:
+    """A live view of every site: jobs by status, busy workers and running steps.
+
+    With --once, the exit status is 1 when a site's CouchDB did not answer."""
+    sites = list(load_site_configs(sites_dir).values())
+
+    def view() -> Group:
+        return watch_view([client.snapshot_site(site) for site in sites])
+
+    console = make_console()
+    if once:
+        snapshots = [client.snapshot_site(site) for site in sites]
+        console.print(watch_view(snapshots))
+        sys.exit(1 if any(snap.error for snap in snapshots) else 0)
+    with contextlib.suppress(KeyboardInterrupt), \
+            Live(view(), console=console, refresh_per_second=4) as live:
+        while True:
+            time.sleep(interval)
+            live.update(view())
+
+
+# --- validate ----------------------------------------------------------------------------
+
+
+@click.command()
+@click.argument("file")
+@click.option("--format", "file_format", type=click.Choice(["auto", "json", "yaml"]),
+              default="auto", show_default=True,
+              help="How FILE is written (auto: by extension, else by its first character).")
+def validate(file: str, file_format: str) -> None:
+    """Check the job in FILE (JSON or YAML, `-` for stdin) as it would be stored."""
+    name = "<stdin>" if file == "-" else file
+    try:
+        doc = read_job_file(file, file_format)
+    except UnreadableFile as problem:
+        message = str(problem).removeprefix(f"{file}: ")
+        click.echo(f"{name}: {message}", err=True)
+        sys.exit(EXIT_UNREADABLE)
+    errors = validate_submission(doc)
+    for error in errors:
+        click.echo(f"{name}: {error}")
+    if errors:
+        sys.exit(EXIT_INVALID)
+    click.echo(f"{name}: ok")
+
+
+COMMANDS = (submit, show, logs, list_command, cancel, adopt, watch, validate)

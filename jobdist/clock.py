@@ -1,0 +1,66 @@
+"""The one clock: protocol times as ISO 8601 UTC strings with microseconds.
+
+Every time a job document holds (created, updated, leases, starts, finishes,
+history) is read from `utc_now` and written by `format_time`, so the strings
+sort as the moments do. The fault suite skews a site's clock by setting
+$JOBDIST_CLOCK_OFFSET (seconds): everything the site writes moves with it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from datetime import UTC, datetime, timedelta
+
+from .errors import JobdistError
+
+CLOCK_OFFSET = float(os.environ.get("JOBDIST_CLOCK_OFFSET", "0") or 0)
+
+def utc_now() -> str:
+    """The time as ISO 8601 UTC with microseconds: sortable as a string.
+
+    The daemon's one wall clock for the protocol (leases, keep-alive). The fault
+    suite skews a site's clock by setting $JOBDIST_CLOCK_OFFSET (seconds).
+    """
+    return format_time(datetime.now(UTC) + timedelta(seconds=CLOCK_OFFSET))
+
+
+def format_time(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_time(text: str) -> datetime:
+    """Any time the rules accept: the fraction may be missing or have up to 9 digits."""
+    whole, _, fraction = text.removesuffix("Z").partition(".")
+    moment = datetime.strptime(whole, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=UTC)
+    return moment.replace(microsecond=int(fraction[:6].ljust(6, "0")))
+
+
+def later(moment: str, seconds: float) -> str:
+    return format_time(parse_time(moment) + timedelta(seconds=seconds))
+
+
+def seconds_between(earlier: str, later_moment: str) -> float:
+    return (parse_time(later_moment) - parse_time(earlier)).total_seconds()
+
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+class DurationError(JobdistError, ValueError):
+    """A duration (a retention period, say) that cannot be read."""
+
+
+def parse_duration(text: str) -> timedelta:
+    """`90m`, `12h`, `30d`, `2w`, `1d12h`, `45s` as a timedelta (m is minutes)."""
+    compact = text.strip().lower()
+    parts = _DURATION_PART.findall(compact)
+    if not compact or "".join(n + u for n, u in parts) != compact.replace(" ", ""):
+        raise DurationError(
+            f"{text!r} is not a duration: use a number and a unit s, m, h, d or w "
+            "(e.g. 90m, 12h, 30d)")
+    seconds = sum(float(number) * _UNIT_SECONDS[unit] for number, unit in parts)
+    if seconds <= 0:
+        raise DurationError(f"{text!r}: a period must be longer than 0")
+    return timedelta(seconds=seconds)

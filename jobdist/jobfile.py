@@ -1,0 +1,207 @@
+"""Job files and `--step` options, read into a submission (plain JSON values).
+
+A job file is JSON or YAML (`-`: standard input); YAML is read safely and
+limited to what JSON can hold, so a file means the same job either way.
+What cannot be read is an `UnreadableFile`; options that do not add up are a
+`BadOptions`: each one line that says what to fix.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections.abc import Collection
+from pathlib import Path
+from typing import Any
+
+from jobdist.errors import JobdistError
+from jobdist.model import Doc
+
+
+class UnreadableFile(JobdistError):
+    """The file is missing, unreadable or not JSON/YAML; the message says which."""
+
+
+class BadOptions(JobdistError):
+    """`--step` options that do not add up to a job."""
+
+
+def per_step(name: str, values: tuple[Any, ...], count: int, *, once_for_all: bool) -> list[Any]:
+    """A per-step option's value for each step: none, once for all, or one per step."""
+    if not values:
+        return [None] * count
+    if len(values) == count:
+        return list(values)
+    if once_for_all and len(values) == 1:
+        return [values[0]] * count
+    allowed = "once for every step or once per --step" if once_for_all else "once per --step"
+    raise BadOptions(f"{name} is given {len(values)} times for {count} steps: give it {allowed}")
+
+
+def parse_target(text: str) -> str | list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names:
+        raise BadOptions(f"--target {text!r}: name a site, a comma-separated list, or any")
+    return names[0] if len(names) == 1 else names
+
+
+def submission_from_flags(steps: tuple[str, ...], targets: tuple[str, ...],
+                          retries: tuple[int, ...], timeouts: tuple[float, ...],
+                          alts: tuple[str, ...], priority: int | None) -> Doc:
+    count = len(steps)
+    step_targets = per_step("--target", targets, count, once_for_all=False)
+    step_retries = per_step("--retries", retries, count, once_for_all=True)
+    step_timeouts = per_step("--timeout", timeouts, count, once_for_all=True)
+    step_alts = per_step("--alt", alts, count, once_for_all=True)
+    job = []
+    for index, command in enumerate(steps):
+        target = step_targets[index]
+        job.append({
+            "target": "any" if target is None else parse_target(target),
+            "do": command,
+            "alt_do": step_alts[index],
+            "timeout": step_timeouts[index],
+            "retry_strategy": {"max_retries": step_retries[index] or 0},
+        })
+    return {"job": job, "priority": priority or 0}
+
+
+def unknown_targets(submission: Any, sites: Collection[str]) -> list[str]:
+    """Steps that name a site the sites directory does not know: nobody could run them."""
+    if not isinstance(submission, dict) or not isinstance(submission.get("job"), list):
+        return []
+    errors = []
+    for index, step in enumerate(submission["job"]):
+        target = step.get("target") if isinstance(step, dict) else None
+        names = target if isinstance(target, list) else [target]
+        unknown = [n for n in names if isinstance(n, str) and n != "any" and n not in sites]
+        if unknown:
+            errors.append(f"job[{index}].target: unknown site {', '.join(map(repr, unknown))}; "
+                          f"known: {', '.join(sorted(sites))}")
+    return errors
+
+
+
+def read_job_file(file: str, file_format: str = "auto") -> Any:
+    """A submission from a JSON or YAML file (`-`: stdin), as plain JSON values."""
+    try:
+        data = read_stdin() if file == "-" else Path(file).read_bytes()
+    except OSError as error:
+        raise UnreadableFile(f"{file}: cannot read: {error.strerror or error}") from None
+    if file_format == "auto":
+        file_format = guess_format(file, data)
+    if file_format == "json":
+        try:
+            return parse_json(data)
+        except UnreadableFile as error:
+            raise UnreadableFile(f"{file}: {error}") from None
+    try:
+        return parse_yaml(data)
+    except UnreadableFile as error:
+        raise UnreadableFile(f"{file}: {error}") from None
+
+
+def read_stdin() -> bytes:
+    """Standard input as bytes: the text stream's buffer (what click.get_binary_stream
+    returned, without the call newer Click deprecates)."""
+    if sys.stdin is None:  # started without one
+        raise OSError("no standard input")
+    return sys.stdin.buffer.read()
+
+
+def guess_format(file: str, data: bytes) -> str:
+    suffix = Path(file).suffix.lower() if file != "-" else ""
+    if suffix == ".json":
+        return "json"
+    if suffix in (".yaml", ".yml"):
+        return "yaml"
+    start = data.lstrip(b"\xef\xbb\xbf \t\r\n")[:1]
+    return "json" if start in (b"{", b"[") else "yaml"
+
+
+def parse_json(data: bytes) -> Any:
+    try:
+        return json.loads(data.decode("utf-8-sig"), parse_constant=reject_constant)
+    except UnicodeDecodeError:
+        raise UnreadableFile("not valid JSON: not UTF-8 text") from None
+    except RecursionError:
+        raise UnreadableFile("not valid JSON: nested too deeply") from None
+    except ValueError as error:
+        raise UnreadableFile(f"not valid JSON: {error}") from None
+
+
+def reject_constant(name: str) -> Any:
+    # NaN and Infinity are not JSON: CouchDB would refuse them.
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def parse_yaml(data: bytes) -> Any:
+    import yaml
+
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise UnreadableFile("not valid YAML: not UTF-8 text") from None
+    try:
+        value = yaml.load(text, Loader=_job_yaml_loader())  # a SafeLoader
+    except RecursionError:
+        raise UnreadableFile("not valid YAML: nested too deeply") from None
+    except yaml.YAMLError as error:
+        raise UnreadableFile(f"not valid YAML: {describe_yaml_error(error)}") from None
+    problem = non_json_value(value, "")
+    if problem:
+        raise UnreadableFile(f"not a JSON value in YAML: {problem}")
+    return value
+
+
+def describe_yaml_error(error: Exception) -> str:
+    """`line L, column C: problem (context)` on one line, without PyYAML's source excerpt."""
+    mark = getattr(error, "problem_mark", None)
+    problem = getattr(error, "problem", None)
+    if problem is None:
+        return " ".join(str(error).split())
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    context = getattr(error, "context", None)
+    return " ".join(f"{where}{problem}{f' ({context})' if context else ''}".split())
+
+
+def _job_yaml_loader() -> type:
+    """SafeLoader without timestamps: `2026-01-01` stays text, as in JSON."""
+    import yaml
+
+    class JobLoader(yaml.SafeLoader):
+        pass
+
+    JobLoader.yaml_implicit_resolvers = {
+        first: [(tag, regexp) for tag, regexp in resolvers
+                if tag != "tag:yaml.org,2002:timestamp"]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+    return JobLoader
+
+
+def non_json_value(value: Any, path: str) -> str | None:
+    """Where a YAML value has something JSON cannot hold (a binary, a set, .nan...)."""
+    if value is None or isinstance(value, bool | int | str):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"{path or 'the document'}: {value} is not a " \
+                                                 "JSON number"
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            found = non_json_value(item, f"{path}[{index}]")
+            if found:
+                return found
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                return f"{path or 'the document'}: key {key!r} is not a string (quote it)"
+            found = non_json_value(item, f"{path}.{key}" if path else key)
+            if found:
+                return found
+        return None
+    return f"{path or 'the document'}: a {type(value).__name__} is not a JSON value"
+
+

@@ -1,0 +1,279 @@
+"""What a person reads: jobs, steps, histories, listings and errors, as rich text
+and tables fitted to the terminal's width (`jobdist/tables.py`).
+
+Pure functions of documents: the CLI prints them, the tests render them at a
+chosen width. User data (commands, output, details) is always plain text,
+never rich markup.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from typing import Any
+
+from rich.console import Console, Group
+from rich.text import Text
+
+from jobdist.client import STATUSES, JobRow, SiteSnapshot
+from jobdist.clock import utc_now
+from jobdist.config import SiteConfig
+from jobdist.couch import CouchError, NotFound, Unavailable
+from jobdist.model import Doc, Phase, step_phase, targets
+from jobdist.tables import Cell, Col, FittedTable
+
+
+def explain_couch_error(error: CouchError, site: SiteConfig | None) -> str:
+    """One line: what failed, at which site, and what to do about it when we know."""
+    text = str(error)
+    if isinstance(error, Unavailable) and error.status is None:  # no answer at all
+        lowered = text.lower()
+        if "connection refused" in lowered or "errno 111" in lowered:
+            cause = "connection refused"
+        elif "timed out" in lowered or "timeout" in lowered:
+            cause = "timed out"
+        elif any(s in lowered for s in ("name or service not known", "failed to resolve",
+                                        "nodename nor servname", "name resolution")):
+            cause = "unknown host"
+        else:
+            cause = "no answer"
+        where = (f"the CouchDB of site {site.name} at {site.couch.url}" if site is not None
+                 else "CouchDB")
+        return (f"cannot reach {where}: {cause} (is it running? "
+                "`jobdist cluster status` shows the local sites)")
+    if error.status == 401:
+        return (f"{text} (check the site's credentials: the file its config's "
+                "couch.credentials names, or $JOBDIST_COUCH_USER and $JOBDIST_COUCH_PASSWORD)")
+    if isinstance(error, NotFound) and (
+        "Database does not exist" in text or "no_db_file" in text
+        or error.reason in ("missing", "deleted", "missing_named_view")
+    ):
+        return f"{text} (run `jobdist setup` to create the database and its views)"
+    return text
+
+
+def make_console() -> Console:
+    """Rich output on stdout; wide when it is not a terminal, so rows stay one line."""
+    out = sys.stdout
+    terminal = out.isatty()
+    return Console(file=out, width=None if terminal else 200, highlight=False,
+                   soft_wrap=not terminal)
+
+
+def short_time(value: str | None) -> str:
+    return value[:19].replace("T", " ") if value else "-"
+
+
+def plain(value: Any) -> Text:
+    """User data as text, never as rich markup."""
+    return Text("-" if value is None or value == "" else str(value))
+
+
+def target_text(target: Any) -> str:
+    return ",".join(target) if isinstance(target, list) else str(target)
+
+
+def step_state(doc: Doc, index: int) -> str:
+    step = doc["job"][index]
+    phase = step_phase(step)
+    status = doc.get("job_status")
+    if status == "cancelled" and index == doc["step"]:
+        return "cancelled"  # (a run it killed is recorded as failed in the step)
+    if phase == Phase.DONE:
+        return str(step["step_status"])
+    if status is not None and index >= doc["step"]:
+        return "not run"
+    if index > doc["step"]:
+        return "waiting"
+    return {Phase.OPEN: "open", Phase.CLAIMED: "claimed", Phase.WON: "won",
+            Phase.RUNNING: "running"}[phase]
+
+
+def step_where(step: Doc) -> str:
+    if step.get("executioner"):
+        return str(step["executioner"])
+    if step.get("winner"):
+        return str(step["winner"])
+    if step.get("claimed_by"):
+        return f"{step['claimed_by']} (claim)"
+    return "-"
+
+
+def job_status_text(doc: Doc) -> str:
+    status = doc.get("job_status")
+    if status is not None:
+        return str(status)
+    return f"live, step {doc['step'] + 1} of {len(doc['job'])}"
+
+
+# How each table gives way in a narrow terminal (jobdist/tables.py): ids, statuses and
+# counts keep their width; times, targets, places and commands wrap (in the one-line
+# summaries of `list` and `watch`, commands are shortened with "…"); the least useful
+# columns are left out, the highest `drop` first, only when even wrapping is not enough
+# (at 80 columns, FINISHED alone: the start plus TOOK gives it).
+STEP_COLUMNS = (
+    Col("#"), Col("STATUS"), Col("TARGET", floor=6), Col("WHERE", floor=8),
+    Col("TRIES", drop=3), Col("EXIT"), Col("STARTED", floor=10, at_once=True, drop=1),
+    Col("FINISHED", floor=10, at_once=True, drop=4), Col("TOOK", drop=2),
+    Col("COMMAND", floor=10),
+)
+HISTORY_COLUMNS = (
+    Col("AT", floor=10, at_once=True), Col("EVENT"), Col("STEP"), Col("SITE", floor=6),
+    Col("WORKER", floor=8, drop=1), Col("EPOCH", drop=2), Col("DETAIL", floor=10),
+)
+LIST_COLUMNS = (
+    Col("JOB"), Col("STATUS"), Col("STEP"), Col("CREATOR", floor=6, drop=1),
+    Col("PRIO", drop=2), Col("CREATED", floor=10, at_once=True),
+    Col("UPDATED", floor=10, at_once=True, drop=3), Col("COMMAND", floor=10, cut=True),
+)
+WATCH_SITE_COLUMNS = (
+    Col("SITE"), Col("COUCHDB", floor=10), Col("WORKERS BUSY"),
+    *(Col(s.upper()) for s in STATUSES),
+)
+WATCH_RUNNING_COLUMNS = (
+    Col("SITE", drop=1), Col("WORKER", floor=8), Col("JOB"), Col("STEP"),
+    Col("SINCE", floor=10, at_once=True), Col("COMMAND", floor=10, cut=True),
+)
+
+
+def steps_table(doc: Doc) -> FittedTable:
+    rows: list[list[Cell]] = []
+    for index, step in enumerate(doc["job"]):
+        took = step.get("exec_time")
+        rows.append([
+            str(index), step_state(doc, index), plain(", ".join(targets(step))),
+            plain(step_where(step)), str(step.get("attempts", 0)), plain(step.get("exit_code")),
+            short_time(step.get("start_time")), short_time(step.get("finish_time")),
+            "-" if took is None else f"{took:.1f}s", plain(step["do"]),
+        ])
+    return FittedTable(STEP_COLUMNS, rows, title="steps")
+
+
+def lost_claims(history: list[Doc]) -> set[str]:
+    """The claims another site's win or start in a later epoch overtook, as keys.
+
+    Merged from concurrent branches, such a claim is often dated after the start
+    that beat it: shown as a plain "claimed" it reads like a second run.
+    """
+    winners = {(entry.get("step"), entry.get("epoch")):
+               str(entry.get("detail") or "").removeprefix("winner ")
+               for entry in history if entry.get("event") == "won"}
+    decided = [(entry.get("step"), epoch, entry.get("site")) for entry in history
+               if entry.get("event") in ("won", "started")
+               and isinstance(epoch := entry.get("epoch"), int)]
+    lost = set()
+    for entry in history:
+        step, epoch, site = entry.get("step"), entry.get("epoch"), entry.get("site")
+        if entry.get("event") != "claimed" or not isinstance(epoch, int):
+            continue
+        overtaken = any(s == step and e > epoch and who != site for s, e, who in decided)
+        if winners.get((step, epoch + 1)) != site and overtaken:
+            lost.add(json.dumps(entry, sort_keys=True))
+    return lost
+
+
+def event_name(entry: Doc, lost: set[str]) -> Text:
+    if entry.get("event") == "claimed" and json.dumps(entry, sort_keys=True) in lost:
+        return Text("claim lost")
+    return plain(entry.get("event"))
+
+
+def history_table(doc: Doc) -> FittedTable:
+    history = doc.get("history", [])
+    lost = lost_claims(history)
+    rows: list[list[Cell]] = [
+            [short_time(entry.get("at")), event_name(entry, lost), plain(entry.get("step")),
+             plain(entry.get("site")), plain(entry.get("worker")), plain(entry.get("epoch")),
+             plain(entry.get("detail"))] for entry in history]
+    return FittedTable(HISTORY_COLUMNS, rows, title="history")
+
+
+def created_text(doc: Doc) -> str:
+    if doc["created_at"] is None:  # written over HTTP, and its creator has not seen it yet
+        return "- (not yet accepted by its creator)"
+    return short_time(doc["created_at"])
+
+
+def job_header(doc: Doc, leaves: int, site: str) -> Text:
+    conflicts = leaves - 1
+    title = Text(doc["_id"], style="bold")
+    if conflicts:
+        plural = "revision" if conflicts == 1 else "revisions"
+        title.append(f"  ({conflicts} conflicting {plural}, merged)", style="yellow")
+    lines = [
+        title,
+        Text(f"status   {job_status_text(doc)}"),
+        Text(f"creator  {doc['creator']}   priority {doc['priority']}   as seen at {site}"),
+        Text(f"created  {created_text(doc)}   updated {short_time(doc['updated_at'])}"),
+        Text(f"rev      {doc['_rev']}"),  # its own line: a revision is 34 characters
+    ]
+    return Text("\n").join(lines)
+
+
+
+def progress_view(doc: Doc) -> Group:
+    done = sum(1 for step in doc["job"] if step_phase(step) == Phase.DONE)
+    total = len(doc["job"])
+    width = 30
+    filled = math.floor(width * done / total)
+    bar = Text("[" + "#" * filled + "." * (width - filled) + f"] {done}/{total} steps  ")
+    bar.append(job_status_text(doc), style="bold")
+    return Group(bar, steps_table(doc))
+
+
+def event_line(entry: Doc) -> str:
+    who = entry.get("worker") or entry.get("site") or "-"
+    detail = f": {entry['detail']}" if entry.get("detail") else ""
+    return (f"{short_time(entry.get('at'))}  step {entry.get('step')}  {entry.get('event')}  "
+            f"{who}{detail}")
+
+
+def failure_reason(doc: Doc) -> str:
+    if doc.get("job_status") != "failed":
+        return ""
+    for entry in reversed(doc.get("history", [])):
+        if entry.get("event") == "failed":
+            return f" (step {entry.get('step')}: {entry.get('detail') or 'failed'})"
+    return ""
+
+
+
+def list_row(row: JobRow) -> list[Cell]:
+    step = "-" if row.status != "live" else f"{row.step + 1}/{row.steps}"
+    return [row.id, row.status, step, plain(row.creator), str(row.priority),
+            short_time(row.created_at), short_time(row.updated_at), plain(row.command)]
+
+
+
+def watch_view(snapshots: list[SiteSnapshot]) -> Group:
+    sites: list[list[Cell]] = []
+    running: list[list[Cell]] = []
+    errors = []
+    for snap in snapshots:
+        site = snap.site
+        if snap.error:
+            sites.append([site.name, site.couch.url, Text("unreachable", style="red"),
+                          *("" for _ in STATUSES)])
+            errors.append(Text(explain_couch_error(snap.error, site), style="red"))
+            continue
+        sites.append([site.name, site.couch.url, f"{len(snap.running)}/{site.workers}",
+                      *(str(snap.counts.get(status, 0)) for status in STATUSES)])
+        running += [running_row(site, row) for row in snap.running]
+    parts: list[Any] = [FittedTable(WATCH_SITE_COLUMNS, sites,
+                                    title=f"sites at {short_time(utc_now())} UTC"),
+                        *errors, Text("")]
+    parts.append(FittedTable(WATCH_RUNNING_COLUMNS, running, title="running steps")
+                 if running else Text("no steps running"))
+    return Group(*parts)
+
+
+def running_row(site: SiteConfig, row: Doc) -> list[Cell]:
+    doc = row.get("doc") or {}
+    value = row.get("value") or {}
+    index = value.get("step", 0)
+    steps = doc.get("job") or []
+    command = steps[index].get("do") if index < len(steps) else None
+    return [site.name, plain(value.get("executioner")), row["id"], str(index),
+            short_time(row["key"][1]), plain(command)]
+
