@@ -402,15 +402,31 @@ def why_superseded(history: list[Doc], run: Run) -> str | None:
     if takeovers and any((entry["event"], entry["step"], entry["epoch"], entry["site"])
                          in (("finished", *run), ("failed", *run)) for entry in history):
         return f"ended on a branch the merge left, two creators arbitrating: {takeovers}"
-    started = {e["at"] for e in history
-               if (e["event"], e["step"], e["epoch"], e["site"]) == ("started", *run)}
+    started = [e["at"] for e in history
+               if (e["event"], e["step"], e["epoch"], e["site"]) == ("started", *run)]
     for entry in history:
         if (entry["event"], entry["step"], entry["site"]) == ("finished", step - 1, site) and \
                 entry["at"] in started:
             reason = why_superseded(history, (step - 1, entry["epoch"], site))
             if reason is not None:
                 return f"chained on step {step - 1} epoch {entry['epoch']}, {reason}"
-    return None
+    return _after_superseded_finish(history, run, min(started, default=None))
+
+
+def _after_superseded_finish(history: list[Doc], run: Run, started: str | None) -> str | None:
+    """A run started on another site's finish of the step before, the last one recorded
+    before it, which was itself superseded: its branch was a cut-off side's (a creator
+    cut off revoked that finish's lease and ran the step again on its own side)."""
+    step = run[0]
+    before = [entry for entry in history if started is not None and entry["at"] <= started
+              and (entry["event"], entry["step"]) == ("finished", step - 1)]
+    if not before:
+        return None
+    last = before[-1]
+    reason = why_superseded(history, (step - 1, last["epoch"], last["site"]))
+    if reason is None:
+        return None
+    return f"ran after step {step - 1} epoch {last['epoch']} on {last['site']}, {reason}"
 
 
 def adoptions(history: list[Doc]) -> str:
