@@ -33,6 +33,10 @@
                                        # DIR/SITE (default: .jobdist/SITE/journal, from
                                        # the working directory; the start-up log says where)
 
+    [succession]                       # optional: automatic creator succession
+    successors = { global = ["reg_a", "reg_b"] }   # per creator, in order (default: none)
+    creator_timeout = 120.0            # a creator silent this long (our clock) is succeeded
+
     [retention]                        # optional: the daemon removes its own old jobs
     older_than = "30d"                 # finished jobs last updated longer ago (90m, 12h, 30d)
     interval = 3600.0                  # seconds between passes
@@ -76,6 +80,7 @@ from . import core
 from .clock import parse_duration
 from .errors import JobdistError
 from .names import nearest_name
+from .status import MIN_INTERVAL
 
 SITE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 SHELL_OPERATORS = re.compile(r"[;&|$`<>()\n\r]")
@@ -211,6 +216,15 @@ class RetentionSettings:
 
 
 @dataclass(frozen=True)
+class SuccessionSettings:
+    """[succession]: per creator, the sites that take its live jobs over, in order, once
+    it has been silent for creator_timeout (docs/protocol.md, "Automatic succession")."""
+
+    successors: Mapping[str, tuple[str, ...]] = field(default_factory=dict, hash=False)
+    creator_timeout: float = core.CREATOR_TIMEOUT
+
+
+@dataclass(frozen=True)
 class AdminSettings:
     """[admin]: the daemon's HTTP endpoint (none without a port)."""
 
@@ -227,6 +241,7 @@ SECTIONS: dict[str, type] = {
     "keepalive": KeepAliveSettings,
     "daemon": DaemonSettings,
     "retention": RetentionSettings,
+    "succession": SuccessionSettings,
     "admin": AdminSettings,
 }
 
@@ -255,6 +270,7 @@ class SiteConfig:
     keepalive: KeepAliveSettings = field(default_factory=KeepAliveSettings)
     daemon: DaemonSettings = field(default_factory=DaemonSettings)
     retention: RetentionSettings = field(default_factory=RetentionSettings)
+    succession: SuccessionSettings = field(default_factory=SuccessionSettings)
     admin: AdminSettings = field(default_factory=AdminSettings)
     path: Path | None = None
 
@@ -308,6 +324,12 @@ def load_sites(directory: Path | str) -> dict[str, SiteConfig]:
         unknown = sorted(set(site.peers) - set(sites))
         if unknown:
             raise ConfigError(f"{site.path}: unknown peers {', '.join(unknown)}")
+        named = {name for creator, line in site.succession.successors.items()
+                 for name in (creator, *line)}
+        unknown = sorted(named - set(sites))
+        if unknown:
+            raise ConfigError(f"{site.path}: succession.successors names unknown sites "
+                              f"{', '.join(unknown)}")
     return sites
 
 
@@ -367,6 +389,7 @@ def _site_from(raw: Section, path: Path) -> SiteConfig:
     if admin.token is None and os.environ.get("JOBDIST_ADMIN_TOKEN"):
         settings["admin"] = replace(admin, token=os.environ["JOBDIST_ADMIN_TOKEN"])
     _check_lease(settings["daemon"])
+    _check_creator_timeout(settings["succession"])
     return SiteConfig(name=name, workers=workers, peers=tuple(raw.get("peers", ())),
                       path=path, **settings)
 
@@ -433,6 +456,7 @@ READERS: dict[str, Callable[[Any, Path], Any]] = {
 SPECIAL_READERS: dict[tuple[str, str], Callable[[Any, Path], Any]] = {
     ("commands", "allow"): lambda value, _: _allow_list(value),
     ("replication", "peer_urls"): _peer_urls,
+    ("succession", "successors"): lambda value, _: _successors(value),
 }
 
 
@@ -488,6 +512,31 @@ def _allow_list(patterns: Any) -> tuple[re.Pattern[str], ...]:
         except re.error as error:
             raise ValueError(f"bad pattern {pattern!r}: {error}") from None
     return tuple(compiled)
+
+
+def _successors(table: Any) -> dict[str, tuple[str, ...]]:
+    """`{creator = [site, ...]}`: site names, none twice in a line, never the creator."""
+    if not isinstance(table, dict):
+        raise ValueError(f"must be a table of creator = [sites], not {table!r}")
+    lines = {}
+    for creator, line in table.items():
+        if not SITE_NAME.match(creator):
+            raise ValueError(f"{creator!r} is not a site name")
+        if not isinstance(line, list) or not all(isinstance(name, str) and SITE_NAME.match(name)
+                                                 for name in line):
+            raise ValueError(f"{creator} must be a list of site names, not {line!r}")
+        if creator in line or len(set(line)) != len(line):
+            raise ValueError(f"a site appears twice in the line {[creator, *line]}")
+        lines[creator] = tuple(line)
+    return lines
+
+
+def _check_creator_timeout(succession: SuccessionSettings) -> None:
+    # A live site renews its status at most once a MIN_INTERVAL: several must fit in.
+    shortest = 4 * MIN_INTERVAL
+    if not succession.creator_timeout >= shortest:
+        raise ValueError(f"succession.creator_timeout ({succession.creator_timeout}) must be "
+                         f"at least {shortest:g} s: four renewals of a site's status")
 
 
 def _check_lease(daemon: DaemonSettings) -> None:

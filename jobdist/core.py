@@ -98,6 +98,7 @@ BOOKING_TIMEOUT = 60.0
 LEASE = 60.0
 HEARTBEAT = 15.0
 SKEW_MARGIN = 10.0
+CREATOR_TIMEOUT = 120.0  # seconds of a creator's silence before its successor takes over
 
 
 @dataclass(frozen=True)
@@ -126,6 +127,16 @@ class Context:
     # seconds: a claim would mostly lose to the assignment, and book a worker meanwhile.
     assigning: frozenset[str] = frozenset()
     claim_delay: float = 2.0
+    # Automatic succession: each creator's successors, in order (config
+    # `[succession] successors`), and the sites none of whose statuses has been new
+    # to this site for `creator_timeout` seconds of its own clock (never itself).
+    successors: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    silent: frozenset[str] = frozenset()
+    creator_timeout: float = CREATOR_TIMEOUT
+    # How long this site has seen the job's leaves unchanged, by its own clock (None:
+    # not tracked). A job is taken over only once it too has been still that long: a
+    # creator back from silence whose new job outran its status keeps the job.
+    unchanged_for: float | None = None
 
     def lease_expired(self, step: Doc) -> bool:
         deadline = step.get("lease_until")
@@ -252,6 +263,26 @@ def progress(doc: Doc) -> tuple[tuple[int, int], ...]:
     return tuple((step.get("epoch", 0), int(step_phase(step))) for step in doc["job"])
 
 
+def term(doc: Doc) -> int:
+    """The highest adoption term the job's history knows (0: none)."""
+    return max((entry.get("epoch", 0) for entry in doc.get("history", [])
+                if entry["event"] == "adopted"), default=0)
+
+
+def succeeded(doc: Doc) -> bool:
+    """In a job that changed creators, a leaf where it succeeded outranks any other,
+    however far along by epochs.
+
+    Every step of it ran, in order, and counted once on that branch. Two branches
+    both move on under two arbiters (a creator cut off while its successor took over):
+    the old creator's branch may then hold a higher epoch at an early step, and would
+    otherwise take a job that succeeded back to that step. The other branch's runs
+    are fenced off as any stale run: killed, recorded. (With one creator, a release
+    still beats a revoked winner's finish: test_core's higher-epoch case.)
+    """
+    return doc.get("job_status") == "success"
+
+
 def merge(leaves: list[Doc]) -> Doc:
     """One view of a job from all its live leaves; `_rev` is CouchDB's winner.
 
@@ -259,7 +290,9 @@ def merge(leaves: list[Doc]) -> Doc:
     """
     leaves = [normalise(leaf) for leaf in leaves]
     winner = max(leaves, key=couch_order)
-    furthest = max(leaves, key=lambda leaf: (progress(leaf), couch_order(leaf)))
+    taken_over = any(term(leaf) for leaf in leaves)
+    furthest = max(leaves, key=lambda leaf: (taken_over and succeeded(leaf), progress(leaf),
+                                             couch_order(leaf)))
     merged = copy.deepcopy(furthest)
     merged["_rev"] = winner["_rev"]
     if len(leaves) == 1:
@@ -270,8 +303,10 @@ def merge(leaves: list[Doc]) -> Doc:
     merged["created_at"] = max(leaf["created_at"] or "" for leaf in leaves) or None
     # An epoch once issued is never issued again, even when the branch that
     # issued it loses (a step chained on top of a finish that was revoked):
-    # otherwise two executions of one step could share a fencing token.
-    for index, step in enumerate(merged["job"]):
+    # otherwise two executions of one step could share a fencing token. Epochs are
+    # issued at the current step and later ones only; a step that ended keeps the
+    # epoch of the run that counted.
+    for index, step in enumerate(merged["job"][merged["step"]:], start=merged["step"]):
         step["epoch"] = max(leaf["job"][index].get("epoch", 0) for leaf in leaves)
     for index, step in enumerate(merged["job"]):
         step["progress"] = latest_progress(leaves, index, step)
@@ -473,6 +508,9 @@ def decide(doc: Doc, ctx: Context, pool: PoolView) -> Decision:
         return STAY
     if not known(doc["creator"], ctx):
         return on_unknown_creator(doc, ctx)
+    if succeeds(doc, ctx):
+        silence = f"no status from {doc['creator']} for {ctx.creator_timeout:g} s"
+        return adopt(doc, ctx, f"{silence} (automatic succession)")
     if not is_accepted(doc) and ctx.site != doc["creator"]:
         return STAY  # until its creator accepts it (see accepting)
     step = doc["job"][doc["step"]]
@@ -1070,31 +1108,69 @@ def plan_event(leaves: list[Doc], ctx: Context, key: StepKey, epoch: int, worker
 
 def plan_adopt(leaves: list[Doc], ctx: Context, gone: str, reason: str) -> Plan:
     """An operator makes this site the creator of a live job whose creator `gone` is
-    gone for good: from then on this site arbitrates its claims, revokes expired
-    leases and keeps it alive.
-
-    Nothing else changes: a claim waiting for a decision is decided by the new
-    creator, a running step keeps its lease. The `adopted` event carries the
-    adoption's term in its epoch field; the merge takes the creator of the
-    highest term, so a late write of the gone creator cannot take the job back.
-    If `gone` is in fact alive behind a partition, both sites arbitrate until it
-    sees the adoption: a step may then run twice, in two epochs, recorded.
-    """
+    gone for good (`jobdist adopt`): see `adopt`."""
     if not leaves:
         return NOTHING
     merged = merge(leaves)
     if merged["creator"] != gone or gone == ctx.site or not is_live(merged):
         return NOTHING
-    term = 1 + max((entry.get("epoch", 0) for entry in merged["history"]
-                    if entry["event"] == "adopted"), default=0)
+    return finalize(leaves, merged, adopt(merged, ctx, reason), ctx)
+
+
+def adopt(doc: Doc, ctx: Context, reason: str) -> Decision:
+    """This site becomes the job's creator: from then on it arbitrates its claims,
+    revokes expired leases and keeps it alive.
+
+    Nothing else changes: a claim waiting for a decision is decided by the new
+    creator, a running step keeps its lease. The `adopted` event carries the
+    adoption's term in its epoch field; the merge takes the creator of the
+    highest term, so a late write of the old creator cannot take the job back.
+    If the old creator is in fact alive behind a partition, both sites arbitrate
+    until it sees the adoption: a step may then run twice, in two epochs, recorded.
+    """
+    gone = doc["creator"]
+    next_term = 1 + term(doc)
     detail = f"creator {gone} -> {ctx.site}: {reason}"
 
-    def edit(doc: Doc) -> None:
-        doc["creator"] = ctx.site
-        doc["history"].append(event("adopted", step=doc["step"], site=ctx.site, at=ctx.now,
-                                    worker=None, epoch=term, detail=detail))
+    def edit(new: Doc) -> None:
+        new["creator"] = ctx.site
+        new["history"].append(event("adopted", step=new["step"], site=ctx.site, at=ctx.now,
+                                    worker=None, epoch=next_term, detail=detail))
 
-    return finalize(leaves, merged, Decision("adopt", edit, detail=detail), ctx)
+    return Decision("adopt", edit, detail=detail)
+
+
+def origin(doc: Doc) -> str:
+    """The site that created the job: its `created` event's, else (an HTTP job not yet
+    accepted) its creator."""
+    return next((entry["site"] for entry in doc["history"] if entry["event"] == "created"),
+                doc["creator"])
+
+
+def succeeds(doc: Doc, ctx: Context) -> bool:
+    """Is it this site's turn to take the job over from its silent creator?
+
+    The job's line is its origin and then the origin's successors, in order. When
+    the current creator (the origin, or a site that took over before) is silent,
+    the first site of the line that is not silent takes over: the next successor
+    when the one before went silent too, the origin itself when it is back and the
+    site that took over from it is silent. A creator outside its job's line is
+    left alone (an operator chose it), and so is a job its creator has not accepted
+    yet: its acceptance stamps the creation time that fixes the job's identity, and
+    a successor accepting it too, while the creator did on a branch not seen yet,
+    would make two jobs of it (see accepting).
+    """
+    creator = doc["creator"]
+    if creator == ctx.site or creator not in ctx.silent or not is_accepted(doc):
+        return False
+    if ctx.unchanged_for is not None and ctx.unchanged_for < ctx.creator_timeout:
+        return False
+    first = origin(doc)
+    line = (first, *ctx.successors.get(first, ()))
+    if creator not in line:
+        return False
+    return next((site for site in line if site != creator and site not in ctx.silent),
+                None) == ctx.site
 
 
 def plan_cancel(leaves: list[Doc], ctx: Context, reason: str) -> Plan:

@@ -142,8 +142,15 @@ class Manager:
         # monotonic time): see core.Context.lease_silence.
         self.leases_seen: dict[str, dict[str, float]] = {}
         # The other sites' room (status documents), and when to publish ours.
-        self.board = status.Board(self.site)
-        self.publisher = status.Publisher()
+        self.board = status.Board(self.site, time.monotonic())
+        self.publisher = status.Publisher(status.refresh_for(config.succession.creator_timeout))
+        self.last_succession_scan = time.monotonic()
+        # Jobs of our succession lines: their leaves, and since when we see them so.
+        self.jobs_seen: dict[str, tuple[frozenset[str], float]] = {}
+        # The sites whose jobs may become ours, or be taken from us, by succession.
+        lines = [(creator, *line) for creator, line in config.succession.successors.items()]
+        self.line_sites = frozenset(
+            name for line in lines if self.site in line for name in line) - {self.site}
         self.assign_scan_due = False
 
     # --- the loop -------------------------------------------------------------
@@ -160,7 +167,8 @@ class Manager:
         if changes:
             self.seq = changes[-1].seq  # feed order: the checkpoint never goes back
         self.settle([*self._report_tasks(), *self._expired_booking_tasks(),
-                     *self._renewal_tasks_due(), *self._revocation_tasks_due()])
+                     *self._renewal_tasks_due(), *self._revocation_tasks_due(),
+                     *self._succession_tasks_due()])
         self._unbook_expired()
         self.settle([*self._report_tasks(), *self._scan_tasks_due(),
                      *self._assign_tasks_due()])
@@ -205,8 +213,9 @@ class Manager:
     def decide_task(self, doc_id: str, seen: Doc | None = None) -> Task:
         """Decide about a job until there is nothing more to do right now."""
         def plan(leaves: list[Doc], rejected: list[core.Unusable]) -> core.Plan:
-            return core.plan(leaves, self.context(self._lease_silence(doc_id, leaves)),
-                             self.pool_view(), rejected)
+            context = self.context(self._lease_silence(doc_id, leaves),
+                                   self._unchanged_for(doc_id, leaves))
+            return core.plan(leaves, context, self.pool_view(), rejected)
         return Task(doc_id, plan, seen=seen, then_decide=True)
 
     def process(self, doc_id: str, seen: Doc | None = None) -> None:
@@ -596,7 +605,22 @@ class Manager:
             del self.leases_seen[next(iter(self.leases_seen))]
         return {lease: now - since for lease, since in seen.items()}
 
-    def context(self, lease_silence: dict[str, float] | None = None) -> core.Context:
+    def _unchanged_for(self, doc_id: str, leaves: list[Doc]) -> float:
+        """How long we have seen the job's leaves as they are now (0: first sight, or
+        a job no succession line of ours may take over: not tracked)."""
+        now = time.monotonic()
+        revs = frozenset(leaf["_rev"] for leaf in leaves)
+        before = self.jobs_seen.pop(doc_id, None)
+        if not any(leaf.get("creator") in self.line_sites and is_live(leaf) for leaf in leaves):
+            return 0.0
+        since = before[1] if before is not None and before[0] == revs else now
+        self.jobs_seen[doc_id] = (revs, since)  # re-inserted: the dict stays oldest first
+        while len(self.jobs_seen) > MAX_LEASES_SEEN:  # forgetting only delays a takeover
+            del self.jobs_seen[next(iter(self.jobs_seen))]
+        return now - since
+
+    def context(self, lease_silence: dict[str, float] | None = None,
+                unchanged_for: float = 0.0) -> core.Context:
         now = time.monotonic()
         return core.Context(self.site, utc_now(), self.known_sites,
                             booking_timeout=self.config.daemon.booking_timeout,
@@ -605,7 +629,14 @@ class Manager:
                             runs=self.config.commands.allows,
                             lease_silence=lease_silence,
                             room=self.board.room(now),
-                            assigning=self._expecting_assignments(now))
+                            assigning=self._expecting_assignments(now),
+                            successors=self.config.succession.successors, silent=self.silent(now),
+                            creator_timeout=self.config.succession.creator_timeout,
+                            unchanged_for=unchanged_for)
+
+    def silent(self, now: float) -> frozenset[str]:
+        """The sites of our succession lines silent for creator_timeout, by our clock."""
+        return self.board.silent(self.line_sites, now, self.config.succession.creator_timeout)
 
     def _expecting_assignments(self, now: float) -> frozenset[str]:
         """The creators that may assign steps to us: those that assign, unless our last
@@ -760,6 +791,25 @@ class Manager:
             self.leases_seen.clear()  # renewals go unseen meanwhile: count afresh after
             return []
         return [self.decide_task(doc_id) for doc_id in due if doc_id not in self.skipped]
+
+    def _succession_tasks_due(self) -> list[Task]:
+        """Look at the live jobs of silent creators of our lines: the core says whether it
+        is our turn to take them over (core.succeeds)."""
+        now = time.monotonic()
+        if not self.line_sites or \
+                now - self.last_succession_scan < self.config.succession.creator_timeout / 4:
+            return []
+        self.last_succession_scan = now
+        ids: list[str] = []
+        try:
+            for site in sorted(self.silent(now)):
+                ids += self.store.involving(site)
+        except CouchError as error:
+            self.log.warning("succession scan failed", error=error)
+            self.board.restart_silence(now)  # we heard nothing meanwhile: count afresh
+            return []
+        return [self.decide_task(doc_id) for doc_id in dict.fromkeys(ids)
+                if doc_id not in self.skipped]
 
     def _scan_tasks_due(self) -> list[Task]:
         """Claim open steps that arrived while every worker was busy."""

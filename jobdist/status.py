@@ -12,13 +12,19 @@ such an assignment, and hold it back for a moment.
 The knowledge is always a little stale, which costs time, never safety: a site
 assigned a step with no worker free releases it as after any claim, and the
 creator still alone picks winners. Publishing is bounded: a changed room at
-most once a second, an unchanged one every `REFRESH` seconds so that others can
-tell a silent site from a busy one.
+most once a second, an unchanged one every `REFRESH` seconds (sooner when
+succession needs it) so that others can tell a silent site from a busy one.
+
+Silence is what automatic creator succession acts on: a creator none of whose
+statuses has been new to us for `creator_timeout`, measured on our own monotonic
+clock from when we last heard one, never by comparing its `updated_at` with our
+clock (the two clocks may disagree by any amount).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -33,6 +39,13 @@ REFRESH = 30.0  # an unchanged status is published again this often
 STALE_AFTER = 3 * REFRESH  # a status not renewed for this long (our clock) is ignored
 ASSIGNED_FOR = 3.0  # seconds an assignment counts against a room its site has not re-published
 
+
+
+def refresh_for(creator_timeout: float) -> float:
+    """How often to publish an unchanged status: several times within a creator_timeout,
+    so that a live creator is never taken for a silent one, and never more than once a
+    second."""
+    return max(MIN_INTERVAL, min(REFRESH, creator_timeout / 4))
 
 
 def status_id(site: str) -> str:
@@ -71,10 +84,14 @@ class SiteStatus:
 class Board:
     """What this site knows of the other sites' status, timed by its own clock."""
 
-    def __init__(self, site: str) -> None:
+    def __init__(self, site: str, started: float = 0.0) -> None:
         self.site = site
         self.statuses: dict[str, tuple[SiteStatus, float]] = {}  # site -> (status, heard at)
         self.assigned: dict[StepKey, tuple[str, float]] = {}  # step -> (site, when we assigned it)
+        # site -> (its last `updated_at`, when we heard that new status): silence counts
+        # from there, or from `started` for a site we never heard.
+        self.news: dict[str, tuple[str, float]] = {}
+        self.started = started
 
     def hear(self, doc: Any, now: float) -> bool:
         """Take in a status document; True when that site has more room than we knew."""
@@ -83,6 +100,8 @@ class Board:
             return False
         before = self.statuses.get(status.site)
         self.statuses[status.site] = (status, now)
+        if self.news.get(status.site, ("", 0.0))[0] != status.updated_at:
+            self.news[status.site] = (status.updated_at, now)  # a re-delivery is no news
         # Its new room already counts what it started of ours; what is still on the
         # way shows in its next status.
         self.assigned = {key: (site, at) for key, (site, at) in self.assigned.items()
@@ -93,6 +112,16 @@ class Board:
         """Until `site` publishes again: we revoked its lease, so it may be dead or cut off,
         and its last status (fresh for up to STALE_AFTER) would have us assign to it again."""
         self.statuses.pop(site, None)
+
+    def silent(self, sites: Iterable[str], now: float, timeout: float) -> frozenset[str]:
+        """The sites (never us) from which no new status reached us for `timeout` seconds."""
+        return frozenset(site for site in sites if site != self.site
+                         and now - self.news.get(site, ("", self.started))[1] >= timeout)
+
+    def restart_silence(self, now: float) -> None:
+        """Our own CouchDB did not answer: what we did not hear meanwhile proves nothing."""
+        self.started = now
+        self.news = {site: (updated_at, now) for site, (updated_at, _) in self.news.items()}
 
     def note_assigned(self, key: StepKey, site: str, now: float) -> None:
         self.assigned[key] = (site, now)
@@ -117,13 +146,14 @@ class Board:
 class Publisher:
     """When to publish this site's own status: a changed room soon, the same one rarely."""
 
-    def __init__(self) -> None:
+    def __init__(self, refresh: float = REFRESH) -> None:
+        self.refresh = refresh  # publish an unchanged status again this often
         self.last: SiteStatus | None = None
         self.last_at = float("-inf")
         self.rev: str | None = None  # of our status document, once known
 
     def due(self, status: SiteStatus, now: float) -> bool:
-        if self.last is None or now - self.last_at >= REFRESH:
+        if self.last is None or now - self.last_at >= self.refresh:
             return True
         changed = (status.room, status.workers) != (self.last.room, self.last.workers)
         return changed and now - self.last_at >= MIN_INTERVAL

@@ -130,14 +130,19 @@ class SimSite:
         self.running: dict[StepKey, Execution] = {}
         self.killed: list[Execution] = []
         self.dying: list[Execution] = []  # killed, their cancelled result not yet reported
+        self.crashed: list[Execution] = []  # running or dying when the site restarted
         # What the site believes of the others' room and of its creators (status
         # documents): set by the tests, right or wrong, never derived from the truth.
         self.room: dict[str, int] | None = None
         self.assigning: frozenset[str] = frozenset()
+        # Succession: the lines, and which sites this one believes silent (right or wrong).
+        self.successors: dict[str, tuple[str, ...]] = {}
+        self.silent: frozenset[str] = frozenset()
         self.restart()
 
     def restart(self) -> None:
         """A crash: every booking and execution is gone, the replica stays."""
+        self.crashed += [*self.running.values(), *self.dying]
         self.booked.clear()
         self.running.clear()
         self.dying.clear()
@@ -155,7 +160,8 @@ class SimSite:
     def ctx(self) -> core.Context:
         return core.Context(self.name, self.clock.now(), self.known_sites, booking_timeout=30.0,
                             lease=self.lease, skew_margin=5.0, room=self.room,
-                            assigning=self.assigning)
+                            assigning=self.assigning, successors=self.successors,
+                            silent=self.silent - {self.name})
 
     def heartbeat(self) -> None:
         """Renew the lease of every execution this site runs, with a progress report

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import jobdist.config
-from jobdist.config import SETTINGS, ConfigError, Section, load_site, load_sites
+from jobdist.config import SETTINGS, ConfigError, Section, SuccessionSettings, load_site, load_sites
 from jobdist.lab.scenarios import TOPOLOGIES, write_sites
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -102,6 +102,7 @@ SAMPLES: dict[str, Any] = {
     "retention.older_than": "30d", "retention.interval": 60.0,
     "retention.export": "/tmp/removed.jsonl",
     "admin.port": 7999, "admin.host": "0.0.0.0", "admin.token": "t0ken",
+    "succession.successors": {"global": ["solo", "reg_b"]}, "succession.creator_timeout": 30.0,
 }
 EVERY_SETTING = [f"{section}.{key}" if section else key
                  for section, keys in SETTINGS.items() for key in keys]
@@ -159,3 +160,40 @@ def test_reading_an_unlisted_key_is_a_bug_caught_at_once() -> None:
 def test_a_section_is_a_mapping() -> None:
     section = Section("admin", {"port": 7984})
     assert dict(section) == {"port": 7984} and list(section.values()) == [7984]
+
+
+def test_succession_is_off_by_default_and_read_in_order(tmp_path: Path) -> None:
+    assert load_site(write_config(tmp_path, BASE)).succession.successors == {}
+    site = load_site(write_config(tmp_path, BASE + '[succession]\ncreator_timeout = 8\n'
+                                  'successors = { global = ["reg_b", "solo"] }\n'))
+    assert site.succession == SuccessionSettings({"global": ("reg_b", "solo")}, 8.0)
+
+
+@pytest.mark.parametrize(("succession", "message"), [
+    ('successors = { global = ["global", "solo"] }', "a site appears twice in the line"),
+    ('successors = { global = ["solo", "solo"] }', "a site appears twice in the line"),
+    ('successors = { global = "solo" }', "succession.successors: global must be a list"),
+    ('successors = { global = ["Solo!"] }', "must be a list of site names"),
+    ("successors = 3", "succession.successors: must be a table"),
+    ("creator_timeout = 3", "succession.creator_timeout (3.0) must be at least 4 s"),
+])
+def test_a_bad_succession_is_refused_with_the_reason(tmp_path: Path, succession: str,
+                                                     message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_site(write_config(tmp_path, BASE + f"[succession]\n{succession}\n"))
+
+
+def test_successors_must_be_sites_of_the_directory(tmp_path: Path) -> None:
+    sites = write_sites(tmp_path / "sites", 2, successors={"global": ["reg_a", "reg_z"]})
+    unknown = re.escape("succession.successors names unknown sites reg_z")
+    with pytest.raises(ConfigError, match=unknown):
+        load_sites(sites)
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/protocol.md"])
+def test_the_documented_succession_table_loads(tmp_path: Path, doc: str) -> None:
+    text = (PROJECT_ROOT / doc).read_text(encoding="utf-8")
+    [table] = [block for block in re.findall(r"```toml\n(.*?)```", text, re.DOTALL)
+               if "[succession]" in block]
+    site = load_site(write_config(tmp_path, BASE + table))
+    assert site.succession.successors == {"global": ("reg_a", "reg_b")}

@@ -9,6 +9,7 @@ the simulated replicated store of tests/sim.py, with every delivery chosen by ha
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -747,6 +748,86 @@ def test_a_second_adoption_takes_a_higher_term():
     assert [e["epoch"] for e in second["history"] if e["event"] == "adopted"] == [1, 2]
     second["_rev"], first["_rev"] = "3-a", "2-f"
     assert core.merge([first, second])["creator"] == "reg_b"
+
+
+# --- automatic succession: a silent creator's jobs taken over ------------------------------
+
+LINE = {CREATOR: ("reg_a", "reg_b")}
+
+
+def succession_plan(doc: Doc, site: str, silent: set[str]) -> Plan:
+    context = dataclasses.replace(ctx(site), successors=LINE, silent=frozenset(silent),
+                                  creator_timeout=8.0)
+    return core.plan([doc], context, pool())
+
+
+def test_the_first_successor_takes_over_a_silent_creators_job():
+    plan = succession_plan(claimed(job(), "reg_b"), "reg_a", {CREATOR})
+    assert plan.action == "adopt" and plan.doc is not None
+    assert plan.doc["creator"] == "reg_a"
+    adopted = plan.doc["history"][-1]
+    assert (adopted["event"], adopted["site"], adopted["epoch"]) == ("adopted", "reg_a", 1)
+    assert adopted["detail"] == ("creator global -> reg_a: no status from global for 8 s "
+                                 "(automatic succession)")
+    # The next successor waits while the first is heard; nobody acts on a heard creator.
+    assert succession_plan(claimed(job(), "reg_b"), "reg_b", {CREATOR}).action == "none"
+    assert succession_plan(claimed(job(), "reg_b"), "reg_a", set()).action == "none"
+
+
+def test_the_next_successor_takes_over_when_the_one_before_is_silent_too():
+    taken = succession_plan(job(), "reg_a", {CREATOR}).doc
+    assert taken is not None
+    assert succession_plan(taken, "reg_b", {CREATOR}).action == "none"  # reg_a is heard
+    plan = succession_plan(taken, "reg_b", {CREATOR, "reg_a"})
+    assert plan.action == "adopt" and plan.doc is not None
+    assert plan.doc["creator"] == "reg_b"
+    assert plan.doc["history"][-1]["epoch"] == 2  # a higher term
+    # Straight from a silent creator too, when its first successor is silent as well.
+    assert succession_plan(job(), "reg_b", {CREATOR, "reg_a"}).doc["creator"] == "reg_b"
+
+
+def test_the_creator_back_takes_its_job_from_a_silent_successor_only():
+    taken = succession_plan(job(), "reg_a", {CREATOR}).doc
+    assert taken is not None
+    # Back, it sees the higher term and stays out while the successor is heard.
+    assert core.merge([taken])["creator"] == "reg_a"
+    assert succession_plan(taken, CREATOR, set()).action == "none"
+    plan = succession_plan(taken, CREATOR, {"reg_a"})
+    assert plan.action == "adopt" and plan.doc["creator"] == CREATOR
+
+
+def test_a_job_that_succeeded_under_its_successor_is_not_taken_back_by_the_old_branch():
+    """Healed: the old creator's branch re-ran step 0 in a higher epoch while the
+    successor's branch ended the job; the job stays ended, as the run that counted."""
+    taken = succession_plan(job(), "reg_a", {CREATOR}).doc
+    assert taken is not None
+    ended = step(won(taken, "reg_b", epoch=1), step_status="finished")
+    ended.update(step=1, job_status="success", _rev="3-a")
+    old_branch = running(job(rev="5-f"), "global", epoch=3)
+    merged = core.merge([ended, old_branch])
+    assert (merged["job_status"], merged["creator"]) == ("success", "reg_a")
+    assert (merged["job"][0]["epoch"], merged["job"][0]["winner"]) == (1, "reg_b")
+
+
+def test_a_job_is_taken_over_only_once_it_too_has_been_still_for_the_timeout():
+    """A creator back from silence whose new job reached us before its status keeps it."""
+    still = dataclasses.replace(ctx("reg_a"), successors=LINE, silent=frozenset({CREATOR}),
+                                creator_timeout=8.0, unchanged_for=7.9)
+    assert core.plan([job()], still, pool()).action == "none"
+    longer = dataclasses.replace(still, unchanged_for=8.0)
+    assert core.plan([job()], longer, pool()).action == "adopt"
+
+
+def test_succession_leaves_alone_what_is_not_its_to_take():
+    outside = job(creator="reg_b")  # a creator with no line
+    assert succession_plan(outside, "reg_a", {"reg_b"}).action == "none"
+    not_accepted = job()
+    not_accepted["created_at"] = None
+    assert succession_plan(not_accepted, "reg_a", {CREATOR}).action == "none"
+    ended = job()
+    ended["job_status"] = "success"
+    assert succession_plan(ended, "reg_a", {CREATOR}).action == "none"
+    assert succession_plan(job(), "reg_c", {CREATOR}).action == "none"  # not in the line
 
 
 # --- hazard scenarios on the simulated replicated store --------------------------------------

@@ -21,7 +21,7 @@ import pytest
 
 from jobdist import core
 from jobdist.clock import format_time
-from jobdist.config import CouchSettings, DaemonSettings, SiteConfig
+from jobdist.config import CouchSettings, DaemonSettings, SiteConfig, SuccessionSettings
 from jobdist.couch import Unavailable
 from jobdist.journal import Journal
 from jobdist.listener import Changed
@@ -58,26 +58,28 @@ class CountingStore(SimStore):
 class World:
     """Three managers, their replicas, a replicator with lag and a feed for each."""
 
-    def __init__(self, tmp_path: Path, seed: int, workers: int = 2, lag: float = 0.3) -> None:
+    def __init__(self, tmp_path: Path, seed: int, workers: int = 2, lag: float = 0.3,
+                 **settings: Any) -> None:
         self.rng = random.Random(seed)
         self.lag = lag  # the chance that a document misses one round of replication
         self.stores = {name: CountingStore(Replica(), name) for name in SITES}
         self.managers = {
-            name: Manager(SiteConfig(name, CouchSettings(store.url), workers=workers), store, SITES,
-                          Journal(tmp_path / name))
+            name: Manager(SiteConfig(name, CouchSettings(store.url), workers=workers, **settings),
+                          store, SITES, Journal(tmp_path / name))
             for name, store in self.stores.items()}
+        self.dead: set[str] = set()  # sites that neither serve nor replicate
         self.delivered: dict[str, dict[str, frozenset[str]]] = {name: {} for name in SITES}
         self.seq = 0
 
-    def submit(self, jobs: list[list[Doc]]) -> list[str]:
-        docs = [new_job("global", steps) for steps in jobs]
-        assert all(self.stores["global"].write(docs))
+    def submit(self, jobs: list[list[Doc]], creator: str = "global") -> list[str]:
+        docs = [new_job(creator, steps) for steps in jobs]
+        assert all(self.stores[creator].write(docs))
         return [doc["_id"] for doc in docs]
 
     def replicate(self) -> None:
         for source in SITES:
             for target in SITES:
-                if source == target:
+                if source == target or {source, target} & self.dead:
                     continue
                 for doc_id in list(self.stores[source].replica.docs):
                     if self.rng.random() >= self.lag:
@@ -86,6 +88,8 @@ class World:
     def feed(self) -> None:
         """What `_changes` would bring each site: its winners, with their conflicts."""
         for name, store in self.stores.items():
+            if name in self.dead:
+                continue
             replica = store.replica
             for doc_id in self.rng.sample(sorted(replica.docs), len(replica.docs)):
                 leaves = frozenset(leaf.rev for leaf in replica.leaves(doc_id))
@@ -109,14 +113,20 @@ class World:
             assert time.monotonic() < deadline, f"jobs did not end: {self.live(ids)}"
             self.replicate()
             self.feed()
-            for manager in self.managers.values():
-                manager.serve_once(timeout=0)
+            self.serve()
             time.sleep(0.01)  # the workers' `true` runs meanwhile
-        return {doc_id: core.merge(self.stores["global"].replica.live_leaves(doc_id))
+        alive = next(name for name in SITES if name not in self.dead)
+        return {doc_id: core.merge(self.stores[alive].replica.live_leaves(doc_id))
                 for doc_id in ids}
 
+    def serve(self) -> None:
+        for name, manager in self.managers.items():
+            if name not in self.dead:
+                manager.serve_once(timeout=0)
+
     def live(self, ids: list[str]) -> list[str]:
-        return [doc_id for doc_id in ids for store in self.stores.values()
+        return [doc_id for name, store in self.stores.items() if name not in self.dead
+                for doc_id in ids
                 if (doc := store.replica.winner(doc_id)) is None or doc["job_status"] is None]
 
     def settled(self, ids: list[str]) -> bool:
@@ -308,3 +318,62 @@ def test_progress_is_written_within_seconds_at_most_once_per_interval_never_per_
         assert (last["fraction"], last["message"]) == (0.499, "line 499")
     finally:
         manager.pool.shutdown(1.0)
+
+
+# --- automatic creator succession ---------------------------------------------------------
+
+CREATOR_TIMEOUT = 4.0
+SUCCESSION = dict(
+    succession=SuccessionSettings({"global": ("reg_a", "reg_b")}, creator_timeout=CREATOR_TIMEOUT),
+    daemon=DaemonSettings(lease=2.0, heartbeat=0.5, clock_skew_margin=0.5, booking_timeout=0.5))
+
+
+def adoptions(doc: Doc) -> list[tuple[str, int]]:
+    return [(entry["site"], entry["epoch"]) for entry in doc["history"]
+            if entry["event"] == "adopted"]
+
+
+@pytest.mark.parametrize("dead", [{"global"}, {"global", "reg_a"}], ids=["creator", "and-first"])
+def test_a_silent_creator_is_succeeded_by_the_first_successor_heard(
+        tmp_path: Path, dead: set[str]) -> None:
+    """The creator (then its first successor too) is gone before it decides anything: after
+    creator_timeout the next site of the line takes its jobs over, and they all end."""
+    world = World(tmp_path, seed=4, **SUCCESSION)
+    try:
+        world.serve()  # every site publishes its status once, and hears the others'
+        ids = world.submit([[new_step("true", target=target) for target in ("any", "reg_b")]
+                            for _ in range(6)])
+        for _ in range(3):
+            world.replicate()
+        world.dead = dead
+        started_at = time.monotonic()
+        docs = world.run(ids, timeout=30.0)
+        heir = "reg_b" if "reg_a" in dead else "reg_a"
+        assert time.monotonic() - started_at >= CREATOR_TIMEOUT
+        for doc in docs.values():
+            assert doc["job_status"] == "success" and doc["creator"] == heir
+            assert adoptions(doc) == [(heir, 1)]
+            assert [step for step, _, _ in started(doc)] == [0, 1]  # each step once
+    finally:
+        world.stop()
+
+
+def test_a_creator_back_stays_out_of_adopted_jobs_and_keeps_its_new_ones(tmp_path: Path) -> None:
+    world = World(tmp_path, seed=5, **SUCCESSION)
+    try:
+        world.serve()
+        ids = world.submit([[new_step("true")] for _ in range(4)])
+        for _ in range(3):
+            world.replicate()
+        world.dead = {"global"}
+        adopted = world.run(ids, timeout=30.0)
+        assert {doc["creator"] for doc in adopted.values()} == {"reg_a"}
+        world.dead = set()  # back: it hears the others, they hear it
+        fresh = world.submit([[new_step("true", target=target)] for target in ("reg_a", "any")])
+        docs = world.run(ids + fresh, timeout=30.0)
+        for doc_id in fresh:
+            assert docs[doc_id]["creator"] == "global" and adoptions(docs[doc_id]) == []
+        for doc_id in ids:
+            assert adoptions(docs[doc_id]) == [("reg_a", 1)]  # not taken back
+    finally:
+        world.stop()

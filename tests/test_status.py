@@ -165,3 +165,31 @@ def test_statuses_are_not_jobs_to_the_views(jobs_db: Database) -> None:
         response = requests.get(f"{jobs_db.url}/_design/jobdist/_view/{view}", timeout=10)
         response.raise_for_status()
         assert all(not row["id"].startswith("site-") for row in response.json()["rows"])
+
+
+def test_silence_counts_on_our_clock_from_the_last_new_status_heard():
+    board = Board("reg_a", started=100.0)
+    lines = ("global", "reg_b", "reg_a")
+    assert board.silent(lines, 105.0, timeout=8.0) == frozenset()  # we just started
+    assert board.silent(lines, 108.0, timeout=8.0) == {"global", "reg_b"}  # never us
+    board.hear(site_status("global", updated_at="2020-01-01T00:00:00.000000Z").as_doc(), 110.0)
+    assert board.silent(lines, 117.0, timeout=8.0) == {"reg_b"}
+    # The same status delivered again is no news; a new one is, whatever its clock says.
+    board.hear(site_status("global", updated_at="2020-01-01T00:00:00.000000Z").as_doc(), 117.0)
+    assert "global" in board.silent(lines, 118.0, timeout=8.0)
+    board.hear(site_status("global", updated_at="1999-01-01T00:00:00.000000Z").as_doc(), 118.0)
+    assert "global" not in board.silent(lines, 125.0, timeout=8.0)
+    board.forget("global")  # a revoked lease forgets the room, not when we heard it
+    assert "global" not in board.silent(lines, 125.0, timeout=8.0)
+    board.restart_silence(200.0)  # our CouchDB was away: count afresh
+    assert board.silent(lines, 207.0, timeout=8.0) == frozenset()
+
+
+def test_a_status_is_refreshed_several_times_within_a_creator_timeout():
+    assert status.refresh_for(120.0) == status.REFRESH
+    assert status.refresh_for(8.0) == 2.0
+    assert status.refresh_for(2.0) == status.MIN_INTERVAL
+    publisher = Publisher(status.refresh_for(8.0))
+    publisher.published(site_status(free=2), "1-a", 0.0)
+    assert not publisher.due(site_status(free=2), 1.9)
+    assert publisher.due(site_status(free=2), 2.0)

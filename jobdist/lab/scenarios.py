@@ -15,7 +15,7 @@ import collections
 import contextlib
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -162,7 +162,9 @@ def site_names(count: int) -> tuple[str, ...]:
 def write_sites(directory: Path, count: int, workers: int = 2,
                 keepalive: float = 5.0, stale_after: float = 30.0,
                 topology: str = "mesh", lease: float = 60.0, booking_timeout: float = 60.0,
-                peer_urls: Mapping[str, Mapping[str, str]] | None = None) -> Path:
+                peer_urls: Mapping[str, Mapping[str, str]] | None = None,
+                successors: Mapping[str, list[str]] | None = None,
+                creator_timeout: float | None = None) -> Path:
     """A sites directory of `count` sites on free ports, with authentication on
     (the local cluster writes the credentials files under `secrets/`).
 
@@ -170,6 +172,7 @@ def write_sites(directory: Path, count: int, workers: int = 2,
     replicate with it only, and it passes on to each only what concerns it;
     filtered: a mesh where each site pushes to a peer only what concerns it.
     `peer_urls[site][peer]`: where `site` sends its replication to `peer` (a proxy).
+    `successors` and `creator_timeout`: every site's `[succession]` (none: off).
     """
     if topology not in TOPOLOGIES:
         raise ValueError(f"unknown topology {topology!r}; choose from {', '.join(TOPOLOGIES)}")
@@ -192,8 +195,19 @@ def write_sites(directory: Path, count: int, workers: int = 2,
             f"peer_urls = {_toml_table((peer_urls or {}).get(name, {}))}\n\n"
             f"[keepalive]\nperiod = {keepalive}\nstale_after = {stale_after}\n\n"
             f"[daemon]\nshutdown_grace = 2.0\nlease = {lease}\nheartbeat = {lease / 4}\n"
-            f"clock_skew_margin = {lease / 6}\nbooking_timeout = {booking_timeout}\n")
+            f"clock_skew_margin = {lease / 6}\nbooking_timeout = {booking_timeout}\n"
+            + _succession(successors, creator_timeout))
     return directory
+
+
+def _succession(successors: Mapping[str, list[str]] | None,
+                creator_timeout: float | None) -> str:
+    if successors is None:
+        return ""
+    lines = ", ".join(f"{creator} = [{', '.join(chr(34) + s + chr(34) for s in line)}]"
+                      for creator, line in successors.items())
+    timeout = "" if creator_timeout is None else f"creator_timeout = {creator_timeout}\n"
+    return f"\n[succession]\nsuccessors = {{ {lines} }}\n{timeout}"
 
 
 def _toml_table(values: Mapping[str, str]) -> str:
@@ -323,11 +337,12 @@ class Audit:
 
 
 def audit_run(ledger: list[LedgerRow], docs: Mapping[str, Doc], submitted: list[str],
-              expect: str | None = "success") -> Audit:
+              expect: str | None = "success", killed: Collection[str] = ()) -> Audit:
     """Check a run: no job lost, every job ended as `expect`ed (None: any end), the
     steps of a job ran in order, each on a site its target allows, and each step
     that counted ran once. Any other run of a step is a duplicate: allowed only
-    with a fencing token of its own and when the history says why (`why_superseded`).
+    with a fencing token of its own and when the history says why (`why_superseded`),
+    or when it ran on a site `killed` for good, whose record of it died with it.
 
     The fencing token is the epoch and the site (core.backs_execution): after a
     revocation, a site on the losing side of a partition may issue an epoch number
@@ -345,7 +360,7 @@ def audit_run(ledger: list[LedgerRow], docs: Mapping[str, Doc], submitted: list[
             continue
         if expect is not None and doc["job_status"] != expect:
             audit.problems.append(f"{job_id} ended {doc['job_status']}, expected {expect}")
-        _audit_job(doc, runs.pop(job_id, []), audit)
+        _audit_job(doc, runs.pop(job_id, []), audit, killed)
     audit.problems += [f"{job_id} ran but was never submitted" for job_id in runs]
     return audit
 
@@ -374,7 +389,8 @@ def counted(doc: Doc) -> dict[Run, Doc]:
             if step["step_status"] in ("finished", "failed")}
 
 
-def _audit_job(doc: Doc, rows: list[tuple[int, LedgerRow]], audit: Audit) -> None:
+def _audit_job(doc: Doc, rows: list[tuple[int, LedgerRow]], audit: Audit,
+               killed: Collection[str] = ()) -> None:
     runs = JobRuns()
     for line, row in rows:
         runs.add(line, row)
@@ -383,8 +399,13 @@ def _audit_job(doc: Doc, rows: list[tuple[int, LedgerRow]], audit: Audit) -> Non
     for run in sorted(set(runs.starts) - set(kept)):
         where = f"{doc['_id']} step {run[0]} epoch {run[1]} on {run[2]}"
         reason = why_superseded(doc["history"], run)
+        if reason is None and run[2] in killed:
+            reason = f"{run[2]} was killed for good: its record of the run died with it"
+        takeovers = adoptions(doc["history"])
         if reason is None:
             audit.problems.append(f"{where}: ran, did not count, and the history says nothing")
+        elif takeovers and takeovers not in reason:
+            audit.duplicates.append(f"{where}: {reason}; in a job taken over: {takeovers}")
         else:
             audit.duplicates.append(f"{where}: {reason}")
 
@@ -424,20 +445,48 @@ def why_superseded(history: list[Doc], run: Run) -> str | None:
     cancellation in its epoch, a release that ended its epoch (a release moves the
     step to the next epoch) written by its site or naming it (a revoked lease), or
     a finish of the step before that it was chained on, in the same revision by the
-    same site, itself superseded."""
+    same site, itself superseded; or, in a job taken over by another creator, its own
+    end on a branch the merge left: two creators arbitrated it for a while (the old
+    one cut off, or back before it saw the adoption), each branch fenced."""
     step, epoch, site = run
     for entry in history:
         if entry["step"] == step and _ends_epoch(entry, epoch, site):
             return f"{entry['event']} by {entry['site']}: {entry['detail']}"
-    started = {e["at"] for e in history
-               if (e["event"], e["step"], e["epoch"], e["site"]) == ("started", *run)}
+    takeovers = adoptions(history)
+    if takeovers and any((entry["event"], entry["step"], entry["epoch"], entry["site"])
+                         in (("finished", *run), ("failed", *run)) for entry in history):
+        return f"ended on a branch the merge left, two creators arbitrating: {takeovers}"
+    started = [e["at"] for e in history
+               if (e["event"], e["step"], e["epoch"], e["site"]) == ("started", *run)]
     for entry in history:
         if (entry["event"], entry["step"], entry["site"]) == ("finished", step - 1, site) and \
                 entry["at"] in started:
             reason = why_superseded(history, (step - 1, entry["epoch"], site))
             if reason is not None:
                 return f"chained on step {step - 1} epoch {entry['epoch']}, {reason}"
-    return None
+    return _after_superseded_finish(history, run, min(started, default=None))
+
+
+def _after_superseded_finish(history: list[Doc], run: Run, started: str | None) -> str | None:
+    """A run started on another site's finish of the step before, the last one recorded
+    before it, which was itself superseded: its branch was a cut-off side's (a creator
+    cut off revoked that finish's lease and ran the step again on its own side)."""
+    step = run[0]
+    before = [entry for entry in history if started is not None and entry["at"] <= started
+              and (entry["event"], entry["step"]) == ("finished", step - 1)]
+    if not before:
+        return None
+    last = before[-1]
+    reason = why_superseded(history, (step - 1, last["epoch"], last["site"]))
+    if reason is None:
+        return None
+    return f"ran after step {step - 1} epoch {last['epoch']} on {last['site']}, {reason}"
+
+
+def adoptions(history: list[Doc]) -> str:
+    """The job's changes of creator, as the history gives them ("" when none)."""
+    return "; ".join(f"{entry['detail']} (term {entry['epoch']})" for entry in history
+                     if entry["event"] == "adopted")
 
 
 def _ends_epoch(entry: Doc, epoch: int, site: str) -> bool:

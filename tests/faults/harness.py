@@ -9,7 +9,9 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import random
+import signal
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -58,6 +60,11 @@ class Trial:
     audit: Audit | None = None
     docs: dict[str, Doc] = field(default_factory=dict)  # the jobs as they ended, merged
     rounds: int = 0
+    dead: set[str] = field(default_factory=set)  # sites killed for good: not waited for
+
+    @property
+    def alive(self) -> list[str]:
+        return [site for site in sorted(self.cluster.sites) if site not in self.dead]
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -85,20 +92,23 @@ class Trial:
         return [doc["_id"] for doc in docs]
 
     def live(self) -> int:
-        """How many jobs have not ended yet, as the creator sees them."""
-        return sum(1 for doc in self.db().bulk_get(self.ids) if not doc.get("job_status"))
+        """How many jobs have not ended yet, as the creator (else the first site alive)
+        sees them."""
+        return sum(1 for doc in self.db(self.alive[0]).bulk_get(self.ids)
+                   if not doc.get("job_status"))
 
     def runs(self) -> int:
         return sum(row[0] == "start" for row in read_ledger(self.ledger))
 
     def finish(self, timeout: float, expect: str | None = "success") -> Audit:
-        """Wait until every site sees every job ended, then audit the run."""
-        creator = self.db()
-        for site in self.cluster.sites:
+        """Wait until every site alive sees every job ended, then audit the run."""
+        creator = self.db(self.alive[0])
+        for site in self.alive:
             wait_until_done(self.db(site), self.ids, timeout)
         self.docs = read_merged_many(creator, self.ids)
         (self.root / "jobs.json").write_text(json.dumps(self.docs, indent=1))  # to look into
-        self.audit = audit_run(read_ledger(self.ledger), self.docs, self.ids, expect)
+        self.audit = audit_run(read_ledger(self.ledger), self.docs, self.ids, expect,
+                               killed=self.dead)
         self.audit.problems += self._disagreements(self.docs) + self._daemon_trouble()
         return self.audit
 
@@ -106,6 +116,12 @@ class Trial:
         """The history events of that name (and with `detail` in theirs) of every job."""
         return [entry for doc in self.docs.values() for entry in doc["history"]
                 if entry["event"] == name and detail in (entry.get("detail") or "")]
+
+    def kill_site(self, site: str) -> None:
+        """SIGKILL the site's daemon, then stop its server: gone for good, mid-step."""
+        os.kill(self.cluster.daemon_proc(site).pid, signal.SIGKILL)
+        self.cluster.stop_site(site)
+        self.dead.add(site)
 
     def restart_daemons(self, offsets: dict[str, float]) -> None:
         """Restart the sites' daemons with their protocol clocks skewed by `offsets`."""
@@ -116,7 +132,7 @@ class Trial:
     def _disagreements(self, docs: dict[str, Doc]) -> list[str]:
         ended = {doc_id: doc["job_status"] for doc_id, doc in docs.items()}
         problems = []
-        for site in self.cluster.sites:
+        for site in self.alive:
             for doc in self.db(site).bulk_get(self.ids):
                 if doc["job_status"] != ended.get(doc["_id"]):
                     problems.append(f"{doc['_id']} ended {doc['job_status']} at {site}, "
@@ -125,7 +141,7 @@ class Trial:
 
     def _daemon_trouble(self) -> list[str]:
         """A daemon that died, or logged an error or a traceback (stderr included)."""
-        problems = [f"the daemon of {site} is not running" for site in self.cluster.sites
+        problems = [f"the daemon of {site} is not running" for site in self.alive
                     if not self.cluster.daemon_proc(site).alive()]
         for site in self.cluster.sites:
             for name in ("daemon.log", "daemon.err"):
