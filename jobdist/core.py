@@ -433,9 +433,26 @@ def plan(leaves: list[Doc], ctx: Context, pool: PoolView,
         return NOTHING
     merged = merge(leaves)
     decision = decide(merged, ctx, pool)
+    if decision == STAY and left_live_by_a_silent_creator(leaves, merged, ctx):
+        decision = adopt(merged, ctx, f"{silence(merged, ctx)} (automatic succession: the "
+                         "job ended, but its winning revision still shows it live)")
+        merged = {**merged, "creator": ctx.site}  # we clean its conflicts now (finalize)
     if ctx.site == merged["creator"] and not is_accepted(merged):
         decision = accepting(decision, ctx)
     return finalize(leaves, merged, decision, ctx, rejected)
+
+
+def left_live_by_a_silent_creator(leaves: list[Doc], merged: Doc, ctx: Context) -> bool:
+    """Has the job ended while CouchDB's winning leaf still says it is live, its creator
+    silent, and is it our turn to take it over (succeeds)?
+
+    Only the creator cleans conflicts (finalize). A creator that ended the job on its
+    branch and died before it deleted a longer live branch (its predecessor's, which
+    renewed a lease meanwhile) leaves a job every view shows live forever, since
+    views read the winning leaf and a live winner is never written again.
+    """
+    return (not is_live(merged) and is_live(normalise(max(leaves, key=couch_order)))
+            and succeeds(merged, ctx))
 
 
 def accepting(decision: Decision, ctx: Context) -> Decision:
@@ -509,8 +526,7 @@ def decide(doc: Doc, ctx: Context, pool: PoolView) -> Decision:
     if not known(doc["creator"], ctx):
         return on_unknown_creator(doc, ctx)
     if succeeds(doc, ctx):
-        silence = f"no status from {doc['creator']} for {ctx.creator_timeout:g} s"
-        return adopt(doc, ctx, f"{silence} (automatic succession)")
+        return adopt(doc, ctx, f"{silence(doc, ctx)} (automatic succession)")
     if not is_accepted(doc) and ctx.site != doc["creator"]:
         return STAY  # until its creator accepts it (see accepting)
     step = doc["job"][doc["step"]]
@@ -1138,6 +1154,11 @@ def adopt(doc: Doc, ctx: Context, reason: str) -> Decision:
                                     worker=None, epoch=next_term, detail=detail))
 
     return Decision("adopt", edit, detail=detail)
+
+
+def silence(doc: Doc, ctx: Context) -> str:
+    """Why the job's creator is taken to be gone (an adoption's reason)."""
+    return f"no status from {doc['creator']} for {ctx.creator_timeout:g} s"
 
 
 def origin(doc: Doc) -> str:

@@ -830,6 +830,42 @@ def test_succession_leaves_alone_what_is_not_its_to_take():
     assert succession_plan(job(), "reg_c", {CREATOR}).action == "none"  # not in the line
 
 
+def test_a_job_that_ended_under_a_dead_successor_with_a_live_winning_leaf_is_cleaned():
+    """reg_a took over, ended the job on its branch and died before it deleted global's
+    branch, which renewed its lease meanwhile: longer, it is CouchDB's winner and still
+    live, so every view shows the job live. The next site of the line takes the job over
+    and cleans the conflict, as only a creator does (found by test_core_sim)."""
+    old_branch = running(job("any", "any", rev="7-f"), "global")  # step 1, renewing
+    old_branch["job"][0].update(step_status="finished", winner="global", epoch=1)
+    old_branch["step"] = 1
+    ended = logged(job("any", "any", rev="7-a"), "adopted", "reg_a", 24, epoch=1)
+    for index, epoch in ((0, 1), (1, 3)):
+        step(ended, index, step_status="finished", winner="reg_a", epoch=epoch)
+    ended.update(step=2, job_status="success")
+    merged = core.merge([old_branch, ended])
+    assert (merged["job_status"], merged["creator"], merged["_rev"]) == ("success", "reg_a", "7-f")
+
+    context = dataclasses.replace(ctx("reg_b"), successors=LINE,
+                                  silent=frozenset({CREATOR, "reg_a"}), creator_timeout=8.0)
+    plan = core.plan([old_branch, ended], context, pool("reg_b/w1"))
+    assert plan.action == "adopt" and plan.doc is not None
+    assert plan.doc["_rev"] == "7-f" and plan.deletions == ("7-a",)  # one live leaf left: none
+    assert (plan.doc["job_status"], plan.doc["creator"]) == ("success", "reg_b")
+    adopted = plan.doc["history"][-1]
+    assert (adopted["event"], adopted["site"], adopted["epoch"]) == ("adopted", "reg_b", 2)
+    assert adopted["detail"].endswith("its winning revision still shows it live)")
+    assert not is_live(core.merge([{**plan.doc, "_rev": "8-a"}]))
+    # Nothing to take over: reg_a is heard (it cleans it itself); not reg_b's turn; the
+    # ended leaf is CouchDB's winner (every view shows the job ended).
+    heard = dataclasses.replace(context, silent=frozenset({CREATOR}))
+    assert core.plan([old_branch, ended], heard, pool()).action == "none"
+    assert core.plan([old_branch, ended], ctx("reg_a"), pool()).deletions == ("7-a",)
+    not_ours = dataclasses.replace(context, site="reg_c")
+    assert core.plan([old_branch, ended], not_ours, pool()).action == "none"
+    ended["_rev"] = "8-a"
+    assert core.plan([old_branch, ended], context, pool()).action == "none"
+
+
 # --- hazard scenarios on the simulated replicated store --------------------------------------
 
 class World:

@@ -30,7 +30,7 @@ from jobdist.model import Doc, new_job, new_step
 from jobdist.store import Written
 
 from .helpers import wait_for
-from .sim import Replica, SimStore
+from .sim import Clock, Execution, Replica, SimSite, SimStore
 
 SITES = ("global", "reg_a", "reg_b")
 TARGETS: tuple[str | list[str], ...] = ("any", "any", "global", "reg_a", ["reg_a", "reg_b"])
@@ -354,6 +354,44 @@ def test_a_silent_creator_is_succeeded_by_the_first_successor_heard(
             assert doc["job_status"] == "success" and doc["creator"] == heir
             assert adoptions(doc) == [(heir, 1)]
             assert [step for step, _, _ in started(doc)] == [0, 1]  # each step once
+    finally:
+        world.stop()
+
+
+def test_a_job_ended_by_a_dead_successor_under_a_live_winning_leaf_is_cleaned(
+        tmp_path: Path) -> None:
+    """reg_a took the job over and ended it, then died with global before cleaning the
+    conflict: global's branch, longer (lease renewals), is CouchDB's winner and still
+    live. reg_b, the next of the line, takes the job over and ends it in every view,
+    running nothing (the sites of the decision core build the two branches)."""
+    clock, ledger = Clock(), list[Execution]()
+    sims = {name: SimSite(name, 1, clock, ledger, frozenset(SITES), lease=15.0)
+            for name in SITES}
+    job = new_job("global", [new_step("true"), new_step("true")], created_at=clock.now())
+    assert sims["global"].replica.write(job)
+    sims["global"].process(job["_id"])  # starts step 0
+    sims["global"].finish((job["_id"], 0))  # and chains step 1
+    sims["reg_a"].replica.pull(sims["global"].replica, job["_id"])
+    for _ in range(5):
+        clock.seconds += 5.0
+        sims["global"].heartbeat()
+    sims["reg_a"].successors = {"global": ("reg_a", "reg_b")}
+    sims["reg_a"].silent = frozenset({"global"})
+    sims["reg_a"].process(job["_id"])  # adopts, revokes global's lease, starts step 1
+    sims["reg_a"].finish((job["_id"], 1))
+
+    world = World(tmp_path, seed=6, **SUCCESSION)
+    try:
+        replica = world.stores["reg_b"].replica
+        for gone in ("global", "reg_a"):
+            replica.pull(sims[gone].replica, job["_id"])
+        assert replica.winner(job["_id"])["job_status"] is None  # global's branch
+        assert core.merge(replica.live_leaves(job["_id"]))["job_status"] == "success"
+        world.dead = {"global", "reg_a"}
+        doc = world.run([job["_id"]], timeout=30.0)[job["_id"]]
+        assert doc["creator"] == "reg_b" and adoptions(doc) == [("reg_a", 1), ("reg_b", 2)]
+        assert len(replica.live_leaves(job["_id"])) == 1
+        assert started(doc) == [(0, 1, "global"), (1, 1, "global"), (1, 3, "reg_a")]
     finally:
         world.stop()
 
