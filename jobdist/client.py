@@ -266,10 +266,24 @@ def live_jobs_created_by(db: Database, creator: str) -> list[str]:
     return [row.id for row in list_jobs(db, status="live", creator=creator)]
 
 
+ADOPT_PASSES = 3
+
+
 def adopt(db: Database, site: str, gone: str, reason: str) -> int:
-    """Make `site` the creator of every live job `gone` created; how many it adopted."""
-    return sum(adopt_job(db, site, job_id, gone, reason)
-               for job_id in live_jobs_created_by(db, gone))
+    """Make `site` the creator of every live job `gone` created; how many it adopted.
+
+    The listing reads each job's winning revision while the site's daemon and
+    replication keep writing: a job can be missed by one pass (or found with
+    nothing to do yet), so the listing is read again until a pass adopts nothing.
+    """
+    adopted: set[str] = set()
+    for _ in range(ADOPT_PASSES):
+        found = [job_id for job_id in live_jobs_created_by(db, gone) if job_id not in adopted]
+        done = {job_id for job_id in found if adopt_job(db, site, job_id, gone, reason)}
+        if not done:
+            break
+        adopted |= done
+    return len(adopted)
 
 
 def adopt_job(db: Database, site: str, job_id: str, gone: str, reason: str) -> bool:
