@@ -270,15 +270,15 @@ def term(doc: Doc) -> int:
 
 
 def succeeded(doc: Doc) -> bool:
-    """In a job that changed creators, a leaf where it succeeded outranks any other,
-    however far along by epochs.
+    """A leaf where the job succeeded outranks any other, however far along by epochs.
 
-    Every step of it ran, in order, and counted once on that branch. Two branches
-    both move on under two arbiters (a creator cut off while its successor took over):
-    the old creator's branch may then hold a higher epoch at an early step, and would
-    otherwise take a job that succeeded back to that step. The other branch's runs
-    are fenced off as any stale run: killed, recorded. (With one creator, a release
-    still beats a revoked winner's finish: test_core's higher-epoch case.)
+    Every step of it ran, in order, and counted once on that branch. Another branch
+    may hold a higher epoch at an early step: a creator cut off revoked a lease whose
+    run then finished (issue 10: a result, once a step has ended, is never dropped),
+    or a creator cut off and its successor both moved the job on. Taking that branch
+    would run a finished job's steps again. Its runs are fenced off as any stale run:
+    killed, recorded. A failed or cancelled leaf has no such right: a release still
+    beats a revoked run's failure (the step is retried).
     """
     return doc.get("job_status") == "success"
 
@@ -290,9 +290,7 @@ def merge(leaves: list[Doc]) -> Doc:
     """
     leaves = [normalise(leaf) for leaf in leaves]
     winner = max(leaves, key=couch_order)
-    taken_over = any(term(leaf) for leaf in leaves)
-    furthest = max(leaves, key=lambda leaf: (taken_over and succeeded(leaf), progress(leaf),
-                                             couch_order(leaf)))
+    furthest = max(leaves, key=lambda leaf: (succeeded(leaf), progress(leaf), couch_order(leaf)))
     merged = copy.deepcopy(furthest)
     merged["_rev"] = winner["_rev"]
     if len(leaves) == 1:

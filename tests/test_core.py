@@ -167,11 +167,24 @@ def test_merge_earlier_step_progress_dominates_later_steps():
     assert core.merge([ahead_on_first, ahead_on_second])["job"][0]["step_status"] == "finished"
 
 
-def test_merge_a_higher_epoch_beats_a_finished_lower_epoch():
-    finished = step(won(job(rev="4-fff"), "reg_a", epoch=1), step_status="finished")
+def test_merge_a_job_that_succeeded_beats_a_higher_epoch_of_its_last_step():
+    """A revoked run that finished the job keeps its result (issue 10): the release
+    the creator wrote meanwhile would run an ended job's step again."""
+    finished = step(won(job(rev="4-aaa"), "reg_a", epoch=1), step_status="finished")
     finished.update(step=1, job_status="success")
-    released = step(job(rev="4-aaa"), epoch=2)
+    released = step(job(rev="4-fff"), epoch=2)
     merged = core.merge([finished, released])
+    assert merged["step"] == 1 and merged["job_status"] == "success"
+    assert (merged["job"][0]["epoch"], merged["job"][0]["winner"]) == (1, "reg_a")
+    assert merged["_rev"] == "4-fff"  # CouchDB's winner still names the revision
+
+
+def test_merge_a_higher_epoch_beats_a_failed_lower_epoch():
+    """A revoked run's failure does not end the job: the release retries the step."""
+    failed = step(won(job(rev="4-fff"), "reg_a", epoch=1), step_status="failed")
+    failed.update(step=1, job_status="failed")
+    released = step(job(rev="4-aaa"), epoch=2)
+    merged = core.merge([failed, released])
     assert merged["step"] == 0 and merged["job_status"] is None
     assert merged["job"][0]["epoch"] == 2 and merged["job"][0]["step_status"] is None
 

@@ -102,15 +102,27 @@ class Trial:
 
     def finish(self, timeout: float, expect: str | None = "success") -> Audit:
         """Wait until every site alive sees every job ended, then audit the run."""
-        creator = self.db(self.alive[0])
+        deadline = time.monotonic() + timeout
         for site in self.alive:
             wait_until_done(self.db(site), self.ids, timeout)
-        self.docs = read_merged_many(creator, self.ids)
+        self.docs = self._settled(deadline)
         (self.root / "jobs.json").write_text(json.dumps(self.docs, indent=1))  # to look into
         self.audit = audit_run(read_ledger(self.ledger), self.docs, self.ids, expect,
                                killed=self.dead)
         self.audit.problems += self._disagreements(self.docs) + self._daemon_trouble()
         return self.audit
+
+    def _settled(self, deadline: float) -> dict[str, Doc]:
+        """The jobs merged at the creator once that merge, too, shows every job ended
+        and every site's winner agrees with it (or the deadline passed: the audit
+        then reports what disagrees). A winner may show an end that a merge with a
+        leaf still replicating undoes, for a moment: wait for the sites to settle."""
+        while True:
+            docs = read_merged_many(self.db(self.alive[0]), self.ids)
+            ended = all(doc.get("job_status") for doc in docs.values())
+            if (ended and not self._disagreements(docs)) or time.monotonic() > deadline:
+                return docs
+            time.sleep(0.2)
 
     def events(self, name: str, detail: str = "") -> list[Doc]:
         """The history events of that name (and with `detail` in theirs) of every job."""
