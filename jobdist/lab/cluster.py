@@ -93,6 +93,9 @@ class LocalCluster:
         self.state_dir = Path(state_dir)
         self.in_memory = in_memory
         self.state_file = self.state_dir / "cluster.json"
+        # The fault storm restarts daemons from several threads at once: each change
+        # of the state file is a read, a change and a write that must not interleave.
+        self._state_lock = threading.RLock()
 
     # --- lifecycle --------------------------------------------------------------
 
@@ -221,9 +224,10 @@ class LocalCluster:
     def start_daemon(self, name: str, env: dict[str, str] | None = None) -> None:
         """(Re)start one site's daemon, e.g. after a crash test killed it; `env` adds
         to its environment (the fault suite skews a clock with JOBDIST_CLOCK_OFFSET)."""
-        state = self._load()
-        state["sites"][name]["daemon"] = self._start_daemon(self.sites[name], env)
-        self._save(state)
+        with self._state_lock:
+            state = self._load()
+            state["sites"][name]["daemon"] = self._start_daemon(self.sites[name], env)
+            self._save(state)
         self._wait_ready(60.0, only=name)
 
     def stop_site(self, name: str) -> None:
@@ -234,9 +238,10 @@ class LocalCluster:
 
     def start_site(self, name: str) -> None:
         """Start a stopped site's server again, then its daemon."""
-        state = self._load()
-        state["sites"][name]["server"] = self._start_server(self.sites[name])
-        self._save(state)
+        with self._state_lock:
+            state = self._load()
+            state["sites"][name]["server"] = self._start_server(self.sites[name])
+            self._save(state)
         self.start_daemon(name)
 
     def daemon_proc(self, name: str) -> Proc:
@@ -283,13 +288,15 @@ class LocalCluster:
                    for role in procs)
 
     def _load(self) -> dict[str, Any]:
-        try:
-            return json.loads(self.state_file.read_text())
-        except (OSError, ValueError):
-            return {}
+        with self._state_lock:
+            try:
+                return json.loads(self.state_file.read_text())
+            except (OSError, ValueError):
+                return {}
 
     def _save(self, state: dict[str, Any]) -> None:
-        self.state_file.write_text(json.dumps(state, indent=2))
+        with self._state_lock:
+            self.state_file.write_text(json.dumps(state, indent=2))
 
 
 def interrupt_on_sigterm() -> signal.Handlers | Any:

@@ -74,7 +74,9 @@ THESIS_SCENARIOS = (
 
 
 def ledger_command(step_seconds: float, ledger: Path) -> str:
-    line = '"$JOBDIST_JOB_ID $JOBDIST_STEP $JOBDIST_SITE $JOBDIST_EPOCH"'
+    """A step that appends `start` and `end` lines to the ledger, each with its job, step,
+    site, epoch and the Unix time it was written (the fault audit matches runs to faults)."""
+    line = '"$JOBDIST_JOB_ID $JOBDIST_STEP $JOBDIST_SITE $JOBDIST_EPOCH $(date +%s.%N)"'
     return (f"echo start {line} >> {ledger} && sleep {step_seconds} && "
             f"echo end {line} >> {ledger}")
 
@@ -243,13 +245,20 @@ def wait_until_done(db: Database, ids: list[str], timeout: float,
 
 def read_ledger(path: Path) -> list[LedgerRow]:
     """(kind, job id, step, site, epoch) per line."""
-    if not path.exists():
-        return []
     rows = []
-    for line in path.read_text().splitlines():
-        kind, job_id, step, site, epoch = line.split()
+    for line in _ledger_lines(path):
+        kind, job_id, step, site, epoch = line.split()[:5]
         rows.append((kind, job_id, int(step), site, int(epoch)))
     return rows
+
+
+def ledger_times(path: Path) -> list[float]:
+    """The Unix time each line of the ledger was written, in read_ledger's order."""
+    return [float(line.split()[5]) for line in _ledger_lines(path)]
+
+
+def _ledger_lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
 
 
 def ideal_makespan(scenario: Scenario, workers: int) -> int:
@@ -321,6 +330,9 @@ def check_ledger(result: Result) -> list[str]:
     return problems
 
 
+Run = tuple[int, int, str]  # (step, epoch, site): one execution, by its fencing token
+
+
 @dataclass
 class Audit:
     """The promises of a run, checked from its ledger and its jobs' final documents."""
@@ -330,6 +342,9 @@ class Audit:
     problems: list[str] = field(default_factory=list)  # broken promises, lost jobs included
     duplicates: list[str] = field(default_factory=list)  # extra runs, each with its reason
     runs: int = 0  # step executions the ledger shows
+    # The extra runs themselves (job id, run), in `duplicates`' order: the fault
+    # audit (jobdist.lab.faultlog) names the fault behind each.
+    extra_runs: list[tuple[str, Run]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -363,9 +378,6 @@ def audit_run(ledger: list[LedgerRow], docs: Mapping[str, Doc], submitted: list[
         _audit_job(doc, runs.pop(job_id, []), audit, killed)
     audit.problems += [f"{job_id} ran but was never submitted" for job_id in runs]
     return audit
-
-
-Run = tuple[int, int, str]  # (step, epoch, site): one execution, by its fencing token
 
 
 @dataclass
@@ -404,10 +416,11 @@ def _audit_job(doc: Doc, rows: list[tuple[int, LedgerRow]], audit: Audit,
         takeovers = adoptions(doc["history"])
         if reason is None:
             audit.problems.append(f"{where}: ran, did not count, and the history says nothing")
-        elif takeovers and takeovers not in reason:
-            audit.duplicates.append(f"{where}: {reason}; in a job taken over: {takeovers}")
-        else:
-            audit.duplicates.append(f"{where}: {reason}")
+            continue
+        if takeovers and takeovers not in reason:
+            reason = f"{reason}; in a job taken over: {takeovers}"
+        audit.duplicates.append(f"{where}: {reason}")
+        audit.extra_runs.append((doc["_id"], run))
 
 
 def _misplaced(doc: Doc, runs: JobRuns) -> list[str]:

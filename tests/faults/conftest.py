@@ -2,8 +2,9 @@
 
 At the end of the session they are written, as one JSON list, to
 $JOBDIST_FAULTS_SUMMARY or else `.jobdist/faults-summary.json` in the
-repository, and printed in pytest's terminal summary (no `-s` needed), so
-docs/reliability.md can quote them.
+repository, and printed in pytest's terminal summary as jobdist.lab.faults's table
+(no `-s` needed; `jobdist bench soak` prints the same), so docs/reliability.md can
+quote them.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from jobdist.lab.faults import fault_table
 
 REPO = Path(__file__).resolve().parents[2]
 SUMMARIES = pytest.StashKey[list[dict[str, Any]]]()
@@ -40,7 +43,6 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     if not summaries:
         return
     terminalreporter.section("fault scenarios")
-    for summary in summaries:
-        terminalreporter.write_line(json.dumps({k: v for k, v in summary.items()
-                                                if k != "duplicates"}))
+    for line in fault_table(summaries):
+        terminalreporter.write_line(line)
     terminalreporter.write_line(f"written to {summary_path()}")

@@ -10,9 +10,7 @@ from typing import Any
 
 import pytest
 
-from jobdist.couch import CouchError
-
-from .harness import Trial, trial
+from jobdist.lab.faults import trial
 
 pytestmark = pytest.mark.faults
 
@@ -28,27 +26,15 @@ def test_daemons_killed_at_random_moments_and_restarted(
             # Mostly back at once; sometimes down past lease and margin, so the
             # creator (unless it is the one down) revokes what the site ran.
             long = run.rng.random() < 0.2
-            run.fault("daemon SIGKILL, down 8 s" if long else "daemon SIGKILL", site)
-            time.sleep(8.0 if long else run.rng.uniform(0.0, 1.0))
-            run.cluster.start_daemon(site)
+            with run.injecting("daemon SIGKILL, down past the lease" if long
+                               else "daemon SIGKILL", site):
+                time.sleep(8.0 if long else run.rng.uniform(0.0, 1.0))
+                run.cluster.start_daemon(site)
             run.rounds += 1
         run.notes["runs_when_faults_stopped"] = run.runs()
         audit = run.finish(timeout=120)
     assert audit.problems == []
     assert run.rounds >= 12, "the jobs ended before enough faults were injected"
-
-
-def restarted_server(run: Trial, site: str, old_pid: int, timeout: float = 60.0) -> float:
-    """Wait until the site's supervisor has a new server answering; seconds it took."""
-    started = time.monotonic()
-    while time.monotonic() - started < timeout:
-        try:
-            if run.cluster.server_pid(site) != old_pid and run.db(site).exists():
-                return time.monotonic() - started
-        except (OSError, ValueError, CouchError):
-            pass  # the pid file is being written, or the server is not up yet
-        time.sleep(0.1)
-    raise AssertionError(f"the server of {site} did not come back in {timeout} s")
 
 
 def test_couchdb_servers_killed_mid_run_and_restarted_by_their_supervisors(
@@ -63,8 +49,8 @@ def test_couchdb_servers_killed_mid_run_and_restarted_by_their_supervisors(
             site = run.rng.choice(sorted(run.cluster.sites))
             pid = run.cluster.server_pid(site)
             os.kill(pid, signal.SIGKILL)
-            run.fault("CouchDB SIGKILL", site)
-            downtime.append(round(restarted_server(run, site, pid), 1))
+            with run.injecting("CouchDB SIGKILL", site):
+                downtime.append(round(run.restarted_server(site, pid), 1))
             run.rounds += 1
         run.notes["server_downtime_seconds"] = downtime
         audit = run.finish(timeout=120)

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
+from jobdist.lab.faults import LEASE, Trial, trial
 from jobdist.lab.scenarios import read_ledger
 
 from ..helpers import wait_for
-from .harness import LEASE, Trial, trial
 
 pytestmark = pytest.mark.faults
 
@@ -42,7 +42,7 @@ def test_clocks_skewed_within_the_margin_revoke_nothing(
     offsets = {"global": 0.45, "reg_a": -0.45, "reg_b": 0.0}
     with trial("clock skew within margin", 606, tmp_path, fault_summary) as run:
         run.restart_daemons(offsets)
-        run.fault("clock skew within margin", str(offsets))
+        run.fault("clock skew within margin", tuple(offsets), str(offsets))
         long = LEASE + 2.0
         run.submit([run.steps(3, (0.3, 1.0)) for _ in range(24)] +
                    [run.steps(1, (long, long)) + run.steps(1) for _ in range(4)])
@@ -69,16 +69,16 @@ def test_clocks_skewed_beyond_the_margin_revoke_only_a_dead_winner(
     offsets = {"global": 30.0, "reg_b": -20.0}
     with trial("clock skew beyond margin", 707, tmp_path, fault_summary) as run:
         run.restart_daemons(offsets)
-        run.fault("clock skew beyond margin", str(offsets))
+        run.fault("clock skew beyond margin", tuple(offsets), str(offsets))
         long = LEASE + 2.0
         run.submit([run.steps(2, (0.3, 1.0)) for _ in range(20)] +
                    [run.steps(1, (long, long), targets=("reg_b",)) + run.steps(1)
                     for _ in range(3)])
         wait_for(lambda: running_on(run, "reg_a"), 60, "reg_a to run a step")
         os.kill(run.cluster.daemon_proc("reg_a").pid, signal.SIGKILL)
-        run.fault("daemon SIGKILL, down 10 s", "reg_a")
-        time.sleep(10.0)
-        run.cluster.start_daemon("reg_a")
+        with run.injecting("daemon SIGKILL, down past the lease", "reg_a", "down 10 s"):
+            time.sleep(10.0)
+            run.cluster.start_daemon("reg_a")
         run.rounds = 1
         audit = run.finish(timeout=180)
         revoked = [entry["detail"] for entry in run.events("released", "lease of")]

@@ -12,12 +12,13 @@ from typing import Any
 import pytest
 
 from jobdist.clock import seconds_between, utc_now
+from jobdist.lab.faultlog import Fault
+from jobdist.lab.faults import LEASE, Trial, trial
 from jobdist.lab.proxy import LinkShape
-from jobdist.lab.scenarios import ledger_command, read_ledger, regions_apart
+from jobdist.lab.scenarios import Link, ledger_command, read_ledger, regions_apart
 from jobdist.model import Doc, Phase, new_step, step_phase
 
 from ..helpers import wait_for
-from .harness import LEASE, Link, Trial, trial
 
 # A link that still carries data, slowly: 300 ms each way and 20 kB a second.
 SLOW = LinkShape(0.3, 0.1, 20_000.0)
@@ -34,6 +35,7 @@ def links_of(run: Trial, site: str) -> list[Link]:
 @dataclass(frozen=True)
 class Partition:
     kind: str  # what the summary counts
+    sites: tuple[str, ...]
     detail: str
     links: list[Link]
     seconds: float
@@ -58,25 +60,28 @@ def random_partition(run: Trial, kind: str) -> Partition:
     sites = sorted(run.cluster.sites)
     if kind == "pair cut":
         a, b = run.rng.sample(sites, 2)
-        return Partition(kind, f"{a}-{b}", [(a, b), (b, a)], run.rng.uniform(3.0, 9.0))
-    if kind == "site isolated":
+        return Partition(kind, (a, b), f"{a}-{b}", [(a, b), (b, a)], run.rng.uniform(3.0, 9.0))
+    if kind == "site isolated, past the lease":
         site = run.rng.choice(sites)
-        return Partition(kind, site, links_of(run, site), run.rng.uniform(LEASE + 2, LEASE + 6))
-    return Partition(kind, "all", list(run.links), run.rng.uniform(3.0, 6.0), slow=True)
+        return Partition(kind, (site,), site, links_of(run, site),
+                         run.rng.uniform(LEASE + 2, LEASE + 6))
+    return Partition(kind, tuple(sites), "all", list(run.links), run.rng.uniform(3.0, 6.0),
+                     slow=True)
 
 
 def test_replication_cut_and_restored_through_fault_proxies(
         tmp_path: Path, fault_summary: list[dict[str, Any]]) -> None:
     with trial("replication cut", 303, tmp_path, fault_summary, proxied=True) as run:
         run.submit([run.steps(3, (0.5, 2.0)) for _ in range(30)])
-        kinds = run.rng.sample(["pair cut", "site isolated", "links slowed"] * 2, 6)
+        kinds = run.rng.sample(["pair cut", "site isolated, past the lease", "links slowed"] * 2,
+                               6)
         while run.rounds < len(kinds) and run.live():
             time.sleep(run.rng.uniform(0.5, 2.0))
             fault = random_partition(run, kinds[run.rounds])
-            run.fault(fault.kind, f"{fault.detail} for {fault.seconds:.1f}s")
-            fault.begin(run)
-            time.sleep(fault.seconds)
-            fault.end(run)
+            with run.injecting(fault.kind, fault.sites, f"{fault.detail} for {fault.seconds:.1f}s"):
+                fault.begin(run)
+                time.sleep(fault.seconds)
+                fault.end(run)
             run.rounds += 1
         run.notes.update(connections=sum(p.connections for p in run.links.values()),
                          connections_dropped=sum(p.dropped for p in run.links.values()))
@@ -106,6 +111,7 @@ class Outage:
     ended: set[str]  # jobs ended by the end of the outage
     held: Doc  # the job whose winner died too, at the end of the outage
     until: str  # the end of the outage, UTC
+    reg_b_down: Fault  # reg_b's daemon, killed with the creator, back after it
 
 
 def creator_outage(run: Trial, held: str, shared: list[str]) -> Outage:
@@ -113,8 +119,9 @@ def creator_outage(run: Trial, held: str, shared: list[str]) -> Outage:
     reg_a = run.db("reg_a")
     run.cluster.stop_site("global")
     os.kill(run.cluster.daemon_proc("reg_b").pid, signal.SIGKILL)
-    run.fault("creator site down", f"global for {OUTAGE:.0f}s")
-    run.fault("daemon SIGKILL", "reg_b, until the creator is back")
+    down = run.fault("creator site down", "global", f"for {OUTAGE:.0f}s")
+    reg_b_down = run.fault("daemon SIGKILL, down past the lease", "reg_b",
+                           "until the creator is back")
     time.sleep(2.0)  # what global wrote before it went has reached reg_a by now
     waiting = [doc["_id"] for doc in reg_a.bulk_get(shared)
                if current_phase(doc) in (Phase.OPEN, Phase.CLAIMED)]
@@ -123,8 +130,9 @@ def creator_outage(run: Trial, held: str, shared: list[str]) -> Outage:
     started = [row[1] for row in read_ledger(run.ledger)[mark:] if row[0] == "start"]
     docs = {doc["_id"]: doc for doc in reg_a.bulk_get(run.ids)}
     ended = {job for job, doc in docs.items() if doc["job_status"]}
-    outage = Outage(waiting, started, ended, docs[held], utc_now())
+    outage = Outage(waiting, started, ended, docs[held], utc_now(), reg_b_down)
     run.cluster.start_site("global")
+    run.healed(down)
     return outage
 
 
@@ -151,6 +159,7 @@ def test_creator_down_longer_than_the_lease_then_back(
         wait_for(lambda: revoked_by_creator(run.db().get(held), "reg_b"), 30,
                  "the creator to revoke reg_b's expired lease")
         run.cluster.start_daemon("reg_b")
+        run.healed(outage.reg_b_down)
         audit = run.finish(timeout=120)
         rerun = {row[1] for row in read_ledger(run.ledger)[mark:]} & outage.ended
         run.notes.update(

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
+from jobdist.lab.faults import Trial, trial
 from jobdist.model import Doc
 
 from ..helpers import wait_for
-from .harness import Trial, trial
 
 pytestmark = pytest.mark.faults
 
@@ -55,7 +55,7 @@ def kill_creator_mid_run(run: Trial, runs: int) -> None:
     """Once `runs` steps have started, global is killed for good (SIGKILL, server gone)."""
     wait_for(lambda: run.runs() >= runs, 30, "some steps to run")
     run.kill_site("global")
-    run.fault("creator killed for good", f"global, creator_timeout {CREATOR_TIMEOUT:g} s")
+    run.fault("creator killed for good", "global", f"creator_timeout {CREATOR_TIMEOUT:g} s")
 
 
 def test_a_creator_killed_for_good_is_succeeded_and_every_job_ends(
@@ -83,13 +83,14 @@ def test_a_creator_cut_off_and_healed_never_counts_a_step_twice(
         for link in cut:
             run.links[link].cut()
         seconds = 3 * CREATOR_TIMEOUT
-        run.fault("creator cut off", f"global for {seconds:g} s, creator_timeout "
-                  f"{CREATOR_TIMEOUT:g} s")
+        cut_off = run.fault("creator cut off", "global", f"for {seconds:g} s, creator_timeout "
+                            f"{CREATOR_TIMEOUT:g} s")
         wait_for(lambda: taken_over(run, "reg_a", "reg_a"), seconds,
                  "reg_a to take jobs over while global is cut off")
         time.sleep(max(0.0, cut_at + seconds - time.monotonic()))
         for link in cut:
             run.links[link].restore()
+        run.healed(cut_off)
         run.rounds = 1
         audit = run.finish(timeout=120)
         note_takeovers(run)
@@ -107,7 +108,7 @@ def test_a_successor_that_dies_too_is_succeeded_by_the_next(
         wait_for(lambda: taken_over(run, "reg_b", "reg_a"), 4 * CREATOR_TIMEOUT,
                  "reg_a's takeover to reach reg_b")
         run.kill_site("reg_a")
-        run.fault("successor killed for good", "reg_a, just after it took over")
+        run.fault("successor killed for good", "reg_a", "just after it took over")
         run.rounds = 2
         audit = run.finish(timeout=120)
         note_takeovers(run)
