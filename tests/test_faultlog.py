@@ -11,6 +11,7 @@ from jobdist.lab.faultlog import (
     explaining_fault,
     extra_runs,
     makes_reruns_unavoidable,
+    settled,
     spans,
 )
 from jobdist.lab.scenarios import LedgerRow, audit_run
@@ -25,16 +26,21 @@ def event(name: str, step: int, epoch: int, site: str, detail: str | None = None
             "at": "2026-11-23T00:00:00.000000Z"}
 
 
+def one_step_job(job_id: str, epoch: int, winner: str, history: list[Doc]) -> Doc:
+    """A job of one step, created at global, that succeeded: its run in `epoch` on
+    `winner` counted."""
+    return {"_id": job_id, "creator": "global", "job_status": "success", "history": history,
+            "job": [{"step_status": "finished", "epoch": epoch, "winner": winner,
+                     "target": "any"}]}
+
+
 def job_revoked_on_reg_a() -> Doc:
-    """One step: run on reg_a in epoch 1, whose lease the creator revoked; run again
-    on reg_b in epoch 2, which counted."""
-    return {"_id": "j1", "creator": "global", "job_status": "success",
-            "job": [{"step_status": "finished", "epoch": 2, "winner": "reg_b",
-                     "target": "any"}],
-            "history": [event("started", 0, 1, "reg_a"),
-                        event("released", 0, 2, "global", "lease of reg_a expired at ..."),
-                        event("started", 0, 2, "reg_b"),
-                        event("finished", 0, 2, "reg_b")]}
+    """Run on reg_a in epoch 1, whose lease the creator revoked; run again on reg_b in
+    epoch 2, which counted."""
+    return one_step_job("j1", 2, "reg_b", [
+        event("started", 0, 1, "reg_a"),
+        event("released", 0, 2, "global", "lease of reg_a expired at ..."),
+        event("started", 0, 2, "reg_b"), event("finished", 0, 2, "reg_b")])
 
 
 LEDGER: list[LedgerRow] = [("start", "j1", 0, "reg_a", 1), ("start", "j1", 0, "reg_b", 2),
@@ -137,3 +143,59 @@ def test_spans_pair_each_start_with_its_end_by_fencing_token() -> None:
 
 def test_an_unknown_kind_of_fault_explains_nothing() -> None:
     assert not makes_reruns_unavoidable(fault("cosmic ray", ("reg_a",), 10.0, 100.0), LEASE)
+
+
+def test_the_creator_cut_off_past_the_lease_explains_runs_on_every_site() -> None:
+    # j1's creator is global: cut off, it hears no renewal from reg_a and revokes it.
+    assert audited([fault("site isolated, past the lease", ("global",), 11.0, 9.0)])[1] == []
+    # A pause of its daemon is not that: back, it reads the renewals that came meanwhile.
+    assert audited([fault("daemon SIGSTOP, past the lease", ("global",), 11.0, 9.0)])[0] == []
+
+
+def test_a_fault_on_the_site_that_ran_the_step_before_explains_a_run_on_its_finish() -> None:
+    ledger: list[LedgerRow] = [("start", "j1", 0, "global", 1), ("end", "j1", 0, "global", 1),
+                               *[(kind, "j1", 1, site, epoch)
+                                 for kind, _, _, site, epoch in LEDGER]]
+    times = [T0 + 8.0, T0 + 9.5, *TIMES]
+    doc = job_revoked_on_reg_a()
+    doc["job"] = [{"step_status": "finished", "epoch": 1, "winner": "global", "target": "any"},
+                  {**doc["job"][0]}]
+    for entry in doc["history"]:
+        entry["step"] = 1
+    audit = audit_run(ledger, {"j1": doc}, ["j1"])
+    [extra] = extra_runs(audit, ledger, times, {"j1": doc})
+    assert {span.site for span in extra.before_spans} == {"global"}
+    kill = fault("daemon SIGKILL", ("global",), 9.0, 1.0)
+    assert explaining_fault(extra, [kill], LEASE) is kill
+
+
+def test_a_run_outranked_by_a_revoked_run_that_finished_the_job_is_explained() -> None:
+    """The creator revoked reg_b's lease and ran the step again, while reg_b's run went
+    on and finished the job: the leaf where the job succeeded outranks the release."""
+    doc = one_step_job("j2", 1, "reg_b", [
+        event("started", 0, 1, "reg_b"),
+        event("released", 0, 2, "global", "lease of reg_b expired at ..."),
+        event("finished", 0, 1, "reg_b"), event("started", 0, 3, "global")])
+    ledger: list[LedgerRow] = [("start", "j2", 0, "reg_b", 1), ("end", "j2", 0, "reg_b", 1),
+                               ("start", "j2", 0, "global", 3), ("end", "j2", 0, "global", 3)]
+    audit = audit_run(ledger, {"j2": doc}, ["j2"])
+    assert audit.problems == []
+    [duplicate] = audit.duplicates
+    assert duplicate.startswith("j2 step 0 epoch 3 on global: step 0 epoch 1 on reg_b finished "
+                                "though revoked (released by global: lease of reg_b expired")
+    assert audit.extra_runs == [("j2", (0, 3, "global"))]
+    # Had the job failed, the release would have won: nothing explains the run then.
+    doc["job_status"] = "failed"
+    doc["job"][0]["step_status"] = "failed"
+    assert "history says nothing" in audit_run(ledger, {"j2": doc}, ["j2"], None).problems[0]
+
+
+def test_a_long_outage_of_replication_lasts_as_long_again_after_it_is_healed() -> None:
+    # Healed 8 s before the run began: past the lease, but the replicator's back-off
+    # after failing 9 s may delay it as long again.
+    outage = fault("CouchDB SIGKILL", ("reg_a",), 10.0 - LEASE - 8.0 - 9.0, 9.0)
+    assert settled(outage) == outage.end + 9.0
+    assert audited([outage])[1] == []
+    # A daemon's pause stops no replication: its effects end when it is resumed.
+    assert audited([fault("daemon SIGSTOP, past the lease", ("reg_a",),
+                          10.0 - LEASE - 8.0 - 9.0, 9.0)])[0] == []

@@ -39,6 +39,7 @@ from ..setup import admin_couch_of
 from ..status import status_id
 from ..workers import StepResult
 from .cluster import LocalCluster
+from .faults import SEED_VARIABLE, fault_seed, fault_table, soak
 from .localserver import LocalServer, free_port
 from .proxy import LinkShape
 from .scenarios import (
@@ -1074,3 +1075,40 @@ def feed_command(writes: int, burst: int, as_json: bool) -> None:
                       + " ms", f"{run.burst_s:.2f} s", f"{run.cpu_ms_per_change:.3f} ms",
                       str(run.requests))
     Console().print(table)
+
+
+@bench.command("soak")
+@click.option("--minutes", type=click.FloatRange(min=0.1), default=60.0, show_default=True,
+              help="Start storm trials until this much time has passed.")
+@click.option("--seed", type=int, default=None,
+              help=f"The first trial's seed, to replay one (default: ${SEED_VARIABLE}, else "
+                   "random).")
+@click.option("--rounds", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Storms a trial; each trial runs on fresh sites.")
+@click.option("--round-seconds", type=click.FloatRange(min=1), default=60.0, show_default=True,
+              help="How long each storm injects faults.")
+@json_option
+def soak_command(minutes: float, seed: int | None, rounds: int, round_seconds: float,
+                 as_json: bool) -> None:
+    """The fault suite's storms on local sites for as long as asked: random, overlapping
+    faults while jobs arrive; every duplicate run named with its fault; the suite's table."""
+    seed = fault_seed() if seed is None else seed
+    click.echo(f"soak for {minutes:g} min, seed {seed} (replay: --seed {seed})", err=True)
+    summaries: list[dict[str, Any]] = []
+
+    def ended(summary: dict[str, Any]) -> None:
+        summaries.append(summary)
+        click.echo(f"{summary['scenario']} (seed {summary['seed']}): "
+                   f"{sum(summary['faults'].values())} faults, {summary['jobs']} jobs, "
+                   f"{len(summary['problems'])} problems", err=True)
+
+    try:
+        soak(minutes, seed, round_seconds, rounds, on_trial=ended)
+    except KeyboardInterrupt:
+        click.echo("interrupted: the table of the trials that ended", err=True)
+    if as_json:
+        print_json(summaries)
+    else:
+        click.echo("\n".join(fault_table(summaries)))
+    if any(summary["problems"] for summary in summaries):
+        raise SystemExit(1)

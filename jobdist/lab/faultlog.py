@@ -37,6 +37,16 @@ class Effect(enum.Enum):
 CREATOR_FAULTS = frozenset({"creator killed for good", "creator cut off",
                             "successor killed for good"})
 
+# Faults that, on a job's creator, hit the runs of every site: cut off, the creator
+# hears no renewal and revokes every lease it gave.
+DEAFEN_CREATOR = frozenset({"site isolated, within the lease", "site isolated, past the lease"})
+
+# Faults that stop replication to or from a site. pouchdb-server's replicator backs
+# off exponentially while it fails, so after failing for d seconds its next try may
+# come up to d later: such a fault's effects may last that long after it is healed.
+STOP_REPLICATION = frozenset({"CouchDB SIGKILL", "pair cut", "creator site down",
+                              "creator cut off", *DEAFEN_CREATOR})
+
 EFFECTS: dict[str, Effect] = {
     "daemon SIGKILL": Effect.ALWAYS,
     "daemon SIGKILL, down past the lease": Effect.ALWAYS,
@@ -105,6 +115,8 @@ class ExtraRun:
     run: Run
     span: Span
     step_spans: tuple[Span, ...]  # every execution of the same step, this one included
+    before_spans: tuple[Span, ...]  # every execution of the step before (a run may
+    # have started on its superseded finish)
     creators: frozenset[str]  # the job's creator and every site that adopted it
     taken_over: bool
 
@@ -114,19 +126,28 @@ def explaining_fault(extra: ExtraRun, faults: Sequence[Fault], lease: float) -> 
     to the run's start; None when no fault in the log can have.
 
     A site fault (a daemon killed or stopped, a site cut off) explains a run when it
-    hit a site the step ran on, and was under way while the run was, or up to a lease
-    before it started (a run chained on its site's superseded finish of the step
-    before) or after it ended (its finish not yet written, or not yet replicated).
-    A creator fault (succession) explains any run of a job taken over by another
-    creator, once it began: the two creators' branches stay until they merge.
+    hit a site that ran the step or the step before (a run started on a superseded
+    finish), or the job's creator when it cut the creator off, and was under way
+    (or `settled` not yet) while the run was, or up to a lease before it started (a
+    run chained on its site's superseded finish of the step before) or after it ended
+    (its finish not yet written, or not yet replicated). A creator fault (succession) explains any
+    run of a job taken over by another creator, once it began: the two creators'
+    branches stay until they merge.
     """
     window = (extra.span.start - lease, _ended(extra) + lease)
-    step_sites = {span.site for span in extra.step_spans}
+    ran = {span.site for span in extra.step_spans + extra.before_spans}
     candidates = [
         fault for fault in faults if makes_reruns_unavoidable(fault, lease) and (
-            (bool(step_sites & set(fault.sites)) and _overlaps(fault, window))
+            (_hits(fault, extra, ran) and _overlaps(fault, window))
             or (fault.kind in CREATOR_FAULTS and _explains_by_creator(fault, extra, window)))]
     return min(candidates, key=lambda fault: abs(fault.start - extra.span.start), default=None)
+
+
+def _hits(fault: Fault, extra: ExtraRun, ran: set[str]) -> bool:
+    """Did the fault hit a site that ran the step or the step before, or cut the job's
+    creator off from every site?"""
+    hit = ran | (extra.creators if fault.kind in DEAFEN_CREATOR else set())
+    return bool(hit & set(fault.sites))
 
 
 def _ended(extra: ExtraRun) -> float:
@@ -138,8 +159,15 @@ def _ended(extra: ExtraRun) -> float:
 
 
 def _overlaps(fault: Fault, window: tuple[float, float]) -> bool:
-    end = math.inf if fault.end is None else fault.end
-    return fault.start <= window[1] and end >= window[0]
+    return fault.start <= window[1] and settled(fault) >= window[0]
+
+
+def settled(fault: Fault) -> float:
+    """When the fault's effects end: when it was healed, or, for one that stopped
+    replication, as long again after that (the replicator's back-off)."""
+    if fault.end is None:
+        return math.inf
+    return fault.end + (fault.seconds if fault.kind in STOP_REPLICATION else 0.0)
 
 
 def _explains_by_creator(fault: Fault, extra: ExtraRun, window: tuple[float, float]) -> bool:
@@ -168,11 +196,16 @@ def extra_runs(audit: Audit, ledger: Sequence[LedgerRow], times: Sequence[float]
     for job, run in audit.extra_runs:
         history = docs[job]["history"]
         adopters = {entry["site"] for entry in history if entry["event"] == "adopted"}
-        step_spans = tuple(span for (other, (step, _, _)), span in executions.items()
-                           if other == job and step == run[0])
-        extras.append(ExtraRun(job, run, executions[(job, run)], step_spans,
+        extras.append(ExtraRun(job, run, executions[(job, run)],
+                               _spans_of(executions, job, run[0]),
+                               _spans_of(executions, job, run[0] - 1),
                                frozenset({docs[job]["creator"], *adopters}), bool(adopters)))
     return extras
+
+
+def _spans_of(executions: Mapping[tuple[str, Run], Span], job: str, step: int) -> tuple[Span, ...]:
+    return tuple(span for (other, (index, _, _)), span in executions.items()
+                 if other == job and index == step)
 
 
 @dataclass(frozen=True)

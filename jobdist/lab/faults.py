@@ -30,6 +30,7 @@ from typing import Any
 
 from ..client import read_merged_many
 from ..couch import CouchError, Database, Saved
+from ..errors import JobdistError
 from ..model import Doc, new_job, new_step
 from .cluster import LocalCluster
 from .faultlog import Fault, audit_faults
@@ -336,7 +337,7 @@ class Storm:
         self.errors: list[str] = []
 
     def blow(self, seconds: float, burst_every: tuple[float, float] = (3.0, 6.0),
-             burst_jobs: tuple[int, int] = (5, 14), pause: tuple[float, float] = (0.05, 0.35),
+             burst_jobs: tuple[int, int] = (5, 14), pause: tuple[float, float] = (0.03, 0.25),
              kinds: dict[str, float] = STORM_KINDS) -> None:
         """Inject faults for `seconds`, a try every `pause`, and submit a burst of jobs
         every `burst_every`; then wait until every fault is healed."""
@@ -497,17 +498,20 @@ def _link_names(links: list[Link]) -> set[str]:
     return {f"link {a}>{b}" for a, b in links}
 
 
+CALM = 5.0  # seconds between two storms of a trial: the jobs move on, the faults healed
+
+
 def storm_trial(name: str, seed: int, root: Path, summaries: list[dict[str, Any]],
                 rounds: int, round_seconds: float, timeout: float = 300.0) -> Trial:
     """A cluster regions apart, on disk (its servers are killed), through `rounds`
-    storms of `round_seconds`, each followed by a calm in which the jobs so far end;
-    audited at the end. Returns the trial (its audit and summary filled in)."""
+    storms of `round_seconds` with a CALM between them; then every job ends and the
+    run is audited. Returns the trial (its audit and summary filled in)."""
     with trial(name, seed, root, summaries, in_memory=False, booking_timeout=3.0) as run:
         storm = Storm(run)
-        for _ in range(rounds):
+        for number in range(rounds):
+            if number:
+                time.sleep(CALM)
             storm.blow(round_seconds)
-            for site in run.alive:
-                wait_until_done(run.db(site), run.ids, timeout)
         run.finish(timeout=timeout)
         assert run.audit is not None
         run.audit.problems += storm.errors
@@ -553,16 +557,23 @@ def _cells(row: Mapping[str, int]) -> str:
 def soak(minutes: float, seed: int, round_seconds: float = 60.0, rounds: int = 3,
          work_dir: Path | None = None,
          on_trial: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
-    """Storm trials one after another (fresh sites each, seeds seed, seed+1, ...) until
-    `minutes` have passed; their summaries, each passed to `on_trial` as it ends."""
+    """Storm trials one after another (fresh sites each, seeds seed, seed+1, ...), a new
+    one started as long as `minutes` have not passed; their summaries, each passed to
+    `on_trial` as it ends. A trial whose jobs do not end in time is a problem of its
+    summary, and the soak goes on."""
     summaries: list[dict[str, Any]] = []
     deadline = time.monotonic() + minutes * 60
     number = 0
     while time.monotonic() < deadline:
+        number += 1
+        name, before = f"soak storm {number}", len(summaries)
         with tempfile.TemporaryDirectory(prefix="jobdist-soak-", dir=work_dir) as tmp:
-            storm_trial(f"soak storm {number + 1}", seed + number, Path(tmp), summaries,
-                        rounds, round_seconds)
+            try:
+                storm_trial(name, seed + number - 1, Path(tmp), summaries, rounds, round_seconds)
+            except (TimeoutError, AssertionError, JobdistError) as error:
+                if len(summaries) == before:  # no sites directory even: nothing to soak
+                    raise
+                summaries[-1]["problems"].append(f"the trial stopped: {error}")
         if on_trial:
             on_trial(summaries[-1])
-        number += 1
     return summaries

@@ -410,7 +410,7 @@ def _audit_job(doc: Doc, rows: list[tuple[int, LedgerRow]], audit: Audit,
     kept = counted(doc)
     for run in sorted(set(runs.starts) - set(kept)):
         where = f"{doc['_id']} step {run[0]} epoch {run[1]} on {run[2]}"
-        reason = why_superseded(doc["history"], run)
+        reason = why_superseded(doc["history"], run) or outranked_by_success(doc, run, kept)
         if reason is None and run[2] in killed:
             reason = f"{run[2]} was killed for good: its record of the run died with it"
         takeovers = adoptions(doc["history"])
@@ -478,6 +478,21 @@ def why_superseded(history: list[Doc], run: Run) -> str | None:
             if reason is not None:
                 return f"chained on step {step - 1} epoch {entry['epoch']}, {reason}"
     return _after_superseded_finish(history, run, min(started, default=None))
+
+
+def outranked_by_success(doc: Doc, run: Run, kept: Mapping[Run, Doc]) -> str | None:
+    """A run in a later epoch than the step's counted run, which the history shows
+    revoked: the revoked run finished anyway, and the leaf where the job succeeded
+    outranks the branch of the release and this run (core.succeeded; protocol.md)."""
+    if doc.get("job_status") != "success":
+        return None
+    for step, epoch, site in kept:
+        if step == run[0] and epoch < run[1]:
+            revoked = why_superseded(doc["history"], (step, epoch, site))
+            if revoked is not None:
+                return (f"step {step} epoch {epoch} on {site} finished though revoked "
+                        f"({revoked}); the leaf where the job succeeded outranks this run's")
+    return None
 
 
 def _after_superseded_finish(history: list[Doc], run: Run, started: str | None) -> str | None:

@@ -20,7 +20,7 @@ from jobdist.lab.faults import fault_seed, storm_trial
 pytestmark = pytest.mark.faults
 
 ROUNDS = 3
-ROUND_SECONDS = 45.0
+ROUND_SECONDS = 50.0
 
 
 @pytest.mark.parametrize("storm", [1, 2])
