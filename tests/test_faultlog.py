@@ -11,6 +11,7 @@ from jobdist.lab.faultlog import (
     explaining_fault,
     extra_runs,
     makes_reruns_unavoidable,
+    replication_stopped,
     settled,
     spans,
 )
@@ -86,8 +87,9 @@ def test_a_pause_within_the_lease_or_a_short_couchdb_outage_explains_nothing() -
 def test_a_pause_meant_short_that_lasted_past_the_lease_counts_as_long() -> None:
     stretched = fault("daemon SIGSTOP, within the lease", ("reg_a",), 11.0, LEASE + 0.5)
     assert makes_reruns_unavoidable(stretched, LEASE)
+    # A cut stops replication: with the replicator's back-off, under half a lease is safe.
     assert not makes_reruns_unavoidable(fault("site isolated, within the lease", ("reg_a",),
-                                              0.0, LEASE - 0.5), LEASE)
+                                              0.0, LEASE / 2 - 0.5), LEASE)
     assert audited([stretched])[1] == []
 
 
@@ -199,3 +201,13 @@ def test_a_long_outage_of_replication_lasts_as_long_again_after_it_is_healed() -
     # A daemon's pause stops no replication: its effects end when it is resumed.
     assert audited([fault("daemon SIGSTOP, past the lease", ("reg_a",),
                           10.0 - LEASE - 8.0 - 9.0, 9.0)])[0] == []
+
+
+def test_a_couchdb_outage_over_half_a_lease_may_stop_replication_past_it() -> None:
+    # Down 3.5 s: the peers' replicators, backing off, may resume 3.5 s later still.
+    outage = fault("CouchDB SIGKILL", ("reg_a",), 11.0, 3.5, number=9)
+    assert replication_stopped(outage) == 7.0 and makes_reruns_unavoidable(outage, LEASE)
+    explained, _ = audited([outage])
+    assert explained[0].endswith("explained by fault #9 CouchDB SIGKILL reg_a at 11.0 s for "
+                                 "3.5 s (replication stopped up to 7.0 s)")
+    assert not makes_reruns_unavoidable(fault("CouchDB SIGKILL", ("reg_a",), 11.0, 2.9), LEASE)

@@ -83,18 +83,31 @@ class Fault:
     def describe(self, origin: float) -> str:
         """`fault #17 daemon SIGKILL reg_a at 12.3 s for 1.1 s`, times from `origin`."""
         length = "" if self.end is None else f" for {self.seconds:.1f} s"
+        if self.end is not None and self.kind in STOP_REPLICATION:
+            length += f" (replication stopped up to {replication_stopped(self):.1f} s)"
         detail = f" ({self.detail})" if self.detail else ""
         return (f"fault #{self.number} {self.kind} {','.join(self.sites)} at "
                 f"{self.start - origin:.1f} s{length}{detail}")
 
 
 def makes_reruns_unavoidable(fault: Fault, lease: float) -> bool:
-    """Can this fault, by itself, make a step run again? Judged on how long the fault
+    """Can this fault, by itself, make a step run again? Judged on how long it
     actually lasted (a pause meant to be short that a loaded machine stretched past
-    the lease counts as long)."""
+    the lease counts as long), and for one that stopped replication, on how long
+    replication may have stayed stopped (`replication_stopped`)."""
     effect = EFFECTS.get(fault.kind, Effect.NEVER)
     return effect is Effect.ALWAYS or (
-        effect is Effect.IF_LONGER_THAN_LEASE and fault.seconds > lease)
+        effect is Effect.IF_LONGER_THAN_LEASE and replication_stopped(fault) > lease)
+
+
+def replication_stopped(fault: Fault) -> float:
+    """How long the fault may have kept its site's documents from reaching the others
+    or theirs from reaching it: for a fault that stops replication, twice as long as
+    it lasted (pouchdb-server's replicator backs off exponentially while it fails, so
+    after failing for d seconds its next try may come up to d later). A winner whose
+    CouchDB was down for 4.8 s of a 6 s lease got its `won` 8.5 s after the creator
+    wrote it, and the creator revoked it (the fault suite, under load 13)."""
+    return fault.seconds * (2 if fault.kind in STOP_REPLICATION else 1)
 
 
 @dataclass(frozen=True)
@@ -165,9 +178,7 @@ def _overlaps(fault: Fault, window: tuple[float, float]) -> bool:
 def settled(fault: Fault) -> float:
     """When the fault's effects end: when it was healed, or, for one that stopped
     replication, as long again after that (the replicator's back-off)."""
-    if fault.end is None:
-        return math.inf
-    return fault.end + (fault.seconds if fault.kind in STOP_REPLICATION else 0.0)
+    return fault.start + replication_stopped(fault)
 
 
 def _explains_by_creator(fault: Fault, extra: ExtraRun, window: tuple[float, float]) -> bool:
