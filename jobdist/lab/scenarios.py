@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import errno
 import tempfile
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping
@@ -137,21 +138,35 @@ def regions_apart(link: Link) -> LinkShape:
     return REGIONS.get(frozenset(link), LinkShape(0.120, 0.030, WAN))
 
 
+PORT_ATTEMPTS = 3
+
+
 @contextmanager
 def proxied_sites(directory: Path, count: int, shape: Callable[[Link], LinkShape],
                   **options: Any) -> Iterator[tuple[Path, dict[Link, FaultProxy]]]:
     """A sites directory whose every replication runs through a proxy shaped by
     `shape` (and that a test can cut); the proxies stop when the block ends."""
     names = site_names(count)
-    ports = {(a, b): free_port() for a in names for b in names if a != b}
-    peer_urls = {a: {b: f"http://127.0.0.1:{port}" for (src, b), port in ports.items()
-                     if src == a} for a in names}
-    sites_dir = write_sites(directory, count, peer_urls=peer_urls, **options)
-    couch_ports = {site.name: site.couch.port for site in load_sites(sites_dir).values()}
     hub = ProxyHub()
     try:
-        yield sites_dir, {link: hub.proxy(port, couch_ports[link[1]], shape(link))
-                          for link, port in ports.items()}
+        for attempt in range(PORT_ATTEMPTS):
+            ports = {(a, b): free_port() for a in names for b in names if a != b}
+            peer_urls = {a: {b: f"http://127.0.0.1:{port}" for (src, b), port in ports.items()
+                             if src == a} for a in names}
+            sites_dir = write_sites(directory, count, peer_urls=peer_urls, **options)
+            couch_ports = {site.name: site.couch.port for site in load_sites(sites_dir).values()}
+            try:
+                proxies = {link: hub.proxy(port, couch_ports[link[1]], shape(link))
+                           for link, port in ports.items()}
+                break
+            except OSError as error:
+                # Another process on a shared machine took a port between free_port and
+                # the bind: choose them all again.
+                if error.errno != errno.EADDRINUSE or attempt == PORT_ATTEMPTS - 1:
+                    raise
+                hub.close()
+                hub = ProxyHub()
+        yield sites_dir, proxies
     finally:
         hub.close()
 
