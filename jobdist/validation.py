@@ -273,14 +273,22 @@ def check_target(value: Any, path: str, errors: list[str]) -> None:
     if not value:
         errors.append(f"{path}: must not be an empty list")
         return
+    check_each_once(value, path, errors, is_site_name, SITE_NAME_REASON, "site name")
+
+
+def check_each_once(items: list[Any], path: str, errors: list[str], valid: Callable[[Any], bool],
+                    reason: str, kind: str, own: Any = None) -> None:
+    """Each item valid, not `own` (the document's own name), and listed once."""
     seen: set[str] = set()
-    for index, site in enumerate(value):
-        if not is_site_name(site):
-            errors.append(f"{path}[{index}]: {SITE_NAME_REASON}")
-        elif site in seen:
-            errors.append(f"{path}[{index}]: duplicate site name")
+    for index, item in enumerate(items):
+        if not valid(item):
+            errors.append(f"{path}[{index}]: {reason}")
+        elif own is not None and item == own:
+            errors.append(f"{path}[{index}]: must not be the job's own id")
+        elif item in seen:
+            errors.append(f"{path}[{index}]: duplicate {kind}")
         else:
-            seen.add(site)
+            seen.add(item)
 
 
 def check_steps(value: Any, path: str, errors: list[str]) -> None:
@@ -387,16 +395,7 @@ def check_after(own_id: Any) -> Check:
         if not is_list(value) or len(value) > MAX_AFTER:
             errors.append(f"{path}: must be a list of at most {MAX_AFTER} job ids")
             return
-        seen: set[str] = set()
-        for index, item in enumerate(value):
-            if not is_doc_id(item):
-                errors.append(f"{path}[{index}]: {ID_REASON}")
-            elif item == own_id:
-                errors.append(f"{path}[{index}]: must not be the job's own id")
-            elif item in seen:
-                errors.append(f"{path}[{index}]: duplicate job id")
-            else:
-                seen.add(item)
+        check_each_once(value, path, errors, is_doc_id, ID_REASON, "job id", own_id)
 
     return check
 
