@@ -19,7 +19,7 @@ from datetime import UTC, datetime, timedelta
 from jobdist import core
 from jobdist.clock import format_time
 from jobdist.couch import Conflict, Saved
-from jobdist.model import Doc, Phase, StepKey, is_live, step_phase, targets
+from jobdist.model import Doc, Phase, StepKey, awaited, is_held, is_live, step_phase, targets
 from jobdist.store import Open, Written
 
 
@@ -308,7 +308,7 @@ class SimStore:
 
     def open_created(self, creator: str, limit: int) -> list[str]:
         rows = [doc for doc in self.live_jobs() if doc["creator"] == creator
-                and step_phase(doc["job"][doc["step"]]) == Phase.OPEN]
+                and step_phase(doc["job"][doc["step"]]) == Phase.OPEN and not is_held(doc)]
         oldest = sorted(rows, key=lambda doc: doc["updated_at"])[:limit]
         return [doc["_id"] for doc in sorted(oldest, key=core.doc_rank)]
 
@@ -319,7 +319,7 @@ class SimStore:
     def claimable(self, target: str, limit: int) -> list[Open]:
         rows = [Open(doc["_id"], core.doc_rank(doc), doc["created_at"])
                 for doc in self.live_jobs()
-                if step_phase(doc["job"][doc["step"]]) == Phase.OPEN
+                if step_phase(doc["job"][doc["step"]]) == Phase.OPEN and not is_held(doc)
                 and target in targets(doc["job"][doc["step"]])]
         return sorted(rows, key=lambda row: (row.rank, row.created_at))[:limit]
 
@@ -333,6 +333,14 @@ class SimStore:
             step = doc["job"][doc["step"]]
             if site in (doc["creator"], step.get("claimed_by"), step.get("winner")):
                 yield doc["_id"]
+
+    def waiting(self, creator: str) -> list[str]:
+        return [doc["_id"] for doc in self.live_jobs()
+                if doc["creator"] == creator and is_held(doc)]
+
+    def waiting_on(self, ids: Sequence[str]) -> list[tuple[str, str]]:
+        return [(doc["_id"], doc["creator"]) for doc in self.live_jobs() if is_held(doc)
+                for awaited_id in awaited(doc) if awaited_id in ids]
 
     def load_checkpoint(self, site: str) -> object:
         return self.checkpoints.get(site, 0)
