@@ -57,6 +57,7 @@ from .common import (
     pick_site,
     site_option,
     sites_option,
+    submit_site_option,
 )
 
 # --- submit ------------------------------------------------------------------------
@@ -100,7 +101,7 @@ from .common import (
 @click.option("--dry-run", is_flag=True, help="Print the job as it would be submitted; "
                                               "submit nothing.")
 @sites_option
-@site_option
+@submit_site_option
 def submit(file: str | None, file_format: str, steps: tuple[str, ...],
            targets: tuple[str, ...], retries: tuple[int, ...], timeouts: tuple[float, ...],
            alts: tuple[str, ...], priority: int | None, after: tuple[str, ...],
