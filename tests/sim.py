@@ -161,7 +161,18 @@ class SimSite:
         return core.Context(self.name, self.clock.now(), self.known_sites, booking_timeout=30.0,
                             lease=self.lease, skew_margin=5.0, room=self.room,
                             assigning=self.assigning, successors=self.successors,
-                            silent=self.silent - {self.name})
+                            silent=self.silent - {self.name}, ended=self.ended())
+
+    def ended(self) -> dict[str, str]:
+        """How each job ended that this replica shows ended (what the manager reads
+        for the jobs its waiting jobs name)."""
+        statuses = {}
+        for doc_id in self.replica.docs:
+            leaves = self.replica.live_leaves(doc_id)
+            status = core.merge(leaves)["job_status"] if leaves else None
+            if status is not None:
+                statuses[doc_id] = status
+        return statuses
 
     def heartbeat(self) -> None:
         """Renew the lease of every execution this site runs, with a progress report
@@ -223,6 +234,8 @@ class SimSite:
         for effect in plan.before:
             self.apply(effect)
         if plan.doc is not None:
+            launches = [effect for effect in plan.after if isinstance(effect, core.Launch)]
+            assert not (launches and is_held(plan.doc)), f"{self.name} starts a waiting job"
             assert self.replica.write(plan.doc), "writes go on a leaf"
         for rev in plan.deletions:
             assert self.replica.write({"_id": doc_id, "_rev": rev, "_deleted": True})
