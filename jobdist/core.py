@@ -709,6 +709,9 @@ def on_held(doc: Doc, ctx: Context, pool: PoolView) -> Decision:
     return released_from_wait(doc, ctx, pool)
 
 
+WAITED_FOR = "waited for "  # how the reason of a job failed by a job it waited for starts
+
+
 def awaited_failure(doc: Doc, ctx: Context) -> str | None:
     """Why the job can never start: an awaited job that failed or was cancelled."""
     if after_policy(doc) == "always":
@@ -716,9 +719,9 @@ def awaited_failure(doc: Doc, ctx: Context) -> str | None:
     for job_id in awaited(doc):
         status = ctx.ended.get(job_id)
         if status == "failed":
-            return f"waited for {job_id}, which failed"
+            return f"{WAITED_FOR}{job_id}, which failed"
         if status == "cancelled":
-            return f"waited for {job_id}, which was cancelled"
+            return f"{WAITED_FOR}{job_id}, which was cancelled"
     return None
 
 
