@@ -35,6 +35,7 @@ from jobdist.lab.scenarios import (
     write_sites,
 )
 from jobdist.model import Doc, new_job, new_step
+from jobdist.schedules import new_schedule, tick_job_id, ticks
 
 from .helpers import wait_for
 
@@ -245,3 +246,31 @@ def test_a_delayed_job_does_not_start_before_its_time(cluster: LocalCluster,
     assert (ran_at - parse_time(not_before)).total_seconds() < 5  # woken by its timer
     (ready,) = named(doc, "ready")
     assert ready["site"] == "reg_a" and ready["at"] >= not_before
+
+
+def test_nightly_backup_a_schedule_snapshots_every_site_then_a_job_verifies_at_global(
+        cluster: LocalCluster, tmp_path: Path) -> None:
+    """The nightly-backup example (docs/protocol.md, "Waiting for other jobs"): a
+    schedule's job snapshots every site; a job at global waits for that tick's job (its
+    id is known before the tick: it waits for a job not there yet) and verifies.
+
+    NOTE(bcast): the snapshot job is three plain steps, one per site; once broadcast
+    steps are merged it becomes one step with `target: "all"`."""
+    snapshots = tmp_path / "snapshots"
+    snapshots.mkdir()
+    changed = later(utc_now(), -61)  # the owner makes the latest tick at once (missed: latest)
+    snapshot = f"touch {snapshots}/$JOBDIST_SITE"
+    doc = new_schedule("nightly", "* * * * *", "global",
+                       {"job": [{"do": snapshot, "target": site}
+                                for site in ("global", "reg_a", "reg_b")]}, now=changed)
+    tick = list(ticks(doc, changed, utc_now()))[-1]  # made on time or as the latest missed
+    backup = tick_job_id("nightly", tick)
+    verify = f"test -e {snapshots}/global && test -e {snapshots}/reg_a && test -e {snapshots}/reg_b"
+    db, verifier = submit_waiting(cluster, "global", [new_step(verify, target="global")],
+                                  after=[backup])
+    site_db(cluster, "global").save(doc)
+    backup_doc, verify_doc = wait_until_done(db, [backup, verifier], 60)
+    assert (backup_doc["job_status"], verify_doc["job_status"]) == ("success", "success")
+    (ready,) = named(verify_doc, "ready")
+    assert ready["at"] >= max(h["at"] for h in named(backup_doc, "finished"))
+    assert [h["site"] for h in named(verify_doc, "started")] == ["global"]
