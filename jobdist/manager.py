@@ -160,6 +160,9 @@ class Manager:
         self.ended: dict[str, str] = {}
         self.wake_heap: list[tuple[float, str, str]] = []
         self.wake_due: dict[str, str] = {}  # job -> its not_before in the heap
+        # The waiting jobs we created, as last decided: while there are none, a job that
+        # ends needs no look-up of jobs waiting on it (the scan catches what this misses).
+        self.own_waiting: OrderedDict[str, None] = OrderedDict()
         self.last_waiting_scan = 0.0
 
     # --- the loop -------------------------------------------------------------
@@ -226,7 +229,7 @@ class Manager:
         def plan(leaves: list[Doc], rejected: list[core.Unusable]) -> core.Plan:
             context = self.context(self._lease_silence(doc_id, leaves),
                                    self._unchanged_for(doc_id, leaves))
-            self._note_wake_time(doc_id, leaves)
+            self._note_waiting(doc_id, leaves)
             return core.plan(leaves, context, self.pool_view(), rejected)
         return Task(doc_id, plan, seen=seen, then_decide=True)
 
@@ -889,7 +892,7 @@ class Manager:
     def _waiter_tasks(self, ended_ids: list[str]) -> list[Task]:
         """Jobs we created that wait for one of these jobs, which just ended: decided in
         this very batch (the `waiting_on` view: one request for all of them)."""
-        if not ended_ids:
+        if not ended_ids or not self.own_waiting:
             return []
         try:
             waiters = self.store.waiting_on(ended_ids)
@@ -899,10 +902,17 @@ class Manager:
         ids = dict.fromkeys(job_id for job_id, creator in waiters if creator == self.site)
         return [self.decide_task(job_id) for job_id in ids if job_id not in self.skipped]
 
-    def _note_wake_time(self, doc_id: str, leaves: list[Doc]) -> None:
-        """A waiting job of ours with a time not to start before: wake it then."""
-        times = [when for leaf in self._owns_waiting(leaves)
-                 if isinstance(when := leaf.get("not_before"), str)]
+    def _note_waiting(self, doc_id: str, leaves: list[Doc]) -> None:
+        """Keep count of our waiting jobs, and wake one with a time not to start before
+        at that time."""
+        waiting = self._owns_waiting(leaves)
+        if not waiting:
+            self.own_waiting.pop(doc_id, None)
+            return
+        self.own_waiting[doc_id] = None
+        while len(self.own_waiting) > MAX_LEASES_SEEN:
+            self.own_waiting.popitem(last=False)
+        times = [when for leaf in waiting if isinstance(when := leaf.get("not_before"), str)]
         if not times or self.wake_due.get(doc_id) == max(times):
             return
         when = max(times)
