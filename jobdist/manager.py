@@ -189,6 +189,8 @@ class Manager:
         self._checkpoint_if_due()
 
     def _next_changes(self, timeout: float) -> list[Changed]:
+        if self.wake_heap:  # a waiting job's time comes sooner: wake for it
+            timeout = min(timeout, max(0.0, self.wake_heap[0][0] - time.time()))
         if self.inbox.empty() and self.reports.empty():
             self.wake.wait(timeout)
         self.wake.clear()  # anything arriving from now on sets it again
