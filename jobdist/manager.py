@@ -922,6 +922,8 @@ class Manager:
             due = parse_time(when).timestamp()
         except ValueError:  # a malformed time: the core skips the job as invalid
             return
+        if due <= time.time():
+            return  # its time has come: it waits for jobs now, and the feed wakes it
         self.wake_due[doc_id] = when
         heapq.heappush(self.wake_heap, (due, doc_id, when))
         while len(self.wake_due) > MAX_LEASES_SEEN:  # forgetting only delays to the scan

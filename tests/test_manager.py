@@ -496,3 +496,23 @@ def test_a_job_waiting_for_a_job_not_there_yet_starts_once_it_arrives_and_ends(
     assert all(world.stores["reg_b"].write([later_job]))
     docs = world.run([later_job["_id"], waiter["_id"]], timeout=30)
     assert docs[waiter["_id"]]["job_status"] == "success"
+
+
+def test_a_job_past_its_time_still_waiting_for_a_job_is_not_decided_again_and_again(
+        world: World) -> None:
+    quiet_scans(world)
+    not_before = format_time(datetime.now(UTC) + timedelta(seconds=0.3))
+    waiter = new_job("global", [new_step("true")],
+                     waits={"not_before": not_before, "after": ["job-later"]})
+    assert all(world.stores["global"].write([waiter]))
+    for _ in range(20):
+        world.feed()
+        world.serve()
+        time.sleep(0.05)
+    reads = world.stores["global"].calls["reads"]
+    for _ in range(20):  # its time has passed: nothing but a job ending may wake it now
+        world.serve()
+        time.sleep(0.05)
+    assert world.stores["global"].calls["reads"] == reads
+    assert world.managers["global"].wake_heap == []
+    assert world.stores["global"].replica.winner(waiter["_id"])["job_status"] is None
