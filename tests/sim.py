@@ -19,7 +19,7 @@ from datetime import UTC, datetime, timedelta
 from jobdist import core
 from jobdist.clock import format_time
 from jobdist.couch import Conflict, Saved
-from jobdist.model import Doc, Phase, StepKey, is_live, step_phase, targets
+from jobdist.model import Doc, Phase, StepKey, awaited, is_held, is_live, step_phase, targets
 from jobdist.store import Open, Written
 
 
@@ -161,7 +161,18 @@ class SimSite:
         return core.Context(self.name, self.clock.now(), self.known_sites, booking_timeout=30.0,
                             lease=self.lease, skew_margin=5.0, room=self.room,
                             assigning=self.assigning, successors=self.successors,
-                            silent=self.silent - {self.name})
+                            silent=self.silent - {self.name}, ended=self.ended())
+
+    def ended(self) -> dict[str, str]:
+        """How each job ended that this replica shows ended (what the manager reads
+        for the jobs its waiting jobs name)."""
+        statuses = {}
+        for doc_id in self.replica.docs:
+            leaves = self.replica.live_leaves(doc_id)
+            status = core.merge(leaves)["job_status"] if leaves else None
+            if status is not None:
+                statuses[doc_id] = status
+        return statuses
 
     def heartbeat(self) -> None:
         """Renew the lease of every execution this site runs, with a progress report
@@ -223,6 +234,8 @@ class SimSite:
         for effect in plan.before:
             self.apply(effect)
         if plan.doc is not None:
+            launches = [effect for effect in plan.after if isinstance(effect, core.Launch)]
+            assert not (launches and is_held(plan.doc)), f"{self.name} starts a waiting job"
             assert self.replica.write(plan.doc), "writes go on a leaf"
         for rev in plan.deletions:
             assert self.replica.write({"_id": doc_id, "_rev": rev, "_deleted": True})
@@ -308,7 +321,7 @@ class SimStore:
 
     def open_created(self, creator: str, limit: int) -> list[str]:
         rows = [doc for doc in self.live_jobs() if doc["creator"] == creator
-                and step_phase(doc["job"][doc["step"]]) == Phase.OPEN]
+                and step_phase(doc["job"][doc["step"]]) == Phase.OPEN and not is_held(doc)]
         oldest = sorted(rows, key=lambda doc: doc["updated_at"])[:limit]
         return [doc["_id"] for doc in sorted(oldest, key=core.doc_rank)]
 
@@ -319,7 +332,7 @@ class SimStore:
     def claimable(self, target: str, limit: int) -> list[Open]:
         rows = [Open(doc["_id"], core.doc_rank(doc), doc["created_at"])
                 for doc in self.live_jobs()
-                if step_phase(doc["job"][doc["step"]]) == Phase.OPEN
+                if step_phase(doc["job"][doc["step"]]) == Phase.OPEN and not is_held(doc)
                 and target in targets(doc["job"][doc["step"]])]
         return sorted(rows, key=lambda row: (row.rank, row.created_at))[:limit]
 
@@ -333,6 +346,14 @@ class SimStore:
             step = doc["job"][doc["step"]]
             if site in (doc["creator"], step.get("claimed_by"), step.get("winner")):
                 yield doc["_id"]
+
+    def waiting(self, creator: str) -> list[str]:
+        return [doc["_id"] for doc in self.live_jobs()
+                if doc["creator"] == creator and is_held(doc)]
+
+    def waiting_on(self, ids: Sequence[str]) -> list[tuple[str, str]]:
+        return [(doc["_id"], doc["creator"]) for doc in self.live_jobs() if is_held(doc)
+                for awaited_id in awaited(doc) if awaited_id in ids]
 
     def load_checkpoint(self, site: str) -> object:
         return self.checkpoints.get(site, 0)

@@ -12,6 +12,15 @@ function (doc) {
   if (step.claimed_by != null || step.winner != null || step.step_status != null) {
     return;
   }
+  // A job that waits (jobdist/model.py is_held): it names jobs to wait for or a time not
+  // to start before, and its creator has not released it yet (a "ready" event).
+  var held = ((Array.isArray(doc.after) && doc.after.length > 0) || !!doc.not_before) &&
+    !(Array.isArray(doc.history) && doc.history.some(function (entry) {
+      return entry != null && entry.event === "ready";
+    }));
+  if (held) {
+    return;  // until its creator releases it
+  }
   var target = step.target == null ? "any" : step.target;
   var targets = Array.isArray(target) ? target : [target];
   var value = {step: index, epoch: step.epoch || 0};
