@@ -344,13 +344,11 @@ PROGRESS_FIELDS = [
 MAX_RUN_SITES = 1000
 BROADCAST_REASON = 'only for a broadcast step (target "all", or a list of sites with each: true)'
 FLAG = simple(lambda value: isinstance(value, bool), "must be true or false")
-SUB_RUN_FIELDS = [
-    Field("epoch", COUNT),
-    Field("status", simple(one_of(RUN_STATUSES), describe_choices(RUN_STATUSES))),
-    Field("executioner", simple(nullable(is_string), "must be null or a string")),
+# What an execution records, on its step or on its sub-run.
+EXECUTION_FIELDS = [
+    Field("exec_time", optional_number(">=", 0)),
     Field("start_time", OPTIONAL_TIME),
     Field("finish_time", OPTIONAL_TIME),
-    Field("exec_time", optional_number(">=", 0)),
     Field("lease_until", OPTIONAL_TIME),
     Field("attempts", COUNT),
     Field("exit_code", simple(nullable(is_integer), "must be null or an integer")),
@@ -359,6 +357,13 @@ SUB_RUN_FIELDS = [
     Field("progress", object_of(PROGRESS_FIELDS,
                                 "must be null or an object {fraction, message, at}",
                                 allow_null=True)),
+]
+EXECUTIONER = Field("executioner", simple(nullable(is_string), "must be null or a string"))
+SUB_RUN_FIELDS = [
+    Field("epoch", COUNT),
+    Field("status", simple(one_of(RUN_STATUSES), describe_choices(RUN_STATUSES))),
+    EXECUTIONER,
+    *EXECUTION_FIELDS,
 ]
 SUB_RUN = object_of(SUB_RUN_FIELDS, "must be an object")
 
@@ -417,19 +422,9 @@ STEP_FIELDS = [
     Field("epoch", COUNT),
     Field("claimed_by", OPTIONAL_SITE),
     Field("winner", OPTIONAL_SITE),
-    Field("executioner", simple(nullable(is_string), "must be null or a string")),
+    EXECUTIONER,
     Field("step_status", simple(one_of(STEP_STATUSES), describe_choices(STEP_STATUSES))),
-    Field("exec_time", optional_number(">=", 0)),
-    Field("start_time", OPTIONAL_TIME),
-    Field("finish_time", OPTIONAL_TIME),
-    Field("lease_until", OPTIONAL_TIME),
-    Field("attempts", COUNT),
-    Field("exit_code", simple(nullable(is_integer), "must be null or an integer")),
-    Field("output", object_of(OUTPUT_FIELDS, "must be null or an object {stdout, stderr}",
-                              allow_null=True)),
-    Field("progress", object_of(PROGRESS_FIELDS,
-                                "must be null or an object {fraction, message, at}",
-                                allow_null=True)),
+    *EXECUTION_FIELDS,
 ]
 STEP_OBJECT = object_of(STEP_FIELDS + BROADCAST_FIELDS, "must be an object", STEP_DEFAULTS)
 

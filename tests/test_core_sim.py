@@ -349,6 +349,12 @@ broadcast_jobs = st.lists(st.lists(st.sampled_from(BROADCAST_TARGETS), min_size=
                           min_size=1, max_size=3)
 
 
+def check_all_succeeded(sites: list[SimSite], job_ids: list[str]) -> None:
+    states = merged_states(sites, job_ids)
+    assert all(s == states[0] for s in states), "replicas converge"
+    assert set(states[0].values()) == {"success"}
+
+
 def sites_of(target: object) -> set[str]:
     """Where a broadcast step runs: every site, or its list."""
     return set(SITES) if target == "all" else set(target[1])  # type: ignore[index]
@@ -385,9 +391,7 @@ def test_broadcast_steps_run_once_at_each_site_in_order_and_jobs_end(jobs, worke
 
     check_no_double_execution(ledger, per_site=True)
     check_broadcast_runs(jobs, job_ids, ledger)
-    states = merged_states(sites, job_ids)
-    assert all(s == states[0] for s in states), "replicas converge"
-    assert set(states[0].values()) == {"success"}
+    check_all_succeeded(sites, job_ids)
     assert not any(site.killed for site in sites)
     for doc_id in job_ids:
         final = core.merge(sites[0].replica.live_leaves(doc_id))
@@ -410,9 +414,7 @@ def test_broadcast_sub_runs_are_fenced_per_site_under_restarts_and_revocations(
     check_progress_is_the_current_runs((site.replica for site in sites), job_ids)
 
     check_no_double_execution(ledger, per_site=True)
-    states = merged_states(sites, job_ids)
-    assert all(s == states[0] for s in states)
-    assert set(states[0].values()) == {"success"}
+    check_all_succeeded(sites, job_ids)
     check_duplicates_explained(sites, job_ids, ledger)
     for n, doc_id in enumerate(job_ids):
         final = core.merge(sites[0].replica.live_leaves(doc_id))
@@ -435,9 +437,7 @@ def test_broadcast_with_creators_cut_off_and_successors_racing(jobs, data):
     settle(sites, job_ids, clock)
 
     check_no_double_execution(ledger, per_site=True)
-    states = merged_states(sites, job_ids)
-    assert all(s == states[0] for s in states)
-    assert set(states[0].values()) == {"success"}
+    check_all_succeeded(sites, job_ids)
     check_duplicates_explained(sites, job_ids, ledger)
 
 
@@ -483,9 +483,7 @@ def test_a_site_dead_for_good_is_dropped_and_broadcasts_end_without_it(jobs, dat
     settle(alive, job_ids, clock, operator=operator)
 
     check_no_double_execution(ledger, per_site=True)
-    states = merged_states(alive, job_ids)
-    assert all(s == states[0] for s in states)
-    assert set(states[0].values()) == {"success"}
+    check_all_succeeded(alive, job_ids)
     check_duplicates_explained(sites, job_ids, ledger)
     for doc_id in set(dropped):
         final = core.merge(alive[0].replica.live_leaves(doc_id))

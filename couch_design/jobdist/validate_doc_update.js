@@ -357,13 +357,11 @@ function (newDoc, oldDoc, userCtx, secObj) {
   var MAX_RUN_SITES = 1000;
   var BROADCAST_REASON =
     'only for a broadcast step (target "all", or a list of sites with each: true)';
-  var SUB_RUN_FIELDS = [
-    field("epoch", COUNT),
-    field("status", simple(oneOf(RUN_STATUSES), describeChoices(RUN_STATUSES))),
-    field("executioner", simple(nullable(isString), "must be null or a string")),
+  // What an execution records, on its step or on its sub-run.
+  var EXECUTION_FIELDS = [
+    field("exec_time", optionalNumber(">=", 0)),
     field("start_time", OPTIONAL_TIME),
     field("finish_time", OPTIONAL_TIME),
-    field("exec_time", optionalNumber(">=", 0)),
     field("lease_until", OPTIONAL_TIME),
     field("attempts", COUNT),
     field("exit_code", simple(nullable(isInteger), "must be null or an integer")),
@@ -373,6 +371,12 @@ function (newDoc, oldDoc, userCtx, secObj) {
           objectOf(PROGRESS_FIELDS, "must be null or an object {fraction, message, at}", null,
                    true))
   ];
+  var EXECUTIONER = field("executioner", simple(nullable(isString), "must be null or a string"));
+  var SUB_RUN_FIELDS = [
+    field("epoch", COUNT),
+    field("status", simple(oneOf(RUN_STATUSES), describeChoices(RUN_STATUSES))),
+    EXECUTIONER
+  ].concat(EXECUTION_FIELDS);
   var SUB_RUN = objectOf(SUB_RUN_FIELDS, "must be an object", null, false);
 
   function isBroadcast(step) {
@@ -444,20 +448,9 @@ function (newDoc, oldDoc, userCtx, secObj) {
     field("epoch", COUNT),
     field("claimed_by", OPTIONAL_SITE),
     field("winner", OPTIONAL_SITE),
-    field("executioner", simple(nullable(isString), "must be null or a string")),
-    field("step_status", simple(oneOf(STEP_STATUSES), describeChoices(STEP_STATUSES))),
-    field("exec_time", optionalNumber(">=", 0)),
-    field("start_time", OPTIONAL_TIME),
-    field("finish_time", OPTIONAL_TIME),
-    field("lease_until", OPTIONAL_TIME),
-    field("attempts", COUNT),
-    field("exit_code", simple(nullable(isInteger), "must be null or an integer")),
-    field("output",
-          objectOf(OUTPUT_FIELDS, "must be null or an object {stdout, stderr}", null, true)),
-    field("progress",
-          objectOf(PROGRESS_FIELDS, "must be null or an object {fraction, message, at}", null,
-                   true))
-  ];
+    EXECUTIONER,
+    field("step_status", simple(oneOf(STEP_STATUSES), describeChoices(STEP_STATUSES)))
+  ].concat(EXECUTION_FIELDS);
   var STEP_OBJECT = objectOf(STEP_FIELDS.concat(BROADCAST_FIELDS), "must be an object",
                              STEP_DEFAULTS, false);
 
