@@ -23,7 +23,15 @@ from jobdist.config import SiteConfig
 from jobdist.couch import Conflict, Couch, CouchError, Database, Saved
 from jobdist.design import DDOC
 from jobdist.errors import JobdistError
-from jobdist.model import FINAL_STATUSES, Doc, Phase, job_from_submission, normalise, step_phase
+from jobdist.model import (
+    FINAL_STATUSES,
+    Doc,
+    Phase,
+    fan_out,
+    job_from_submission,
+    normalise,
+    step_phase,
+)
 from jobdist.schedules import schedule_id
 from jobdist.validation import validate_job, validate_submission
 
@@ -110,6 +118,7 @@ class JobRow:
     created_at: str
     updated_at: str
     command: str
+    fan_out: str | None = None  # a broadcast step's "done/sites"
 
     def as_json(self) -> Doc:
         return dict(self.__dict__)
@@ -119,7 +128,8 @@ def row_from_summary(doc_id: str, created_at: str, value: Doc) -> JobRow:
     return JobRow(doc_id, value.get("status") or "live", str(value.get("creator")),
                   int(value.get("priority") or 0), int(value.get("step") or 0),
                   int(value.get("steps") or 0), created_at, str(value.get("updated_at") or ""),
-                  str(value.get("command")))
+                  str(value.get("command")),
+                  value["fan_out"] if isinstance(value.get("fan_out"), str) else None)
 
 
 def summary_of(doc: Doc) -> Doc:
@@ -128,7 +138,14 @@ def summary_of(doc: Doc) -> Doc:
     current = steps[min(doc.get("step", 0), len(steps) - 1)]
     return {"status": doc.get("job_status") or "live", "creator": doc.get("creator"),
             "priority": doc.get("priority"), "step": doc.get("step"), "steps": len(steps),
-            "updated_at": doc.get("updated_at"), "command": str(current.get("do"))[:120]}
+            "updated_at": doc.get("updated_at"), "command": str(current.get("do"))[:120],
+            "fan_out": fan_text(current)}
+
+
+def fan_text(step: Doc) -> str | None:
+    """A broadcast step's fan-out as the views give it: "done/sites"."""
+    counts = fan_out(step)
+    return None if counts is None else f"{counts[0]}/{counts[1]}"
 
 
 def list_jobs(db: Database, *, status: str | None = None, creator: str | None = None,

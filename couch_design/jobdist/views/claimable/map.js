@@ -9,11 +9,22 @@ function (doc) {
     return;
   }
   var step = doc.job[index];
-  if (step.claimed_by != null || step.winner != null || step.step_status != null) {
-    return;
+  var targets;
+  if (step.runs !== null && typeof step.runs === "object" && step.step_status === "running") {
+    // An opened broadcast step: a row per site whose own part waits to start.
+    var dropped = Array.isArray(step.dropped) ? step.dropped : [];
+    targets = Object.keys(step.runs).filter(function (site) {
+      var run = step.runs[site];
+      return run !== null && typeof run === "object" && run.status == null &&
+        dropped.indexOf(site) === -1;
+    });
+  } else if (step.claimed_by != null || step.winner != null || step.step_status != null ||
+             step.target === "all" || step.each === true) {
+    return;  // taken, or a broadcast step its creator has not opened yet
+  } else {
+    var target = step.target == null ? "any" : step.target;
+    targets = Array.isArray(target) ? target : [target];
   }
-  var target = step.target == null ? "any" : step.target;
-  var targets = Array.isArray(target) ? target : [target];
   var value = {step: index, epoch: step.epoch || 0};
   // The rank: floor(creation second / 10) - priority, lower first; waiting 10 s
   // is worth one priority level (core.claim_rank, docs/protocol.md: the same
