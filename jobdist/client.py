@@ -319,6 +319,35 @@ def adopt_job(db: Database, site: str, job_id: str, gone: str, reason: str) -> b
                            f"{WRITE_ATTEMPTS} tries; run the command again")
 
 
+# --- broadcast steps ---------------------------------------------------------------
+
+
+class CannotDrop(JobdistError):
+    """A site that cannot be dropped from the job's current step here, and why."""
+
+
+def drop_site(db: Database, site: str, job_id: str, dropped: str, reason: str) -> Doc:
+    """Remove `dropped`, a site lost for good, from the job's current broadcast step, at
+    `site`, which must be the job's creator (core.plan_drop); the job as read before.
+    Raises CannotDrop with the reason when there is nothing to drop."""
+    for _ in range(WRITE_ATTEMPTS):
+        leaves, _ = core.usable_leaves([leaf for leaf in db.leaves(job_id)
+                                        if leaf.get("type") == "job"])
+        if not leaves:
+            raise NoSuchJob(f"no job {job_id!r} at site {site}")
+        ctx = core.Context(site=site, now=utc_now())
+        job = core.merge(leaves)
+        problem = core.drop_problem(job, ctx, dropped)
+        if problem is not None:
+            raise CannotDrop(f"cannot drop {dropped} from {job_id}: {problem}")
+        plan = core.plan_drop(leaves, ctx, dropped, reason)
+        assert plan.doc is not None, "plan_drop writes when drop_problem finds nothing"
+        if isinstance(db.save(plan.doc), Saved):
+            return job
+    raise StillConflicting(f"cannot drop {dropped} from {job_id}: still conflicting after "
+                           f"{WRITE_ATTEMPTS} tries; try again")
+
+
 # --- schedules --------------------------------------------------------------------
 
 
