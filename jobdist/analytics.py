@@ -32,7 +32,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from jobdist.couch import Couch, CouchError, Database, Doc, NotFound
-from jobdist.model import normalise
+from jobdist.model import dropped_sites, is_broadcast, normalise, sub_runs
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, Row, SparkSession
@@ -42,7 +42,7 @@ EXIT_ERROR = 2
 ID_PAGE = 200  # ids per `_all_docs` page on the driver: the SDK pager's largest
 IDS_PER_PARTITION = 2000  # documents one task fetches and holds at a time
 HISTOGRAM_BINS = 30
-TABLES = ("jobs", "steps", "events", "sites", "failures")
+TABLES = ("jobs", "steps", "events", "sites", "failures", "broadcasts")
 ALT_DO_MARK = "alt_do succeeded"  # what a worker writes in the history when alt_do saved a step
 OPTIONAL_MODULES = frozenset({"pyspark", "py4j", "matplotlib"})  # the `analytics` extra
 CSV_TIME_FORMAT = "yyyy-MM-dd'T'HH:mm:ss.SSSSSSX"  # the documents' own ISO 8601 UTC form
@@ -141,7 +141,17 @@ def step_row(step: Doc) -> tuple:
         _int(step.get("attempts")),
         _int(step.get("exit_code")),
         *_progress(step.get("progress")),
+        is_broadcast(step),
+        [sub_run_row(site, run, site in dropped_sites(step))
+         for site, run in sorted(sub_runs(step).items())],
     )
+
+
+def sub_run_row(site: str, run: Doc, dropped: bool) -> tuple:
+    """One site's part of a broadcast step."""
+    return (site, run.get("status"), dropped, _int(run.get("attempts")),
+            _int(run.get("exit_code")), _float(run.get("exec_time")),
+            _moment(run.get("start_time")), _moment(run.get("finish_time")))
 
 
 def _progress(report: Any) -> tuple[float | None, Any]:
@@ -209,6 +219,12 @@ def raw_schema() -> StructType:
         ("finish_time", TimestampType), ("attempts", IntegerType), ("exit_code", IntegerType),
         ("progress", DoubleType), ("progress_message", StringType),
     )
+    sub_run = struct(
+        ("site", StringType), ("status", StringType), ("dropped", BooleanType),
+        ("attempts", IntegerType), ("exit_code", IntegerType), ("exec_time", DoubleType),
+        ("start_time", TimestampType), ("finish_time", TimestampType),
+    )
+    step.add("broadcast", BooleanType()).add("runs", ArrayType(sub_run, True))
     event = struct(
         ("event", StringType), ("step", IntegerType), ("site", StringType),
         ("worker", StringType), ("epoch", IntegerType), ("at", TimestampType),
@@ -357,6 +373,48 @@ def failures_table(events: DataFrame) -> DataFrame:
         "job_id", "step", "site", "worker", "epoch", "at", F.col("detail").alias("reason"))
 
 
+def broadcasts_table(raw: DataFrame) -> DataFrame:
+    """One row per broadcast step its creator opened: its fan-out (sites, how each
+    ended), and how long the step waited for its slowest site after the fastest one
+    finished (`lag_s`): what one slow site costs every broadcast."""
+    from pyspark.sql import functions as F
+
+    steps = raw.select("job_id", F.posexplode("steps").alias("step", "s")) \
+        .where(F.col("s.broadcast") & (F.size("s.runs") > 0))
+    counting = F.filter("s.runs", lambda r: ~r["dropped"])
+    ended = F.filter(counting, lambda r: r["finish_time"].isNotNull())
+    slowest = F.array_max(F.transform(ended, lambda r: F.struct(r["finish_time"], r["site"])))
+
+    def how_many(status: str) -> Column:
+        return F.size(F.filter(counting, lambda r: r["status"] == status))
+
+    return steps.select(
+        "job_id", "step",
+        F.col("s.step_status").alias("status"),
+        F.size(counting).alias("sites"),
+        how_many("finished").alias("finished"),
+        how_many("failed").alias("failed"),
+        (F.size("s.runs") - F.size(counting)).alias("dropped"),
+        F.col("s.start_time").alias("opened_at"),
+        F.array_min(F.transform(ended, lambda r: r["finish_time"])).alias("first_finish"),
+        slowest["finish_time"].alias("last_finish"),
+        slowest["site"].alias("slowest_site"),
+    ).select(
+        "*",
+        seconds_between("first_finish", "last_finish").alias("lag_s"),
+        seconds_between("opened_at", "last_finish").alias("span_s"),
+    )
+
+
+def broadcast_summary(broadcasts: DataFrame) -> dict:
+    """Broadcast fan-out: how many steps, how many sites each, the slowest site's lag."""
+    figures = spreads(broadcasts, "sites", "lag_s", "span_s")
+    return {"steps": broadcasts.count(), "sites_per_step": figures["sites"],
+            "lag_s": figures["lag_s"], "span_s": figures["span_s"],
+            "slowest_sites": counts(broadcasts.where("slowest_site IS NOT NULL"),
+                                    "slowest_site", limit=10)}
+
+
 def run_window(steps: DataFrame) -> tuple[datetime | None, datetime | None, float | None]:
     """First start and last finish over every step that ran, and the seconds between."""
     from pyspark.sql import functions as F
@@ -411,6 +469,7 @@ def build_tables(raw: DataFrame, workers: int) -> tuple[dict[str, DataFrame], fl
         "events": events,
         "sites": sites_table(steps, events, workers, window_s).cache(),
         "failures": failures_table(events),
+        "broadcasts": broadcasts_table(raw).cache(),
     }
     return tables, window_s
 
@@ -486,6 +545,7 @@ def summarise(tables: dict[str, DataFrame], workers: int, window_s: float | None
         "window_s": window_s,
         "workers_per_site": workers,
         "sites": sites,
+        "broadcast": broadcast_summary(tables["broadcasts"]),
     }
 
 
@@ -633,8 +693,19 @@ def headline(summary: dict) -> list[tuple[str, str]]:
         ("retries", fmt(summary["retries"])),
         ("failures", fmt(summary["failures"])),
         ("steps saved by alt_do", fmt(summary["alt_do_steps"])),
+        *broadcast_headline(summary["broadcast"]),
         ("window", fmt(summary["window_s"], " s")),
     ]
+
+
+def broadcast_headline(broadcast: dict) -> list[tuple[str, str]]:
+    """The broadcast figures, when the run had broadcast steps."""
+    if not broadcast["steps"]:
+        return []
+    lag = broadcast["lag_s"]
+    return [("broadcast steps (sites each, mean)",
+             f"{broadcast['steps']} ({fmt(broadcast['sites_per_step']['mean'], digits=2)})"),
+            ("slowest site's lag p50 / max", f"{fmt(lag['p50'], ' s')} / {fmt(lag['max'], ' s')}")]
 
 
 def html_table(header: list[str], rows: list[list[Any]]) -> str:
