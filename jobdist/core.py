@@ -1455,7 +1455,15 @@ def finish_sub_run(merged: Doc, ctx: Context, pool: PoolView, worker: str,
 
 
 def arbitrate_broadcast(doc: Doc, step: Doc, ctx: Context, pool: PoolView) -> Decision:
-    """The creator ends the step once its policy is met, else revokes expired leases."""
+    """The creator ends the step once its policy is met, else revokes expired leases.
+
+    A part for a site no configuration of ours names (a document written around the
+    rules, or a creator adopted by a site with fewer sites) could never run: the creator
+    drops it, saying why, as it leaves such a site out when it opens the step."""
+    unknown = [site for site in counting_runs(step) if not known_site(site, ctx)]
+    if unknown:
+        return Decision("drop", drop_sites(ctx, unknown, "not a known site"),
+                        detail=f"not known sites: {', '.join(unknown)}")
     ending = broadcast_end(step)
     if ending is not None:
         return end_broadcast(doc, ctx, pool, *ending)
@@ -1543,9 +1551,15 @@ def plan_drop(leaves: list[Doc], ctx: Context, site: str, reason: str) -> Plan:
     if drop_problem(merged, ctx, site) is not None:
         return NOTHING
 
+    return finalize(leaves, merged, Decision("drop", drop_sites(ctx, [site], reason),
+                                             detail=f"{site}: {reason}"), ctx)
+
+
+def drop_sites(ctx: Context, sites: list[str], reason: str) -> Edit:
+    """Remove sites from the current broadcast step's set; a `dropped` event names each."""
     def edit(doc: Doc) -> None:
         step = _current(doc)
-        step["dropped"] = sorted({*dropped_sites(step), site})
-        log_sub_run(doc, "dropped", ctx, sub_runs(step)[site], detail=f"{site}: {reason}")
-
-    return finalize(leaves, merged, Decision("drop", edit, detail=f"{site}: {reason}"), ctx)
+        step["dropped"] = sorted({*dropped_sites(step), *sites})
+        for site in sites:
+            log_sub_run(doc, "dropped", ctx, sub_runs(step)[site], detail=f"{site}: {reason}")
+    return edit

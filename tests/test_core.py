@@ -1514,3 +1514,11 @@ def test_a_drop_survives_any_concurrent_write_and_lets_the_step_end():
 def test_drop_problem_says_why_nothing_is_dropped(doc, site, at_site, problem):
     assert problem in (core.drop_problem(core.merge([doc]), ctx(at_site), site) or "")
     assert core.plan_drop([doc], ctx(at_site), site, "lost") == core.NOTHING
+
+
+def test_the_creator_drops_a_part_for_a_site_it_does_not_know():
+    doc = opened(broadcast(), "global", "reg_zz")
+    dropped = apply(decide(doc, known=SITES3))
+    assert current(dropped)["dropped"] == ["reg_zz"]
+    assert dropped["history"][-1]["detail"] == "reg_zz: not a known site"
+    assert decide(doc, "reg_a", known=SITES3).action == "none"  # the creator's call
