@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from ..config import SiteConfig, ensure_credentials, load_sites
 from ..couch import Couch, CouchError
@@ -33,6 +34,7 @@ from ..errors import JobdistError
 from ..setup import setup_sites
 from ..status import status_id
 from .localserver import LocalServer, answers, pouchdb_server, private_dir
+from .netns import HostNetwork
 
 DEFAULT_STATE_DIR = Path(".jobdist")
 CONNECT_WAIT = 15.0  # seconds `up` waits for every site to see every other status
@@ -87,8 +89,11 @@ def process_start_time(pid: int) -> str:
 
 class LocalCluster:
     def __init__(self, sites_dir: Path, state_dir: Path = DEFAULT_STATE_DIR,
-                 in_memory: bool = False) -> None:
+                 in_memory: bool = False, network: HostNetwork | None = None) -> None:
+        """`network`: each site's server and daemon run in its namespace there (the
+        sites' URLs name their addresses in it: scenarios.write_sites `hosts`)."""
         self.sites = load_sites(sites_dir)
+        self.network = network
         self.sites_dir = Path(sites_dir)
         self.state_dir = Path(state_dir)
         self.in_memory = in_memory
@@ -173,15 +178,18 @@ class LocalCluster:
         data = self.site_dir(site.name) / "couch"
         data.mkdir(parents=True, exist_ok=True)
         (data / "server.pid").unlink(missing_ok=True)
+        host = urlsplit(site.couch.url).hostname or "127.0.0.1"
         args = [sys.executable, "-m", "jobdist.lab.localserver", "--port", str(site.couch.port),
-                "--dir", str(data), *(["--in-memory"] if self.in_memory else [])]
+                "--host", host, "--dir", str(data),
+                *(["--in-memory"] if self.in_memory else [])]
         if site.couch.admin_credentials is not None:
             args += ["--admin-credentials", str(site.couch.admin_credentials)]
         with open(data / "supervisor.log", "ab") as log:
-            process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                       start_new_session=True)
+            process = subprocess.Popen(self._on_host(site.name, args), stdin=subprocess.DEVNULL,
+                                       stdout=log, stderr=log, start_new_session=True)
         supervisor = Proc.of(process.pid)
-        probe = LocalServer(site.couch.port, data)  # never started: only asks who answers
+        # Never started: only asks who answers.
+        probe = LocalServer(site.couch.port, data, host=host)
         deadline = time.monotonic() + timeout
         while not (answers(probe.url) and probe.answering_is_us()):
             if not supervisor.alive() or time.monotonic() > deadline:
@@ -211,12 +219,15 @@ class LocalCluster:
                 "--sites", str(self.sites_dir), "--ready-file", str(ready),
                 "--log-file", str(directory / "daemon.log"),
                 "--journal", str(directory / "journal")]
-        process = subprocess.Popen(args, stdin=subprocess.DEVNULL,
+        process = subprocess.Popen(self._on_host(site.name, args), stdin=subprocess.DEVNULL,
                                    env={**os.environ, **(env or {})},
                                    stdout=subprocess.DEVNULL,
                                    stderr=open(directory / "daemon.err", "ab"),  # noqa: SIM115
                                    start_new_session=True)
         return Proc.of(process.pid).__dict__
+
+    def _on_host(self, name: str, args: list[str]) -> list[str]:
+        return self.network.command(name, args) if self.network else args
 
     def start_daemon(self, name: str, env: dict[str, str] | None = None) -> None:
         """(Re)start one site's daemon, e.g. after a crash test killed it; `env` adds

@@ -124,7 +124,8 @@ def free_port() -> int:
 
 
 class LocalServer:
-    """A pouchdb-server process on 127.0.0.1 that we started and alone stop."""
+    """A pouchdb-server process that we started and alone stop, on 127.0.0.1 or on
+    `host` (a site's own address in a network namespace: jobdist.lab.netns)."""
 
     def __init__(
         self,
@@ -134,8 +135,10 @@ class LocalServer:
         in_memory: bool = False,
         startup_timeout: float = 30.0,
         admin: tuple[str, str] | None = None,
+        host: str = "127.0.0.1",
     ) -> None:
         self.port = port
+        self.host = host
         self.data_dir = Path(data_dir)
         self.in_memory = in_memory
         self.admin = admin  # (user, password): no admin party when set
@@ -144,7 +147,7 @@ class LocalServer:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     @property
     def pid(self) -> int | None:
@@ -165,7 +168,7 @@ class LocalServer:
         args = [
             *node_command(), str(binary),
             "--port", str(self.port),
-            "--host", "127.0.0.1",
+            "--host", self.host,
             "--dir", str(self.data_dir),
             "--config", str(self.config_path),
             "--no-stdout-logs",
@@ -305,8 +308,9 @@ def supervise(server: LocalServer, stop: threading.Event, pid_file: Path | None 
 
 
 def main() -> None:
-    """`python -m jobdist.lab.localserver --port P --dir D [--in-memory] [--admin-credentials F]`:
-    a supervised server; with F (a credentials file), F's user is its admin."""
+    """`python -m jobdist.lab.localserver --port P --dir D [--host H] [--in-memory]
+    [--admin-credentials F]`: a supervised server; with F (a credentials file), F's
+    user is its admin."""
     import argparse
 
     from ..config import read_credentials
@@ -314,6 +318,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--dir", type=Path, required=True)
+    parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--in-memory", action="store_true")
     parser.add_argument("--admin-credentials", type=Path)
     args = parser.parse_args()
@@ -322,7 +327,8 @@ def main() -> None:
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
-    server = LocalServer(args.port, args.dir, in_memory=args.in_memory, admin=admin)
+    server = LocalServer(args.port, args.dir, in_memory=args.in_memory, admin=admin,
+                         host=args.host)
     supervise(server, stop, args.dir / "server.pid")
 
 

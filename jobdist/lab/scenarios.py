@@ -154,6 +154,10 @@ def proxied_sites(directory: Path, count: int, shape: Callable[[Link], LinkShape
         hub.close()
 
 
+def _couch_url(name: str, hosts: Mapping[str, str] | None) -> str:
+    return f"http://{hosts[name]}:5984" if hosts else f"http://127.0.0.1:{free_port()}"
+
+
 def site_names(count: int) -> tuple[str, ...]:
     return SITE_NAMES[:count] if count <= len(SITE_NAMES) else (
         *SITE_NAMES, *(f"reg_{n}" for n in range(len(SITE_NAMES), count)))
@@ -164,7 +168,8 @@ def write_sites(directory: Path, count: int, workers: int = 2,
                 topology: str = "mesh", lease: float = 60.0, booking_timeout: float = 60.0,
                 peer_urls: Mapping[str, Mapping[str, str]] | None = None,
                 successors: Mapping[str, list[str]] | None = None,
-                creator_timeout: float | None = None) -> Path:
+                creator_timeout: float | None = None,
+                hosts: Mapping[str, str] | None = None) -> Path:
     """A sites directory of `count` sites on free ports, with authentication on
     (the local cluster writes the credentials files under `secrets/`).
 
@@ -173,6 +178,8 @@ def write_sites(directory: Path, count: int, workers: int = 2,
     filtered: a mesh where each site pushes to a peer only what concerns it.
     `peer_urls[site][peer]`: where `site` sends its replication to `peer` (a proxy).
     `successors` and `creator_timeout`: every site's `[succession]` (none: off).
+    `hosts[site]`: the site's own address (a network namespace, jobdist.lab.netns),
+    where its server listens on CouchDB's port; otherwise 127.0.0.1 and a free port.
     """
     if topology not in TOPOLOGIES:
         raise ValueError(f"unknown topology {topology!r}; choose from {', '.join(TOPOLOGIES)}")
@@ -188,7 +195,7 @@ def write_sites(directory: Path, count: int, workers: int = 2,
         (directory / f"{name}.toml").write_text(
             f'name = "{name}"\nworkers = {workers}\n'
             f"peers = [{', '.join(f'{chr(34)}{p}{chr(34)}' for p in peers)}]\n\n"
-            f'[couch]\nurl = "http://127.0.0.1:{free_port()}"\ndatabase = "jobs"\n'
+            f'[couch]\nurl = "{_couch_url(name, hosts)}"\ndatabase = "jobs"\n'
             f'credentials = "secrets/{name}.toml"\nadmin_credentials = "secrets/admin.toml"\n\n'
             f"[replication]\nfiltered = {str(filtered).lower()}\n"
             f"relay = {str(topology == 'star' and hub).lower()}\n"
