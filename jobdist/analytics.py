@@ -426,12 +426,34 @@ def run_window(steps: DataFrame) -> tuple[datetime | None, datetime | None, floa
     return row["start"], row["end"], row["seconds"]
 
 
-def sites_table(steps: DataFrame, events: DataFrame, workers: int,
-                window_s: float | None) -> DataFrame:
-    """One row per site that ran steps: busy time against `workers` slots over the window."""
+def parts_table(raw: DataFrame) -> DataFrame:
+    """Each site's ended part of a broadcast step, as the sites table counts a step run:
+    runnable when the creator opened the step (dropped sites' parts left out)."""
     from pyspark.sql import functions as F
 
-    ran = steps.where(F.col("status").isin("finished", "failed") & F.col("site").isNotNull())
+    parts = raw.select("history", F.posexplode("steps").alias("step", "s")) \
+        .where(F.col("s.broadcast")) \
+        .select("history", "step", F.col("s.start_time").alias("runnable_at"),
+                F.explode("s.runs").alias("r")) \
+        .where(~F.col("r.dropped") & F.col("r.status").isin("finished", "failed"))
+    site = F.col("r.site")
+    return parts.select(
+        site.alias("site"),
+        F.col("r.exec_time").alias("exec_time_s"),
+        F.exists("history", lambda e: _event_at(F.col("step"), e) & (e["site"] == site)
+                 & _mentions(e, ALT_DO_MARK)).alias("alt_do_used"),
+        seconds_between("runnable_at", "r.start_time").alias("overhead_s"),
+    )
+
+
+def sites_table(steps: DataFrame, parts: DataFrame, events: DataFrame, workers: int,
+                window_s: float | None) -> DataFrame:
+    """One row per site that ran steps (or parts of broadcast steps): busy time against
+    `workers` slots over the window."""
+    from pyspark.sql import functions as F
+
+    ran = steps.where(F.col("status").isin("finished", "failed") & F.col("site").isNotNull()) \
+        .select("site", "exec_time_s", "alt_do_used", "overhead_s").unionByName(parts)
     work = ran.groupBy("site").agg(
         F.count("*").alias("steps"),
         F.round(F.coalesce(F.sum("exec_time_s"), F.lit(0.0)), 6).alias("busy_s"),
@@ -439,7 +461,9 @@ def sites_table(steps: DataFrame, events: DataFrame, workers: int,
         F.percentile("overhead_s", 0.5).alias("overhead_p50_s"),
         F.percentile("overhead_s", 0.95).alias("overhead_p95_s"),
     )
-    trouble = events.where(F.col("event").isin("retried", "failed")).groupBy("site").agg(
+    # An execution's events (they name its worker): not the creator ending a step or a job.
+    trouble = events.where(F.col("event").isin("retried", "failed")
+                           & F.col("worker").isNotNull()).groupBy("site").agg(
         F.sum((F.col("event") == "retried").cast("int")).alias("retries"),
         F.sum((F.col("event") == "failed").cast("int")).alias("failures"),
     )
@@ -467,7 +491,7 @@ def build_tables(raw: DataFrame, workers: int) -> tuple[dict[str, DataFrame], fl
         "jobs": jobs_table(raw).cache(),
         "steps": steps,
         "events": events,
-        "sites": sites_table(steps, events, workers, window_s).cache(),
+        "sites": sites_table(steps, parts_table(raw), events, workers, window_s).cache(),
         "failures": failures_table(events),
         "broadcasts": broadcasts_table(raw).cache(),
     }

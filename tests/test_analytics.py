@@ -463,6 +463,7 @@ def test_broadcast_fan_out_and_the_slowest_sites_lag(spark: Any, couch_server: L
         ])
         summary = analytics.run_report(couch_server.url, name, tmp_path, "local[2]")
         rows = rows_by(spark, tmp_path, "broadcasts", "job_id")
+        sites = rows_by(spark, tmp_path, "sites", "site")
     finally:
         requests.delete(f"{couch_server.url}/{name}", timeout=10)
     assert set(rows) == {"job-x", "job-y"}
@@ -477,3 +478,8 @@ def test_broadcast_fan_out_and_the_slowest_sites_lag(spark: Any, couch_server: L
     assert broadcast["slowest_sites"] == {"reg_a": 1, "reg_b": 1}
     page = (tmp_path / "report.html").read_text()
     assert "broadcast steps (sites each, mean)" in page and "2 (2.50)" in page
+    # Each site's part counts as a step it ran (reg_b also ran job-d's two steps; the
+    # dropped reg_c's part counts nowhere), runnable from the step's opening at 1 s.
+    assert {site: (row["steps"], row["busy_s"]) for site, row in sites.items()} == {
+        "global": (2, 1.5), "reg_a": (2, 4.0), "reg_b": (3, 5.5)}
+    assert sites["global"]["overhead_p50_s"] == pytest.approx(0.5)
