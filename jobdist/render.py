@@ -117,10 +117,14 @@ def progress_lines(doc: Doc) -> list[Text]:
 
 
 def progress_events(doc: Doc) -> list[str]:
-    """`--wait`'s line for each progress report a step holds, in event_line's form."""
-    return [f"{short_time(step['progress'].get('at'))}  step {index}  progress  "
-            f"{progress_text(step)}"
-            for index, step in enumerate(doc["job"]) if progress_text(step)]
+    """`--wait`'s line for each progress report a step (or a broadcast step's part at a
+    site) holds, in event_line's form."""
+    records = [(index, where, record) for index, step in enumerate(doc["job"])
+               for where, record in [("", step), *((f"  at {site}", run) for site, run
+                                                    in sorted(sub_runs(step).items()))]]
+    return [f"{short_time(record['progress'].get('at'))}  step {index}  progress  "
+            f"{progress_text(record)}{where}"
+            for index, where, record in records if progress_text(record)]
 
 
 def step_where(step: Doc) -> str:
