@@ -19,6 +19,7 @@ import pytest
 from click.testing import CliRunner
 
 from jobdist.cli import main
+from jobdist.clock import later, utc_now
 from jobdist.couch import Database
 from jobdist.lab.cluster import LocalCluster
 from jobdist.lab.scenarios import (
@@ -35,6 +36,7 @@ from jobdist.lab.scenarios import (
     write_sites,
 )
 from jobdist.model import Doc, new_job, new_step
+from jobdist.schedules import new_schedule, tick_job_id, ticks
 
 pytestmark = pytest.mark.e2e
 
@@ -174,16 +176,23 @@ def test_a_site_that_dies_for_good_loses_its_step_to_another_when_its_lease_expi
 
 
 # --- broadcast steps (docs/protocol.md, "Broadcast steps") ----------------------------
-# The nightly-backup shape: a snapshot at every site, then a verify at global. (The
-# lead joins it with a schedule and a job that waits for it, once `after` is merged.)
+# The nightly-backup example: a schedule whose job snapshots every site, then verifies
+# at global. (Here the verify is the job's next step; the lead moves it into a job that
+# waits for this one, once `after` (branch deps) is merged.)
 
-def test_a_broadcast_snapshot_runs_at_every_site_then_verify_at_global(
+def test_a_scheduled_backup_snapshots_every_site_then_verifies_at_global(
         cluster: LocalCluster, tmp_path: Path) -> None:
     ledger = tmp_path / "ledger"
-    steps = [new_step(ledger_command(0.3, ledger), target="all"),
-             new_step(ledger_command(0.1, ledger), target="global")]
-    db, job_id = submit(cluster, steps, site="reg_a")
+    backup = {"job": [new_step(ledger_command(0.3, ledger), target="all"),
+                      new_step(ledger_command(0.1, ledger), target="global")]}
+    changed = later(utc_now(), -90)  # a tick went by since: `missed = latest` makes it now
+    schedule = new_schedule(f"backup-{tmp_path.name[-12:]}", "* * * * *", "reg_a", backup,
+                            now=changed)
+    db = site_db(cluster, "reg_a")
+    db.save(schedule)
+    job_id = tick_job_id(schedule["name"], list(ticks(schedule, changed, utc_now()))[-1])
     doc = wait_until_done(db, [job_id], 60)[0]
+    assert doc["creator"] == "reg_a" and doc["schedule"]["name"] == schedule["name"]
     rows = read_ledger(ledger)
     audit = audit_run(rows, {job_id: doc}, [job_id])
     assert audit.problems == [] and audit.duplicates == []
