@@ -31,8 +31,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from jobdist.core import WAITED_FOR
 from jobdist.couch import Couch, CouchError, Database, Doc, NotFound
-from jobdist.model import dropped_sites, is_broadcast, normalise, sub_runs
+from jobdist.model import awaited, dropped_sites, is_broadcast, normalise, sub_runs
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, Row, SparkSession
@@ -42,7 +43,7 @@ EXIT_ERROR = 2
 ID_PAGE = 200  # ids per `_all_docs` page on the driver: the SDK pager's largest
 IDS_PER_PARTITION = 2000  # documents one task fetches and holds at a time
 HISTOGRAM_BINS = 30
-TABLES = ("jobs", "steps", "events", "sites", "failures", "broadcasts")
+TABLES = ("jobs", "steps", "events", "sites", "failures", "waits", "broadcasts")
 ALT_DO_MARK = "alt_do succeeded"  # what a worker writes in the history when alt_do saved a step
 OPTIONAL_MODULES = frozenset({"pyspark", "py4j", "matplotlib"})  # the `analytics` extra
 CSV_TIME_FORMAT = "yyyy-MM-dd'T'HH:mm:ss.SSSSSSX"  # the documents' own ISO 8601 UTC form
@@ -122,6 +123,8 @@ def job_row(doc: Doc) -> tuple:
         _int(str(doc.get("_rev", "0")).split("-")[0]),
         [step_row(step) for step in doc.get("job") or []],
         [event_row(event) for event in doc.get("history") or []],
+        len(awaited(doc)),  # waiting: how many jobs it names, and its time
+        _moment(doc.get("not_before")),
     )
 
 
@@ -237,6 +240,7 @@ def raw_schema() -> StructType:
         ("revisions", IntegerType),
     )
     job.add("steps", ArrayType(step, True)).add("history", ArrayType(event, True))
+    job.add("after_count", IntegerType(), True).add("not_before", TimestampType(), True)
     return job
 
 
@@ -373,6 +377,52 @@ def failures_table(events: DataFrame) -> DataFrame:
         "job_id", "step", "site", "worker", "epoch", "at", F.col("detail").alias("reason"))
 
 
+def waits_table(raw: DataFrame) -> DataFrame:
+    """One row per job that waits or waited (for other jobs, or for a time): when its
+    creator released it (`ready`) or failed it for a job it waited for, how long that
+    took from its creation, and how late its first start came after `not_before`."""
+    from pyspark.sql import functions as F
+
+    def first_event(condition: Callable[[Column], Column]) -> Column:
+        return F.array_min(F.transform(F.filter("history", condition), lambda e: e["at"]))
+
+    by_dependency = first_event(lambda e: (e["event"] == "failed") & F.coalesce(
+        e["detail"].startswith(WAITED_FOR), F.lit(False)))
+    waits = raw.where((F.col("after_count") > 0) | F.col("not_before").isNotNull()).select(
+        "job_id", "creator", F.coalesce("job_status", F.lit("live")).alias("status"),
+        "after_count", "not_before", "created_at",
+        first_event(lambda e: e["event"] == "ready").alias("released_at"),
+        by_dependency.alias("dependency_failed_at"),
+        first_event(lambda e: e["event"] == "started").alias("first_start"),
+    )
+    return waits.select(
+        "*",
+        F.col("dependency_failed_at").isNotNull().alias("failed_by_dependency"),
+        seconds_between("created_at", F.coalesce("released_at", "dependency_failed_at"))
+        .alias("wait_s"),
+        seconds_between("not_before", "first_start").alias("start_lateness_s"),
+    )
+
+
+def wait_figures(waits: DataFrame) -> dict:
+    """The waiting jobs in the summary: how many, how their wait ended, how long it was,
+    and how late delayed jobs started."""
+    from pyspark.sql import functions as F
+
+    totals = only_row(waits.agg(
+        F.count("*").alias("jobs"),
+        F.count("released_at").alias("released"),
+        F.sum(F.col("failed_by_dependency").cast("int")).alias("failed_by_dependency"),
+        F.count("not_before").alias("delayed"),
+    ))
+    still = totals["jobs"] - totals["released"] - (totals["failed_by_dependency"] or 0)
+    figures = spreads(waits, "wait_s", "start_lateness_s")
+    return {"jobs": totals["jobs"], "released": totals["released"],
+            "failed_by_dependency": totals["failed_by_dependency"] or 0,
+            "not_released": still, "delayed": totals["delayed"],
+            "wait_s": figures["wait_s"], "start_lateness_s": figures["start_lateness_s"]}
+
+
 def broadcasts_table(raw: DataFrame) -> DataFrame:
     """One row per broadcast step its creator opened: its fan-out (sites, how each
     ended), and how long the step waited for its slowest site after the fastest one
@@ -493,6 +543,7 @@ def build_tables(raw: DataFrame, workers: int) -> tuple[dict[str, DataFrame], fl
         "events": events,
         "sites": sites_table(steps, parts_table(raw), events, workers, window_s).cache(),
         "failures": failures_table(events),
+        "waits": waits_table(raw).cache(),
         "broadcasts": broadcasts_table(raw).cache(),
     }
     return tables, window_s
@@ -569,6 +620,7 @@ def summarise(tables: dict[str, DataFrame], workers: int, window_s: float | None
         "window_s": window_s,
         "workers_per_site": workers,
         "sites": sites,
+        "waits": wait_figures(tables["waits"]),
         "broadcast": broadcast_summary(tables["broadcasts"]),
     }
 
@@ -717,8 +769,21 @@ def headline(summary: dict) -> list[tuple[str, str]]:
         ("retries", fmt(summary["retries"])),
         ("failures", fmt(summary["failures"])),
         ("steps saved by alt_do", fmt(summary["alt_do_steps"])),
+        *wait_headline(summary["waits"]),
         *broadcast_headline(summary["broadcast"]),
         ("window", fmt(summary["window_s"], " s")),
+    ]
+
+
+def wait_headline(waits: dict) -> list[tuple[str, str]]:
+    wait, late = waits["wait_s"], waits["start_lateness_s"]
+    return [
+        ("waiting jobs: released / failed by a dependency / not released",
+         f"{waits['jobs']}: {waits['released']} / {waits['failed_by_dependency']} / "
+         f"{waits['not_released']}"),
+        ("wait p50 / max", f"{fmt(wait['p50'], ' s')} / {fmt(wait['max'], ' s')}"),
+        ("delayed jobs, start lateness p50 / max",
+         f"{waits['delayed']}: {fmt(late['p50'], ' s')} / {fmt(late['max'], ' s')}"),
     ]
 
 

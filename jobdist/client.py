@@ -27,7 +27,9 @@ from jobdist.model import (
     FINAL_STATUSES,
     Doc,
     Phase,
+    awaited,
     fan_out,
+    is_held,
     job_from_submission,
     normalise,
     step_phase,
@@ -35,7 +37,8 @@ from jobdist.model import (
 from jobdist.schedules import schedule_id
 from jobdist.validation import validate_job, validate_submission
 
-STATUSES = ("live", *FINAL_STATUSES)
+# A live job is "waiting" while it waits for other jobs or a time (model.is_held).
+STATUSES = ("live", "waiting", *FINAL_STATUSES)
 WRITE_ATTEMPTS = 5  # cancel and adopt read again after a conflict, this many times
 
 
@@ -92,6 +95,15 @@ def read_merged_many(db: Database, ids: list[str]) -> dict[str, Doc]:
     return docs
 
 
+def awaited_statuses(db: Database, doc: Doc) -> dict[str, str | None]:
+    """The status of each job `doc` waits for (its `after`), as this site sees it:
+    live, waiting, success, failed, cancelled, or None when the site has no such job
+    (not yet replicated here, or no job has that id)."""
+    ids = awaited(doc)
+    found = read_merged_many(db, ids) if ids else {}
+    return {job_id: status_of(found[job_id]) if job_id in found else None for job_id in ids}
+
+
 def with_conflicts(doc: Doc, leaves: list[Doc]) -> Doc:
     """The merged job as one JSON document: `_id` and `_rev` first, and `_conflicts`
     (the other leaves' revisions) when there are."""
@@ -136,7 +148,7 @@ def summary_of(doc: Doc) -> Doc:
     """What the by_creator and by_site views emit as a row's value."""
     steps = doc.get("job") or [{}]
     current = steps[min(doc.get("step", 0), len(steps) - 1)]
-    return {"status": doc.get("job_status") or "live", "creator": doc.get("creator"),
+    return {"status": status_of(doc), "creator": doc.get("creator"),
             "priority": doc.get("priority"), "step": doc.get("step"), "steps": len(steps),
             "updated_at": doc.get("updated_at"), "command": str(current.get("do"))[:120],
             "fan_out": fan_text(current)}
@@ -146,6 +158,11 @@ def fan_text(step: Doc) -> str | None:
     """A broadcast step's fan-out as the views give it: "done/sites"."""
     counts = fan_out(step)
     return None if counts is None else f"{counts[0]}/{counts[1]}"
+
+
+def status_of(doc: Doc) -> str:
+    """The job's status as the views key it: its final one, else waiting or live."""
+    return doc.get("job_status") or ("waiting" if is_held(doc) else "live")
 
 
 def list_jobs(db: Database, *, status: str | None = None, creator: str | None = None,
@@ -280,7 +297,8 @@ def cancel(db: Database, site: str, job_id: str, reason: str) -> Cancelled:
 
 
 def live_jobs_created_by(db: Database, creator: str) -> list[str]:
-    return [row.id for row in list_jobs(db, status="live", creator=creator)]
+    return [row.id for status in ("live", "waiting")
+            for row in list_jobs(db, status=status, creator=creator)]
 
 
 ADOPT_PASSES = 3

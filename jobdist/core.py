@@ -36,13 +36,16 @@ from .model import (
     Doc,
     Phase,
     StepKey,
+    after_policy,
     allows,
+    awaited,
     counting_runs,
     dropped_sites,
     each_policy,
     event,
     is_accepted,
     is_broadcast,
+    is_held,
     is_live,
     new_sub_run,
     normalise,
@@ -144,6 +147,10 @@ class Context:
     # not tracked). A job is taken over only once it too has been still that long: a
     # creator back from silence whose new job outran its status keeps the job.
     unchanged_for: float | None = None
+    # For a creator: the final status (success, failed, cancelled) of each job its
+    # waiting jobs name that has ended, as this site's CouchDB shows it (the merge
+    # of its leaves); a job absent here has not ended, or has not reached us yet.
+    ended: Mapping[str, str] = field(default_factory=dict)
 
     def lease_expired(self, step: Doc) -> bool:
         deadline = step.get("lease_until")
@@ -536,6 +543,8 @@ def decide(doc: Doc, ctx: Context, pool: PoolView) -> Decision:
         return adopt(doc, ctx, f"{silence(doc, ctx)} (automatic succession)")
     if not is_accepted(doc) and ctx.site != doc["creator"]:
         return STAY  # until its creator accepts it (see accepting)
+    if is_held(doc):
+        return on_held(doc, ctx, pool)
     step = doc["job"][doc["step"]]
     if ctx.site == doc["creator"] and not runnable_anywhere(step, ctx):
         return Decision("fail", fail_job(ctx, f"no known site matches target {step['target']!r}"))
@@ -694,6 +703,80 @@ def site_with_room(doc: Doc, step: Doc, ctx: Context) -> str | None:
     if not fits:
         return None
     return max(fits, key=lambda site: (room[site], spread(site, doc["_id"])))
+
+
+# --- waiting: for other jobs to end, for a time ------------------------------------
+
+def on_held(doc: Doc, ctx: Context, pool: PoolView) -> Decision:
+    """A job that waits (model.is_held): its creator alone decides when it may start.
+
+    Other sites cannot know reliably how the awaited jobs ended, nor agree on
+    "now": they leave it alone until the creator's `ready` event reaches them.
+    The creator ends it `failed` as soon as an awaited job failed or was
+    cancelled (unless `after_policy` is `always`), and releases it once every
+    awaited job ended and its own clock has passed `not_before`: the `ready`
+    event and the first decision about the released job, in one revision.
+    """
+    if ctx.site != doc["creator"]:
+        return STAY
+    failure = awaited_failure(doc, ctx)
+    if failure is not None:
+        return Decision("fail", fail_job(ctx, failure), detail=failure)
+    if waits_for(doc, ctx):
+        return STAY
+    return released_from_wait(doc, ctx, pool)
+
+
+WAITED_FOR = "waited for "  # how the reason of a job failed by a job it waited for starts
+
+
+def awaited_failure(doc: Doc, ctx: Context) -> str | None:
+    """Why the job can never start: an awaited job that failed or was cancelled."""
+    if after_policy(doc) == "always":
+        return None
+    for job_id in awaited(doc):
+        status = ctx.ended.get(job_id)
+        if status == "failed":
+            return f"{WAITED_FOR}{job_id}, which failed"
+        if status == "cancelled":
+            return f"{WAITED_FOR}{job_id}, which was cancelled"
+    return None
+
+
+def waits_for(doc: Doc, ctx: Context) -> list[str]:
+    """What a waiting job still waits for, by its creator's knowledge and clock:
+    each awaited job not seen ended, and its `not_before` time not yet reached."""
+    pending = [job_id for job_id in awaited(doc) if job_id not in ctx.ended]
+    not_before = doc.get("not_before")
+    if not_before and seconds_between(ctx.now, not_before) > 0:
+        pending.append(f"not before {not_before}")
+    return pending
+
+
+def released_from_wait(doc: Doc, ctx: Context, pool: PoolView) -> Decision:
+    """The `ready` event, with what the released job's first decision writes (a start,
+    an assignment) in the same revision."""
+    reasons = [f"{job_id} {ctx.ended[job_id]}" for job_id in awaited(doc)]
+    if doc.get("not_before"):
+        reasons.append(f"not before {doc['not_before']}")
+    detail = "released from wait: " + ", ".join(reasons)
+
+    def mark(new: Doc) -> None:
+        new["history"].append(event("ready", step=new["step"], site=ctx.site, at=ctx.now,
+                                    detail=detail))
+
+    ready = copy.deepcopy(doc)
+    mark(ready)
+    then = decide(ready, ctx, pool)
+    follow = then.edit
+    if follow is None or then.action == IGNORE:
+        return Decision("ready", mark, detail=detail)
+
+    def both(new: Doc) -> None:
+        mark(new)
+        follow(new)
+
+    return Decision(then.action, both, then.before, then.after, then.detail or detail)
 
 
 # --- the order open steps are taken in ---------------------------------------
@@ -1115,8 +1198,8 @@ def keepalive(leaves: list[Doc], ctx: Context, stale_after: float) -> Doc | None
     doc = normalise(leaves[0])
     if doc["creator"] != ctx.site or not is_live(doc) or not is_accepted(doc):
         return None  # (the manager accepts a job its creator has not yet accepted)
-    if step_phase(doc["job"][doc["step"]]) != Phase.OPEN:
-        return None
+    if step_phase(doc["job"][doc["step"]]) != Phase.OPEN or is_held(doc):
+        return None  # (a waiting job is for no site to take: nothing to remind them of)
     last = max(doc["updated_at"] or doc["created_at"], doc.get("keepalive_at") or "")
     if (parse_time(ctx.now) - parse_time(last)).total_seconds() < stale_after:
         return None

@@ -37,7 +37,7 @@ from .design import DDOC
 from .hub import ChangeHub, Subscription
 from .listener import feed_lag
 from .logs import EventLog
-from .model import Doc, dropped_sites, sub_runs, targets
+from .model import Doc, after_policy, dropped_sites, sub_runs, targets
 from .store import CouchStore
 
 PAGE_SIZE = 50
@@ -324,6 +324,8 @@ class Dashboard:
                 "created": render.created_text(doc),
                 "updated": render.short_time(doc.get("updated_at")),
                 "steps": step_rows(doc), "events": timeline(doc),
+                "awaited": client.awaited_statuses(self.db, doc),
+                "after_policy": after_policy(doc),
                 "live": doc.get("job_status") is None}
 
     # -- actions --

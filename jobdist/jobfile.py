@@ -12,9 +12,11 @@ import json
 import math
 import sys
 from collections.abc import Collection
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from jobdist.clock import format_time, later, parse_duration, utc_now
 from jobdist.errors import JobdistError
 from jobdist.model import ALL, ANY, Doc
 
@@ -65,6 +67,38 @@ def submission_from_flags(steps: tuple[str, ...], targets: tuple[str, ...],
             "retry_strategy": {"max_retries": step_retries[index] or 0},
         })
     return {"job": job, "priority": priority or 0}
+
+
+def wait_options(after: tuple[str, ...], after_policy: str | None, at: str | None,
+                 delay: str | None) -> Doc:
+    """`--after` (repeatable), `--after-policy`, `--at TIME` or `--in DURATION` as the
+    job fields they set (docs/job-document.md, "Waiting"); none given, none set."""
+    if at is not None and delay is not None:
+        raise BadOptions("give --at TIME or --in DURATION, not both")
+    fields: Doc = {}
+    if after:
+        fields["after"] = list(after)
+    if after_policy is not None:
+        fields["after_policy"] = after_policy
+    if at is not None:
+        fields["not_before"] = parse_utc_time(at, "--at")
+    if delay is not None:
+        fields["not_before"] = later(utc_now(), parse_duration(delay).total_seconds())
+    return fields
+
+
+def parse_utc_time(text: str, option: str) -> str:
+    """An ISO 8601 time with its zone (`2026-11-23T02:00Z`, `...T03:00+01:00`) in the
+    document's form: UTC, ending in Z."""
+    try:
+        moment = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise BadOptions(f"{option} {text!r}: not an ISO 8601 time (e.g. 2026-11-23T02:00Z)") \
+            from None
+    if moment.tzinfo is None:
+        raise BadOptions(f"{option} {text!r}: say which zone: end it in Z for UTC "
+                         "(e.g. 2026-11-23T02:00Z) or give an offset (+01:00)")
+    return format_time(moment.astimezone(UTC))
 
 
 def unknown_targets(submission: Any, sites: Collection[str]) -> list[str]:

@@ -18,6 +18,7 @@ keep-alive re-save.
 
 from __future__ import annotations
 
+import heapq
 import queue
 import threading
 import time
@@ -28,13 +29,13 @@ from itertools import islice
 from typing import Any
 
 from . import core, status
-from .clock import later, utc_now
+from .clock import later, parse_time, utc_now
 from .config import SiteConfig
 from .couch import Conflict, CouchError, Rejected, Saved, Undecodable
 from .journal import Held, Journal, JournalFull
 from .listener import Changed
 from .logs import EventLog
-from .model import Doc, StepKey, is_live
+from .model import FINAL_STATUSES, Doc, StepKey, awaited, is_held, is_live
 from .store import JobStore
 from .validation import validate_job
 from .workers import Execution, StepResult, WorkerPool, kill_orphans
@@ -48,6 +49,7 @@ MAX_VERDICTS = 10_000  # revisions whose validation we remember
 HELD_RETRY_FIRST = 0.1  # seconds before a held result is tried again; doubles each time
 HELD_RETRY_MAX = 2.0  # short beside any lease: a result is written soon after the server is back
 RETRY_DECISION = 1.0  # seconds before a decision whose read or write failed is taken again
+WAITING_SCAN_INTERVAL = 30.0  # seconds between re-checks of the jobs we created that wait
 BATCH = 200  # jobs decided together: one read and one write a round for all of them
 MAX_ROUNDS = 8  # fresh reads of one job in one batch before it is left for later
 Found = tuple[list[Doc], list[core.Unusable]]  # a job's usable leaves, and the others
@@ -152,6 +154,16 @@ class Manager:
         self.line_sites = frozenset(
             name for line in lines if self.site in line for name in line) - {self.site}
         self.assign_scan_due = False
+        # Waiting jobs we created (model.is_held): how the jobs they wait for ended, for
+        # the batch being decided (core.Context.ended), and one heap of the times they
+        # may start (not_before, as seconds since 1970; the job; the time as written).
+        self.ended: dict[str, str] = {}
+        self.wake_heap: list[tuple[float, str, str]] = []
+        self.wake_due: dict[str, str] = {}  # job -> its not_before in the heap
+        # The waiting jobs we created, as last decided: while there are none, a job that
+        # ends needs no look-up of jobs waiting on it (the scan catches what this misses).
+        self.own_waiting: OrderedDict[str, None] = OrderedDict()
+        self.last_waiting_scan = 0.0
 
     # --- the loop -------------------------------------------------------------
 
@@ -168,7 +180,8 @@ class Manager:
             self.seq = changes[-1].seq  # feed order: the checkpoint never goes back
         self.settle([*self._report_tasks(), *self._expired_booking_tasks(),
                      *self._renewal_tasks_due(), *self._revocation_tasks_due(),
-                     *self._succession_tasks_due()])
+                     *self._succession_tasks_due(), *self._wake_tasks_due(),
+                     *self._waiting_tasks_due()])
         self._unbook_expired()
         self.settle([*self._report_tasks(), *self._scan_tasks_due(),
                      *self._assign_tasks_due()])
@@ -176,6 +189,8 @@ class Manager:
         self._checkpoint_if_due()
 
     def _next_changes(self, timeout: float) -> list[Changed]:
+        if self.wake_heap:  # a waiting job's time comes sooner: wake for it
+            timeout = min(timeout, max(0.0, self.wake_heap[0][0] - time.time()))
         if self.inbox.empty() and self.reports.empty():
             self.wake.wait(timeout)
         self.wake.clear()  # anything arriving from now on sets it again
@@ -185,7 +200,8 @@ class Manager:
         latest: dict[str, Changed] = {}
         for item in changes:
             latest[item.doc_id] = item  # a burst of changes to one doc is one decision
-        tasks = []
+        tasks = self._waiter_tasks([item.doc_id for item in latest.values()
+                                    if (item.doc or {}).get("job_status") in FINAL_STATUSES])
         for item in sorted(latest.values(), key=self._claim_order):
             if status.is_status_id(item.doc_id):
                 self.hear_status(item.doc)
@@ -215,6 +231,7 @@ class Manager:
         def plan(leaves: list[Doc], rejected: list[core.Unusable]) -> core.Plan:
             context = self.context(self._lease_silence(doc_id, leaves),
                                    self._unchanged_for(doc_id, leaves))
+            self._note_waiting(doc_id, leaves)
             return core.plan(leaves, context, self.pool_view(), rejected)
         return Task(doc_id, plan, seen=seen, then_decide=True)
 
@@ -310,6 +327,9 @@ class Manager:
 
     def _settle_from_seen(self, pending: dict[str, Task]) -> None:
         """Drop the tasks whose `seen` revision shows there is nothing to do."""
+        seen_docs = {doc_id: task.seen for doc_id, task in pending.items()
+                     if task.seen is not None and not task.seen.get("_conflicts")}
+        self.ended = self._awaited_ended({doc_id: [doc] for doc_id, doc in seen_docs.items()})
         for doc_id, task in list(pending.items()):
             seen, task.seen = task.seen, None
             if seen is None or seen.get("_conflicts"):
@@ -346,6 +366,7 @@ class Manager:
                   leaves: dict[str, list[Doc]]) -> dict[str, tuple[core.Plan, list[Doc]]]:
         """Each job's plan, its worker booked before the next is made."""
         plans = {}
+        self.ended = self._awaited_ended(leaves)
         for doc_id, task in list(pending.items()):
             found = self._valid(doc_id, leaves.get(doc_id, []))
             plan = None if found is None else self._plan_one(task, found)
@@ -633,7 +654,7 @@ class Manager:
                             assigning=self._expecting_assignments(now),
                             successors=self.config.succession.successors, silent=self.silent(now),
                             creator_timeout=self.config.succession.creator_timeout,
-                            unchanged_for=unchanged_for)
+                            unchanged_for=unchanged_for, ended=self.ended)
 
     def silent(self, now: float) -> frozenset[str]:
         """The sites of our succession lines silent for creator_timeout, by our clock."""
@@ -837,6 +858,101 @@ class Manager:
             self.log.warning("open-step scan failed", error=error)
             return []
         return [self.decide_task(doc_id) for doc_id in open_ids if doc_id not in self.skipped]
+
+    # --- waiting jobs: woken by the feed, a timer and a slow scan, never polled one by one --
+
+    def _owns_waiting(self, leaves: list[Doc]) -> list[Doc]:
+        """The leaves of a job we created that waits (any leaf naming us: after an
+        adoption, the older leaves name the creator before us)."""
+        if not any(leaf.get("creator") == self.site for leaf in leaves):
+            return []
+        return [leaf for leaf in leaves if leaf.get("job_status") is None and is_held(leaf)]
+
+    def _awaited_ended(self, leaves: dict[str, list[Doc]]) -> dict[str, str]:
+        """How the jobs that our waiting jobs in this batch name ended, as our CouchDB
+        shows them (the merge of their leaves), read in one request for the batch."""
+        ids = sorted({job_id for versions in leaves.values()
+                      for leaf in self._owns_waiting(versions)
+                      for job_id in awaited(leaf) if isinstance(job_id, str)})
+        if not ids:
+            return {}
+        try:
+            found = self.store.read(ids)
+        except (CouchError, Undecodable, RecursionError) as error:
+            # They stay waiting: the next scan (or the feed) tries again.
+            self.log.warning("cannot read the jobs waited for", jobs=len(ids), error=error)
+            return {}
+        ended = {}
+        for job_id, versions in found.items():
+            jobs = [leaf for leaf in versions if leaf.get("type") == "job"
+                    and not leaf.get("_deleted")]
+            usable, _ = core.usable_leaves(jobs, self._errors)
+            final = core.merge(usable)["job_status"] if usable else None
+            if final in FINAL_STATUSES:
+                ended[job_id] = final
+        return ended
+
+    def _waiter_tasks(self, ended_ids: list[str]) -> list[Task]:
+        """Jobs we created that wait for one of these jobs, which just ended: decided in
+        this very batch (the `waiting_on` view: one request for all of them)."""
+        if not ended_ids or not self.own_waiting:
+            return []
+        try:
+            waiters = self.store.waiting_on(ended_ids)
+        except CouchError as error:  # the periodic scan catches them
+            self.log.warning("cannot look up the jobs waiting", jobs=len(ended_ids), error=error)
+            return []
+        ids = dict.fromkeys(job_id for job_id, creator in waiters if creator == self.site)
+        return [self.decide_task(job_id) for job_id in ids if job_id not in self.skipped]
+
+    def _note_waiting(self, doc_id: str, leaves: list[Doc]) -> None:
+        """Keep count of our waiting jobs, and wake one with a time not to start before
+        at that time."""
+        waiting = self._owns_waiting(leaves)
+        if not waiting:
+            self.own_waiting.pop(doc_id, None)
+            return
+        self.own_waiting[doc_id] = None
+        while len(self.own_waiting) > MAX_LEASES_SEEN:
+            self.own_waiting.popitem(last=False)
+        times = [when for leaf in waiting if isinstance(when := leaf.get("not_before"), str)]
+        if not times or self.wake_due.get(doc_id) == max(times):
+            return
+        when = max(times)
+        try:
+            due = parse_time(when).timestamp()
+        except ValueError:  # a malformed time: the core skips the job as invalid
+            return
+        if due <= time.time():
+            return  # its time has come: it waits for jobs now, and the feed wakes it
+        self.wake_due[doc_id] = when
+        heapq.heappush(self.wake_heap, (due, doc_id, when))
+        while len(self.wake_due) > MAX_LEASES_SEEN:  # forgetting only delays to the scan
+            self.wake_due.pop(next(iter(self.wake_due)))
+
+    def _wake_tasks_due(self) -> list[Task]:
+        """The waiting jobs whose time has come, by our clock: the creator's decides."""
+        now, tasks = time.time(), []
+        while self.wake_heap and self.wake_heap[0][0] <= now:
+            _, doc_id, when = heapq.heappop(self.wake_heap)
+            if self.wake_due.get(doc_id) == when:  # else superseded, or forgotten
+                del self.wake_due[doc_id]
+                tasks.append(self.decide_task(doc_id))
+        return tasks
+
+    def _waiting_tasks_due(self) -> list[Task]:
+        """Every WAITING_SCAN_INTERVAL, re-check each waiting job we created: catches the
+        ends the feed did not bring (a restart, a job that replicated in late)."""
+        now = time.monotonic()
+        if now - self.last_waiting_scan < WAITING_SCAN_INTERVAL:
+            return []
+        self.last_waiting_scan = now
+        try:
+            ids = self.store.waiting(self.site)
+        except CouchError as error:
+            self.log.warning("waiting scan failed", error=error)
+            return []
+        return [self.decide_task(doc_id) for doc_id in ids if doc_id not in self.skipped]
 
     # --- site status --------------------------------------------------------------------
 

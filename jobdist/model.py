@@ -22,8 +22,12 @@ ALL = "all"  # a broadcast step's target: every site the creator knows when it o
 FINAL_STATUSES = ("success", "failed", "cancelled")
 HISTORY_EVENTS = (
     "created", "claimed", "won", "started", "retried", "finished", "failed",
-    "released", "cancelled", "stale_finish", "invalid", "adopted", "opened", "dropped",
+    "released", "cancelled", "stale_finish", "invalid", "adopted", "ready", "opened",
+    "dropped",
 )
+# Waiting for other jobs and for a time (docs/job-document.md, "Waiting").
+AFTER_POLICIES = ("success", "always")  # the first is the default
+MAX_AFTER = 100  # jobs one job may wait for
 
 
 def new_job_id(created_at: str) -> str:
@@ -165,9 +169,11 @@ def new_job(
     created_at: str | None = None,
     job_id: str | None = None,
     meta: Doc | None = None,
+    waits: Doc | None = None,
 ) -> Doc:
     """A complete job document, ready to save at the creator's site; `meta` is the
-    submitter's own data, kept as it is."""
+    submitter's own data, kept as it is; `waits` its `after`, `after_policy` and
+    `not_before`, those it sets (see is_held)."""
     created_at = created_at or utc_now()
     doc = {
         "_id": job_id or new_job_id(created_at),
@@ -183,6 +189,7 @@ def new_job(
     }
     if meta is not None:
         doc["meta"] = copy.deepcopy(meta)
+    doc.update(copy.deepcopy(waits or {}))
     return doc
 
 
@@ -194,7 +201,40 @@ def job_from_submission(submission: Doc, creator: str) -> Doc:
         priority=submission.get("priority", 0),
         job_id=submission.get("_id"),
         meta=submission.get("meta"),
+        waits={name: submission[name] for name in WAIT_FIELDS if name in submission},
     )
+
+
+# --- waiting: for other jobs to end, for a time ------------------------------------
+
+WAIT_FIELDS = ("after", "after_policy", "not_before")
+
+
+def awaited(doc: Doc) -> list[str]:
+    """The ids of the jobs this one waits for (`after`; absent: none)."""
+    after = doc.get("after")
+    return list(after) if isinstance(after, list) else []
+
+
+def after_policy(doc: Doc) -> str:
+    """`success` (the default): every awaited job must succeed; `always`: they must end."""
+    return str(doc.get("after_policy") or AFTER_POLICIES[0])
+
+
+def is_held(doc: Doc) -> bool:
+    """Does the job wait, not claimable by anyone, for its creator to release it?
+
+    It waits when it names jobs to wait for or a time not to start before, until
+    its creator records a `ready` event (core.on_held). Decided by the document's
+    own history, which only grows (the merge takes the union), so a site that
+    sees the job before the release never takes it early, and one that has seen
+    the release never goes back.
+    """
+    if not awaited(doc) and not doc.get("not_before"):
+        return False
+    history = doc.get("history")
+    return not any(isinstance(entry, dict) and entry.get("event") == "ready"
+                   for entry in (history if isinstance(history, list) else []))
 
 
 def event(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from rich.console import Console, Group
@@ -20,7 +21,17 @@ from jobdist.client import STATUSES, JobRow, SiteSnapshot
 from jobdist.clock import utc_now
 from jobdist.config import SiteConfig
 from jobdist.couch import CouchError, NotFound, Unavailable
-from jobdist.model import Doc, Phase, dropped_sites, fan_out, step_phase, sub_runs, targets
+from jobdist.model import (
+    Doc,
+    Phase,
+    after_policy,
+    dropped_sites,
+    fan_out,
+    is_held,
+    step_phase,
+    sub_runs,
+    targets,
+)
 from jobdist.tables import Cell, Col, FittedTable
 
 
@@ -144,6 +155,8 @@ def job_status_text(doc: Doc) -> str:
     status = doc.get("job_status")
     if status is not None:
         return str(status)
+    if is_held(doc):
+        return "waiting (its creator starts it when the wait is over)"
     return f"live, step {doc['step'] + 1} of {len(doc['job'])}"
 
 
@@ -252,7 +265,21 @@ def created_text(doc: Doc) -> str:
     return short_time(doc["created_at"])
 
 
-def job_header(doc: Doc, leaves: int, site: str) -> Text:
+def wait_lines(doc: Doc, awaited: Mapping[str, str | None], site: str) -> list[Text]:
+    """What the job waits (or waited) for: each job with its status as `site` sees it,
+    and its `not_before` time."""
+    lines = []
+    if awaited:
+        jobs = ", ".join(f"{job_id} ({status or f'not seen at {site}'})"
+                         for job_id, status in awaited.items())
+        lines.append(Text(f"after    {jobs}   policy {after_policy(doc)}"))
+    if doc.get("not_before"):
+        lines.append(Text(f"not before {short_time(doc['not_before'])} UTC (its creator's clock)"))
+    return lines
+
+
+def job_header(doc: Doc, leaves: int, site: str,
+               awaited: Mapping[str, str | None] | None = None) -> Text:
     conflicts = leaves - 1
     title = Text(doc["_id"], style="bold")
     if conflicts:
@@ -262,6 +289,7 @@ def job_header(doc: Doc, leaves: int, site: str) -> Text:
         title,
         Text(f"status   {job_status_text(doc)}"),
         *progress_lines(doc),
+        *wait_lines(doc, awaited or {}, site),
         Text(f"creator  {doc['creator']}   priority {doc['priority']}   as seen at {site}"),
         Text(f"created  {created_text(doc)}   updated {short_time(doc['updated_at'])}"),
         Text(f"rev      {doc['_rev']}"),  # its own line: a revision is 34 characters
@@ -298,7 +326,7 @@ def failure_reason(doc: Doc) -> str:
 
 
 def list_row(row: JobRow) -> list[Cell]:
-    step = "-" if row.status != "live" else f"{row.step + 1}/{row.steps}"
+    step = "-" if row.status not in ("live", "waiting") else f"{row.step + 1}/{row.steps}"
     if row.status == "live" and row.fan_out:
         step += f" ({row.fan_out} sites)"
     return [row.id, row.status, step, plain(row.creator), str(row.priority),

@@ -1,8 +1,9 @@
 """Where the work manager reads and writes jobs: the JobStore seam.
 
 The manager needs few things of its site's database: the live leaves of many
-jobs at once, one bulk write, three questions (which open steps may this site
-take, whose leases are due, which live jobs does this site have a part in)
+jobs at once, one bulk write, a few questions (which open steps may this site
+take, whose leases are due, which live jobs does this site have a part in,
+which jobs wait, and on what)
 and a place for its feed checkpoint. `CouchStore` answers them from the
 site's CouchDB through the `jobdist` design document's views;
 `tests/sim.py` answers them from a simulated replica, so the real manager is
@@ -67,6 +68,14 @@ class JobStore(Protocol):
         """Every site's status document (jobdist.status)."""
         ...
 
+    def waiting(self, creator: str) -> list[str]:
+        """Live jobs `creator` created that wait (model.is_held)."""
+        ...
+
+    def waiting_on(self, ids: Sequence[str]) -> list[tuple[str, str]]:
+        """(waiting job, its creator) for each live waiting job that names one of `ids`."""
+        ...
+
     def load_checkpoint(self, site: str) -> object:
         """Where `site`'s changes feed stopped (0 at first): an opaque sequence."""
         ...
@@ -112,6 +121,14 @@ class CouchStore:
         rows = self.db.all_docs(startkey=status.PREFIX, endkey=status.PREFIX + "\ufff0",
                                 include_docs=True)
         return [row["doc"] for row in rows if row.get("doc")]
+
+    def waiting(self, creator: str) -> list[str]:
+        return [row["id"] for row in self.db.iter_view(DDOC, "waiting", startkey=[creator],
+                                                       endkey=[creator, {}])]
+
+    def waiting_on(self, ids: Sequence[str]) -> list[tuple[str, str]]:
+        rows = self.db.view(DDOC, "waiting_on", keys=list(ids))
+        return [(row["id"], row["value"]) for row in rows]
 
     def load_checkpoint(self, site: str) -> object:
         return listener.load_checkpoint(self.db, site)

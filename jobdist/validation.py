@@ -24,11 +24,13 @@ from decimal import Decimal
 from typing import Any
 
 from .model import (
+    AFTER_POLICIES,
     ALL,
     EACH_POLICIES,
     EVENT_DEFAULTS,
     HISTORY_EVENTS,
     JOB_DEFAULTS,
+    MAX_AFTER,
     RETRY_DEFAULTS,
     RUN_STATUSES,
     STEP_DEFAULTS,
@@ -275,14 +277,22 @@ def check_target(value: Any, path: str, errors: list[str]) -> None:
     if not value:
         errors.append(f"{path}: must not be an empty list")
         return
+    check_each_once(value, path, errors, is_site_name, SITE_NAME_REASON, "site name")
+
+
+def check_each_once(items: list[Any], path: str, errors: list[str], valid: Callable[[Any], bool],
+                    reason: str, kind: str, own: Any = None) -> None:
+    """Each item valid, not `own` (the document's own name), and listed once."""
     seen: set[str] = set()
-    for index, site in enumerate(value):
-        if not is_site_name(site):
-            errors.append(f"{path}[{index}]: {SITE_NAME_REASON}")
-        elif site in seen:
-            errors.append(f"{path}[{index}]: duplicate site name")
+    for index, item in enumerate(items):
+        if not valid(item):
+            errors.append(f"{path}[{index}]: {reason}")
+        elif own is not None and item == own:
+            errors.append(f"{path}[{index}]: must not be the job's own id")
+        elif item in seen:
+            errors.append(f"{path}[{index}]: duplicate {kind}")
         else:
-            seen.add(site)
+            seen.add(item)
 
 
 def check_steps(value: Any, path: str, errors: list[str]) -> None:
@@ -453,7 +463,18 @@ def unchecked(value: Any, path: str, errors: list[str]) -> None:
     """A field that is known, and checked elsewhere or not at all."""
 
 
-def job_fields(step_count: int | None) -> list[Field]:
+def check_after(own_id: Any) -> Check:
+    """`after`: the ids of other jobs, each once, at most MAX_AFTER of them."""
+    def check(value: Any, path: str, errors: list[str]) -> None:
+        if not is_list(value) or len(value) > MAX_AFTER:
+            errors.append(f"{path}: must be a list of at most {MAX_AFTER} job ids")
+            return
+        check_each_once(value, path, errors, is_doc_id, ID_REASON, "job id", own_id)
+
+    return check
+
+
+def job_fields(step_count: int | None, own_id: Any = None) -> list[Field]:
     """Top-level fields: the job's, then the user's `meta`, then CouchDB's; no others.
 
     Their order breaks ties between "did you mean" hints: the job's own come first.
@@ -472,6 +493,11 @@ def job_fields(step_count: int | None) -> list[Field]:
         Field("keepalive_at", TIME, optional=True),
         Field("meta", simple(is_object, "must be an object"), optional=True),
         Field("schedule", TICK, optional=True),
+        # Waiting (docs/job-document.md, "Waiting"): absent means none.
+        Field("after", check_after(own_id), optional=True),
+        Field("after_policy", simple(one_of(AFTER_POLICIES), describe_choices(AFTER_POLICIES)),
+              optional=True),
+        Field("not_before", OPTIONAL_TIME, optional=True),
         *(Field(name, unchecked, optional=True) for name in COUCHDB_FIELDS),
     ]
 
@@ -493,7 +519,7 @@ def validate_job(doc: Any) -> list[str]:
         errors.append(f"document: too large: its JSON exceeds {MAX_DOC_SIZE} characters (1 MiB)")
     steps = doc.get("job")
     step_count = len(steps) if is_list(steps) and steps else None
-    check_fields(doc, job_fields(step_count), JOB_DEFAULTS, "", errors)
+    check_fields(doc, job_fields(step_count, doc.get("_id")), JOB_DEFAULTS, "", errors)
     return errors
 
 

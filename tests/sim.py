@@ -23,8 +23,10 @@ from jobdist.model import (
     Doc,
     Phase,
     StepKey,
+    awaited,
     counting_runs,
     is_broadcast,
+    is_held,
     is_live,
     step_phase,
     sub_runs,
@@ -171,7 +173,18 @@ class SimSite:
         return core.Context(self.name, self.clock.now(), self.known_sites, booking_timeout=30.0,
                             lease=self.lease, skew_margin=5.0, room=self.room,
                             assigning=self.assigning, successors=self.successors,
-                            silent=self.silent - {self.name})
+                            silent=self.silent - {self.name}, ended=self.ended())
+
+    def ended(self) -> dict[str, str]:
+        """How each job ended that this replica shows ended (what the manager reads
+        for the jobs its waiting jobs name)."""
+        statuses = {}
+        for doc_id in self.replica.docs:
+            leaves = self.replica.live_leaves(doc_id)
+            status = core.merge(leaves)["job_status"] if leaves else None
+            if status is not None:
+                statuses[doc_id] = status
+        return statuses
 
     def heartbeat(self) -> None:
         """Renew the lease of every execution this site runs, with a progress report
@@ -233,6 +246,8 @@ class SimSite:
         for effect in plan.before:
             self.apply(effect)
         if plan.doc is not None:
+            launches = [effect for effect in plan.after if isinstance(effect, core.Launch)]
+            assert not (launches and is_held(plan.doc)), f"{self.name} starts a waiting job"
             assert self.replica.write(plan.doc), "writes go on a leaf"
         for rev in plan.deletions:
             assert self.replica.write({"_id": doc_id, "_rev": rev, "_deleted": True})
@@ -322,7 +337,7 @@ class SimStore:
 
     def open_created(self, creator: str, limit: int) -> list[str]:
         rows = [doc for doc in self.live_jobs() if doc["creator"] == creator
-                and step_phase(doc["job"][doc["step"]]) == Phase.OPEN]
+                and step_phase(doc["job"][doc["step"]]) == Phase.OPEN and not is_held(doc)]
         oldest = sorted(rows, key=lambda doc: doc["updated_at"])[:limit]
         return [doc["_id"] for doc in sorted(oldest, key=core.doc_rank)]
 
@@ -334,7 +349,7 @@ class SimStore:
         """As the view: open steps by target, and broadcast sub-runs waiting at a site."""
         rows = [Open(doc["_id"], core.doc_rank(doc), doc["created_at"])
                 for doc in self.live_jobs()
-                if (step_phase(doc["job"][doc["step"]]) == Phase.OPEN
+                if (step_phase(doc["job"][doc["step"]]) == Phase.OPEN and not is_held(doc)
                     and target in targets(doc["job"][doc["step"]]))
                 or core.sub_run_open(doc["job"][doc["step"]], target)]
         return sorted(rows, key=lambda row: (row.rank, row.created_at))[:limit]
@@ -350,6 +365,14 @@ class SimStore:
             if site in (doc["creator"], step.get("claimed_by"), step.get("winner")) or \
                     (is_broadcast(step) and site in counting_runs(step)):
                 yield doc["_id"]
+
+    def waiting(self, creator: str) -> list[str]:
+        return [doc["_id"] for doc in self.live_jobs()
+                if doc["creator"] == creator and is_held(doc)]
+
+    def waiting_on(self, ids: Sequence[str]) -> list[tuple[str, str]]:
+        return [(doc["_id"], doc["creator"]) for doc in self.live_jobs() if is_held(doc)
+                for awaited_id in awaited(doc) if awaited_id in ids]
 
     def load_checkpoint(self, site: str) -> object:
         return self.checkpoints.get(site, 0)

@@ -115,8 +115,10 @@ def job_d() -> Doc:
 
 
 def job_e() -> Doc:
-    """Live: created, nothing ran yet."""
-    return job("e", 6.0, ["any"], None)
+    """Live: created, nothing ran yet: it waits for a job that is not there."""
+    doc = job("e", 6.0, ["any"], None)
+    doc["after"] = ["job-not-there"]
+    return doc
 
 
 # Revisions each job ends with: the number of times it is written.
@@ -483,3 +485,70 @@ def test_broadcast_fan_out_and_the_slowest_sites_lag(spark: Any, couch_server: L
     assert {site: (row["steps"], row["busy_s"]) for site, row in sites.items()} == {
         "global": (2, 1.5), "reg_a": (2, 4.0), "reg_b": (3, 5.5)}
     assert sites["global"]["overhead_p50_s"] == pytest.approx(0.5)
+
+
+# -- waiting jobs (docs/analytics.md, "waits") -----------------------------------------
+
+
+def waits_jobs() -> list[Doc]:
+    """w-a runs; w-b waits for it and is released; w-c is failed by the job it waited
+    for; w-d is delayed to 5.0; w-e waits for a job that never comes; w-f waits for
+    nothing."""
+    first = job("w-a", 0.0, ["any"], "success")
+    ran(first["job"][0], "reg_a", 0.5, 1.5)
+    released = job("w-b", 0.2, ["any"], "success")
+    released["after"] = ["job-w-a"]
+    log(released, "ready", 0, "global", 1.6, "released from wait: job-w-a success")
+    log(released, "started", 0, "reg_b", 1.7)
+    ran(released["job"][0], "reg_b", 1.7, 2.7)
+    failed = job("w-c", 0.3, ["any"], "failed")
+    failed["after"] = ["job-w-x", "job-w-a"]
+    log(failed, "failed", 0, "global", 2.0, "waited for job-w-x, which failed")
+    delayed = job("w-d", 1.0, ["any"], "success")
+    delayed["not_before"] = at(5.0)
+    log(delayed, "ready", 0, "global", 5.1, f"released from wait: not before {at(5.0)}")
+    log(delayed, "started", 0, "global", 5.2)
+    ran(delayed["job"][0], "global", 5.2, 6.0)
+    never = job("w-e", 2.0, ["any"], None)
+    never["after"] = ["job-never"]
+    return [first, released, failed, delayed, never, job("w-f", 3.0, ["any"], "success")]
+
+
+@pytest.fixture(scope="module")
+def waits_result(spark: Any, couch_server: LocalServer,
+                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict, Path]]:
+    name = f"t_waits_{uuid.uuid4().hex[:8]}"
+    database = Couch(couch_server.url).ensure_database(name)
+    assert all(isinstance(r, Saved) for r in database.bulk_docs(waits_jobs()))
+    out = tmp_path_factory.mktemp("waits")
+    try:
+        yield analytics.run_report(couch_server.url, name, out, "local[2]", WORKERS), out
+    finally:
+        requests.delete(f"{couch_server.url}/{name}", timeout=10)
+
+
+def test_waits_table_times_each_wait_and_the_lateness_of_delayed_starts(
+        spark: Any, waits_result: tuple[dict, Path]) -> None:
+    waits = rows_by(spark, waits_result[1], "waits", "job_id")
+    assert set(waits) == {"job-w-b", "job-w-c", "job-w-d", "job-w-e"}  # they wait, or waited
+    figures = {job_id: (row["status"], row["after_count"], row["failed_by_dependency"],
+                        row["wait_s"], row["start_lateness_s"]) for job_id, row in waits.items()}
+    assert figures == {
+        "job-w-b": ("success", 1, False, pytest.approx(1.6 - 0.2), None),
+        "job-w-c": ("failed", 2, True, pytest.approx(2.0 - 0.3), None),
+        "job-w-d": ("success", 0, False, pytest.approx(5.1 - 1.0), pytest.approx(5.2 - 5.0)),
+        "job-w-e": ("live", 1, False, None, None),
+    }
+
+
+def test_waits_summary_and_report(waits_result: tuple[dict, Path]) -> None:
+    summary, out = waits_result
+    waits = summary["waits"]
+    assert (waits["jobs"], waits["released"], waits["failed_by_dependency"],
+            waits["not_released"], waits["delayed"]) == (4, 2, 1, 1, 1)
+    assert waits["wait_s"]["p50"] == pytest.approx(1.7)  # 1.4 1.7 4.1
+    assert waits["wait_s"]["max"] == pytest.approx(4.1)
+    assert waits["start_lateness_s"]["max"] == pytest.approx(0.2)
+    page = (out / "report.html").read_text()
+    for text in ("4: 2 / 1 / 1", "1.700 s / 4.100 s", "1: 0.200 s / 0.200 s"):
+        assert text in page, text

@@ -336,11 +336,11 @@ def test_watch_once_counts_jobs_per_site(jobdist: Jobdist) -> None:
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     header = next(line for line in lines if line.startswith("SITE "))
-    assert header.split() == ["SITE", "COUCHDB", "WORKERS", "BUSY", "LIVE", "SUCCESS",
-                              "FAILED", "CANCELLED"]
+    assert header.split() == ["SITE", "COUCHDB", "WORKERS", "BUSY", "LIVE", "WAITING",
+                              "SUCCESS", "FAILED", "CANCELLED"]
     row = next(line for line in lines if line.startswith("global "))
     assert row.split()[2] in ("0/2", "1/2", "2/2")
-    assert int(row.split()[4]) >= 1  # successes so far
+    assert int(row.split()[5]) >= 1  # successes so far
 
 
 # --- setup --------------------------------------------------------------------------------
@@ -520,3 +520,65 @@ def test_a_broadcast_shows_each_site_and_its_fan_out_then_drop_site(
     assert "dropped" in next(line for line in shown.stdout.splitlines() if "at reg_b" in line)
     again = jobdist("drop-site", job_id, "reg_b")
     assert again.exit_code == 2 and "the job already ended: success" in again.stderr
+
+
+# --- waiting: submit --after / --after-policy / --at / --in, list --status waiting, show --
+
+def test_submit_after_waits_shows_why_and_runs_once_the_job_succeeded(
+        jobdist: Jobdist, cluster: LocalCluster, tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    first = jobdist("submit", "--step", f"while [ ! -e {gate} ]; do sleep 0.1; done",
+                    "--target", "reg_a", "--site", "reg_a").stdout.strip()
+    result = jobdist("submit", "--step", "true", "--after", first, "--after", "job-not-yet")
+    assert result.exit_code == 0, result.output
+    second = result.stdout.strip()
+    shown = jobdist("show", second)
+    assert "status   waiting" in shown.stdout
+    assert f"after    {first} (" in shown.stdout
+    assert "job-not-yet (not seen at global)   policy success" in shown.stdout
+    listed_ids = [row["id"] for row in listed(jobdist, "--status", "waiting")]
+    assert second in listed_ids
+    assert second not in [row["id"] for row in listed(jobdist, "--status", "live")]
+    gate.touch()
+    wait_for(lambda: (d := merged_at(cluster, "global", first)) and d["job_status"],
+             timeout=30, what="the first job ends")
+    # It still waits for the job that does not exist: the creator cannot know it never will.
+    time.sleep(1.0)
+    assert jobdist("show", second).stdout.count("status   waiting") == 1
+    assert jobdist("cancel", second).exit_code == 0
+
+
+def test_submit_after_policy_always_and_in_delay(jobdist: Jobdist, cluster: LocalCluster) -> None:
+    first = jobdist("submit", "--step", "exit 3").stdout.strip()
+    result = jobdist("submit", "--step", "true", "--after", first, "--after-policy", "always",
+                     "--in", "2s", "--wait")
+    assert result.exit_code == 0, result.output
+    job_id = result.stdout.splitlines()[0]
+    doc = merged_at(cluster, "global", job_id)
+    assert doc is not None and doc["after_policy"] == "always"
+    ready = next(h for h in doc["history"] if h["event"] == "ready")
+    started = next(h for h in doc["history"] if h["event"] == "started")
+    assert ready["detail"] == f"released from wait: {first} failed, not before " \
+        f"{doc['not_before']}"
+    assert started["at"] >= doc["not_before"] >= doc["created_at"]
+
+
+def test_submit_at_takes_a_zone_and_writes_utc(jobdist: Jobdist) -> None:
+    result = jobdist("submit", "--step", "true", "--at", "2099-11-23T03:00+01:00", "--dry-run")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["not_before"] == "2099-11-23T02:00:00.000000Z"
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("--at", "2026-11-23T02:00"), "--at '2026-11-23T02:00': say which zone: end it in Z"),
+    (("--at", "tomorrow"), "--at 'tomorrow': not an ISO 8601 time (e.g. 2026-11-23T02:00Z)"),
+    (("--in", "10x"), "'10x' is not a duration"),
+    (("--in", "1m", "--at", "2026-11-23T02:00Z"), "give --at TIME or --in DURATION, not both"),
+    (("--after", "job-a", "--after", "job-a"), "after[1]: duplicate job id"),
+    (("--after-policy", "never"), "Invalid value for '--after-policy'"),
+])
+def test_submit_refuses_bad_waits_in_one_line(jobdist: Jobdist, args: tuple[str, ...],
+                                              message: str) -> None:
+    result = jobdist("submit", "--step", "true", *args)
+    assert result.exit_code == 2, result.output
+    assert message in result.output

@@ -140,3 +140,20 @@ def test_the_cli_and_couchdb_refuse_with_the_same_errors(db_url: str, tmp_path: 
     cli_errors = [line.removeprefix(f"{path}: ") for line in cli.stdout.splitlines()]
     assert cli_errors == validate_job(stored)
     assert format_errors(cli_errors) == couch.json()["reason"]
+
+
+def test_a_job_file_may_wait_for_jobs_and_a_time(jobdist: Jobdist) -> None:
+    content = ("after: [job-a, job-b]\nafter_policy: always\nnot_before: '2026-11-24T02:00:00Z'\n"
+               "job:\n  - do: verify-backups\n    target: global\n")
+    result = jobdist("validate", write("job.yaml", content))
+    assert (result.exit_code, result.stdout) == (0, "job.yaml: ok\n")
+    bad = content.replace("job-b]", "job-a]").replace("always", "sometimes") \
+        .replace("'2026-11-24T02:00:00Z'", "tomorrow")
+    result = jobdist("validate", write("job.yaml", bad))
+    assert result.exit_code == 1
+    assert result.stdout.splitlines() == [
+        "job.yaml: after[1]: duplicate job id",
+        'job.yaml: after_policy: must be one of "success", "always"',
+        "job.yaml: not_before: must be null or an ISO 8601 UTC time ending in Z "
+        "(YYYY-MM-DDTHH:MM:SS[.ffffff]Z)",
+    ]

@@ -1522,3 +1522,138 @@ def test_the_creator_drops_a_part_for_a_site_it_does_not_know():
     assert current(dropped)["dropped"] == ["reg_zz"]
     assert dropped["history"][-1]["detail"] == "reg_zz: not a known site"
     assert decide(doc, "reg_a", known=SITES3).action == "none"  # the creator's call
+
+
+# --- waiting: for other jobs to end, for a time --------------------------------------
+
+def waiting(*awaited: str, policy: str | None = None, not_before: str | None = None,
+            **kw: Any) -> Doc:
+    doc = job(**kw)
+    doc["after"] = list(awaited)
+    if policy is not None:
+        doc["after_policy"] = policy
+    if not_before is not None:
+        doc["not_before"] = not_before
+    return doc
+
+
+def decide_waiting(doc: Doc, site: str = CREATOR, ended: dict[str, str] | None = None,
+                   now: str = NOW, the_pool: PoolView | None = None) -> Plan:
+    context = dataclasses.replace(ctx(site, now=now), ended=ended or {})
+    return core.plan([doc], context, the_pool or pool("w1"))
+
+
+def test_a_waiting_job_stays_while_an_awaited_job_has_not_ended_or_is_unknown():
+    doc = waiting("job-a", "job-b")
+    assert validate_job(doc) == []
+    assert decide_waiting(doc).action == "none"  # neither seen ended (one may not exist yet)
+    assert decide_waiting(doc, ended={"job-a": "success"}).action == "none"
+
+
+@pytest.mark.parametrize("site", ["reg_a", "reg_b"])
+def test_other_sites_never_take_a_waiting_job_whatever_they_know(site):
+    doc = waiting("job-a", not_before=at(0))  # its time has come, its job succeeded
+    plan = decide_waiting(doc, site, ended={"job-a": "success"}, the_pool=pool("w1"))
+    assert plan.action == "none" and plan.doc is None and not plan.before
+    sole = waiting("job-a")
+    step(sole, target="reg_a")
+    assert decide_waiting(sole, "reg_a", ended={"job-a": "success"}).action == "none"
+
+
+def test_the_creator_releases_and_starts_in_one_revision_once_every_awaited_job_succeeded():
+    doc = waiting("job-a", "job-b")
+    plan = decide_waiting(doc, ended={"job-a": "success", "job-b": "success"})
+    assert plan.action == "start"
+    assert events(plan.doc)[-2:] == ["ready", "started"]
+    assert plan.doc["history"][-2]["detail"] == \
+        "released from wait: job-a success, job-b success"
+    assert current(plan.doc)["step_status"] == "running" and current(plan.doc)["epoch"] == 1
+    assert not core.is_held(plan.doc)
+    assert validate_job(plan.doc) == []
+    # The released job is an ordinary one for every site: claimable, decided as usual.
+    released = {**plan.doc, "_rev": "2-a"}
+    assert decide_waiting(released, "reg_a").action == "none"  # running at the creator
+
+
+def test_a_creator_without_room_releases_alone_and_other_sites_then_claim():
+    doc = waiting("job-a")
+    plan = decide_waiting(doc, ended={"job-a": "success"}, the_pool=pool())
+    assert plan.action == "ready" and events(plan.doc)[-1] == "ready"
+    assert core.step_phase(current(plan.doc)) == core.Phase.OPEN
+    released = {**plan.doc, "_rev": "2-a"}
+    assert decide_waiting(released, "reg_a", the_pool=pool("w1")).action == "claim"
+
+
+@pytest.mark.parametrize(("status", "reason"), [
+    ("failed", "waited for job-b, which failed"),
+    ("cancelled", "waited for job-b, which was cancelled"),
+])
+def test_a_failed_or_cancelled_awaited_job_fails_the_waiting_job_naming_it(status, reason):
+    doc = waiting("job-a", "job-b")
+    plan = decide_waiting(doc, ended={"job-b": status})  # at once: job-a need not end first
+    assert plan.action == "fail" and plan.doc["job_status"] == "failed"
+    assert plan.doc["history"][-1]["event"] == "failed"
+    assert plan.doc["history"][-1]["detail"] == reason
+    assert current(plan.doc)["winner"] is None  # it never ran
+    # Another site never decides so, whatever it knows.
+    assert decide_waiting(doc, "reg_a", ended={"job-b": status}).action == "none"
+
+
+def test_after_policy_always_runs_once_every_awaited_job_ended_however():
+    doc = waiting("job-a", "job-b", policy="always")
+    assert decide_waiting(doc, ended={"job-a": "failed"}).action == "none"
+    plan = decide_waiting(doc, ended={"job-a": "failed", "job-b": "cancelled"})
+    assert plan.action == "start"
+    assert plan.doc["history"][-2]["detail"] == \
+        "released from wait: job-a failed, job-b cancelled"
+
+
+def test_a_delayed_job_waits_for_the_creators_clock_only():
+    doc = waiting(not_before=at(700))  # NOW is at(600)
+    assert core.is_held(doc)
+    assert decide_waiting(doc).action == "none"
+    assert decide_waiting(doc, now=at(699.999)).action == "none"
+    assert decide_waiting(doc, "reg_a", now=at(800)).action == "none"  # not its clock
+    plan = decide_waiting(doc, now=at(700))
+    assert plan.action == "start"
+    assert plan.doc["history"][-2]["detail"] == f"released from wait: not before {at(700)}"
+    # Fraction digits of either time do not change the comparison (no string order).
+    short = waiting(not_before="2026-01-01T00:11:40Z")
+    assert decide_waiting(short, now="2026-01-01T00:11:39.5Z").action == "none"
+
+
+def test_jobs_and_a_time_both_must_be_passed():
+    doc = waiting("job-a", not_before=at(700))
+    assert decide_waiting(doc, ended={"job-a": "success"}).action == "none"
+    assert decide_waiting(doc, now=at(701)).action == "none"
+    plan = decide_waiting(doc, ended={"job-a": "success"}, now=at(701))
+    assert plan.doc["history"][-2]["detail"] == \
+        f"released from wait: job-a success, not before {at(700)}"
+
+
+def test_the_release_survives_a_concurrent_write_that_lacks_it():
+    """The held state is the history's, a union in the merge: a cancellation or
+    another write made on the waiting revision never brings the wait back."""
+    doc = waiting("job-a")
+    released = core.plan([doc], dataclasses.replace(ctx(), ended={"job-a": "success"}),
+                         pool()).doc
+    released["_rev"] = "2-a"
+    sibling = {**copy.deepcopy(doc), "_rev": "2-b", "meta": {"x": 1}}  # e.g. a stray write
+    merged = core.merge([released, sibling])
+    assert not core.is_held(merged)
+    assert not core.is_held(core.merge([sibling, released]))
+
+
+def test_the_keepalive_never_resaves_a_waiting_job():
+    doc = waiting("job-a")
+    assert core.keepalive([doc], ctx(now=at(10_000)), stale_after=30) is None
+    done = waiting("job-a")
+    logged(done, "ready", CREATOR, 5)
+    assert core.keepalive([done], ctx(now=at(10_000)), stale_after=30) is not None
+
+
+def test_a_waiting_job_is_cancelled_as_any_other():
+    doc = waiting("job-a")
+    plan = core.plan_cancel([doc], ctx("reg_b"), "not needed")
+    assert plan.doc["job_status"] == "cancelled"
+    assert decide_waiting({**plan.doc, "_rev": "2-a"}, ended={"job-a": "success"}).doc is None

@@ -11,7 +11,7 @@ are checked.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -33,7 +33,8 @@ SITES = ("global", "reg_a", "reg_b")
 TARGETS = ("any", "global", "reg_a", "reg_b", ["reg_a", "reg_b"], ["global", "reg_b"])
 
 
-def make_world(job_targets: list[list[object]], workers: int, lease: float = 1e6) -> tuple[
+def make_world(job_targets: list[list[object]], workers: int, lease: float = 1e6,
+               waits: Callable[[int], Doc] | None = None) -> tuple[
         list[SimSite], list[str], Clock, list[Execution]]:
     clock = Clock()
     ledger: list[Execution] = []
@@ -42,11 +43,14 @@ def make_world(job_targets: list[list[object]], workers: int, lease: float = 1e6
     for n, step_targets in enumerate(job_targets):
         creator = sites[n % len(sites)]
         steps = [step_of(i, t) for i, t in enumerate(step_targets)]
-        job = new_job(creator.name, steps, created_at=clock.now(), job_id=f"job-{n:03d}")
+        waiting = waits(n) if waits else {}
+        job = new_job(creator.name, steps, created_at=clock.now(), job_id=f"job-{n:03d}",
+                      waits=waiting)
         if n % 2:  # as a user writes it over HTTP: the creator accepts it first
             job = {"_id": job["_id"], "type": "job", "creator": creator.name,
                    "job": [{name: step[name] for name in ("target", "do", "each") if name in step}
-                           for step in steps]}
+                           for step in steps],
+                   **waiting}
         assert creator.replica.write(job)
         job_ids.append(job["_id"])
     return sites, job_ids, clock, ledger
@@ -103,9 +107,11 @@ def random_event(data: st.DataObject, sites: list[SimSite], job_ids: list[str],
 
 
 def settle(sites: list[SimSite], job_ids: list[str], clock: Clock, rounds: int = 200,
+           waiting_for_ever: Collection[str] = (),
            operator: Callable[[], None] | None = None) -> None:
-    """Full replication, processing and finishing until every job has ended; `operator`
-    acts before each round (drops a dead site, say)."""
+    """Full replication, processing and finishing until every job has ended (but those
+    waiting for a job that never comes); `operator` acts before each round (drops a dead
+    site, say)."""
     for round_number in range(rounds):
         if operator is not None:
             operator()
@@ -124,7 +130,7 @@ def settle(sites: list[SimSite], job_ids: list[str], clock: Clock, rounds: int =
         if round_number % 10 == 9:
             clock.seconds += 40.0  # past the booking timeout now and then: claims give up
         if all(not is_live(normalise(site.replica.winner(d) or {})) for site in sites
-               for d in job_ids):
+               for d in job_ids if d not in waiting_for_ever):
             return
     raise AssertionError("jobs did not end")
 
@@ -196,6 +202,53 @@ def test_restarts_never_give_two_executions_one_epoch_and_jobs_still_end(jobs, w
         runs = [e for e in ledger if e.key[0] == doc_id]
         if len(runs) > len({e.key for e in runs}):
             assert any(h["event"] == "released" for h in final["history"])
+
+
+# --- waiting jobs (docs/protocol.md, "Waiting for other jobs and for a time") -----------
+
+def chained_waits(n: int) -> Doc:
+    """Every third job waits for the job before it (another creator's), every fourth
+    for a time too; the first job for one that is not there until job 1 exists."""
+    waits: Doc = {}
+    if n % 3 == 2:
+        waits["after"] = [f"job-{n - 1:03d}"]
+    if n % 4 == 3:
+        waits["not_before"] = "2026-01-01T00:00:30.000000Z"  # the sim clock's start + 30 s
+    if n == 0:
+        waits["after"] = ["job-001"]
+    return waits
+
+
+@SIM_SETTINGS
+@given(jobs=jobs_strategy, workers=st.integers(1, 2), data=st.data())
+def test_a_waiting_job_starts_only_after_its_creator_released_it(jobs, workers, data):
+    sites, job_ids, clock, ledger = make_world(jobs, workers, waits=chained_waits)
+    for _ in range(data.draw(st.integers(0, 120))):
+        random_event(data, sites, job_ids, clock, faults=False)
+    settle(sites, job_ids, clock, waiting_for_ever={"job-000"} if len(jobs) == 1 else ())
+
+    check_no_double_execution(ledger)
+    started = [e.key for e in ledger]
+    assert len(started) == len(set(started)), "a step started twice with no fault"
+    final = {doc_id: core.merge(sites[0].replica.live_leaves(doc_id)) for doc_id in job_ids}
+    for n, doc_id in enumerate(job_ids):
+        doc, waits = final[doc_id], chained_waits(n)
+        awaited = [job for job in waits.get("after", []) if job in final]
+        if not awaited and "not_before" not in waits:
+            assert not [h for h in doc["history"] if h["event"] == "ready"]
+            continue
+        if len(awaited) < len(waits.get("after", [])):  # its job never came: it waits
+            assert doc["job_status"] is None and not any(e.key[0] == doc_id for e in ledger)
+            continue
+        assert doc["job_status"] == "success"
+        (ready,) = [h for h in doc["history"] if h["event"] == "ready"]
+        assert ready["site"] == doc["creator"]
+        for other in awaited:
+            finished = [h["at"] for h in final[other]["history"] if h["event"] == "finished"]
+            assert ready["at"] >= max(finished), "released before its job had ended"
+        if "not_before" in waits:
+            assert ready["at"] >= waits["not_before"]
+        assert all(h["at"] >= ready["at"] for h in doc["history"] if h["event"] == "started")
 
 
 # --- automatic creator succession (docs/protocol.md, "Automatic succession") ---------

@@ -280,3 +280,19 @@ def test_a_broadcast_step_shows_a_row_per_site(site: Running) -> None:
     page = get(site, f"/jobs/{job['_id']}").text
     assert "1/1 sites" in page  # where: the fan-out
     assert 'class="sub-run finished"' in page and f"at {SITE}" in page
+
+
+def test_a_waiting_job_page_says_what_it_waits_for(site: Running) -> None:
+    first = submit(site, "true")
+    ended(site, first)
+    job = new_job(SITE, [new_step("true")],
+                  waits={"after": [first, "job-<missing>"], "not_before": "2099-01-01T00:00:00Z"})
+    site.db.save(job)
+    page = get(site, f"/jobs/{job['_id']}").text
+    assert 'class="status live">waiting (its creator starts it when the wait is over)<' in page
+    assert f'<a href="/jobs/{first}">{first}</a> (success)' in page
+    assert "job-&lt;missing&gt;</a> (not seen here) · policy success" in page
+    assert "2099-01-01T00:00:00Z (its creator's clock)" in page
+    listing = get(site, "/jobs?status=waiting").text
+    assert job["_id"] in listing and first not in listing
+    assert post(site, f"/jobs/{job['_id']}/cancel").status_code == 200

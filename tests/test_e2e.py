@@ -13,13 +13,15 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
+from jobdist import client
 from jobdist.cli import main
-from jobdist.clock import later, utc_now
+from jobdist.clock import later, parse_time, utc_now
 from jobdist.couch import Database
 from jobdist.lab.cluster import LocalCluster
 from jobdist.lab.scenarios import (
@@ -37,6 +39,8 @@ from jobdist.lab.scenarios import (
 )
 from jobdist.model import Doc, new_job, new_step
 from jobdist.schedules import new_schedule, tick_job_id, ticks
+
+from .helpers import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -176,23 +180,15 @@ def test_a_site_that_dies_for_good_loses_its_step_to_another_when_its_lease_expi
 
 
 # --- broadcast steps (docs/protocol.md, "Broadcast steps") ----------------------------
-# The nightly-backup example: a schedule whose job snapshots every site, then verifies
-# at global. (Here the verify is the job's next step; the lead moves it into a job that
-# waits for this one, once `after` (branch deps) is merged.)
+# (The nightly-backup example, a schedule's broadcast and a job waiting for it, is below.)
 
-def test_a_scheduled_backup_snapshots_every_site_then_verifies_at_global(
+def test_a_broadcast_step_runs_at_every_site_then_the_next_step_at_global(
         cluster: LocalCluster, tmp_path: Path) -> None:
     ledger = tmp_path / "ledger"
-    backup = {"job": [new_step(ledger_command(0.3, ledger), target="all"),
-                      new_step(ledger_command(0.1, ledger), target="global")]}
-    changed = later(utc_now(), -90)  # a tick went by since: `missed = latest` makes it now
-    schedule = new_schedule(f"backup-{tmp_path.name[-12:]}", "* * * * *", "reg_a", backup,
-                            now=changed)
-    db = site_db(cluster, "reg_a")
-    db.save(schedule)
-    job_id = tick_job_id(schedule["name"], list(ticks(schedule, changed, utc_now()))[-1])
+    steps = [new_step(ledger_command(0.3, ledger), target="all"),
+             new_step(ledger_command(0.1, ledger), target="global")]
+    db, job_id = submit(cluster, steps, site="reg_a")
     doc = wait_until_done(db, [job_id], 60)[0]
-    assert doc["creator"] == "reg_a" and doc["schedule"]["name"] == schedule["name"]
     rows = read_ledger(ledger)
     audit = audit_run(rows, {job_id: doc}, [job_id])
     assert audit.problems == [] and audit.duplicates == []
@@ -268,3 +264,106 @@ def test_a_site_lost_for_good_is_dropped_from_a_broadcast_and_the_job_goes_on(
         assert [row[3] for row in rows if row[0] == "start" and row[2] == 1] == ["global"]
     finally:
         local.down()
+
+
+# --- waiting: for other jobs (any creator) and for a time ------------------------------
+
+def submit_waiting(cluster: LocalCluster, site: str, steps: list[Doc], **waits: object
+                   ) -> tuple[Database, str]:
+    db = site_db(cluster, site)
+    job = new_job(site, steps, waits=dict(waits))
+    db.save(job)
+    return db, job["_id"]
+
+
+def named(doc: Doc, event: str) -> list[Doc]:
+    return [entry for entry in doc["history"] if entry["event"] == event]
+
+
+def test_a_job_waits_for_a_job_another_site_created_and_nobody_takes_it_early(
+        cluster: LocalCluster, tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger"
+    _, first = submit_waiting(cluster, "reg_a", [new_step(ledger_command(2.0, ledger),
+                                                          target="reg_b")])
+    db, second = submit_waiting(cluster, "global", [new_step(ledger_command(0.1, ledger))],
+                                after=[first])
+    # While the first runs, every site holds the second as waiting, and none runs it.
+    for site in ("reg_a", "reg_b"):
+        wait_for(lambda site=site: any(row.id == second for row in client.list_jobs(
+            site_db(cluster, site), status="waiting")), timeout=20,
+            what=f"{site} lists the job as waiting")
+    done = wait_until_done(db, [first, second], 60)
+    assert [doc["job_status"] for doc in done] == ["success", "success"]
+    rows = read_ledger(ledger)
+    assert [(row[0], row[1]) for row in rows] == [
+        ("start", first), ("end", first), ("start", second), ("end", second)]
+    (ready,) = named(done[1], "ready")
+    assert ready["site"] == "global"  # the waiting job's creator decided
+    assert ready["detail"] == f"released from wait: {first} success"
+
+
+@pytest.mark.parametrize(("policy", "expected"), [(None, "failed"), ("always", "success")])
+def test_a_failed_dependency_fails_the_waiting_job_naming_it_unless_always(
+        cluster: LocalCluster, tmp_path: Path, policy: str | None, expected: str) -> None:
+    marker = tmp_path / "ran"
+    _, first = submit_waiting(cluster, "reg_b", [new_step("sleep 0.5; exit 4",
+                                                          target="reg_a")])
+    waits: dict[str, object] = {"after": [first]}
+    if policy:
+        waits["after_policy"] = policy
+    db, second = submit_waiting(cluster, "global", [new_step(f"touch {marker}")], **waits)
+    first_doc, second_doc = wait_until_done(db, [first, second], 60)
+    assert first_doc["job_status"] == "failed"
+    assert second_doc["job_status"] == expected
+    assert marker.exists() == (expected == "success")
+    if expected == "failed":
+        assert named(second_doc, "failed")[-1]["detail"] == \
+            f"waited for {first}, which failed"
+        assert named(second_doc, "started") == []
+
+
+def test_a_delayed_job_does_not_start_before_its_time(cluster: LocalCluster,
+                                                      tmp_path: Path) -> None:
+    started_at = tmp_path / "started"
+    not_before = later(utc_now(), 3.0)
+    db, job_id = submit_waiting(cluster, "reg_a",
+                                [new_step(f"date -u +%s.%N > {started_at}", target="any")],
+                                not_before=not_before)
+    (doc,) = wait_until_done(db, [job_id], 60)
+    assert doc["job_status"] == "success"
+    ran_at = datetime.fromtimestamp(float(started_at.read_text()), UTC)
+    assert ran_at >= parse_time(not_before)
+    assert (ran_at - parse_time(not_before)).total_seconds() < 5  # woken by its timer
+    (ready,) = named(doc, "ready")
+    assert ready["site"] == "reg_a" and ready["at"] >= not_before
+
+
+def test_nightly_backup_a_schedule_snapshots_every_site_then_a_job_verifies_at_global(
+        cluster: LocalCluster, tmp_path: Path) -> None:
+    """The nightly-backup example (docs/protocol.md, "Waiting for other jobs"): a
+    schedule's job snapshots every site; a job at global waits for that tick's job (its
+    id is known before the tick: it waits for a job not there yet) and verifies. The
+    snapshot is one broadcast step (docs/protocol.md, "Broadcast steps")."""
+    snapshots = tmp_path / "snapshots"
+    snapshots.mkdir()
+    changed = later(utc_now(), -61)  # the owner makes the latest tick at once (missed: latest)
+    snapshot = f"touch {snapshots}/$JOBDIST_SITE"
+    doc = new_schedule("nightly", "* * * * *", "global",
+                       {"job": [{"do": snapshot, "target": "all"}]}, now=changed)
+    tick = list(ticks(doc, changed, utc_now()))[-1]  # made on time or as the latest missed
+    backup = tick_job_id("nightly", tick)
+    verify = f"test -e {snapshots}/global && test -e {snapshots}/reg_a && test -e {snapshots}/reg_b"
+    db, verifier = submit_waiting(cluster, "global", [new_step(verify, target="global")],
+                                  after=[backup])
+    site_db(cluster, "global").save(doc)
+    backup_doc, verify_doc = wait_until_done(db, [backup, verifier], 60)
+    assert (backup_doc["job_status"], verify_doc["job_status"]) == ("success", "success")
+    (ready,) = named(verify_doc, "ready")
+    assert ready["at"] >= max(h["at"] for h in named(backup_doc, "finished"))
+    assert [h["site"] for h in named(verify_doc, "started")] == ["global"]
+    runs = backup_doc["job"][0]["runs"]
+    assert {site: run["status"] for site, run in runs.items()} == dict.fromkeys(
+        ("global", "reg_a", "reg_b"), "finished")
+    # released after the broadcast step ended: its creator's `finished` at global
+    assert ready["at"] >= next(h["at"] for h in named(backup_doc, "finished")
+                               if h["site"] == "global" and h["worker"] is None)

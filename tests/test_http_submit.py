@@ -17,6 +17,7 @@ import pytest
 import requests
 
 from jobdist.client import read_merged_many
+from jobdist.clock import later, utc_now
 from jobdist.config import SiteConfig
 from jobdist.lab.cluster import LocalCluster
 from jobdist.lab.scenarios import site_db, wait_until_done, write_sites
@@ -69,3 +70,27 @@ def test_the_readme_curl_submission_runs_to_success(cluster: LocalCluster) -> No
     events = [entry["event"] for entry in final["history"]]
     assert events[0] == "created" and events[-1] == "finished"
     assert final["job"][0]["step_status"] == "finished" and final["job"][0]["exit_code"] == 0
+
+
+def test_a_job_written_over_http_may_wait_for_another_and_for_a_time(
+        cluster: LocalCluster) -> None:
+    """The fields a user writes, `after` and `not_before` among them: the creator accepts
+    the job (stamps its creation time) and releases it in its own time."""
+    site = cluster.sites["global"]
+    first = post_with_requests({"type": "job", "creator": "reg_a",
+                                "job": [{"target": "reg_a", "do": "sleep 0.5"}]},
+                               cluster.sites["reg_a"])
+    not_before = later(utc_now(), 2.0)
+    second = post_with_requests({"type": "job", "creator": "global", "after": [first["id"]],
+                                 "not_before": not_before,
+                                 "job": [{"target": "any", "do": "true"}]}, site)
+    assert second.get("ok") is True, second
+    db = site_db(cluster, "global")
+    _, ended = wait_until_done(db, [first["id"], second["id"]], timeout=60)
+    assert ended["job_status"] == "success"
+    final = read_merged_many(db, [second["id"]])[second["id"]]
+    assert validate_job(final) == []
+    events = [entry["event"] for entry in final["history"]]
+    assert events[:1] == ["created"] and "ready" in events
+    ready = next(entry for entry in final["history"] if entry["event"] == "ready")
+    assert ready["at"] >= not_before and ready["site"] == "global"

@@ -533,3 +533,104 @@ def test_a_silent_site_is_revoked_runs_again_when_back_or_is_dropped(tmp_path: P
                    for e in doc["history"])
     finally:
         world.stop()
+
+
+# --- waiting jobs: woken by the feed and a timer, decided by their creator -------------
+
+def quiet_scans(world: World) -> None:
+    """No periodic re-check of waiting jobs during the test: only the feed (a job that
+    ended) and the timer (not_before) may wake them."""
+    for manager in world.managers.values():
+        manager.last_waiting_scan = time.monotonic()
+
+
+def events_named(doc: Doc, name: str) -> list[Doc]:
+    return [entry for entry in doc["history"] if entry["event"] == name]
+
+
+def test_a_job_waits_for_a_job_of_another_site_and_is_woken_when_it_ends(world: World) -> None:
+    quiet_scans(world)
+    awaited = new_job("reg_a", [new_step("sleep 0.5", target="reg_a")])
+    waiter = new_job("global", [new_step("true")], waits={"after": [awaited["_id"]]})
+    assert all(world.stores["reg_a"].write([awaited]))
+    assert all(world.stores["global"].write([waiter]))
+    docs = world.run([awaited["_id"], waiter["_id"]], timeout=30)
+    done, finished = docs[waiter["_id"]], events_named(docs[awaited["_id"]], "finished")
+    assert done["job_status"] == "success", done["history"]
+    (ready,) = events_named(done, "ready")
+    assert ready["site"] == "global"
+    assert ready["detail"] == f"released from wait: {awaited['_id']} success"
+    assert ready["at"] >= finished[0]["at"]
+    assert [entry["at"] >= ready["at"] for entry in events_named(done, "started")] == [True]
+
+
+@pytest.mark.parametrize(("policy", "expected"), [(None, "failed"), ("always", "success")])
+def test_a_failed_awaited_job_fails_the_waiting_one_unless_it_runs_always(
+        world: World, policy: str | None, expected: str) -> None:
+    quiet_scans(world)
+    awaited = new_job("reg_b", [new_step("false", target="reg_b")])
+    waits: Doc = {"after": [awaited["_id"]], **({"after_policy": policy} if policy else {})}
+    waiter = new_job("global", [new_step("true")], waits=waits)
+    assert all(world.stores["reg_b"].write([awaited]))
+    assert all(world.stores["global"].write([waiter]))
+    docs = world.run([awaited["_id"], waiter["_id"]], timeout=30)
+    done = docs[waiter["_id"]]
+    assert done["job_status"] == expected, done["history"]
+    if expected == "failed":
+        assert events_named(done, "started") == []
+        assert events_named(done, "failed")[-1]["detail"] == \
+            f"waited for {awaited['_id']}, which failed"
+    else:
+        assert len(events_named(done, "started")) == 1
+
+
+def test_a_delayed_job_starts_at_its_time_woken_by_the_timer(world: World) -> None:
+    quiet_scans(world)
+    not_before = format_time(datetime.now(UTC) + timedelta(seconds=1.5))
+    waiter = new_job("global", [new_step("true")], waits={"not_before": not_before})
+    assert all(world.stores["global"].write([waiter]))
+    docs = world.run([waiter["_id"]], timeout=30)
+    (start,) = events_named(docs[waiter["_id"]], "started")
+    assert start["at"] >= not_before
+    assert world.managers["global"].wake_due == {}
+
+
+def test_a_job_waiting_for_a_job_not_there_yet_starts_once_it_arrives_and_ends(
+        world: World) -> None:
+    quiet_scans(world)
+    later_job = new_job("reg_b", [new_step("true", target="reg_b")])
+    waiter = new_job("global", [new_step("true")], waits={"after": [later_job["_id"]]})
+    assert all(world.stores["global"].write([waiter]))
+    for _ in range(30):
+        world.replicate()
+        world.feed()
+        world.serve()
+        time.sleep(0.01)
+    for store in world.stores.values():  # every site sees it waiting, nobody took it
+        doc = store.replica.winner(waiter["_id"])
+        assert doc is not None and doc["job_status"] is None and doc["history"][-1]["event"] \
+            == "created"
+        assert store.waiting("global") == [waiter["_id"]]
+    assert all(world.stores["reg_b"].write([later_job]))
+    docs = world.run([later_job["_id"], waiter["_id"]], timeout=30)
+    assert docs[waiter["_id"]]["job_status"] == "success"
+
+
+def test_a_job_past_its_time_still_waiting_for_a_job_is_not_decided_again_and_again(
+        world: World) -> None:
+    quiet_scans(world)
+    not_before = format_time(datetime.now(UTC) + timedelta(seconds=0.3))
+    waiter = new_job("global", [new_step("true")],
+                     waits={"not_before": not_before, "after": ["job-later"]})
+    assert all(world.stores["global"].write([waiter]))
+    for _ in range(20):
+        world.feed()
+        world.serve()
+        time.sleep(0.05)
+    reads = world.stores["global"].calls["reads"]
+    for _ in range(20):  # its time has passed: nothing but a job ending may wake it now
+        world.serve()
+        time.sleep(0.05)
+    assert world.stores["global"].calls["reads"] == reads
+    assert world.managers["global"].wake_heap == []
+    assert world.stores["global"].replica.winner(waiter["_id"])["job_status"] is None

@@ -176,10 +176,13 @@ def nested(depth: int) -> Any:
          "history": [{"event": "created", "step": 0, "site": "global", "at": T0}]},
         job(created_at=None, updated_at=None),
         broadcast_job(),
+        job(after=["job-a", "job-b"], after_policy="always", not_before=T1),
+        job(after=[], not_before=None, after_policy="success"),
+        job(after=[f"job-{n}" for n in range(100)]),
     ],
     ids=["example", "edges", "finished", "minimal", "meta", "meta-empty", "integral-float",
          "couchdb-members", "deleted", "design", "http", "http-normalised", "http-no-target",
-         "not-yet-accepted", "broadcast"],
+         "not-yet-accepted", "broadcast", "waiting", "waiting-none", "waiting-most"],
 )
 def test_valid_documents_pass(doc: Doc) -> None:
     assert validate_job(doc) == []
@@ -265,7 +268,7 @@ CASES: list[tuple[str, tuple[str | int, ...], Any, str]] = [
     ("event", ("history", 0, "event"), "exploded",
      'history[0].event: must be one of "created", "claimed", "won", "started", "retried", '
      '"finished", "failed", "released", "cancelled", "stale_finish", "invalid", "adopted", '
-     '"opened", "dropped"'),
+     '"ready", "opened", "dropped"'),
     ("event-step", ("history", 0, "step"), None, f"history[0].step: {COUNT_RULE}"),
     ("event-site", ("history", 0, "site"), MISSING, "history[0].site: is missing"),
     ("event-worker", ("history", 0, "worker"), 3, "history[0].worker: must be null or a string"),
@@ -291,6 +294,23 @@ CASES: list[tuple[str, tuple[str | int, ...], Any, str]] = [
     ("id-type", ("_id",), 5, f"_id: {ID_RULE}"),
     ("meta", ("meta",), ["owner"], "meta: must be an object"),
     ("meta-null", ("meta",), None, "meta: must be an object"),
+    # Waiting for other jobs and for a time.
+    ("after", ("after",), "job-a", "after: must be a list of at most 100 job ids"),
+    ("after-many", ("after",), [f"job-{n}" for n in range(101)],
+     "after: must be a list of at most 100 job ids"),
+    ("after-item", ("after",), ["job-a", 7], f"after[1]: {ID_RULE}"),
+    ("after-empty-id", ("after",), [""], f"after[0]: {ID_RULE}"),
+    ("after-duplicate", ("after",), ["job-a", "job-a"], "after[1]: duplicate job id"),
+    ("after-itself", ("after",), ["job-20261122T003512.123456Z-3fa9c2d1"],
+     "after[0]: must not be the job's own id"),
+    ("after_policy", ("after_policy",), "never",
+     'after_policy: must be one of "success", "always"'),
+    ("not_before", ("not_before",), "2026-11-23T02:00",
+     f"not_before: must be null or {ISO_RULE}"),
+    ("ready-typo", ("history", 0, "event"), "reddy",
+     'history[0].event: must be one of "created", "claimed", "won", "started", "retried", '
+     '"finished", "failed", "released", "cancelled", "stale_finish", "invalid", "adopted", '
+     '"ready"'),
     # Unknown fields, at the top as everywhere: with the nearest known one when it is near.
     ("top-unknown", ("colour",), "red", "colour: unknown field"),
     ("top-typo", ("priorty",), 5, "priorty: unknown field (did you mean 'priority'?)"),
@@ -542,6 +562,12 @@ CORPUS: list[tuple[str, Callable[[], Doc]]] = [
     ("dropped-not-a-site", variant(job(), ("job", 0), step(
         target=["a", "b"], each=True, step_status="running", runs={"a": sub_run()},
         dropped=["b", "a", "B", 3]))),
+    ("after-bad", variant(job(), ("after",), [
+        "job-a", "job-a", 3, "job-20261122T003512.123456Z-3fa9c2d1", "x\x01", "\udc80"])),
+    ("after-not-list", variant(job(), ("after",), {"job-a": True})),
+    ("after-too-many", variant(job(), ("after",), [f"job-{n}" for n in range(101)])),
+    ("waiting-bad", lambda: job(after_policy=None, not_before="2026-11-23T02:00:00+00:00",
+                                after_polcy="always", notbefore=1)),
     # Unknown fields and their hints: typos, names too far or too short to guess, UTF-16.
     ("top-level-typos", lambda: job(
         priorty=5, crator="x", stpe=0, hisotry=[], jb=[], x=1, colour="red", constructor=1,
@@ -597,6 +623,9 @@ HTTP_CORPUS: list[tuple[str, Doc]] = [
     ("no-do", {"type": "job", "creator": "global", "job": [{"target": "any"}]}),
     ("typos", {"type": "job", "creator": "global", "priorty": 1,
                "job": [{"do": "make", "retry_strategy": {"max_retires": 2}}]}),
+    ("waits", HTTP_JOB | {"after": ["job-a"], "after_policy": "always",
+                          "not_before": "2026-11-23T02:00:00Z"}),
+    ("waits-bad", HTTP_JOB | {"after": ["job-a", "job-a"], "after_policy": "", "not_before": 0}),
     ("bad-defaults", HTTP_JOB | {"step": None, "history": None, "job_status": "live",
                                  "job": [{"do": "make", "retry_strategy": None, "epoch": -1}]}),
 ]

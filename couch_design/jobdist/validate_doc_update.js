@@ -20,8 +20,12 @@ function (newDoc, oldDoc, userCtx, secObj) {
   var STEP_STATUSES = [null, "running", "finished", "failed"];
   var HISTORY_EVENTS = [
     "created", "claimed", "won", "started", "retried", "finished", "failed",
-    "released", "cancelled", "stale_finish", "invalid", "adopted", "opened", "dropped"
+    "released", "cancelled", "stale_finish", "invalid", "adopted", "ready", "opened",
+    "dropped"
   ];
+  // Waiting (docs/job-document.md, "Waiting").
+  var AFTER_POLICIES = ["success", "always"];
+  var MAX_AFTER = 100;
   // Revision metadata the server adds to the document it validates: not measured.
   var UNMEASURED_FIELDS = ["_rev", "_revisions"];
   // CouchDB's own top-level members (it refuses any other name starting with _), not checked.
@@ -476,7 +480,29 @@ function (newDoc, oldDoc, userCtx, secObj) {
     // A field that is known, and checked elsewhere or not at all.
   }
 
-  function jobFields(stepCount) {
+  function checkAfter(ownId) {
+    // `after`: the ids of other jobs, each once, at most MAX_AFTER of them.
+    return function (value, path, errors) {
+      if (!isList(value) || value.length > MAX_AFTER) {
+        errors.push(path + ": must be a list of at most " + MAX_AFTER + " job ids");
+        return;
+      }
+      var seen = Object.create(null);
+      value.forEach(function (item, index) {
+        if (!isDocId(item)) {
+          errors.push(path + "[" + index + "]: " + ID_REASON);
+        } else if (item === ownId) {
+          errors.push(path + "[" + index + "]: must not be the job's own id");
+        } else if (seen[item]) {
+          errors.push(path + "[" + index + "]: duplicate job id");
+        } else {
+          seen[item] = true;
+        }
+      });
+    };
+  }
+
+  function jobFields(stepCount, ownId) {
     // Top-level fields: the job's, then the user's `meta`, then CouchDB's; no others.
     // Their order breaks ties between "did you mean" hints: the job's own come first.
     return [
@@ -492,7 +518,11 @@ function (newDoc, oldDoc, userCtx, secObj) {
       field("history", listOf(EVENT)),
       field("keepalive_at", TIME, true),
       field("meta", simple(isObject, "must be an object"), true),
-      field("schedule", TICK, true)
+      field("schedule", TICK, true),
+      // Waiting (docs/job-document.md, "Waiting"): absent means none.
+      field("after", checkAfter(ownId), true),
+      field("after_policy", simple(oneOf(AFTER_POLICIES), describeChoices(AFTER_POLICIES)), true),
+      field("not_before", OPTIONAL_TIME, true)
     ].concat(COUCHDB_FIELDS.map(function (name) {
       return field(name, unchecked, true);
     }));
@@ -518,7 +548,7 @@ function (newDoc, oldDoc, userCtx, secObj) {
     }
     var steps = doc.job;
     var stepCount = isList(steps) && steps.length > 0 ? steps.length : null;
-    checkFields(doc, jobFields(stepCount), JOB_DEFAULTS, "", errors);
+    checkFields(doc, jobFields(stepCount, doc._id), JOB_DEFAULTS, "", errors);
     return errors;
   }
 

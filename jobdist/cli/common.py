@@ -36,10 +36,14 @@ class CliError(Exception):
 sites_option = click.option(
     "--sites", "sites_dir", default="sites", show_default=True, envvar="JOBDIST_SITES",
     type=click.Path(path_type=Path), help="Directory of site configs ($JOBDIST_SITES).")
+SITE_HELP = ("The site whose CouchDB to talk to ($JOBDIST_SITE; default: global, or the only "
+             "site).")
 site_option = click.option(
     "--site", "--at", "site_name", default=None, envvar="JOBDIST_SITE", metavar="SITE",
-    help="The site whose CouchDB to talk to ($JOBDIST_SITE; default: global, or the only "
-         "site).")
+    help=SITE_HELP)
+# `submit` says --site only: its --at is the time the job may start at.
+submit_site_option = click.option(
+    "--site", "site_name", default=None, envvar="JOBDIST_SITE", metavar="SITE", help=SITE_HELP)
 
 
 def load_site_configs(sites_dir: Path) -> dict[str, SiteConfig]:

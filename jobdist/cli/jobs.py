@@ -17,7 +17,13 @@ from jobdist import client
 from jobdist.client import STATUSES, JobRow
 from jobdist.config import SiteConfig
 from jobdist.couch import Database
-from jobdist.jobfile import UnreadableFile, read_job_file, submission_from_flags, unknown_targets
+from jobdist.jobfile import (
+    UnreadableFile,
+    read_job_file,
+    submission_from_flags,
+    unknown_targets,
+    wait_options,
+)
 from jobdist.model import Doc
 from jobdist.render import (
     LIST_COLUMNS,
@@ -51,6 +57,7 @@ from .common import (
     pick_site,
     site_option,
     sites_option,
+    submit_site_option,
 )
 
 # --- submit ------------------------------------------------------------------------
@@ -77,23 +84,37 @@ from .common import (
                    "every step, or one per --step.")
 @click.option("--priority", type=int, default=None,
               help="Higher runs first (default 0; overrides the file's).")
+@click.option("--after", "after", multiple=True, metavar="ID",
+              help="Start only once the job ID has succeeded (repeat for more jobs); its "
+                   "creator fails this job if one fails or is cancelled.")
+@click.option("--after-policy", type=click.Choice(["success", "always"]), default=None,
+              help="always: start once the --after jobs have ended, however they ended "
+                   "(default success).")
+@click.option("--at", "at", metavar="TIME",
+              help="Start no sooner than TIME, ISO 8601 with its zone, e.g. 2026-11-23T02:00Z "
+                   "(by the creator's clock).")
+@click.option("--in", "delay", metavar="DURATION",
+              help="Start no sooner than DURATION from now, e.g. 10m, 2h, 1d.")
 @click.option("--wait", is_flag=True,
               help="Follow the job until it ends; exit 0 on success, 1 if it failed or was "
                    "cancelled.")
 @click.option("--dry-run", is_flag=True, help="Print the job as it would be submitted; "
                                               "submit nothing.")
 @sites_option
-@site_option
+@submit_site_option
 def submit(file: str | None, file_format: str, steps: tuple[str, ...],
            targets: tuple[str, ...], retries: tuple[int, ...], timeouts: tuple[float, ...],
-           alts: tuple[str, ...], priority: int | None, wait: bool, dry_run: bool,
-           sites_dir: Path, site_name: str | None) -> None:
+           alts: tuple[str, ...], priority: int | None, after: tuple[str, ...],
+           after_policy: str | None, at: str | None, delay: str | None, wait: bool,
+           dry_run: bool, sites_dir: Path, site_name: str | None) -> None:
     """Submit a job at a site and print its id.
 
     The job comes from FILE (JSON or YAML, `-` for stdin), or from --step
     options, e.g.
 
       jobdist submit --step 'make' --target reg_a --step 'make test' --target any --retries 2
+
+    --after, --after-policy, --at and --in set the job's wait (over a FILE's own).
 
     Targets are checked against the sites directory; every validation error
     is printed on a line of its own (exit 2).
@@ -111,6 +132,9 @@ def submit(file: str | None, file_format: str, steps: tuple[str, ...],
             submission["priority"] = priority
     else:
         submission = submission_from_flags(steps, targets, retries, timeouts, alts, priority)
+    waits = wait_options(after, after_policy, at, delay)
+    if waits and isinstance(submission, dict):
+        submission.update(waits)
     sites = load_site_configs(sites_dir)
     errors = validate_submission(submission) + unknown_targets(submission, sites)
     if errors:
@@ -181,7 +205,7 @@ def show(job_id: str, as_json: bool, sites_dir: Path, site_name: str | None) -> 
         click.echo(json.dumps(shown, indent=2, ensure_ascii=False))
         return
     console = make_console()
-    console.print(job_header(doc, len(leaves), site.name))
+    console.print(job_header(doc, len(leaves), site.name, client.awaited_statuses(db, doc)))
     console.print()
     console.print(steps_table(doc))
     console.print()

@@ -1,5 +1,6 @@
 function (doc) {
-  // Jobs by creator, then status ("live" until the job ends), then creation
+  // Jobs by creator, then status ("live" until the job ends,
+  // "waiting" while it waits), then creation
   // time: `jobdist list --creator SITE [--status S]` reads one status range
   // per status, newest first. The value is the row `jobdist list` shows.
   // A field left out takes its default (docs/job-document.md); a creation time
@@ -7,7 +8,13 @@ function (doc) {
   if (doc.type !== "job" || !Array.isArray(doc.job) || doc.job.length === 0) {
     return;
   }
-  var status = doc.job_status || "live";
+  // A job that waits (jobdist/model.py is_held): it names jobs to wait for or a time not
+  // to start before, and its creator has not released it yet (a "ready" event).
+  var held = ((Array.isArray(doc.after) && doc.after.length > 0) || !!doc.not_before) &&
+    !(Array.isArray(doc.history) && doc.history.some(function (entry) {
+      return entry != null && entry.event === "ready";
+    }));
+  var status = doc.job_status || (held ? "waiting" : "live");
   var index = doc.step == null ? 0 : doc.step;
   var current = doc.job[Math.min(index, doc.job.length - 1)] || {};
   emit([doc.creator, status, doc.created_at || ""], {

@@ -1,5 +1,6 @@
 function (doc) {
-  // Jobs by every site they concern, then status ("live" until the job ends),
+  // Jobs by every site they concern, then status ("live" until the job ends,
+  // "waiting" while it waits),
   // then creation time: a site concerns a job when a step targets it by name
   // (alone or in a list; "any", the default target, names no site), is won by
   // it, or was started there (history). `jobdist list --site SITE [--status S]`,
@@ -28,7 +29,13 @@ function (doc) {
       add(entry.site);
     }
   });
-  var status = doc.job_status || "live";
+  // A job that waits (jobdist/model.py is_held): it names jobs to wait for or a time not
+  // to start before, and its creator has not released it yet (a "ready" event).
+  var held = ((Array.isArray(doc.after) && doc.after.length > 0) || !!doc.not_before) &&
+    !(Array.isArray(doc.history) && doc.history.some(function (entry) {
+      return entry != null && entry.event === "ready";
+    }));
+  var status = doc.job_status || (held ? "waiting" : "live");
   var index = doc.step == null ? 0 : doc.step;
   var current = doc.job[Math.min(index, doc.job.length - 1)] || {};
   var value = {

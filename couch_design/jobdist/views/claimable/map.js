@@ -9,6 +9,15 @@ function (doc) {
     return;
   }
   var step = doc.job[index];
+  // A job that waits (jobdist/model.py is_held): it names jobs to wait for or a time not
+  // to start before, and its creator has not released it yet (a "ready" event).
+  var held = ((Array.isArray(doc.after) && doc.after.length > 0) || !!doc.not_before) &&
+    !(Array.isArray(doc.history) && doc.history.some(function (entry) {
+      return entry != null && entry.event === "ready";
+    }));
+  if (held) {
+    return;  // until its creator releases it
+  }
   var targets;
   if (step.runs !== null && typeof step.runs === "object" && step.step_status === "running") {
     // An opened broadcast step: a row per site whose own part waits to start.

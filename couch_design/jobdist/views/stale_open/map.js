@@ -11,6 +11,15 @@ function (doc) {
   if (step.claimed_by != null || step.winner != null || step.step_status != null) {
     return;
   }
+  // A job that waits (jobdist/model.py is_held): it names jobs to wait for or a time not
+  // to start before, and its creator has not released it yet (a "ready" event).
+  var held = ((Array.isArray(doc.after) && doc.after.length > 0) || !!doc.not_before) &&
+    !(Array.isArray(doc.history) && doc.history.some(function (entry) {
+      return entry != null && entry.event === "ready";
+    }));
+  if (held) {
+    return;  // until its creator releases it
+  }
   // ISO 8601 UTC times in one format compare as strings. Never written by a
   // site: the creation time, if the submitter gave one (core.keepalive alike).
   var touched = doc.updated_at || doc.created_at || "";
