@@ -310,7 +310,7 @@ CASES: list[tuple[str, tuple[str | int, ...], Any, str]] = [
     ("ready-typo", ("history", 0, "event"), "reddy",
      'history[0].event: must be one of "created", "claimed", "won", "started", "retried", '
      '"finished", "failed", "released", "cancelled", "stale_finish", "invalid", "adopted", '
-     '"ready"'),
+     '"ready", "opened", "dropped"'),
     # Unknown fields, at the top as everywhere: with the nearest known one when it is near.
     ("top-unknown", ("colour",), "red", "colour: unknown field"),
     ("top-typo", ("priorty",), 5, "priorty: unknown field (did you mean 'priority'?)"),
