@@ -153,14 +153,25 @@ jobs_strategy = st.lists(
 )
 
 
+def run_schedule(jobs: list[list[object]], workers: int, data: st.DataObject, *,
+                 faults: bool = False, lease: float = 1e6, events: int = 120) -> tuple[
+        list[SimSite], list[str], list[Execution]]:
+    """A random schedule (with faults: after each event too, the progress every replica
+    shows is checked), then replication until every job ended, and the check again."""
+    sites, job_ids, clock, ledger = make_world(jobs, workers, lease)
+    for _ in range(data.draw(st.integers(0, events))):
+        random_event(data, sites, job_ids, clock, faults=faults)
+        if faults:
+            check_progress_is_the_current_runs((site.replica for site in sites), job_ids)
+    settle(sites, job_ids, clock)
+    check_progress_is_the_current_runs((site.replica for site in sites), job_ids)
+    return sites, job_ids, ledger
+
+
 @SIM_SETTINGS
 @given(jobs=jobs_strategy, workers=st.integers(1, 2), data=st.data())
 def test_no_faults_each_step_runs_once_in_order_and_every_job_ends(jobs, workers, data):
-    sites, job_ids, clock, ledger = make_world(jobs, workers)
-    for _ in range(data.draw(st.integers(0, 120))):
-        random_event(data, sites, job_ids, clock, faults=False)
-    settle(sites, job_ids, clock)
-    check_progress_is_the_current_runs((site.replica for site in sites), job_ids)
+    sites, job_ids, ledger = run_schedule(jobs, workers, data)
 
     check_no_double_execution(ledger)
     started = [e.key for e in ledger]
@@ -183,12 +194,8 @@ def test_no_faults_each_step_runs_once_in_order_and_every_job_ends(jobs, workers
 def test_restarts_never_give_two_executions_one_epoch_and_jobs_still_end(jobs, workers, data):
     # Short leases: slow replication of heartbeats makes the creator revoke live
     # executions, and the epoch must fence them off.
-    sites, job_ids, clock, ledger = make_world(jobs, workers, lease=15.0)
-    for _ in range(data.draw(st.integers(0, 150))):
-        random_event(data, sites, job_ids, clock, faults=True)
-        check_progress_is_the_current_runs((site.replica for site in sites), job_ids)
-    settle(sites, job_ids, clock)
-    check_progress_is_the_current_runs((site.replica for site in sites), job_ids)
+    sites, job_ids, ledger = run_schedule(jobs, workers, data, faults=True, lease=15.0,
+                                          events=150)
 
     check_no_double_execution(ledger, per_site=True)
     states = merged_states(sites, job_ids)
@@ -436,11 +443,7 @@ def check_broadcast_runs(jobs: list[list[object]], job_ids: list[str],
 @SIM_SETTINGS
 @given(jobs=broadcast_jobs, workers=st.integers(1, 2), data=st.data())
 def test_broadcast_steps_run_once_at_each_site_in_order_and_jobs_end(jobs, workers, data):
-    sites, job_ids, clock, ledger = make_world(jobs, workers)
-    for _ in range(data.draw(st.integers(0, 120))):
-        random_event(data, sites, job_ids, clock, faults=False)
-    settle(sites, job_ids, clock)
-    check_progress_is_the_current_runs((site.replica for site in sites), job_ids)
+    sites, job_ids, ledger = run_schedule(jobs, workers, data)
 
     check_no_double_execution(ledger, per_site=True)
     check_broadcast_runs(jobs, job_ids, ledger)
@@ -459,12 +462,8 @@ def test_broadcast_sub_runs_are_fenced_per_site_under_restarts_and_revocations(
     """Sites crash and restart mid-sub-run, short leases get revoked while their runs go
     on, sites race to start and finish their parts on branches of their own: every run
     keeps its own token (epoch, site), every one that did not count is explained."""
-    sites, job_ids, clock, ledger = make_world(jobs, workers, lease=15.0)
-    for _ in range(data.draw(st.integers(0, 150))):
-        random_event(data, sites, job_ids, clock, faults=True)
-        check_progress_is_the_current_runs((site.replica for site in sites), job_ids)
-    settle(sites, job_ids, clock)
-    check_progress_is_the_current_runs((site.replica for site in sites), job_ids)
+    sites, job_ids, ledger = run_schedule(jobs, workers, data, faults=True, lease=15.0,
+                                          events=150)
 
     check_no_double_execution(ledger, per_site=True)
     check_all_succeeded(sites, job_ids)
