@@ -43,7 +43,7 @@ EXIT_ERROR = 2
 ID_PAGE = 200  # ids per `_all_docs` page on the driver: the SDK pager's largest
 IDS_PER_PARTITION = 2000  # documents one task fetches and holds at a time
 HISTOGRAM_BINS = 30
-TABLES = ("jobs", "steps", "events", "sites", "failures", "waits", "broadcasts")
+TABLES = ("jobs", "steps", "events", "sites", "failures", "waits", "broadcasts", "ticks")
 ALT_DO_MARK = "alt_do succeeded"  # what a worker writes in the history when alt_do saved a step
 OPTIONAL_MODULES = frozenset({"pyspark", "py4j", "matplotlib"})  # the `analytics` extra
 CSV_TIME_FORMAT = "yyyy-MM-dd'T'HH:mm:ss.SSSSSSX"  # the documents' own ISO 8601 UTC form
@@ -125,7 +125,16 @@ def job_row(doc: Doc) -> tuple:
         [event_row(event) for event in doc.get("history") or []],
         len(awaited(doc)),  # waiting: how many jobs it names, and its time
         _moment(doc.get("not_before")),
+        *_schedule_tick(doc.get("schedule")),
     )
+
+
+def _schedule_tick(made_by: Any) -> tuple[str | None, datetime | None]:
+    """(schedule name, tick) of a job a schedule made (its `schedule` field)."""
+    if not isinstance(made_by, dict):
+        return None, None
+    name = made_by.get("name")
+    return (name if isinstance(name, str) else None), _moment(made_by.get("tick"))
 
 
 def step_row(step: Doc) -> tuple:
@@ -241,6 +250,7 @@ def raw_schema() -> StructType:
     )
     job.add("steps", ArrayType(step, True)).add("history", ArrayType(event, True))
     job.add("after_count", IntegerType(), True).add("not_before", TimestampType(), True)
+    job.add("schedule", StringType(), True).add("tick", TimestampType(), True)
     return job
 
 
@@ -423,6 +433,31 @@ def wait_figures(waits: DataFrame) -> dict:
             "wait_s": figures["wait_s"], "start_lateness_s": figures["start_lateness_s"]}
 
 
+def ticks_table(raw: DataFrame) -> DataFrame:
+    """One row per job a schedule made: how late its owner created the tick's job
+    (`creation_lateness_s`, the owner's pass, or a catch-up after it was down) and how
+    late its first step started after the tick (`start_lateness_s`)."""
+    from pyspark.sql import functions as F
+
+    first_start = F.array_min(F.transform(
+        F.filter("history", lambda e: e["event"] == "started"), lambda e: e["at"]))
+    ticks = raw.where(F.col("tick").isNotNull()).select(
+        "job_id", "schedule", "tick", "creator",
+        F.coalesce("job_status", F.lit("live")).alias("status"), "created_at",
+        first_start.alias("first_start"))
+    return ticks.select(
+        "*",
+        seconds_between("tick", "created_at").alias("creation_lateness_s"),
+        seconds_between("tick", "first_start").alias("start_lateness_s"),
+    )
+
+
+def tick_figures(ticks: DataFrame) -> dict:
+    """Schedule lateness in the summary: ticks by schedule, and how late they ran."""
+    figures = spreads(ticks, "creation_lateness_s", "start_lateness_s")
+    return {"ticks": ticks.count(), "by_schedule": counts(ticks, "schedule"), **figures}
+
+
 def broadcasts_table(raw: DataFrame) -> DataFrame:
     """One row per broadcast step its creator opened: its fan-out (sites, how each
     ended), and how long the step waited for its slowest site after the fastest one
@@ -545,6 +580,7 @@ def build_tables(raw: DataFrame, workers: int) -> tuple[dict[str, DataFrame], fl
         "failures": failures_table(events),
         "waits": waits_table(raw).cache(),
         "broadcasts": broadcasts_table(raw).cache(),
+        "ticks": ticks_table(raw).cache(),
     }
     return tables, window_s
 
@@ -622,6 +658,7 @@ def summarise(tables: dict[str, DataFrame], workers: int, window_s: float | None
         "sites": sites,
         "waits": wait_figures(tables["waits"]),
         "broadcast": broadcast_summary(tables["broadcasts"]),
+        "ticks": tick_figures(tables["ticks"]),
     }
 
 
@@ -771,6 +808,7 @@ def headline(summary: dict) -> list[tuple[str, str]]:
         ("steps saved by alt_do", fmt(summary["alt_do_steps"])),
         *wait_headline(summary["waits"]),
         *broadcast_headline(summary["broadcast"]),
+        *tick_headline(summary["ticks"]),
         ("window", fmt(summary["window_s"], " s")),
     ]
 
@@ -795,6 +833,18 @@ def broadcast_headline(broadcast: dict) -> list[tuple[str, str]]:
     return [("broadcast steps (sites each, mean)",
              f"{broadcast['steps']} ({fmt(broadcast['sites_per_step']['mean'], digits=2)})"),
             ("slowest site's lag p50 / max", f"{fmt(lag['p50'], ' s')} / {fmt(lag['max'], ' s')}")]
+
+
+def tick_headline(ticks: dict) -> list[tuple[str, str]]:
+    """The schedule figures, when the run had jobs that schedules made."""
+    if not ticks["ticks"]:
+        return []
+    made, started = ticks["creation_lateness_s"], ticks["start_lateness_s"]
+    return [("scheduled jobs (schedules)", f"{ticks['ticks']} ({len(ticks['by_schedule'])})"),
+            ("tick to job created p50 / max", f"{fmt(made['p50'], ' s')} / "
+                                              f"{fmt(made['max'], ' s')}"),
+            ("tick to first start p50 / max", f"{fmt(started['p50'], ' s')} / "
+                                              f"{fmt(started['max'], ' s')}")]
 
 
 def html_table(header: list[str], rows: list[list[Any]]) -> str:

@@ -511,7 +511,24 @@ def waits_jobs() -> list[Doc]:
     ran(delayed["job"][0], "global", 5.2, 6.0)
     never = job("w-e", 2.0, ["any"], None)
     never["after"] = ["job-never"]
-    return [first, released, failed, delayed, never, job("w-f", 3.0, ["any"], "success")]
+    return [first, released, failed, delayed, never, job("w-f", 3.0, ["any"], "success"),
+            *ticked_jobs()]
+
+
+def ticked_jobs() -> list[Doc]:
+    """Jobs schedules made ("ticks"): t-1 created 0.5 s after its tick, started 1.0 s
+    after it; t-2 created 2.0 s late (a catch-up), not started yet; t-3 another schedule's."""
+    on_time = job("t-1", 4.5, ["any"], "success")
+    on_time["schedule"] = {"name": "nightly", "tick": at(4.0)}
+    log(on_time, "started", 0, "reg_a", 5.0)
+    ran(on_time["job"][0], "reg_a", 5.0, 5.5)
+    late = job("t-2", 12.0, ["any"], None)
+    late["schedule"] = {"name": "nightly", "tick": at(10.0)}
+    other = job("t-3", 6.25, ["any"], "success")
+    other["schedule"] = {"name": "hourly", "tick": at(6.0)}
+    log(other, "started", 0, "global", 6.5)
+    ran(other["job"][0], "global", 6.5, 7.0)
+    return [on_time, late, other]
 
 
 @pytest.fixture(scope="module")
@@ -551,4 +568,23 @@ def test_waits_summary_and_report(waits_result: tuple[dict, Path]) -> None:
     assert waits["start_lateness_s"]["max"] == pytest.approx(0.2)
     page = (out / "report.html").read_text()
     for text in ("4: 2 / 1 / 1", "1.700 s / 4.100 s", "1: 0.200 s / 0.200 s"):
+        assert text in page, text
+
+
+def test_ticks_table_says_how_late_each_scheduled_job_was_made_and_started(
+        spark: Any, waits_result: tuple[dict, Path]) -> None:
+    summary, out = waits_result
+    ticks = rows_by(spark, out, "ticks", "job_id")
+    assert {job_id: (row["schedule"], row["status"], row["creation_lateness_s"],
+                     row["start_lateness_s"]) for job_id, row in ticks.items()} == {
+        "job-t-1": ("nightly", "success", pytest.approx(0.5), pytest.approx(1.0)),
+        "job-t-2": ("nightly", "live", pytest.approx(2.0), None),
+        "job-t-3": ("hourly", "success", pytest.approx(0.25), pytest.approx(0.5)),
+    }
+    figures = summary["ticks"]
+    assert (figures["ticks"], figures["by_schedule"]) == (3, {"nightly": 2, "hourly": 1})
+    assert figures["creation_lateness_s"]["p50"] == pytest.approx(0.5)  # 0.25 0.5 2.0
+    assert figures["start_lateness_s"]["max"] == pytest.approx(1.0)
+    page = (out / "report.html").read_text()
+    for text in ("3 (2)", "0.500 s / 2.000 s", "0.750 s / 1.000 s"):
         assert text in page, text
