@@ -33,7 +33,7 @@ from rich.table import Table
 
 from jobdist.core import WAITED_FOR
 from jobdist.couch import Couch, CouchError, Database, Doc, NotFound
-from jobdist.model import awaited, normalise
+from jobdist.model import awaited, dropped_sites, is_broadcast, normalise, sub_runs
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, Row, SparkSession
@@ -43,7 +43,7 @@ EXIT_ERROR = 2
 ID_PAGE = 200  # ids per `_all_docs` page on the driver: the SDK pager's largest
 IDS_PER_PARTITION = 2000  # documents one task fetches and holds at a time
 HISTOGRAM_BINS = 30
-TABLES = ("jobs", "steps", "events", "sites", "failures", "waits")
+TABLES = ("jobs", "steps", "events", "sites", "failures", "waits", "broadcasts", "ticks")
 ALT_DO_MARK = "alt_do succeeded"  # what a worker writes in the history when alt_do saved a step
 OPTIONAL_MODULES = frozenset({"pyspark", "py4j", "matplotlib"})  # the `analytics` extra
 CSV_TIME_FORMAT = "yyyy-MM-dd'T'HH:mm:ss.SSSSSSX"  # the documents' own ISO 8601 UTC form
@@ -125,7 +125,16 @@ def job_row(doc: Doc) -> tuple:
         [event_row(event) for event in doc.get("history") or []],
         len(awaited(doc)),  # waiting: how many jobs it names, and its time
         _moment(doc.get("not_before")),
+        *_schedule_tick(doc.get("schedule")),
     )
+
+
+def _schedule_tick(made_by: Any) -> tuple[str | None, datetime | None]:
+    """(schedule name, tick) of a job a schedule made (its `schedule` field)."""
+    if not isinstance(made_by, dict):
+        return None, None
+    name = made_by.get("name")
+    return (name if isinstance(name, str) else None), _moment(made_by.get("tick"))
 
 
 def step_row(step: Doc) -> tuple:
@@ -144,7 +153,17 @@ def step_row(step: Doc) -> tuple:
         _int(step.get("attempts")),
         _int(step.get("exit_code")),
         *_progress(step.get("progress")),
+        is_broadcast(step),
+        [sub_run_row(site, run, site in dropped_sites(step))
+         for site, run in sorted(sub_runs(step).items())],
     )
+
+
+def sub_run_row(site: str, run: Doc, dropped: bool) -> tuple:
+    """One site's part of a broadcast step."""
+    return (site, run.get("status"), dropped, _int(run.get("attempts")),
+            _int(run.get("exit_code")), _float(run.get("exec_time")),
+            _moment(run.get("start_time")), _moment(run.get("finish_time")))
 
 
 def _progress(report: Any) -> tuple[float | None, Any]:
@@ -212,6 +231,12 @@ def raw_schema() -> StructType:
         ("finish_time", TimestampType), ("attempts", IntegerType), ("exit_code", IntegerType),
         ("progress", DoubleType), ("progress_message", StringType),
     )
+    sub_run = struct(
+        ("site", StringType), ("status", StringType), ("dropped", BooleanType),
+        ("attempts", IntegerType), ("exit_code", IntegerType), ("exec_time", DoubleType),
+        ("start_time", TimestampType), ("finish_time", TimestampType),
+    )
+    step.add("broadcast", BooleanType()).add("runs", ArrayType(sub_run, True))
     event = struct(
         ("event", StringType), ("step", IntegerType), ("site", StringType),
         ("worker", StringType), ("epoch", IntegerType), ("at", TimestampType),
@@ -225,6 +250,7 @@ def raw_schema() -> StructType:
     )
     job.add("steps", ArrayType(step, True)).add("history", ArrayType(event, True))
     job.add("after_count", IntegerType(), True).add("not_before", TimestampType(), True)
+    job.add("schedule", StringType(), True).add("tick", TimestampType(), True)
     return job
 
 
@@ -407,6 +433,73 @@ def wait_figures(waits: DataFrame) -> dict:
             "wait_s": figures["wait_s"], "start_lateness_s": figures["start_lateness_s"]}
 
 
+def ticks_table(raw: DataFrame) -> DataFrame:
+    """One row per job a schedule made: how late its owner created the tick's job
+    (`creation_lateness_s`, the owner's pass, or a catch-up after it was down) and how
+    late its first step started after the tick (`start_lateness_s`)."""
+    from pyspark.sql import functions as F
+
+    first_start = F.array_min(F.transform(
+        F.filter("history", lambda e: e["event"] == "started"), lambda e: e["at"]))
+    ticks = raw.where(F.col("tick").isNotNull()).select(
+        "job_id", "schedule", "tick", "creator",
+        F.coalesce("job_status", F.lit("live")).alias("status"), "created_at",
+        first_start.alias("first_start"))
+    return ticks.select(
+        "*",
+        seconds_between("tick", "created_at").alias("creation_lateness_s"),
+        seconds_between("tick", "first_start").alias("start_lateness_s"),
+    )
+
+
+def tick_figures(ticks: DataFrame) -> dict:
+    """Schedule lateness in the summary: ticks by schedule, and how late they ran."""
+    figures = spreads(ticks, "creation_lateness_s", "start_lateness_s")
+    return {"ticks": ticks.count(), "by_schedule": counts(ticks, "schedule"), **figures}
+
+
+def broadcasts_table(raw: DataFrame) -> DataFrame:
+    """One row per broadcast step its creator opened: its fan-out (sites, how each
+    ended), and how long the step waited for its slowest site after the fastest one
+    finished (`lag_s`): what one slow site costs every broadcast."""
+    from pyspark.sql import functions as F
+
+    steps = raw.select("job_id", F.posexplode("steps").alias("step", "s")) \
+        .where(F.col("s.broadcast") & (F.size("s.runs") > 0))
+    counting = F.filter("s.runs", lambda r: ~r["dropped"])
+    ended = F.filter(counting, lambda r: r["finish_time"].isNotNull())
+    slowest = F.array_max(F.transform(ended, lambda r: F.struct(r["finish_time"], r["site"])))
+
+    def how_many(status: str) -> Column:
+        return F.size(F.filter(counting, lambda r: r["status"] == status))
+
+    return steps.select(
+        "job_id", "step",
+        F.col("s.step_status").alias("status"),
+        F.size(counting).alias("sites"),
+        how_many("finished").alias("finished"),
+        how_many("failed").alias("failed"),
+        (F.size("s.runs") - F.size(counting)).alias("dropped"),
+        F.col("s.start_time").alias("opened_at"),
+        F.array_min(F.transform(ended, lambda r: r["finish_time"])).alias("first_finish"),
+        slowest["finish_time"].alias("last_finish"),
+        slowest["site"].alias("slowest_site"),
+    ).select(
+        "*",
+        seconds_between("first_finish", "last_finish").alias("lag_s"),
+        seconds_between("opened_at", "last_finish").alias("span_s"),
+    )
+
+
+def broadcast_summary(broadcasts: DataFrame) -> dict:
+    """Broadcast fan-out: how many steps, how many sites each, the slowest site's lag."""
+    figures = spreads(broadcasts, "sites", "lag_s", "span_s")
+    return {"steps": broadcasts.count(), "sites_per_step": figures["sites"],
+            "lag_s": figures["lag_s"], "span_s": figures["span_s"],
+            "slowest_sites": counts(broadcasts.where("slowest_site IS NOT NULL"),
+                                    "slowest_site", limit=10)}
+
+
 def run_window(steps: DataFrame) -> tuple[datetime | None, datetime | None, float | None]:
     """First start and last finish over every step that ran, and the seconds between."""
     from pyspark.sql import functions as F
@@ -418,12 +511,34 @@ def run_window(steps: DataFrame) -> tuple[datetime | None, datetime | None, floa
     return row["start"], row["end"], row["seconds"]
 
 
-def sites_table(steps: DataFrame, events: DataFrame, workers: int,
-                window_s: float | None) -> DataFrame:
-    """One row per site that ran steps: busy time against `workers` slots over the window."""
+def parts_table(raw: DataFrame) -> DataFrame:
+    """Each site's ended part of a broadcast step, as the sites table counts a step run:
+    runnable when the creator opened the step (dropped sites' parts left out)."""
     from pyspark.sql import functions as F
 
-    ran = steps.where(F.col("status").isin("finished", "failed") & F.col("site").isNotNull())
+    parts = raw.select("history", F.posexplode("steps").alias("step", "s")) \
+        .where(F.col("s.broadcast")) \
+        .select("history", "step", F.col("s.start_time").alias("runnable_at"),
+                F.explode("s.runs").alias("r")) \
+        .where(~F.col("r.dropped") & F.col("r.status").isin("finished", "failed"))
+    site = F.col("r.site")
+    return parts.select(
+        site.alias("site"),
+        F.col("r.exec_time").alias("exec_time_s"),
+        F.exists("history", lambda e: _event_at(F.col("step"), e) & (e["site"] == site)
+                 & _mentions(e, ALT_DO_MARK)).alias("alt_do_used"),
+        seconds_between("runnable_at", "r.start_time").alias("overhead_s"),
+    )
+
+
+def sites_table(steps: DataFrame, parts: DataFrame, events: DataFrame, workers: int,
+                window_s: float | None) -> DataFrame:
+    """One row per site that ran steps (or parts of broadcast steps): busy time against
+    `workers` slots over the window."""
+    from pyspark.sql import functions as F
+
+    ran = steps.where(F.col("status").isin("finished", "failed") & F.col("site").isNotNull()) \
+        .select("site", "exec_time_s", "alt_do_used", "overhead_s").unionByName(parts)
     work = ran.groupBy("site").agg(
         F.count("*").alias("steps"),
         F.round(F.coalesce(F.sum("exec_time_s"), F.lit(0.0)), 6).alias("busy_s"),
@@ -431,7 +546,9 @@ def sites_table(steps: DataFrame, events: DataFrame, workers: int,
         F.percentile("overhead_s", 0.5).alias("overhead_p50_s"),
         F.percentile("overhead_s", 0.95).alias("overhead_p95_s"),
     )
-    trouble = events.where(F.col("event").isin("retried", "failed")).groupBy("site").agg(
+    # An execution's events (they name its worker): not the creator ending a step or a job.
+    trouble = events.where(F.col("event").isin("retried", "failed")
+                           & F.col("worker").isNotNull()).groupBy("site").agg(
         F.sum((F.col("event") == "retried").cast("int")).alias("retries"),
         F.sum((F.col("event") == "failed").cast("int")).alias("failures"),
     )
@@ -459,9 +576,11 @@ def build_tables(raw: DataFrame, workers: int) -> tuple[dict[str, DataFrame], fl
         "jobs": jobs_table(raw).cache(),
         "steps": steps,
         "events": events,
-        "sites": sites_table(steps, events, workers, window_s).cache(),
+        "sites": sites_table(steps, parts_table(raw), events, workers, window_s).cache(),
         "failures": failures_table(events),
         "waits": waits_table(raw).cache(),
+        "broadcasts": broadcasts_table(raw).cache(),
+        "ticks": ticks_table(raw).cache(),
     }
     return tables, window_s
 
@@ -538,6 +657,8 @@ def summarise(tables: dict[str, DataFrame], workers: int, window_s: float | None
         "workers_per_site": workers,
         "sites": sites,
         "waits": wait_figures(tables["waits"]),
+        "broadcast": broadcast_summary(tables["broadcasts"]),
+        "ticks": tick_figures(tables["ticks"]),
     }
 
 
@@ -686,6 +807,8 @@ def headline(summary: dict) -> list[tuple[str, str]]:
         ("failures", fmt(summary["failures"])),
         ("steps saved by alt_do", fmt(summary["alt_do_steps"])),
         *wait_headline(summary["waits"]),
+        *broadcast_headline(summary["broadcast"]),
+        *tick_headline(summary["ticks"]),
         ("window", fmt(summary["window_s"], " s")),
     ]
 
@@ -700,6 +823,28 @@ def wait_headline(waits: dict) -> list[tuple[str, str]]:
         ("delayed jobs, start lateness p50 / max",
          f"{waits['delayed']}: {fmt(late['p50'], ' s')} / {fmt(late['max'], ' s')}"),
     ]
+
+
+def broadcast_headline(broadcast: dict) -> list[tuple[str, str]]:
+    """The broadcast figures, when the run had broadcast steps."""
+    if not broadcast["steps"]:
+        return []
+    lag = broadcast["lag_s"]
+    return [("broadcast steps (sites each, mean)",
+             f"{broadcast['steps']} ({fmt(broadcast['sites_per_step']['mean'], digits=2)})"),
+            ("slowest site's lag p50 / max", f"{fmt(lag['p50'], ' s')} / {fmt(lag['max'], ' s')}")]
+
+
+def tick_headline(ticks: dict) -> list[tuple[str, str]]:
+    """The schedule figures, when the run had jobs that schedules made."""
+    if not ticks["ticks"]:
+        return []
+    made, started = ticks["creation_lateness_s"], ticks["start_lateness_s"]
+    return [("scheduled jobs (schedules)", f"{ticks['ticks']} ({len(ticks['by_schedule'])})"),
+            ("tick to job created p50 / max", f"{fmt(made['p50'], ' s')} / "
+                                              f"{fmt(made['max'], ' s')}"),
+            ("tick to first start p50 / max", f"{fmt(started['p50'], ' s')} / "
+                                              f"{fmt(started['max'], ' s')}")]
 
 
 def html_table(header: list[str], rows: list[list[Any]]) -> str:

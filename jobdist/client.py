@@ -28,6 +28,7 @@ from jobdist.model import (
     Doc,
     Phase,
     awaited,
+    fan_out,
     is_held,
     job_from_submission,
     normalise,
@@ -129,6 +130,7 @@ class JobRow:
     created_at: str
     updated_at: str
     command: str
+    fan_out: str | None = None  # a broadcast step's "done/sites"
 
     def as_json(self) -> Doc:
         return dict(self.__dict__)
@@ -138,7 +140,8 @@ def row_from_summary(doc_id: str, created_at: str, value: Doc) -> JobRow:
     return JobRow(doc_id, value.get("status") or "live", str(value.get("creator")),
                   int(value.get("priority") or 0), int(value.get("step") or 0),
                   int(value.get("steps") or 0), created_at, str(value.get("updated_at") or ""),
-                  str(value.get("command")))
+                  str(value.get("command")),
+                  value["fan_out"] if isinstance(value.get("fan_out"), str) else None)
 
 
 def summary_of(doc: Doc) -> Doc:
@@ -147,7 +150,14 @@ def summary_of(doc: Doc) -> Doc:
     current = steps[min(doc.get("step", 0), len(steps) - 1)]
     return {"status": status_of(doc), "creator": doc.get("creator"),
             "priority": doc.get("priority"), "step": doc.get("step"), "steps": len(steps),
-            "updated_at": doc.get("updated_at"), "command": str(current.get("do"))[:120]}
+            "updated_at": doc.get("updated_at"), "command": str(current.get("do"))[:120],
+            "fan_out": fan_text(current)}
+
+
+def fan_text(step: Doc) -> str | None:
+    """A broadcast step's fan-out as the views give it: "done/sites"."""
+    counts = fan_out(step)
+    return None if counts is None else f"{counts[0]}/{counts[1]}"
 
 
 def status_of(doc: Doc) -> str:
@@ -325,6 +335,35 @@ def adopt_job(db: Database, site: str, job_id: str, gone: str, reason: str) -> b
             return True
     raise StillConflicting(f"cannot adopt {job_id}: still conflicting after "
                            f"{WRITE_ATTEMPTS} tries; run the command again")
+
+
+# --- broadcast steps ---------------------------------------------------------------
+
+
+class CannotDrop(JobdistError):
+    """A site that cannot be dropped from the job's current step here, and why."""
+
+
+def drop_site(db: Database, site: str, job_id: str, dropped: str, reason: str) -> Doc:
+    """Remove `dropped`, a site lost for good, from the job's current broadcast step, at
+    `site`, which must be the job's creator (core.plan_drop); the job as read before.
+    Raises CannotDrop with the reason when there is nothing to drop."""
+    for _ in range(WRITE_ATTEMPTS):
+        leaves, _ = core.usable_leaves([leaf for leaf in db.leaves(job_id)
+                                        if leaf.get("type") == "job"])
+        if not leaves:
+            raise NoSuchJob(f"no job {job_id!r} at site {site}")
+        ctx = core.Context(site=site, now=utc_now())
+        job = core.merge(leaves)
+        problem = core.drop_problem(job, ctx, dropped)
+        if problem is not None:
+            raise CannotDrop(f"cannot drop {dropped} from {job_id}: {problem}")
+        plan = core.plan_drop(leaves, ctx, dropped, reason)
+        assert plan.doc is not None, "plan_drop writes when drop_problem finds nothing"
+        if isinstance(db.save(plan.doc), Saved):
+            return job
+    raise StillConflicting(f"cannot drop {dropped} from {job_id}: still conflicting after "
+                           f"{WRITE_ATTEMPTS} tries; try again")
 
 
 # --- schedules --------------------------------------------------------------------

@@ -79,6 +79,7 @@ from urllib.parse import urlsplit
 from . import core
 from .clock import parse_duration
 from .errors import JobdistError
+from .model import ALL, ANY
 from .names import nearest_name
 from .status import MIN_INTERVAL
 
@@ -370,6 +371,9 @@ def _site_from(raw: Section, path: Path) -> SiteConfig:
     name = raw["name"]
     if not isinstance(name, str) or not SITE_NAME.match(name):
         raise ValueError(f"name {name!r} must be 1-64 of a-z, 0-9, _ and -")
+    if name in (ANY, ALL):  # a step targeting it would run anywhere, or everywhere
+        raise ValueError(f"name {name!r} is a target that means "
+                         f"{'any site' if name == ANY else 'every site'}: choose another")
     workers = int(raw.get("workers", 2))
     if workers < 0:
         raise ValueError("workers must be >= 0")

@@ -31,6 +31,7 @@ from typing import Any, Protocol
 
 from .clock import later, parse_time, seconds_between
 from .model import (
+    ALL,
     ANY,
     Doc,
     Phase,
@@ -38,13 +39,19 @@ from .model import (
     after_policy,
     allows,
     awaited,
+    counting_runs,
+    dropped_sites,
+    each_policy,
     event,
     is_accepted,
+    is_broadcast,
     is_held,
     is_live,
+    new_sub_run,
     normalise,
     sole_target,
     step_phase,
+    sub_runs,
     targets,
 )
 from .validation import (
@@ -315,6 +322,7 @@ def merge(leaves: list[Doc]) -> Doc:
         step["epoch"] = max(leaf["job"][index].get("epoch", 0) for leaf in leaves)
     for index, step in enumerate(merged["job"]):
         step["progress"] = latest_progress(leaves, index, step)
+    merge_sub_runs(merged, leaves)
     touched = [leaf["keepalive_at"] for leaf in leaves if leaf.get("keepalive_at")]
     if touched:
         merged["keepalive_at"] = max(touched)
@@ -392,7 +400,8 @@ def usable_leaves(leaves: list[Doc], errors_of: Callable[[Doc], list[str]] = val
     return usable, rejected
 
 
-SUBMITTED_STEP_FIELDS = ("target", "do", "alt_do", "timeout", "retry_strategy")
+SUBMITTED_STEP_FIELDS = ("target", "do", "alt_do", "timeout", "retry_strategy", "each",
+                         "each_policy")
 
 
 def same_job(leaf: Doc, reference: Doc) -> bool:
@@ -539,6 +548,8 @@ def decide(doc: Doc, ctx: Context, pool: PoolView) -> Decision:
     step = doc["job"][doc["step"]]
     if ctx.site == doc["creator"] and not runnable_anywhere(step, ctx):
         return Decision("fail", fail_job(ctx, f"no known site matches target {step['target']!r}"))
+    if is_broadcast(step) and step_phase(step) < Phase.DONE:
+        return on_broadcast(doc, step, ctx, pool)
     holder = step_holder(step)
     waiting = Phase.OPEN < step_phase(step) < Phase.DONE
     if ctx.site == doc["creator"] and waiting and not known(holder, ctx):
@@ -590,7 +601,7 @@ def on_unknown_creator(doc: Doc, ctx: Context) -> Decision:
 def runnable_anywhere(step: Doc, ctx: Context) -> bool:
     if ctx.known_sites is None:
         return True
-    return any(t == ANY or t in ctx.known_sites for t in targets(step))
+    return any(t in (ANY, ALL) or t in ctx.known_sites for t in targets(step))
 
 
 def settle_local_work(doc: Doc, ctx: Context, pool: PoolView) -> Decision | None:
@@ -611,30 +622,37 @@ def settle_local_work(doc: Doc, ctx: Context, pool: PoolView) -> Decision | None
     return None
 
 
-def behind(doc: Doc, key: StepKey, epoch: int) -> bool:
+def behind(doc: Doc, key: StepKey, epoch: int, site: str | None = None) -> bool:
     """Is this view of the job older than a step and epoch we already acted on?"""
     if doc["step"] != key[1]:
         return doc["step"] < key[1] and doc["job_status"] is None
-    return doc["job"][key[1]].get("epoch", 0) < epoch
+    step = doc["job"][key[1]]
+    if is_broadcast(step) and site is not None:
+        return sub_run_behind(step, epoch, site)
+    return step.get("epoch", 0) < epoch
 
 
 def backs_execution(doc: Doc, key: StepKey, epoch: int, site: str) -> bool:
     if not is_live(doc) or doc["step"] != key[1]:
         return False
     step = doc["job"][key[1]]
+    if is_broadcast(step):
+        return backs_sub_run(step, epoch, site)
     return step.get("epoch", 0) == epoch and step.get("winner") == site
 
 
 def moved_past_execution(doc: Doc, key: StepKey, epoch: int, site: str) -> bool:
-    return not backs_execution(doc, key, epoch, site) and not behind(doc, key, epoch)
+    return not backs_execution(doc, key, epoch, site) and not behind(doc, key, epoch, site)
 
 
 def backs_booking(doc: Doc, key: StepKey, booking: Booking, ctx: Context) -> bool:
-    if behind(doc, key, 0):
+    if behind(doc, key, 0, ctx.site):
         return True  # an old view: keep the booking until a current one says otherwise
     if not is_live(doc) or doc["step"] != key[1]:
         return False
     step = doc["job"][key[1]]
+    if is_broadcast(step):
+        return sub_run_open(step, ctx.site)
     phase = step_phase(step)
     if phase >= Phase.WON:
         # The winner has settled: keep the worker only if we won.
@@ -988,13 +1006,17 @@ def fit(doc: Doc, keep_events_from: int, limit: int = MAX_DOC_SIZE) -> None:
 
 
 def shed_old_outputs(doc: Doc, size: int, limit: int, _: int) -> int:
-    with_output = [step for step in doc["job"] if step.get("output") is not None]
-    return shed_outputs(with_output[:-1], size, limit)
+    return shed_outputs(with_output(doc)[:-1], size, limit)
 
 
 def shed_all_outputs(doc: Doc, size: int, limit: int, _: int) -> int:
-    return shed_outputs([step for step in doc["job"] if step.get("output") is not None],
-                        size, limit)
+    return shed_outputs(with_output(doc), size, limit)
+
+
+def with_output(doc: Doc) -> list[Doc]:
+    """The records holding an output, oldest step first: steps, and broadcast sub-runs."""
+    records = [record for step in doc["job"] for record in (step, *sub_runs(step).values())]
+    return [record for record in records if record.get("output") is not None]
 
 
 def shed_outputs(steps: list[Doc], size: int, limit: int) -> int:
@@ -1053,8 +1075,11 @@ def plan_finish(
         return finalize(leaves, merged, Decision("stale_finish", note(
             ctx, "stale_finish", key, worker, epoch, detail)), ctx)
     if outcome.cancelled:
-        return finalize(leaves, merged, Decision(
-            "release", release(ctx, f"stopped on this site: {outcome.reason}")), ctx)
+        stopped = f"stopped on this site: {outcome.reason}"
+        return finalize(leaves, merged, Decision("release", release_sub_run(ctx, ctx.site, stopped)
+                        if is_broadcast(_current(merged)) else release(ctx, stopped)), ctx)
+    if is_broadcast(_current(merged)):
+        return finalize(leaves, merged, finish_sub_run(merged, ctx, pool, worker, outcome), ctx)
     decision = Decision("finish", record_outcome(ctx, worker, outcome),
                         detail=outcome.reason)
     if outcome.ok:
@@ -1071,10 +1096,10 @@ def note(ctx: Context, name: str, key: StepKey, worker: str, epoch: int, detail:
     return edit
 
 
-def end_step(step: Doc, outcome: StepOutcome) -> None:
-    """What an execution did, on its step."""
+def end_step(step: Doc, outcome: StepOutcome, status_field: str = "step_status") -> None:
+    """What an execution did, on its step (or on its sub-run: `status_field` "status")."""
+    step[status_field] = "finished" if outcome.ok else "failed"
     step.update(
-        step_status="finished" if outcome.ok else "failed",
         exec_time=round(outcome.exec_time, 6),
         start_time=outcome.start_time,
         finish_time=outcome.finish_time,
@@ -1095,7 +1120,9 @@ def record_cancelled(merged: Doc, ctx: Context, key: StepKey, worker: str, epoch
     recorded = note(ctx, "cancelled", key, worker, epoch, "killed: job cancelled")
 
     def edit(doc: Doc) -> None:
-        if current:
+        if current and is_broadcast(doc["job"][key[1]]):
+            end_step(sub_runs(doc["job"][key[1]])[ctx.site], outcome, "status")
+        elif current:
             end_step(doc["job"][key[1]], outcome)
         recorded(doc)
     return edit
@@ -1106,13 +1133,18 @@ def record_outcome(ctx: Context, worker: str, outcome: StepOutcome) -> Edit:
         end_step(_current(doc), outcome)
         _log(doc, "finished" if outcome.ok else "failed", ctx, worker=worker,
              detail=outcome.reason)
-        if not outcome.ok:
-            doc["job_status"] = "failed"
-            return
-        doc["step"] += 1
-        if doc["step"] == len(doc["job"]):
-            doc["job_status"] = "success"
+        end_current_step(doc, outcome.ok)
     return edit
+
+
+def end_current_step(doc: Doc, ok: bool) -> None:
+    """The job moves to its next step (or succeeds), or fails."""
+    if not ok:
+        doc["job_status"] = "failed"
+        return
+    doc["step"] += 1
+    if doc["step"] == len(doc["job"]):
+        doc["job_status"] = "success"
 
 
 def chain_next(merged: Doc, decision: Decision, ctx: Context, pool: PoolView) -> Decision:
@@ -1123,6 +1155,10 @@ def chain_next(merged: Doc, decision: Decision, ctx: Context, pool: PoolView) ->
     if not is_live(after_finish):
         return decision
     step = _current(after_finish)
+    if is_broadcast(step):  # its creator opens it: it names the sites (open_broadcast)
+        if ctx.site != after_finish["creator"]:
+            return decision
+        return in_turn(decision, open_broadcast(after_finish, step, ctx, pool))
     key = (after_finish["_id"], after_finish["step"])
     worker = pool.worker_for(key)
     if worker is None or not (allows(step, ctx.site) and willing(step, ctx)) \
@@ -1130,15 +1166,22 @@ def chain_next(merged: Doc, decision: Decision, ctx: Context, pool: PoolView) ->
         # (A run of that step still here is a stale one, chained onto a finish
         # that was revoked: it is killed first, once the document shows why.)
         return decision
-    follow = start_decision(after_finish, step, ctx, worker, assign=True)
+    return in_turn(decision, start_decision(after_finish, step, ctx, worker, assign=True))
+
+
+def in_turn(decision: Decision, follow: Decision) -> Decision:
+    """`decision`, then `follow` decided on its result, in one revision."""
     first, second = decision.edit, follow.edit
-    assert second is not None
+    if second is None:
+        return decision
+    assert first is not None
 
     def both(doc: Doc) -> None:
         first(doc)
         second(doc)
 
-    return Decision("finish", both, follow.before, follow.after, decision.detail)
+    return Decision(decision.action, both, (*decision.before, *follow.before),
+                    (*decision.after, *follow.after), decision.detail)
 
 
 # --- keep-alive -----------------------------------------------------------------
@@ -1178,7 +1221,7 @@ def plan_renew(leaves: list[Doc], ctx: Context, key: StepKey, epoch: int,
     merged = merge(leaves)
     if not backs_execution(merged, key, epoch, ctx.site):
         return NOTHING
-    step = merged["job"][key[1]]
+    step = execution_record(merged, ctx.site)
     news = report is not None and report != step.get("progress")
     deadline = step.get("lease_until")
     if not news and renew_below is not None and deadline \
@@ -1186,9 +1229,9 @@ def plan_renew(leaves: list[Doc], ctx: Context, key: StepKey, epoch: int,
         return NOTHING
 
     def edit(doc: Doc) -> None:
-        _current(doc)["lease_until"] = later(ctx.now, ctx.lease)
+        execution_record(doc, ctx.site)["lease_until"] = later(ctx.now, ctx.lease)
         if news:
-            _current(doc)["progress"] = dict(report or {})
+            execution_record(doc, ctx.site)["progress"] = dict(report or {})
 
     return finalize(leaves, merged, Decision("renew", edit), ctx)
 
@@ -1293,3 +1336,313 @@ def plan_cancel(leaves: list[Doc], ctx: Context, reason: str) -> Plan:
             _log(doc, "cancelled", ctx, detail=reason)
 
     return finalize(leaves, merged, Decision("cancel", edit, detail=reason), ctx)
+
+
+# --- broadcast steps: one sub-run at each site (docs/protocol.md, "Broadcast steps") ---
+#
+# Who writes what: the creator opens the step (names its sites), revokes expired
+# sub-run leases, records an operator's drop and ends the step; each site starts,
+# renews, finishes or releases its own sub-run and no other. So no two sites ever
+# compete for one sub-run, and the step's own phase has a single writer.
+
+RUN_PHASE = {None: 0, "running": 1, "finished": 2, "failed": 2}
+
+
+def sub_run_rank(run: Doc) -> tuple[int, int, str, str, str]:
+    """A site's furthest sub-run among the leaves: epoch, then phase; then, for one
+    execution, its newest lease and progress; then its content, so that any two leaves
+    order alike whatever order they come in."""
+    progress_at = str((run.get("progress") or {}).get("at") or "")
+    return (run.get("epoch", 0), RUN_PHASE.get(run.get("status"), 0),
+            run.get("lease_until") or "", progress_at, json.dumps(run, sort_keys=True))
+
+
+def merge_sub_runs(merged: Doc, leaves: list[Doc]) -> None:
+    """Combine the current broadcast step's sub-runs from every leaf, site by site.
+
+    Each site's sub-run is written by that site (start, renew, finish, release) and by
+    the creator (revoke), concurrently with the other sites' on other branches: the
+    merge takes, per site, the furthest sub-run any leaf holds, so no site's progress
+    is lost to another's write. The sites are those of the merged leaf (the creator
+    opened the step, once); a drop, like a cancellation, survives any concurrent write.
+    """
+    if not is_live(merged):
+        return
+    index = merged["step"]
+    step = merged["job"][index]
+    if not is_broadcast(step) or step.get("runs") is None:
+        return
+    peers = [leaf["job"][index] for leaf in leaves
+             if leaf["step"] == index and isinstance(leaf["job"][index].get("runs"), dict)]
+    for site in step["runs"]:
+        step["runs"][site] = copy.deepcopy(max(
+            (peer["runs"][site] for peer in peers if site in peer["runs"]), key=sub_run_rank))
+    dropped = {site for peer in peers for site in dropped_sites(peer)}
+    if dropped:
+        step["dropped"] = sorted(dropped & set(step["runs"]))
+
+
+def execution_record(doc: Doc, site: str) -> Doc:
+    """Where the current step's execution at `site` is recorded: its sub-run, or the step."""
+    step = _current(doc)
+    return sub_runs(step)[site] if is_broadcast(step) else step
+
+
+def backs_sub_run(step: Doc, epoch: int, site: str) -> bool:
+    """Fencing for a sub-run: the token is (epoch, site), and only a running sub-run of a
+    site still in the step's set counts."""
+    run = sub_runs(step).get(site)
+    return run is not None and site not in dropped_sites(step) \
+        and run.get("status") == "running" and run.get("epoch", 0) == epoch
+
+
+def sub_run_behind(step: Doc, epoch: int, site: str) -> bool:
+    """An old view of a sub-run we ran: the step not opened yet, or an older epoch."""
+    if step.get("runs") is None:
+        return True
+    run = sub_runs(step).get(site)
+    return run is not None and run.get("epoch", 0) < epoch
+
+
+def sub_run_open(step: Doc, site: str) -> bool:
+    """Is `site`'s sub-run waiting for it to start?"""
+    run = counting_runs(step).get(site)
+    return run is not None and run.get("status") is None
+
+
+def current_leases(doc: Doc) -> list[str]:
+    """The lease deadlines of a live job's current step: the step's, or its sub-runs'."""
+    if not is_live(doc):
+        return []
+    step = doc["job"][doc["step"]]
+    records = [step, *sub_runs(step).values()]
+    return [record["lease_until"] for record in records if record.get("lease_until")]
+
+
+def on_broadcast(doc: Doc, step: Doc, ctx: Context, pool: PoolView) -> Decision:
+    if step.get("runs") is None:
+        return open_broadcast(doc, step, ctx, pool) if ctx.site == doc["creator"] else STAY
+    own = on_own_sub_run(doc, step, ctx, pool)
+    if own != STAY or ctx.site != doc["creator"]:
+        return own
+    return arbitrate_broadcast(doc, step, ctx, pool)
+
+
+def broadcast_sites(step: Doc, ctx: Context) -> tuple[list[str], list[str]]:
+    """The sites a broadcast step runs at, and the listed ones left out (unknown here).
+
+    `all` is every site this creator knows now, when it opens the step: a site added
+    to the configs later joins the broadcasts opened after it, and a job that waited
+    for its turn runs where the sites are then, not where they were at submission.
+    """
+    known = (ctx.known_sites or frozenset()) | {ctx.site}
+    if step["target"] == ALL:
+        return sorted(known), []
+    wanted = targets(step)
+    return ([site for site in wanted if known_site(site, ctx)],
+            [site for site in wanted if not known_site(site, ctx)])
+
+
+def known_site(site: str, ctx: Context) -> bool:
+    return site != ANY and known(site, ctx)
+
+
+def open_broadcast(doc: Doc, step: Doc, ctx: Context, pool: PoolView) -> Decision:
+    """The creator names the step's sites, and starts its own part if it has a worker."""
+    sites, left_out = broadcast_sites(step, ctx)
+    detail = "at " + ", ".join(sites)
+    if left_out:
+        detail += "; not known sites, left out: " + ", ".join(left_out)
+
+    def edit(new: Doc) -> None:
+        opened = _current(new)
+        opened.update(runs={site: new_sub_run() for site in sites}, step_status="running",
+                      start_time=ctx.now)
+        _log(new, "opened", ctx, detail=detail)
+
+    opening = Decision("open", edit, detail=detail)
+    worker = pool.worker_for((doc["_id"], doc["step"]))
+    if ctx.site not in sites or worker is None:
+        return opening
+    return in_turn(opening, start_sub_run_decision(doc, 0, ctx, worker))
+
+
+def on_own_sub_run(doc: Doc, step: Doc, ctx: Context, pool: PoolView) -> Decision:
+    """A target site starts its own sub-run on sight: nobody competes for it, so no claim
+    and no winner; a sub-run the documents say we run, with no worker behind it (a
+    restart), is released in a new epoch and started again."""
+    key = (doc["_id"], doc["step"])
+    run = counting_runs(step).get(ctx.site)
+    if run is None:
+        return STAY
+    if run.get("status") is None:
+        worker = pool.worker_for(key)
+        if worker is None:
+            return STAY  # a free worker's scan (the claimable view) brings it back
+        return start_sub_run_decision(doc, run.get("epoch", 0), ctx, worker)
+    if run.get("status") == "running" and key not in pool.running:
+        return Decision("release", release_sub_run(ctx, ctx.site, "worker lost (site restarted)"))
+    return STAY
+
+
+def start_sub_run_decision(doc: Doc, epoch: int, ctx: Context, worker: str) -> Decision:
+    key = (doc["_id"], doc["step"])
+    return Decision("start", start_sub_run(ctx, worker), before=(Book(key, worker),),
+                    after=(Launch(key, epoch + 1, worker),))
+
+
+def log_sub_run(doc: Doc, name: str, ctx: Context, run: Doc, *, worker: str | None = None,
+                detail: str | None = None) -> None:
+    """A history event about a sub-run, in its epoch (the fencing token's half)."""
+    doc["history"].append(event(name, step=doc["step"], site=ctx.site, at=ctx.now,
+                                worker=worker, epoch=run.get("epoch", 0), detail=detail))
+
+
+def start_sub_run(ctx: Context, worker: str) -> Edit:
+    def edit(doc: Doc) -> None:
+        run = sub_runs(_current(doc))[ctx.site]
+        run.update(new_sub_run(), epoch=run.get("epoch", 0) + 1, status="running",
+                   executioner=worker, start_time=ctx.now,
+                   lease_until=later(ctx.now, ctx.lease))
+        log_sub_run(doc, "started", ctx, run, worker=worker)
+    return edit
+
+
+def release_sub_run(ctx: Context, site: str, reason: str) -> Edit:
+    """Give a sub-run back to its site: a new epoch fences off what ran in the old one."""
+    def edit(doc: Doc) -> None:
+        run = sub_runs(_current(doc))[site]
+        run.update(new_sub_run(), epoch=run.get("epoch", 0) + 1)
+        log_sub_run(doc, "released", ctx, run, detail=reason)
+    return edit
+
+
+def finish_sub_run(merged: Doc, ctx: Context, pool: PoolView, worker: str,
+                   outcome: StepOutcome) -> Decision:
+    """Record our sub-run's outcome; the creator ends the step in the same revision when
+    that completes it (arbitrate_broadcast)."""
+    def edit(doc: Doc) -> None:
+        run = sub_runs(_current(doc))[ctx.site]
+        end_step(run, outcome, "status")
+        log_sub_run(doc, "finished" if outcome.ok else "failed", ctx, run, worker=worker,
+                    detail=outcome.reason)
+
+    decision = Decision("finish", edit, detail=outcome.reason)
+    if ctx.site != merged["creator"]:
+        return decision
+    after = copy.deepcopy(merged)
+    edit(after)
+    ending = broadcast_end(_current(after))
+    return decision if ending is None else in_turn(
+        decision, end_broadcast(after, ctx, pool, *ending))
+
+
+def arbitrate_broadcast(doc: Doc, step: Doc, ctx: Context, pool: PoolView) -> Decision:
+    """The creator ends the step once its policy is met, else revokes expired leases.
+
+    A part for a site no configuration of ours names (a document written around the
+    rules, or a creator adopted by a site with fewer sites) could never run: the creator
+    drops it, saying why, as it leaves such a site out when it opens the step."""
+    unknown = [site for site in counting_runs(step) if not known_site(site, ctx)]
+    if unknown:
+        return Decision("drop", drop_sites(ctx, unknown, "not a known site"),
+                        detail=f"not known sites: {', '.join(unknown)}")
+    ending = broadcast_end(step)
+    if ending is not None:
+        return end_broadcast(doc, ctx, pool, *ending)
+    expired = [site for site, run in sorted(counting_runs(step).items())
+               if site != ctx.site and run.get("status") == "running" and ctx.lease_expired(run)]
+    if not expired:
+        return STAY
+    key = (doc["_id"], doc["step"])
+    reasons = [f"lease of {site} expired at {sub_runs(step)[site]['lease_until']}"
+               for site in expired]
+    edits = [release_sub_run(ctx, site, reason) for site, reason in zip(expired, reasons,
+                                                                        strict=True)]
+
+    def edit(new: Doc) -> None:
+        for release_one in edits:
+            release_one(new)
+
+    return Decision("revoke", edit, before=tuple(Revoke(key, site) for site in expired),
+                    detail="; ".join(reasons))
+
+
+def broadcast_end(step: Doc) -> tuple[bool, str] | None:
+    """Whether the step ended by its policy (ok, why); None while it must wait.
+
+    `all` (the default): every site must succeed, and the step fails as soon as one
+    site's run failed (after its own retries and alt_do). `any`: the step waits for
+    every site and succeeds if one did. Dropped sites count neither way.
+    """
+    runs = counting_runs(step)
+    failed = sorted(site for site, run in runs.items() if run.get("status") == "failed")
+    finished = sorted(site for site, run in runs.items() if run.get("status") == "finished")
+    if each_policy(step) == "all":
+        if failed:
+            return False, f"failed at {', '.join(failed)} (each_policy all)"
+        if len(finished) == len(runs):
+            return True, f"finished at every site ({len(runs)})"
+        return None
+    if len(failed) + len(finished) < len(runs):
+        return None
+    if finished:
+        return True, f"finished at {len(finished)} of {len(runs)} sites (each_policy any)"
+    return False, f"failed at every site ({len(runs)}, each_policy any)"
+
+
+def end_broadcast(doc: Doc, ctx: Context, pool: PoolView, ok: bool, reason: str) -> Decision:
+    """The creator ends the step, and goes on to the next one as a finish does."""
+    def edit(new: Doc) -> None:
+        step = _current(new)
+        step.update(step_status="finished" if ok else "failed", finish_time=ctx.now)
+        _log(new, "finished" if ok else "failed", ctx, detail=reason)
+        end_current_step(new, ok)
+
+    decision = Decision("finish" if ok else "fail", edit, detail=reason)
+    return chain_next(doc, decision, ctx, pool) if ok else decision
+
+
+def drop_problem(doc: Doc, ctx: Context, site: str) -> str | None:
+    """Why `site` cannot be dropped from the job's current step here (None: it can)."""
+    if not is_live(doc):
+        return f"the job already ended: {doc['job_status'] or 'every step done'}"
+    if ctx.site != doc["creator"]:
+        return f"only the job's creator drops sites: run this at {doc['creator']} (--site)"
+    index, step = doc["step"], _current(doc)
+    if not is_broadcast(step):
+        return f"step {index} is not a broadcast step"
+    if step.get("runs") is None:
+        return f"step {index} is not open yet: its creator has not named its sites"
+    if site not in sub_runs(step):
+        return f"{site} is not one of step {index}'s sites ({', '.join(sub_runs(step))})"
+    if site in dropped_sites(step):
+        return f"{site} was dropped from step {index} already"
+    status = sub_runs(step)[site].get("status")
+    if status in ("finished", "failed"):
+        return f"{site}'s run of step {index} already {status}"
+    return None
+
+
+def plan_drop(leaves: list[Doc], ctx: Context, site: str, reason: str) -> Plan:
+    """An operator removes a site lost for good from the current broadcast step: the
+    step then finishes without it (`jobdist drop-site`). Written at the creator, which
+    ends the step when the rest are done; its `dropped` event names the site first."""
+    if not leaves:
+        return NOTHING
+    merged = merge(leaves)
+    if drop_problem(merged, ctx, site) is not None:
+        return NOTHING
+
+    return finalize(leaves, merged, Decision("drop", drop_sites(ctx, [site], reason),
+                                             detail=f"{site}: {reason}"), ctx)
+
+
+def drop_sites(ctx: Context, sites: list[str], reason: str) -> Edit:
+    """Remove sites from the current broadcast step's set; a `dropped` event names each."""
+    def edit(doc: Doc) -> None:
+        step = _current(doc)
+        step["dropped"] = sorted({*dropped_sites(step), *sites})
+        for site in sites:
+            log_sub_run(doc, "dropped", ctx, sub_runs(step)[site], detail=f"{site}: {reason}")
+    return edit

@@ -37,7 +37,7 @@ from .design import DDOC
 from .hub import ChangeHub, Subscription
 from .listener import feed_lag
 from .logs import EventLog
-from .model import Doc, after_policy, targets
+from .model import Doc, after_policy, dropped_sites, sub_runs, targets
 from .store import CouchStore
 
 PAGE_SIZE = 50
@@ -116,7 +116,7 @@ def running_by_site(rows: list[Doc]) -> dict[str, list[Doc]]:
         found.setdefault(str(row["key"][0]), []).append({
             "job": row["id"], "step": index, "worker": value.get("executioner"),
             "since": render.short_time(row["key"][1]), "command": step.get("do"),
-            "progress": render.progress_text(step)})
+            "progress": render.progress_text(value)})  # (a broadcast: its site's part)
     return found
 
 
@@ -135,8 +135,22 @@ def step_rows(doc: Doc) -> list[Doc]:
             "alt_do": step.get("alt_do"), "progress": render.progress_text(step),
             "stdout": output.get("stdout") if isinstance(output, dict) else None,
             "stderr": output.get("stderr") if isinstance(output, dict) else None,
+            "sites": sub_run_rows(step),
         })
     return rows
+
+
+def sub_run_rows(step: Doc) -> list[Doc]:
+    """A broadcast step's sub-runs, a row per site (none for a plain step)."""
+    dropped = dropped_sites(step)
+    return [{"site": site,
+             "state": "dropped" if site in dropped else run.get("status") or "open",
+             "worker": run.get("executioner"), "attempts": run.get("attempts", 0),
+             "exit_code": run.get("exit_code"),
+             "started": render.short_time(run.get("start_time")),
+             "finished": render.short_time(run.get("finish_time")),
+             "progress": render.progress_text(run)}
+            for site, run in sorted(sub_runs(step).items())]
 
 
 def timeline(doc: Doc) -> list[Doc]:

@@ -18,7 +18,7 @@ from typing import Any
 
 from jobdist.clock import format_time, later, parse_duration, utc_now
 from jobdist.errors import JobdistError
-from jobdist.model import Doc
+from jobdist.model import ALL, ANY, Doc
 
 
 class UnreadableFile(JobdistError):
@@ -109,7 +109,8 @@ def unknown_targets(submission: Any, sites: Collection[str]) -> list[str]:
     for index, step in enumerate(submission["job"]):
         target = step.get("target") if isinstance(step, dict) else None
         names = target if isinstance(target, list) else [target]
-        unknown = [n for n in names if isinstance(n, str) and n != "any" and n not in sites]
+        unknown = [n for n in names if isinstance(n, str) and n not in (ANY, ALL)
+                   and n not in sites]
         if unknown:
             errors.append(f"job[{index}].target: unknown site {', '.join(map(repr, unknown))}; "
                           f"known: {', '.join(sorted(sites))}")

@@ -611,15 +611,16 @@ class Manager:
             self.skipped.popitem(last=False)
 
     def _lease_silence(self, doc_id: str, leaves: list[Doc]) -> dict[str, float]:
-        """Note the job's current leases; how long each has been seen unchanged.
+        """Note the job's current leases (a broadcast step's, one per site); how long each
+        has been seen unchanged.
 
         Every site notes them (a site may become the creator by adoption); only
         the creator acts on them. A job whose step holds no lease is forgotten.
         """
         now = time.monotonic()
         before = self.leases_seen.pop(doc_id, {})
-        seen = {lease: before.get(lease, now) for leaf in leaves if is_live(leaf)
-                and (lease := leaf["job"][leaf["step"]].get("lease_until"))}
+        seen = {lease: before.get(lease, now) for leaf in leaves
+                for lease in core.current_leases(leaf)}
         if seen:
             self.leases_seen[doc_id] = seen  # re-inserted: the dict stays oldest first
         while len(self.leases_seen) > MAX_LEASES_SEEN:  # forgetting only delays a revocation

@@ -18,10 +18,12 @@ Doc = dict[str, Any]
 StepKey = tuple[str, int]  # (job id, step index): what a booking or a run is for
 
 ANY = "any"
+ALL = "all"  # a broadcast step's target: every site the creator knows when it opens the step
 FINAL_STATUSES = ("success", "failed", "cancelled")
 HISTORY_EVENTS = (
     "created", "claimed", "won", "started", "retried", "finished", "failed",
-    "released", "cancelled", "stale_finish", "invalid", "adopted", "ready",
+    "released", "cancelled", "stale_finish", "invalid", "adopted", "ready", "opened",
+    "dropped",
 )
 # Waiting for other jobs and for a time (docs/job-document.md, "Waiting").
 AFTER_POLICIES = ("success", "always")  # the first is the default
@@ -45,9 +47,15 @@ def new_step(
     sleep: float | None = None,
     sleep_factor: float | None = None,
     sleep_max: float | None = None,
+    each: bool = False,
+    each_policy: str | None = None,
 ) -> Doc:
-    """A step as a submitter writes it; the runtime fields get their initial values."""
-    return initial_step({
+    """A step as a submitter writes it; the runtime fields get their initial values.
+    `each` and `each_policy` (broadcast steps) are written only when set."""
+    broadcast: Doc = {"each": True} if each else {}
+    if each_policy is not None:
+        broadcast["each_policy"] = each_policy
+    return initial_step({**broadcast,
         "target": target,
         "do": do,
         "alt_do": alt_do,
@@ -284,10 +292,59 @@ def targets(step: Doc) -> list[str]:
 def allows(step: Doc, site: str) -> bool:
     """May `site` run this step?"""
     wanted = targets(step)
-    return ANY in wanted or site in wanted
+    return ANY in wanted or ALL in wanted or site in wanted
 
 
 def sole_target(step: Doc) -> str | None:
     """The one site a step may run on, when there is exactly one."""
     wanted = targets(step)
     return wanted[0] if len(wanted) == 1 and wanted[0] != ANY else None
+
+
+# --- broadcast steps (docs/job-document.md, "Broadcast steps") ---------------------
+
+EACH_POLICIES = ("all", "any")  # all: every site must succeed; any: one site is enough
+RUN_STATUSES = (None, "running", "finished", "failed")
+
+
+def is_broadcast(step: Doc) -> bool:
+    """Does the step run once at each of its sites (target "all", or a list with `each`)?"""
+    return step.get("target") == ALL or step.get("each") is True
+
+
+def each_policy(step: Doc) -> str:
+    return step.get("each_policy") or "all"
+
+
+def new_sub_run() -> Doc:
+    """One site's part of a broadcast step, as the creator opens it: not started."""
+    return {
+        "epoch": 0, "status": None, "executioner": None, "start_time": None,
+        "finish_time": None, "exec_time": None, "lease_until": None, "attempts": 0,
+        "exit_code": None, "output": None, "progress": None,
+    }
+
+
+def sub_runs(step: Doc) -> dict[str, Doc]:
+    """The step's sub-runs by site ({} until the creator opens it)."""
+    runs = step.get("runs")
+    return runs if isinstance(runs, dict) else {}
+
+
+def dropped_sites(step: Doc) -> list[str]:
+    """The sites an operator removed from the step's set (`jobdist drop-site`)."""
+    return list(step.get("dropped") or [])
+
+
+def counting_runs(step: Doc) -> dict[str, Doc]:
+    """The sub-runs the step waits for: every site's but the dropped ones'."""
+    dropped = set(dropped_sites(step))
+    return {site: run for site, run in sub_runs(step).items() if site not in dropped}
+
+
+def fan_out(step: Doc) -> tuple[int, int] | None:
+    """(sites done, sites counted) of an opened broadcast step; None for any other step."""
+    if not is_broadcast(step) or step.get("runs") is None:
+        return None
+    runs = counting_runs(step)
+    return sum(run.get("status") in ("finished", "failed") for run in runs.values()), len(runs)

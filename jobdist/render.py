@@ -21,7 +21,17 @@ from jobdist.client import STATUSES, JobRow, SiteSnapshot
 from jobdist.clock import utc_now
 from jobdist.config import SiteConfig
 from jobdist.couch import CouchError, NotFound, Unavailable
-from jobdist.model import Doc, Phase, after_policy, is_held, step_phase, targets
+from jobdist.model import (
+    Doc,
+    Phase,
+    after_policy,
+    dropped_sites,
+    fan_out,
+    is_held,
+    step_phase,
+    sub_runs,
+    targets,
+)
 from jobdist.tables import Cell, Col, FittedTable
 
 
@@ -118,13 +128,20 @@ def progress_lines(doc: Doc) -> list[Text]:
 
 
 def progress_events(doc: Doc) -> list[str]:
-    """`--wait`'s line for each progress report a step holds, in event_line's form."""
-    return [f"{short_time(step['progress'].get('at'))}  step {index}  progress  "
-            f"{progress_text(step)}"
-            for index, step in enumerate(doc["job"]) if progress_text(step)]
+    """`--wait`'s line for each progress report a step (or a broadcast step's part at a
+    site) holds, in event_line's form."""
+    records = [(index, where, record) for index, step in enumerate(doc["job"])
+               for where, record in [("", step), *((f"  at {site}", run) for site, run
+                                                    in sorted(sub_runs(step).items()))]]
+    return [f"{short_time(record['progress'].get('at'))}  step {index}  progress  "
+            f"{progress_text(record)}{where}"
+            for index, where, record in records if progress_text(record)]
 
 
 def step_where(step: Doc) -> str:
+    counts = fan_out(step)
+    if counts is not None:
+        return f"{counts[0]}/{counts[1]} sites"
     if step.get("executioner"):
         return str(step["executioner"])
     if step.get("winner"):
@@ -177,14 +194,30 @@ WATCH_RUNNING_COLUMNS = (
 def steps_table(doc: Doc) -> FittedTable:
     rows: list[list[Cell]] = []
     for index, step in enumerate(doc["job"]):
-        took = step.get("exec_time")
-        rows.append([
-            str(index), step_status_cell(doc, index), plain(", ".join(targets(step))),
-            plain(step_where(step)), str(step.get("attempts", 0)), plain(step.get("exit_code")),
-            short_time(step.get("start_time")), short_time(step.get("finish_time")),
-            "-" if took is None else f"{took:.1f}s", plain(step["do"]),
-        ])
+        rows.append([str(index), step_status_cell(doc, index), plain(", ".join(targets(step))),
+                     plain(step_where(step)), *execution_cells(step), plain(step["do"])])
+        rows += sub_run_rows(step)
     return FittedTable(STEP_COLUMNS, rows, title="steps")
+
+
+def sub_run_rows(step: Doc) -> list[list[Cell]]:
+    """A broadcast step's sub-runs, a row per site under the step's own row."""
+    rows: list[list[Cell]] = []
+    for site, run in sorted(sub_runs(step).items()):
+        status = "dropped" if site in dropped_sites(step) else run.get("status") or "open"
+        if status == "running" and progress_text(run):
+            status += " " + progress_text(run).split(" ", 1)[0]
+        rows.append(["", status, plain(f"at {site}"), plain(run.get("executioner")),
+                     *execution_cells(run), ""])
+    return rows
+
+
+def execution_cells(record: Doc) -> list[Cell]:
+    """TRIES, EXIT, STARTED, FINISHED and TOOK of a step or a sub-run."""
+    took = record.get("exec_time")
+    return [str(record.get("attempts", 0)), plain(record.get("exit_code")),
+            short_time(record.get("start_time")), short_time(record.get("finish_time")),
+            "-" if took is None else f"{took:.1f}s"]
 
 
 def lost_claims(history: list[Doc]) -> set[str]:
@@ -294,6 +327,8 @@ def failure_reason(doc: Doc) -> str:
 
 def list_row(row: JobRow) -> list[Cell]:
     step = "-" if row.status not in ("live", "waiting") else f"{row.step + 1}/{row.steps}"
+    if row.status == "live" and row.fan_out:
+        step += f" ({row.fan_out} sites)"
     return [row.id, row.status, step, plain(row.creator), str(row.priority),
             short_time(row.created_at), short_time(row.updated_at), plain(row.command)]
 

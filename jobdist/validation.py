@@ -25,12 +25,16 @@ from typing import Any
 
 from .model import (
     AFTER_POLICIES,
+    ALL,
+    EACH_POLICIES,
     EVENT_DEFAULTS,
     HISTORY_EVENTS,
     JOB_DEFAULTS,
     MAX_AFTER,
     RETRY_DEFAULTS,
+    RUN_STATUSES,
     STEP_DEFAULTS,
+    is_broadcast,
 )
 from .names import did_you_mean
 
@@ -346,19 +350,12 @@ PROGRESS_FIELDS = [
     Field("at", TIME),
 ]
 
-# Submitter fields first, then the runtime fields. Only `do` has no default.
-STEP_FIELDS = [
-    Field("target", check_target),
-    Field("do", text(MAX_DO_LENGTH, non_empty=True)),
-    Field("alt_do", text(MAX_DO_LENGTH, non_empty=True, allow_null=True)),
-    Field("timeout", optional_number(">", 0)),
-    Field("retry_strategy",
-          object_of(RETRY_STRATEGY_FIELDS, "must be an object", RETRY_DEFAULTS)),
-    Field("epoch", COUNT),
-    Field("claimed_by", OPTIONAL_SITE),
-    Field("winner", OPTIONAL_SITE),
-    Field("executioner", simple(nullable(is_string), "must be null or a string")),
-    Field("step_status", simple(one_of(STEP_STATUSES), describe_choices(STEP_STATUSES))),
+# --- broadcast steps (docs/job-document.md, "Broadcast steps") ---
+MAX_RUN_SITES = 1000
+BROADCAST_REASON = 'only for a broadcast step (target "all", or a list of sites with each: true)'
+FLAG = simple(lambda value: isinstance(value, bool), "must be true or false")
+# What an execution records, on its step or on its sub-run.
+EXECUTION_FIELDS = [
     Field("exec_time", optional_number(">=", 0)),
     Field("start_time", OPTIONAL_TIME),
     Field("finish_time", OPTIONAL_TIME),
@@ -371,7 +368,84 @@ STEP_FIELDS = [
                                 "must be null or an object {fraction, message, at}",
                                 allow_null=True)),
 ]
-STEP = object_of(STEP_FIELDS, "must be an object", STEP_DEFAULTS)
+EXECUTIONER = Field("executioner", simple(nullable(is_string), "must be null or a string"))
+SUB_RUN_FIELDS = [
+    Field("epoch", COUNT),
+    Field("status", simple(one_of(RUN_STATUSES), describe_choices(RUN_STATUSES))),
+    EXECUTIONER,
+    *EXECUTION_FIELDS,
+]
+SUB_RUN = object_of(SUB_RUN_FIELDS, "must be an object")
+
+
+def check_runs(value: Any, path: str, errors: list[str]) -> None:
+    """null until the creator opens the step; then one sub-run per site, by site name."""
+    if value is None:
+        return
+    if not is_object(value):
+        errors.append(f"{path}: must be null or an object of sub-runs by site name")
+        return
+    if len(value) > MAX_RUN_SITES:
+        errors.append(f"{path}: must have at most {MAX_RUN_SITES} sites")
+    for site in sorted_like_javascript(value):
+        if not is_site_name(site):
+            errors.append(f"{path}.{site}: {SITE_NAME_REASON}")
+        else:
+            SUB_RUN(value[site], f"{path}.{site}", errors)
+
+
+def check_broadcast(step: dict[str, Any], path: str, errors: list[str]) -> None:
+    """The broadcast fields agree with the target and with each other."""
+    target = step.get("target")
+    if step.get("each") is True and not is_list(target) and target != ALL:
+        errors.append(f'{path}.each: may be true only when target is a list of sites or "all"')
+    broadcast = is_broadcast(step)
+    runs: Any = step.get("runs")
+    for name in ("each_policy", "runs", "dropped"):
+        if not broadcast and step.get(name) is not None:
+            errors.append(f"{path}.{name}: {BROADCAST_REASON}")
+    if broadcast and step.get("step_status") == "running" and runs is None:
+        errors.append(f"{path}.runs: must name the step's sites once it runs")
+    dropped: Any = step.get("dropped")
+    if broadcast and is_list(dropped):
+        for index, site in enumerate(dropped):
+            if is_site_name(site) and (not is_object(runs) or site not in runs):
+                errors.append(f"{path}.dropped[{index}]: not one of the step's sites (runs)")
+
+
+BROADCAST_FIELDS = [
+    Field("each", FLAG, optional=True),
+    Field("each_policy", simple(one_of(EACH_POLICIES), describe_choices(EACH_POLICIES)),
+          optional=True),
+    Field("runs", check_runs, optional=True),
+    Field("dropped", list_of(SITE), optional=True),
+]
+
+# Submitter fields first, then the runtime fields. Only `do` has no default.
+STEP_FIELDS = [
+    Field("target", check_target),
+    Field("do", text(MAX_DO_LENGTH, non_empty=True)),
+    Field("alt_do", text(MAX_DO_LENGTH, non_empty=True, allow_null=True)),
+    Field("timeout", optional_number(">", 0)),
+    Field("retry_strategy",
+          object_of(RETRY_STRATEGY_FIELDS, "must be an object", RETRY_DEFAULTS)),
+    Field("epoch", COUNT),
+    Field("claimed_by", OPTIONAL_SITE),
+    Field("winner", OPTIONAL_SITE),
+    EXECUTIONER,
+    Field("step_status", simple(one_of(STEP_STATUSES), describe_choices(STEP_STATUSES))),
+    *EXECUTION_FIELDS,
+]
+STEP_OBJECT = object_of(STEP_FIELDS + BROADCAST_FIELDS, "must be an object", STEP_DEFAULTS)
+
+
+def check_step(value: Any, path: str, errors: list[str]) -> None:
+    STEP_OBJECT(value, path, errors)
+    if is_object(value):
+        check_broadcast(value, path, errors)
+
+
+STEP = check_step
 
 EVENT_FIELDS = [
     Field("event", simple(one_of(HISTORY_EVENTS), describe_choices(HISTORY_EVENTS))),

@@ -19,7 +19,19 @@ from datetime import UTC, datetime, timedelta
 from jobdist import core
 from jobdist.clock import format_time
 from jobdist.couch import Conflict, Saved
-from jobdist.model import Doc, Phase, StepKey, awaited, is_held, is_live, step_phase, targets
+from jobdist.model import (
+    Doc,
+    Phase,
+    StepKey,
+    awaited,
+    counting_runs,
+    is_broadcast,
+    is_held,
+    is_live,
+    step_phase,
+    sub_runs,
+    targets,
+)
 from jobdist.store import Open, Written
 
 
@@ -276,6 +288,10 @@ def check_progress_is_the_current_runs(replicas: Iterable[Replica], job_ids: lis
                 if step.get("progress"):
                     assert step["progress"]["message"] == f"{step['winner']} epoch " \
                         f"{step['epoch']}", (doc_id, step)
+                for site, run in sub_runs(step).items():  # a broadcast step's, per site
+                    if run.get("progress"):
+                        assert run["progress"]["message"] == f"{site} epoch {run['epoch']}", \
+                            (doc_id, site, run)
 
 
 def check_no_double_execution(ledger: list[Execution], *, per_site: bool = False) -> None:
@@ -330,21 +346,24 @@ class SimStore:
                 and (doc := self.replica.winner(doc_id)) is not None]
 
     def claimable(self, target: str, limit: int) -> list[Open]:
+        """As the view: open steps by target, and broadcast sub-runs waiting at a site."""
         rows = [Open(doc["_id"], core.doc_rank(doc), doc["created_at"])
                 for doc in self.live_jobs()
-                if step_phase(doc["job"][doc["step"]]) == Phase.OPEN and not is_held(doc)
-                and target in targets(doc["job"][doc["step"]])]
+                if (step_phase(doc["job"][doc["step"]]) == Phase.OPEN and not is_held(doc)
+                    and target in targets(doc["job"][doc["step"]]))
+                or core.sub_run_open(doc["job"][doc["step"]], target)]
         return sorted(rows, key=lambda row: (row.rank, row.created_at))[:limit]
 
     def leases_due(self, creator: str, cutoff: str) -> list[str]:
         return [doc["_id"] for doc in self.live_jobs() if doc["creator"] == creator
-                and (lease := doc["job"][doc["step"]].get("lease_until")) and lease <= cutoff
+                and any(lease <= cutoff for lease in core.current_leases(doc))
                 and Phase.WON <= step_phase(doc["job"][doc["step"]]) <= Phase.RUNNING]
 
     def involving(self, site: str) -> Iterator[str]:
         for doc in self.live_jobs():
             step = doc["job"][doc["step"]]
-            if site in (doc["creator"], step.get("claimed_by"), step.get("winner")):
+            if site in (doc["creator"], step.get("claimed_by"), step.get("winner")) or \
+                    (is_broadcast(step) and site in counting_runs(step)):
                 yield doc["_id"]
 
     def waiting(self, creator: str) -> list[str]:

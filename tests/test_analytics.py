@@ -298,13 +298,14 @@ def test_summary_figures(result: tuple[dict, Path]) -> None:
 
 def test_parquet_and_csv_tables_read_back(spark: Any, result: tuple[dict, Path]) -> None:
     out = result[1]
-    expected_rows = {"jobs": 5, "steps": 11, "sites": 2, "failures": 1}
+    expected_rows = {"jobs": 5, "steps": 11, "sites": 2, "failures": 1, "broadcasts": 0}
     for table in analytics.TABLES:
         parquet = spark.read.parquet(str(out / f"{table}.parquet"))
         with (out / f"{table}.csv").open(newline="") as handle:
-            rows = list(csv.DictReader(handle))
+            reader = csv.DictReader(handle)
+            rows = list(reader)
         assert len(rows) == parquet.count()
-        assert list(rows[0]) == parquet.columns
+        assert reader.fieldnames == parquet.columns
         if table in expected_rows:
             assert len(rows) == expected_rows[table]
     jobs_csv = {row["job_id"]: row for row in csv.DictReader((out / "jobs.csv").open())}
@@ -382,7 +383,8 @@ def test_job_row_reads_a_field_left_out_as_its_default() -> None:
     assert row[1:5] == ("global", 0, None, 0)  # creator, priority, status, current step
     assert row[5] is None and row[9] == []  # not yet accepted; no history
     assert row[8][0][:3] == ("any", False, 0)  # target, targeted, epoch
-    assert row[8][0][11:] == (None, None)  # no progress reported
+    assert row[8][0][11:13] == (None, None)  # no progress reported
+    assert row[8][0][13:] == (False, [])  # no broadcast, no sub-runs
 
 
 # -- the command -----------------------------------------------------------------------
@@ -429,6 +431,62 @@ def test_command_without_java(couch_server: LocalServer, jobs_db: str, tmp_path:
         "(install a JDK or set JAVA_HOME)")
 
 
+# -- broadcast fan-out ---------------------------------------------------------------------
+
+
+def broadcast_job(name: str, finishes: dict[str, float | None], dropped: list[str]) -> Doc:
+    """A job whose step 0 ran at each site of `finishes` (None: never ended), opened at 1 s."""
+    doc = new_job("global", [new_step("snapshot", target="all"), new_step("verify")],
+                  created_at=at(0.0), job_id=f"job-{name}")
+    snapshot = doc["job"][0]
+    snapshot.update(step_status="finished", start_time=at(1.0), finish_time=at(9.0),
+                    runs={}, dropped=dropped)
+    for site, finish in finishes.items():
+        snapshot["runs"][site] = {
+            "epoch": 1, "status": "finished" if finish else "running",
+            "executioner": f"{site}/w1", "start_time": at(1.5),
+            "finish_time": at(finish) if finish else None,
+            "exec_time": finish - 1.5 if finish else None, "lease_until": None,
+            "attempts": 1, "exit_code": 0 if finish else None, "output": None,
+            "progress": None}
+    doc["step"] = 1
+    return doc
+
+
+def test_broadcast_fan_out_and_the_slowest_sites_lag(spark: Any, couch_server: LocalServer,
+                                                     tmp_path: Path) -> None:
+    name = f"t_broadcast_{uuid.uuid4().hex[:8]}"
+    database = Couch(couch_server.url).ensure_database(name)
+    try:
+        database.bulk_docs([
+            broadcast_job("x", {"global": 2.0, "reg_a": 3.0, "reg_b": 5.5}, []),
+            broadcast_job("y", {"global": 2.5, "reg_a": 4.0, "reg_c": None}, ["reg_c"]),
+            job_d(),  # no broadcast: no row
+        ])
+        summary = analytics.run_report(couch_server.url, name, tmp_path, "local[2]")
+        rows = rows_by(spark, tmp_path, "broadcasts", "job_id")
+        sites = rows_by(spark, tmp_path, "sites", "site")
+    finally:
+        requests.delete(f"{couch_server.url}/{name}", timeout=10)
+    assert set(rows) == {"job-x", "job-y"}
+    x, y = rows["job-x"], rows["job-y"]
+    assert (x["sites"], x["finished"], x["dropped"], x["slowest_site"]) == (3, 3, 0, "reg_b")
+    assert x["lag_s"] == pytest.approx(3.5) and x["span_s"] == pytest.approx(4.5)
+    assert (y["sites"], y["finished"], y["dropped"], y["slowest_site"]) == (2, 2, 1, "reg_a")
+    assert y["lag_s"] == pytest.approx(1.5)
+    broadcast = summary["broadcast"]
+    assert broadcast["steps"] == 2 and broadcast["sites_per_step"]["mean"] == 2.5
+    assert broadcast["lag_s"]["max"] == pytest.approx(3.5)
+    assert broadcast["slowest_sites"] == {"reg_a": 1, "reg_b": 1}
+    page = (tmp_path / "report.html").read_text()
+    assert "broadcast steps (sites each, mean)" in page and "2 (2.50)" in page
+    # Each site's part counts as a step it ran (reg_b also ran job-d's two steps; the
+    # dropped reg_c's part counts nowhere), runnable from the step's opening at 1 s.
+    assert {site: (row["steps"], row["busy_s"]) for site, row in sites.items()} == {
+        "global": (2, 1.5), "reg_a": (2, 4.0), "reg_b": (3, 5.5)}
+    assert sites["global"]["overhead_p50_s"] == pytest.approx(0.5)
+
+
 # -- waiting jobs (docs/analytics.md, "waits") -----------------------------------------
 
 
@@ -453,7 +511,24 @@ def waits_jobs() -> list[Doc]:
     ran(delayed["job"][0], "global", 5.2, 6.0)
     never = job("w-e", 2.0, ["any"], None)
     never["after"] = ["job-never"]
-    return [first, released, failed, delayed, never, job("w-f", 3.0, ["any"], "success")]
+    return [first, released, failed, delayed, never, job("w-f", 3.0, ["any"], "success"),
+            *ticked_jobs()]
+
+
+def ticked_jobs() -> list[Doc]:
+    """Jobs schedules made ("ticks"): t-1 created 0.5 s after its tick, started 1.0 s
+    after it; t-2 created 2.0 s late (a catch-up), not started yet; t-3 another schedule's."""
+    on_time = job("t-1", 4.5, ["any"], "success")
+    on_time["schedule"] = {"name": "nightly", "tick": at(4.0)}
+    log(on_time, "started", 0, "reg_a", 5.0)
+    ran(on_time["job"][0], "reg_a", 5.0, 5.5)
+    late = job("t-2", 12.0, ["any"], None)
+    late["schedule"] = {"name": "nightly", "tick": at(10.0)}
+    other = job("t-3", 6.25, ["any"], "success")
+    other["schedule"] = {"name": "hourly", "tick": at(6.0)}
+    log(other, "started", 0, "global", 6.5)
+    ran(other["job"][0], "global", 6.5, 7.0)
+    return [on_time, late, other]
 
 
 @pytest.fixture(scope="module")
@@ -493,4 +568,23 @@ def test_waits_summary_and_report(waits_result: tuple[dict, Path]) -> None:
     assert waits["start_lateness_s"]["max"] == pytest.approx(0.2)
     page = (out / "report.html").read_text()
     for text in ("4: 2 / 1 / 1", "1.700 s / 4.100 s", "1: 0.200 s / 0.200 s"):
+        assert text in page, text
+
+
+def test_ticks_table_says_how_late_each_scheduled_job_was_made_and_started(
+        spark: Any, waits_result: tuple[dict, Path]) -> None:
+    summary, out = waits_result
+    ticks = rows_by(spark, out, "ticks", "job_id")
+    assert {job_id: (row["schedule"], row["status"], row["creation_lateness_s"],
+                     row["start_lateness_s"]) for job_id, row in ticks.items()} == {
+        "job-t-1": ("nightly", "success", pytest.approx(0.5), pytest.approx(1.0)),
+        "job-t-2": ("nightly", "live", pytest.approx(2.0), None),
+        "job-t-3": ("hourly", "success", pytest.approx(0.25), pytest.approx(0.5)),
+    }
+    figures = summary["ticks"]
+    assert (figures["ticks"], figures["by_schedule"]) == (3, {"nightly": 2, "hourly": 1})
+    assert figures["creation_lateness_s"]["p50"] == pytest.approx(0.5)  # 0.25 0.5 2.0
+    assert figures["start_lateness_s"]["max"] == pytest.approx(1.0)
+    page = (out / "report.html").read_text()
+    for text in ("3 (2)", "0.500 s / 2.000 s", "0.750 s / 1.000 s"):
         assert text in page, text

@@ -33,7 +33,7 @@ import requests
 
 from jobdist.lab.cluster import LocalCluster
 from jobdist.lab.scenarios import site_db, submit_all, wait_until_done, write_sites
-from jobdist.model import ANY, Doc, event, new_job, new_step
+from jobdist.model import ANY, Doc, event, new_job, new_step, new_sub_run
 from jobdist.validation import (
     MAX_DOC_SIZE,
     MAX_STREAM_LENGTH,
@@ -508,6 +508,23 @@ HOSTILE: list[Hostile] = [
     Hostile("bare-with-unknown-creator", [bare("bare-with-unknown-creator", creator="mallory")],
             "failed", "creator 'mallory' is not a known site"),
     Hostile("bloated", [bloated(0)], "unchanged", "write refused"),
+    # Broadcast steps: parts for sites nobody knows, an empty set, a part pretending to run.
+    Hostile("broadcast-to-unknown-sites", [hostile(
+        "broadcast-to-unknown-sites", new_step("true", target=["reg_a", "mallory"], each=True))],
+            "success"),
+    Hostile("broadcast-opened-at-unknown-site", [with_step(
+        hostile("broadcast-opened-at-unknown-site", new_step("true", target="all")),
+        step_status="running", runs={"global": new_sub_run(), "mallory": new_sub_run()})],
+            "success"),
+    Hostile("broadcast-opened-at-no-site", [with_step(
+        hostile("broadcast-opened-at-no-site", new_step("true", target="all"),
+                new_step("true", target="reg_a")), step_status="running", runs={})],
+            "success"),
+    Hostile("broadcast-part-pretends-running", [with_step(
+        hostile("broadcast-part-pretends-running", new_step("true", target="all")),
+        step_status="running", runs={"global": new_sub_run(), "reg_a": {
+            **new_sub_run(), "status": "running", "epoch": 3, "executioner": "reg_a/w9",
+            "start_time": T0, "lease_until": FAR}})], "success"),
     *(Hostile(f"epoch-at-its-bound-{n}", [with_step(
         hostile(f"epoch-at-its-bound-{n}", priority=10**6), epoch=1_000_000_000)],
         "failed", "the server refused") for n in range(10)),

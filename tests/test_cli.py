@@ -474,6 +474,54 @@ def wait_until_ended(cluster: LocalCluster, job_id: str) -> Doc:
                     and d["job_status"] is not None and d, timeout=30, what="the job ends")
 
 
+# --- broadcast steps ------------------------------------------------------------------
+
+
+def test_a_broadcast_shows_each_site_and_its_fan_out_then_drop_site(
+        jobdist: Jobdist, cluster: LocalCluster, tmp_path: Path) -> None:
+    pid_file = tmp_path / "pid"
+    slow_at_b = f'[ "$JOBDIST_SITE" != reg_b ] || {{ echo $$ > {pid_file}; exec sleep 60; }}'
+    result = jobdist("submit", "--step", slow_at_b, "--target", "all")
+    assert result.exit_code == 0, result.output
+    job_id = result.stdout.strip()
+
+    def parts_done() -> bool:
+        doc = merged_at(cluster, "global", job_id) or {"job": [{}]}
+        runs = doc["job"][0].get("runs") or {}
+        return pid_file.exists() and all(runs.get(site, {}).get("status") == "finished"
+                                         for site in ("global", "reg_a"))
+
+    wait_for(parts_done, timeout=30, what="global and reg_a done, reg_b running")
+    listed = jobdist("list", "--status", "live")
+    assert "1/1 (2/3 sites)" in next(line for line in listed.stdout.splitlines()
+                                     if job_id in line)
+    shown = jobdist("show", job_id)
+    lines = shown.stdout.splitlines()
+    assert "2/3 sites" in next(line for line in lines if line.lstrip().startswith("0 "))
+    assert "running" in next(line for line in lines if "at reg_b" in line)
+    assert "finished" in next(line for line in lines if "at reg_a" in line)
+
+    elsewhere = jobdist("drop-site", job_id, "reg_b", "--site", "reg_a")
+    assert elsewhere.exit_code == 2
+    assert "only the job's creator drops sites: run this at global" in elsewhere.stderr
+    unknown = jobdist("drop-site", job_id, "reg_x")
+    assert unknown.exit_code == 2 and "reg_x is not one of step 0's sites" in unknown.stderr
+
+    pid = int(pid_file.read_text())
+    dropped = jobdist("drop-site", job_id, "reg_b", "--reason", "operator test")
+    assert dropped.exit_code == 0, dropped.output
+    doc = wait_for(lambda: next((d for d in [merged_at(cluster, "global", job_id)]
+                                 if d and d["job_status"] == "success"), None),
+                   timeout=20, what="the job ends without reg_b")
+    wait_for(lambda: process_start_time(pid) == "", timeout=20,
+             what="reg_b's part is stopped: it no longer counts")
+    assert doc["job"][0]["dropped"] == ["reg_b"]
+    shown = jobdist("show", job_id)
+    assert "dropped" in next(line for line in shown.stdout.splitlines() if "at reg_b" in line)
+    again = jobdist("drop-site", job_id, "reg_b")
+    assert again.exit_code == 2 and "the job already ended: success" in again.stderr
+
+
 # --- waiting: submit --after / --after-policy / --at / --in, list --status waiting, show --
 
 def test_submit_after_waits_shows_why_and_runs_once_the_job_succeeded(

@@ -14,7 +14,7 @@ from jobdist import client
 from jobdist import render as show
 from jobdist.config import CouchSettings, SiteConfig
 from jobdist.couch import Unavailable
-from jobdist.model import Doc, event, new_job, new_step
+from jobdist.model import Doc, event, new_job, new_step, new_sub_run
 from jobdist.tables import Col, FittedTable, allot
 
 T1 = "2026-11-22T00:35:12.123456Z"
@@ -153,3 +153,25 @@ def test_the_dropped_column_is_the_last_resort() -> None:
     table = FittedTable(COLUMNS, [["abc", "2026-11-22 00:35:12", "some words here", "extra"]])
     assert [c.header for c in table.layout(80).columns] == ["A", "TIME", "TEXT", "EXTRA"]
     assert [c.header for c in table.layout(26).columns] == ["A", "TIME", "TEXT"]
+
+
+def test_a_broadcast_step_fits_80_columns_with_a_row_per_site() -> None:
+    doc = new_job("global", [new_step(COMMAND, target="all"), new_step("verify")],
+                  created_at=T1, job_id=JOB_ID)
+    doc["_rev"] = "7-abc"
+    snapshot = doc["job"][0]
+    snapshot.update(step_status="running", start_time=T1, runs={
+        site: {**new_sub_run(), "status": status, "epoch": 1 if status else 0,
+               "executioner": f"{site}/w1" if status else None}
+        for site, status in (("global", "finished"), ("reg_a", "running"), ("reg_b", None))})
+    snapshot["runs"]["reg_a"]["progress"] = {"fraction": 0.4, "message": "copying", "at": T2}
+    lines = render(show.steps_table(doc), 80)
+    assert_fits(lines, 80)
+    step_row = next(line for line in lines if line.lstrip().startswith("0 "))
+    assert "1/3 sites" in step_row
+    assert "running 40%" in next(line for line in lines if "at reg_a" in line)
+    assert "open" in next(line for line in lines if "at reg_b" in line)
+    assert show.progress_events(doc) == ["2026-11-22 00:35:24  step 0  progress  40% copying"
+                                         "  at reg_a"]
+    row = client.row_from_summary(JOB_ID, T1, client.summary_of(doc))
+    assert show.list_row(row)[2] == "1/2 (1/3 sites)"

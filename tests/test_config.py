@@ -197,3 +197,10 @@ def test_the_documented_succession_table_loads(tmp_path: Path, doc: str) -> None
                if "[succession]" in block]
     site = load_site(write_config(tmp_path, BASE + table))
     assert site.succession.successors == {"global": ("reg_a", "reg_b")}
+
+
+@pytest.mark.parametrize("name", ["any", "all"])
+def test_a_site_cannot_be_named_like_a_target_that_means_many(tmp_path: Path,
+                                                                name: str) -> None:
+    with pytest.raises(ValueError, match=f"name '{name}' is a target that means"):
+        load_site(write_config(tmp_path, BASE.replace('"solo"', f'"{name}"')))

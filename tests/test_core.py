@@ -29,7 +29,7 @@ from jobdist.core import (
     Running,
     Unbook,
 )
-from jobdist.model import Doc, event, is_live, new_job, new_step
+from jobdist.model import Doc, event, is_live, new_job, new_step, new_sub_run
 from jobdist.validation import validate_job
 
 from .sim import Clock, Execution, Outcome, SimSite, check_no_double_execution
@@ -1323,6 +1323,205 @@ def test_release_and_start_clear_progress_and_a_finish_keeps_the_last_report():
     assert plan.doc["job"][0]["step_status"] == "finished"
     kept = core.plan_finish([doc], ctx("reg_a"), pool(), KEY, 1, "reg_a/w1", Outcome())
     assert kept.doc["job"][0]["progress"] == report(0.5, "half", 20)  # nothing newer printed
+
+
+# --- broadcast steps (docs/protocol.md, "Broadcast steps") ----------------------------
+
+SITES3 = {"global", "reg_a", "reg_b"}
+
+
+def broadcast(*later: Any, policy: str | None = None, rev: str = "1-a") -> Doc:
+    """A job whose step 0 runs at every site, then steps of the given targets."""
+    doc = job("all", *later, rev=rev)
+    if policy is not None:
+        doc["job"][0]["each_policy"] = policy
+    return doc
+
+
+def opened(doc: Doc, *sites: str) -> Doc:
+    return step(doc, step_status="running", start_time=at(1),
+                runs={site: new_sub_run() for site in sites or sorted(SITES3)})
+
+
+def sub(doc: Doc, site: str, **fields: Any) -> Doc:
+    current(doc)["runs"][site].update(fields)
+    return doc
+
+
+def done(doc: Doc, site: str, status: str = "finished", epoch: int = 1) -> Doc:
+    return sub(doc, site, status=status, epoch=epoch, exit_code=0 if status == "finished" else 1,
+               attempts=1, finish_time=at(5))
+
+
+def apply(plan: Plan) -> Doc:
+    assert plan.doc is not None, plan
+    assert validate_job(plan.doc) == [], validate_job(plan.doc)
+    return plan.doc
+
+
+def test_the_creator_opens_a_broadcast_at_the_sites_it_knows_and_starts_its_own_part():
+    plan = core.plan([broadcast()], ctx(known=SITES3), pool("global/w1"))
+    doc = apply(plan)
+    assert sorted(current(doc)["runs"]) == sorted(SITES3)
+    assert current(doc)["runs"]["global"]["status"] == "running"
+    assert current(doc)["runs"]["reg_a"] == new_sub_run()
+    assert (current(doc)["epoch"], current(doc)["winner"]) == (0, None)
+    assert events(doc)[-2:] == ["opened", "started"]
+    assert doc["history"][-2]["detail"] == "at global, reg_a, reg_b"
+    assert plan.after == (Launch(KEY, 1, "global/w1"),)
+
+
+def test_only_the_creator_opens_and_other_sites_wait_for_it():
+    assert decide(broadcast(), "reg_a", pool("reg_a/w1"), known=SITES3).action == "none"
+    assert apply(decide(broadcast(), known=SITES3)).get("history")[-1]["event"] == "opened"
+
+
+def test_a_listed_broadcast_leaves_out_sites_the_creator_does_not_know():
+    doc = job(["reg_a", "reg_x"])
+    step(doc, each=True)
+    opened_doc = apply(decide(doc, known=SITES3))
+    assert list(current(opened_doc)["runs"]) == ["reg_a"]
+    assert opened_doc["history"][-1]["detail"] == "at reg_a; not known sites, left out: reg_x"
+
+
+def test_a_site_starts_its_own_part_on_sight_and_no_other():
+    doc = opened(broadcast())
+    plan = decide(doc, "reg_a", pool("reg_a/w1"), known=SITES3)
+    started = apply(plan)
+    assert current(started)["runs"]["reg_a"]["status"] == "running"
+    assert current(started)["runs"]["reg_b"]["status"] is None
+    assert started["history"][-1]["site"] == "reg_a" and started["history"][-1]["epoch"] == 1
+    assert plan.before == (Book(KEY, "reg_a/w1"),)
+    assert decide(doc, "reg_a", pool(), known=SITES3).action == "none"  # no worker: waits
+
+
+def test_a_sub_run_finish_is_fenced_by_its_epoch_and_site():
+    doc = sub(opened(broadcast()), "reg_a", status="running", epoch=2)
+    finish = core.plan_finish([doc], ctx("reg_a"), pool("reg_a/w1"), KEY, 2, "reg_a/w1",
+                              Outcome())
+    assert current(apply(finish))["runs"]["reg_a"]["status"] == "finished"
+    stale = core.plan_finish([doc], ctx("reg_a"), pool("reg_a/w1"), KEY, 1, "reg_a/w1",
+                             Outcome())
+    assert stale.action == "stale_finish"
+    other = core.plan_finish([doc], ctx("reg_b"), pool("reg_b/w1"), KEY, 2, "reg_b/w1",
+                             Outcome())
+    assert other.action == "stale_finish"  # (2, reg_b) was never issued
+
+
+def test_the_creator_ends_the_step_when_the_last_part_finishes_and_chains_its_next():
+    doc = done(done(opened(broadcast("global")), "reg_a"), "reg_b")
+    doc = sub(doc, "global", status="running", epoch=1)
+    plan = core.plan_finish([doc], ctx(known=SITES3), pool("global/w1"), KEY, 1, "global/w1",
+                            Outcome())
+    ended = apply(plan)
+    assert ended["step"] == 1 and current(ended)["step_status"] == "running"
+    assert ended["job"][0]["step_status"] == "finished"
+    assert events(ended)[-3:] == ["finished", "finished", "started"]
+    assert ended["history"][-2]["detail"] == "finished at every site (3)"
+    assert plan.after == (Launch((JOB, 1), 1, "global/w1"),)
+
+
+def test_a_site_finishing_last_leaves_the_end_to_the_creator():
+    doc = sub(done(done(opened(broadcast()), "global"), "reg_a"), "reg_b", status="running",
+              epoch=1)
+    finished = apply(core.plan_finish([doc], ctx("reg_b"), pool("reg_b/w1"), KEY, 1,
+                                      "reg_b/w1", Outcome()))
+    assert finished["step"] == 0 and finished["job_status"] is None
+    ended = apply(decide(finished, known=SITES3))
+    assert ended["job_status"] == "success"
+
+
+@pytest.mark.parametrize(("policy", "statuses", "expected"), [
+    ("all", {"global": "finished", "reg_a": "failed", "reg_b": None}, "failed"),
+    ("all", {"global": "finished", "reg_a": "finished", "reg_b": "running"}, None),
+    ("any", {"global": "failed", "reg_a": "failed", "reg_b": "running"}, None),
+    ("any", {"global": "failed", "reg_a": "finished", "reg_b": "failed"}, "success"),
+    ("any", {"global": "failed", "reg_a": "failed", "reg_b": "failed"}, "failed"),
+])
+def test_each_policy_decides_how_the_step_ends(policy, statuses, expected):
+    doc = opened(broadcast(policy=policy))
+    for site, status in statuses.items():
+        sub(doc, site, status=status, epoch=1 if status else 0)
+    plan = decide(doc, known=SITES3)
+    if expected is None:
+        assert plan.action == "none"
+        return
+    assert apply(plan)["job_status"] == expected
+
+
+def test_the_creator_revokes_an_expired_sub_run_lease_for_that_site_alone():
+    doc = sub(opened(broadcast()), "reg_a", status="running", epoch=1, lease_until=at(100))
+    sub(doc, "reg_b", status="running", epoch=1, lease_until=at(10_000))
+    plan = decide(doc, known=SITES3)
+    revoked = apply(plan)
+    assert current(revoked)["runs"]["reg_a"] == {**new_sub_run(), "epoch": 2}
+    assert current(revoked)["runs"]["reg_b"]["status"] == "running"
+    assert revoked["history"][-1]["detail"] == f"lease of reg_a expired at {at(100)}"
+    assert revoked["history"][-1]["epoch"] == 2
+    reg_b_runs = pool(running={KEY: Running("reg_b/w1", 1)})
+    assert decide(doc, "reg_b", reg_b_runs, known=SITES3).action == "none"  # creator only
+
+
+def test_a_site_back_from_a_restart_releases_its_part_and_kills_a_superseded_run():
+    doc = sub(opened(broadcast()), "reg_a", status="running", epoch=1)
+    plan = decide(doc, "reg_a", pool("reg_a/w1"), known=SITES3)
+    assert plan.action == "release"
+    assert current(apply(plan))["runs"]["reg_a"]["epoch"] == 2
+    revoked = sub(copy.deepcopy(doc), "reg_a", status=None, epoch=2)
+    kill = decide(revoked, "reg_a", pool(running={KEY: Running("reg_a/w1", 1)}), known=SITES3)
+    assert kill.before == (Kill(KEY, "execution superseded"),)
+
+
+def test_merge_combines_sub_runs_site_by_site_whatever_the_leaf_order():
+    base = opened(broadcast())
+    a = done(copy.deepcopy(base), "reg_a")
+    a["_rev"] = "3-aaa"
+    b = sub(copy.deepcopy(base), "reg_b", status="running", epoch=1, lease_until=at(50))
+    b["_rev"] = "3-fff"
+    c = sub(copy.deepcopy(base), "reg_b", status="running", epoch=1, lease_until=at(90))
+    c = done(c, "global")
+    c["_rev"] = "2-zzz"
+    merged = core.merge([a, b, c])
+    assert merged == core.merge([c, b, a]) == core.merge([b, a, c])
+    runs = current(merged)["runs"]
+    assert runs["reg_a"]["status"] == "finished" and runs["global"]["status"] == "finished"
+    assert runs["reg_b"]["lease_until"] == at(90)  # the newest renewal of one execution
+    revoked = sub(copy.deepcopy(base), "reg_b", status=None, epoch=2)
+    revoked["_rev"] = "2-000"
+    assert current(core.merge([revoked, c]))["runs"]["reg_b"]["epoch"] == 2  # never reissued
+
+
+def test_a_drop_survives_any_concurrent_write_and_lets_the_step_end():
+    base = done(done(opened(broadcast()), "global"), "reg_a")
+    dropped = apply(core.plan_drop([base], ctx(), "reg_b", "lost"))
+    assert current(dropped)["dropped"] == ["reg_b"]
+    assert dropped["history"][-1]["detail"] == "reg_b: lost"
+    late = sub(copy.deepcopy(base), "reg_b", status="running", epoch=5)
+    late["_rev"] = "9-zzz"
+    merged = core.merge([dropped, late])
+    assert current(merged)["dropped"] == ["reg_b"]
+    assert not core.backs_execution(merged, KEY, 5, "reg_b")
+    assert apply(core.plan([dropped, late], ctx(known=SITES3), pool()))["job_status"] == "success"
+
+
+@pytest.mark.parametrize(("doc", "site", "at_site", "problem"), [
+    (broadcast(), "reg_b", CREATOR, "step 0 is not open yet"),
+    (job("any"), "reg_b", CREATOR, "step 0 is not a broadcast step"),
+    (opened(broadcast()), "reg_x", CREATOR, "reg_x is not one of step 0's sites"),
+    (opened(broadcast()), "reg_b", "reg_a", "only the job's creator drops sites"),
+    (done(opened(broadcast()), "reg_b"), "reg_b", CREATOR, "reg_b's run of step 0 already"),
+])
+def test_drop_problem_says_why_nothing_is_dropped(doc, site, at_site, problem):
+    assert problem in (core.drop_problem(core.merge([doc]), ctx(at_site), site) or "")
+    assert core.plan_drop([doc], ctx(at_site), site, "lost") == core.NOTHING
+
+
+def test_the_creator_drops_a_part_for_a_site_it_does_not_know():
+    doc = opened(broadcast(), "global", "reg_zz")
+    dropped = apply(decide(doc, known=SITES3))
+    assert current(dropped)["dropped"] == ["reg_zz"]
+    assert dropped["history"][-1]["detail"] == "reg_zz: not a known site"
+    assert decide(doc, "reg_a", known=SITES3).action == "none"  # the creator's call
 
 
 # --- waiting: for other jobs to end, for a time --------------------------------------

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from jobdist import core
 from jobdist.lab.scenarios import counted, why_superseded
-from jobdist.model import Doc, is_live, new_job, new_step, normalise
+from jobdist.model import Doc, is_broadcast, is_live, new_job, new_step, normalise
 
 from .sim import (
     Clock,
@@ -42,17 +42,25 @@ def make_world(job_targets: list[list[object]], workers: int, lease: float = 1e6
     job_ids = []
     for n, step_targets in enumerate(job_targets):
         creator = sites[n % len(sites)]
-        steps = [new_step(f"step {i}", target=t) for i, t in enumerate(step_targets)]  # type: ignore[arg-type]
+        steps = [step_of(i, t) for i, t in enumerate(step_targets)]
         waiting = waits(n) if waits else {}
         job = new_job(creator.name, steps, created_at=clock.now(), job_id=f"job-{n:03d}",
                       waits=waiting)
         if n % 2:  # as a user writes it over HTTP: the creator accepts it first
             job = {"_id": job["_id"], "type": "job", "creator": creator.name,
-                   "job": [{"target": step["target"], "do": step["do"]} for step in steps],
+                   "job": [{name: step[name] for name in ("target", "do", "each") if name in step}
+                           for step in steps],
                    **waiting}
         assert creator.replica.write(job)
         job_ids.append(job["_id"])
     return sites, job_ids, clock, ledger
+
+
+def step_of(index: int, target: object) -> Doc:
+    """A step of a drawn target; ("each", [sites]) is a broadcast step to those sites."""
+    if isinstance(target, tuple):
+        return new_step(f"step {index}", target=list(target[1]), each=True)
+    return new_step(f"step {index}", target=target)  # type: ignore[arg-type]
 
 
 def random_event(data: st.DataObject, sites: list[SimSite], job_ids: list[str],
@@ -99,10 +107,14 @@ def random_event(data: st.DataObject, sites: list[SimSite], job_ids: list[str],
 
 
 def settle(sites: list[SimSite], job_ids: list[str], clock: Clock, rounds: int = 200,
-           waiting_for_ever: Collection[str] = ()) -> None:
+           waiting_for_ever: Collection[str] = (),
+           operator: Callable[[], None] | None = None) -> None:
     """Full replication, processing and finishing until every job has ended (but those
-    waiting for a job that never comes)."""
+    waiting for a job that never comes); `operator` acts before each round (drops a dead
+    site, say)."""
     for round_number in range(rounds):
+        if operator is not None:
+            operator()
         for doc_id in job_ids:
             for target in sites:
                 for source in sites:
@@ -141,14 +153,25 @@ jobs_strategy = st.lists(
 )
 
 
+def run_schedule(jobs: list[list[object]], workers: int, data: st.DataObject, *,
+                 faults: bool = False, lease: float = 1e6, events: int = 120) -> tuple[
+        list[SimSite], list[str], list[Execution]]:
+    """A random schedule (with faults: after each event too, the progress every replica
+    shows is checked), then replication until every job ended, and the check again."""
+    sites, job_ids, clock, ledger = make_world(jobs, workers, lease)
+    for _ in range(data.draw(st.integers(0, events))):
+        random_event(data, sites, job_ids, clock, faults=faults)
+        if faults:
+            check_progress_is_the_current_runs((site.replica for site in sites), job_ids)
+    settle(sites, job_ids, clock)
+    check_progress_is_the_current_runs((site.replica for site in sites), job_ids)
+    return sites, job_ids, ledger
+
+
 @SIM_SETTINGS
 @given(jobs=jobs_strategy, workers=st.integers(1, 2), data=st.data())
 def test_no_faults_each_step_runs_once_in_order_and_every_job_ends(jobs, workers, data):
-    sites, job_ids, clock, ledger = make_world(jobs, workers)
-    for _ in range(data.draw(st.integers(0, 120))):
-        random_event(data, sites, job_ids, clock, faults=False)
-    settle(sites, job_ids, clock)
-    check_progress_is_the_current_runs((site.replica for site in sites), job_ids)
+    sites, job_ids, ledger = run_schedule(jobs, workers, data)
 
     check_no_double_execution(ledger)
     started = [e.key for e in ledger]
@@ -171,12 +194,8 @@ def test_no_faults_each_step_runs_once_in_order_and_every_job_ends(jobs, workers
 def test_restarts_never_give_two_executions_one_epoch_and_jobs_still_end(jobs, workers, data):
     # Short leases: slow replication of heartbeats makes the creator revoke live
     # executions, and the epoch must fence them off.
-    sites, job_ids, clock, ledger = make_world(jobs, workers, lease=15.0)
-    for _ in range(data.draw(st.integers(0, 150))):
-        random_event(data, sites, job_ids, clock, faults=True)
-        check_progress_is_the_current_runs((site.replica for site in sites), job_ids)
-    settle(sites, job_ids, clock)
-    check_progress_is_the_current_runs((site.replica for site in sites), job_ids)
+    sites, job_ids, ledger = run_schedule(jobs, workers, data, faults=True, lease=15.0,
+                                          events=150)
 
     check_no_double_execution(ledger, per_site=True)
     states = merged_states(sites, job_ids)
@@ -379,3 +398,158 @@ def test_the_succession_simulations_took_jobs_over() -> None:
     if not ADOPTED:
         pytest.skip("run with the succession simulations above")
     assert len(ADOPTED) > 20
+
+
+# --- broadcast steps (docs/protocol.md, "Broadcast steps") ---------------------------
+
+EACH = ("each", ("reg_a", "reg_b"))
+BROADCAST_TARGETS = ("all", EACH, ("each", ("global", "reg_b")), "any", "reg_b",
+                     ["reg_a", "reg_b"])
+broadcast_jobs = st.lists(st.lists(st.sampled_from(BROADCAST_TARGETS), min_size=1, max_size=3),
+                          min_size=1, max_size=3)
+
+
+def check_all_succeeded(sites: list[SimSite], job_ids: list[str]) -> None:
+    states = merged_states(sites, job_ids)
+    assert all(s == states[0] for s in states), "replicas converge"
+    assert set(states[0].values()) == {"success"}
+
+
+def sites_of(target: object) -> set[str]:
+    """Where a broadcast step runs: every site, or its list."""
+    return set(SITES) if target == "all" else set(target[1])  # type: ignore[index]
+
+
+def check_broadcast_runs(jobs: list[list[object]], job_ids: list[str],
+                         ledger: list[Execution]) -> None:
+    """With no faults: a broadcast step runs once at each of its sites, any other step
+    once at an allowed site, and no run of a step starts before every run of the step
+    before it started (each site's sub-run counted once)."""
+    for n, doc_id in enumerate(job_ids):
+        runs = [(line, e) for line, e in enumerate(ledger) if e.key[0] == doc_id]
+        assert len({(e.key, e.site) for _, e in runs}) == len(runs), "a sub-run ran twice"
+        previous_last = -1
+        for index, target in enumerate(jobs[n]):
+            here = [(line, e) for line, e in runs if e.key[1] == index]
+            sites = {e.site for _, e in here}
+            if target == "all" or isinstance(target, tuple):
+                assert sites == sites_of(target), (doc_id, index, sites)
+            else:
+                assert len(here) == 1, (doc_id, index, here)
+            assert min(line for line, _ in here) > previous_last, "steps run in order"
+            previous_last = max(line for line, _ in here)
+
+
+@SIM_SETTINGS
+@given(jobs=broadcast_jobs, workers=st.integers(1, 2), data=st.data())
+def test_broadcast_steps_run_once_at_each_site_in_order_and_jobs_end(jobs, workers, data):
+    sites, job_ids, ledger = run_schedule(jobs, workers, data)
+
+    check_no_double_execution(ledger, per_site=True)
+    check_broadcast_runs(jobs, job_ids, ledger)
+    check_all_succeeded(sites, job_ids)
+    assert not any(site.killed for site in sites)
+    for doc_id in job_ids:
+        final = core.merge(sites[0].replica.live_leaves(doc_id))
+        assert set(counted(final)) == {(e.key[1], e.epoch, e.site) for e in ledger
+                                       if e.key[0] == doc_id}, "every sub-run counted once"
+
+
+@SIM_SETTINGS
+@given(jobs=broadcast_jobs, workers=st.integers(1, 2), data=st.data())
+def test_broadcast_sub_runs_are_fenced_per_site_under_restarts_and_revocations(
+        jobs, workers, data):
+    """Sites crash and restart mid-sub-run, short leases get revoked while their runs go
+    on, sites race to start and finish their parts on branches of their own: every run
+    keeps its own token (epoch, site), every one that did not count is explained."""
+    sites, job_ids, ledger = run_schedule(jobs, workers, data, faults=True, lease=15.0,
+                                          events=150)
+
+    check_no_double_execution(ledger, per_site=True)
+    check_all_succeeded(sites, job_ids)
+    check_duplicates_explained(sites, job_ids, ledger)
+    for n, doc_id in enumerate(job_ids):
+        final = core.merge(sites[0].replica.live_leaves(doc_id))
+        for index, target in enumerate(jobs[n]):
+            if is_broadcast(final["job"][index]):
+                assert {site for (step, _, site) in counted(final) if step == index} == \
+                    sites_of(target), "each site's sub-run counted once"
+
+
+@SIM_SETTINGS
+@given(jobs=broadcast_jobs, data=st.data())
+def test_broadcast_with_creators_cut_off_and_successors_racing(jobs, data):
+    sites, job_ids, clock, ledger = make_world(jobs, 1, lease=15.0)
+    for site in sites:
+        site.successors = dict(LINES)
+    for _ in range(data.draw(st.integers(0, 150))):
+        random_event(data, sites, job_ids, clock, faults=True, succession=True)
+    for site in sites:
+        site.silent = frozenset()
+    settle(sites, job_ids, clock)
+
+    check_no_double_execution(ledger, per_site=True)
+    check_all_succeeded(sites, job_ids)
+    check_duplicates_explained(sites, job_ids, ledger)
+
+
+DEAD_TARGETS = ("any", "global", ["global", "reg_a"], "all", EACH)
+
+
+@SIM_SETTINGS
+@given(jobs=st.lists(st.lists(st.sampled_from(DEAD_TARGETS), min_size=1, max_size=3),
+                     min_size=1, max_size=3), data=st.data())
+def test_a_site_dead_for_good_is_dropped_and_broadcasts_end_without_it(jobs, data):
+    """reg_b dies for good mid-schedule: an operator adopts its jobs at global and drops
+    it from every broadcast step waiting for it, at the creator; every job ends, its
+    runs counted once per site, and reg_b's runs that did not count are explained."""
+    sites, job_ids, clock, ledger = make_world(jobs, 1, lease=15.0)
+    for _ in range(data.draw(st.integers(0, 100))):
+        random_event(data, sites, job_ids, clock, faults=True)
+    dead = sites[2]
+    assert dead.name == "reg_b"
+    for doc_id in job_ids:  # a job nobody accepted cannot be adopted: its creator accepts
+        if (dead.replica.winner(doc_id) or {}).get("creator") == dead.name:
+            dead.process(doc_id)
+    dead.restart()
+    alive = sites[:2]
+    for site in alive:
+        for doc_id in job_ids:
+            site.replica.pull(dead.replica, doc_id)
+    dropped: list[str] = []
+
+    def operator() -> None:
+        adopter = alive[0]
+        for doc_id in job_ids:
+            leaves = adopter.replica.live_leaves(doc_id)
+            plan = core.plan_adopt(leaves, adopter.ctx(), dead.name, "reg_b is gone")
+            if plan.doc is not None:
+                adopter.execute(doc_id, plan)
+            for site in alive:
+                leaves = site.replica.live_leaves(doc_id)
+                plan = core.plan_drop(leaves, site.ctx(), dead.name, "reg_b is gone")
+                if plan.doc is not None:
+                    site.execute(doc_id, plan)
+                    dropped.append(doc_id)
+
+    settle(alive, job_ids, clock, operator=operator)
+
+    check_no_double_execution(ledger, per_site=True)
+    check_all_succeeded(alive, job_ids)
+    check_duplicates_explained(sites, job_ids, ledger)
+    for doc_id in set(dropped):
+        final = core.merge(alive[0].replica.live_leaves(doc_id))
+        assert any(h["event"] == "dropped" and h["detail"].startswith("reg_b: ")
+                   for h in final["history"])
+    DROPPED.extend(set(dropped))
+
+
+DROPPED: list[str] = []  # jobs whose broadcast a dead site was dropped from (above)
+
+
+def test_the_dead_site_simulation_dropped_sites() -> None:
+    """(Run after the test above, in file order.) A simulation that never dropped a site
+    would prove nothing about drops."""
+    if not DROPPED:
+        pytest.skip("run with the dead-site simulation above")
+    assert len(DROPPED) > 10

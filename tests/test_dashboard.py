@@ -272,6 +272,16 @@ def test_a_subscription_keeps_ids_until_too_many() -> None:
     assert hub.clients == 0 and subscription.next(0.01) is None
 
 
+def test_a_broadcast_step_shows_a_row_per_site(site: Running) -> None:
+    job = new_job(SITE, [new_step("echo snapshot", target="all")])
+    site.db.save(job)
+    doc = ended(site, job["_id"])
+    assert doc["job_status"] == "success"
+    page = get(site, f"/jobs/{job['_id']}").text
+    assert "1/1 sites" in page  # where: the fan-out
+    assert 'class="sub-run finished"' in page and f"at {SITE}" in page
+
+
 def test_a_waiting_job_page_says_what_it_waits_for(site: Running) -> None:
     first = submit(site, "true")
     ended(site, first)

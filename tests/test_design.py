@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 import requests
 
+from jobdist import client
 from jobdist.core import UNSTAMPED_BAND, claim_rank
 from jobdist.design import design_dir, load_design_docs
-from jobdist.model import normalise
+from jobdist.model import new_sub_run, normalise
 
 Doc = dict[str, Any]
 VIEWS = {"live", "claimable", "claimed_unassigned", "stale_open", "by_status", "running",
@@ -286,3 +287,37 @@ def test_claimable_ranks_like_the_core() -> None:
     # Ten seconds of waiting are worth one priority level, from the creation second.
     assert claim_rank(0, "2026-11-22T00:00:10Z") == claim_rank(1, "2026-11-22T00:00:20.5Z")
     assert claim_rank(0, "2026-11-22T00:00:09.999999Z") < claim_rank(1, "2026-11-22T00:00:20Z")
+
+
+# --- broadcast steps: a row per site's part ---------------------------------------
+
+def sub_run(status: str | None, **fields: Any) -> Doc:
+    return {**new_sub_run(), "status": status, **fields}
+
+
+BROADCAST = {"_id": "b1", "type": "job", "creator": "alpha", "created_at": t(1), "job": [
+    {"do": "snapshot", "target": "all", "step_status": "running", "start_time": t(1),
+     "runs": {"alpha": sub_run("finished", epoch=1), "beta": sub_run(
+         "running", epoch=2, lease_until=t(9), start_time=t(2), executioner="beta/w1"),
+              "gamma": sub_run(None), "x": sub_run(None)},
+     "dropped": ["x"]},
+    {"do": "verify", "target": "alpha"}]}
+UNOPENED = {"_id": "b2", "type": "job", "creator": "alpha", "created_at": t(1),
+            "job": [{"do": "snapshot", "target": ["beta", "gamma"], "each": True}]}
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="needs node")
+def test_views_give_each_sites_part_of_a_broadcast_a_row() -> None:
+    raw = run_design_functions([BROADCAST, UNOPENED])
+    rank = claim_rank(0, t(1))
+    assert raw["claimable"] == [[[["gamma", rank, t(1)], {"step": 0, "epoch": 0}]], []]
+    assert raw["leases"][0] == [[["alpha", t(9)], {"step": 0, "winner": "beta"}]]
+    assert raw["running"][0] == [[["beta", t(2)], {"step": 0, "executioner": "beta/w1",
+                                                   "progress": None}]]
+    assert sorted(key for key, _ in raw["involving"][0]) == ["alpha", "beta", "gamma", "x"]
+    assert sorted(key[0] for key, _ in raw["by_site"][0]) == ["alpha", "beta", "gamma", "x"]
+    assert raw["by_creator"][0][0][1]["fan_out"] == "1/3"
+    assert raw["by_creator"][0][0][1] == client.summary_of(normalise(BROADCAST)) | {
+        "priority": 0, "step": 0}
+    assert raw["for_site"][0] == [True, True, True]  # "all" runs at every site
+    assert raw["stale_open"][1] != []  # the creator opens it: its keep-alive finds it

@@ -17,13 +17,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from jobdist import client
+from jobdist.cli import main
 from jobdist.clock import later, parse_time, utc_now
 from jobdist.couch import Database
 from jobdist.lab.cluster import LocalCluster
 from jobdist.lab.scenarios import (
     THESIS_SCENARIOS,
+    audit_run,
     check_ledger,
     ledger_command,
     proxied_sites,
@@ -176,6 +179,93 @@ def test_a_site_that_dies_for_good_loses_its_step_to_another_when_its_lease_expi
         local.down()
 
 
+# --- broadcast steps (docs/protocol.md, "Broadcast steps") ----------------------------
+# (The nightly-backup example, a schedule's broadcast and a job waiting for it, is below.)
+
+def test_a_broadcast_step_runs_at_every_site_then_the_next_step_at_global(
+        cluster: LocalCluster, tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger"
+    steps = [new_step(ledger_command(0.3, ledger), target="all"),
+             new_step(ledger_command(0.1, ledger), target="global")]
+    db, job_id = submit(cluster, steps, site="reg_a")
+    doc = wait_until_done(db, [job_id], 60)[0]
+    rows = read_ledger(ledger)
+    audit = audit_run(rows, {job_id: doc}, [job_id])
+    assert audit.problems == [] and audit.duplicates == []
+    starts = [(row[2], row[3]) for row in rows if row[0] == "start"]
+    assert sorted(starts[:3]) == [(0, "global"), (0, "reg_a"), (0, "reg_b")]
+    assert starts[3:] == [(1, "global")]
+    last_snapshot_end = max(n for n, row in enumerate(rows) if row[:1] == ("end",)
+                            and row[2] == 0)
+    assert rows.index(("start", job_id, 1, "global", 1)) > last_snapshot_end
+    runs = doc["job"][0]["runs"]
+    assert {site: (run["status"], run["exit_code"], run["attempts"]) for site, run in
+            runs.items()} == dict.fromkeys(("global", "reg_a", "reg_b"), ("finished", 0, 1))
+    assert all(run["output"] == {"stdout": "", "stderr": ""} for run in runs.values())
+
+
+@pytest.mark.parametrize(("policy", "status"), [("all", "failed"), ("any", "success")])
+def test_a_site_failing_its_part_decides_the_broadcast_by_its_policy(
+        cluster: LocalCluster, policy: str, status: str) -> None:
+    fails_at_reg_b = 'echo "snapshot at $JOBDIST_SITE"; [ "$JOBDIST_SITE" != reg_b ]'
+    doc = run_job(cluster, [new_step(fails_at_reg_b, target=["reg_a", "reg_b"], each=True,
+                                     each_policy=policy, max_retries=1, sleep=0.05),
+                            new_step("true", target="global")])
+    assert doc["job_status"] == status
+    runs = doc["job"][0]["runs"]
+    assert (runs["reg_b"]["status"], runs["reg_b"]["exit_code"], runs["reg_b"]["attempts"]) \
+        == ("failed", 1, 2)
+    assert runs["reg_b"]["output"]["stdout"] == "snapshot at reg_b\n"
+    assert runs["reg_a"]["status"] == "finished"
+    step_end = next(h for h in doc["history"] if h["step"] == 0 and h["site"] == "global"
+                    and h["event"] in ("finished", "failed"))
+    assert step_end["event"] == ("failed" if policy == "all" else "finished")
+    assert doc["job"][1]["step_status"] == ("finished" if status == "success" else None)
+
+
+def test_a_site_lost_for_good_is_dropped_from_a_broadcast_and_the_job_goes_on(
+        tmp_path: Path) -> None:
+    """reg_b dies mid-snapshot: the creator revokes its part's lease, the step waits for
+    it, and `jobdist drop-site` at the creator lets the verify step run."""
+    local = LocalCluster(write_sites(tmp_path / "sites", 3, lease=3.0), tmp_path / "state",
+                         in_memory=True)
+    local.up()
+    try:
+        ledger = tmp_path / "ledger"
+        steps = [new_step(ledger_command(4.0, ledger), target="all"),
+                 new_step(ledger_command(0.1, ledger), target="global")]
+        db, job_id = submit(local, steps)
+        deadline = time.monotonic() + 30
+        while not any(row[0] == "start" and row[3] == "reg_b" for row in read_ledger(ledger)):
+            assert time.monotonic() < deadline, "reg_b never started its part"
+            time.sleep(0.05)
+        os.kill(local.daemon_proc("reg_b").pid, signal.SIGKILL)  # and it never comes back
+        deadline = time.monotonic() + 60
+        while not any(h["event"] == "released" for h in db.get(job_id)["history"]):
+            assert time.monotonic() < deadline, "the creator never revoked reg_b's lease"
+            time.sleep(0.2)
+        doc = db.get(job_id)
+        assert doc["job_status"] is None and doc["step"] == 0  # it waits for reg_b
+
+        runner = CliRunner(env={"JOBDIST_SITES": str(local.sites_dir), "JOBDIST_SITE": None})
+        result = runner.invoke(main, ["drop-site", job_id, "reg_b", "--site", "global",
+                                      "--reason", "disk died"])
+        assert result.exit_code == 0, result.output
+        assert "dropped reg_b from step 0" in result.output
+
+        doc = wait_until_done(db, [job_id], 60)[0]
+        assert doc["job_status"] == "success"
+        rows = read_ledger(ledger)
+        audit = audit_run(rows, {job_id: doc}, [job_id], killed=("reg_b",))
+        assert audit.problems == []
+        assert doc["job"][0]["dropped"] == ["reg_b"]
+        assert any(h["event"] == "dropped" and h["detail"] == "reg_b: disk died"
+                   for h in doc["history"])
+        assert [row[3] for row in rows if row[0] == "start" and row[2] == 1] == ["global"]
+    finally:
+        local.down()
+
+
 # --- waiting: for other jobs (any creator) and for a time ------------------------------
 
 def submit_waiting(cluster: LocalCluster, site: str, steps: list[Doc], **waits: object
@@ -252,17 +342,14 @@ def test_nightly_backup_a_schedule_snapshots_every_site_then_a_job_verifies_at_g
         cluster: LocalCluster, tmp_path: Path) -> None:
     """The nightly-backup example (docs/protocol.md, "Waiting for other jobs"): a
     schedule's job snapshots every site; a job at global waits for that tick's job (its
-    id is known before the tick: it waits for a job not there yet) and verifies.
-
-    NOTE(bcast): the snapshot job is three plain steps, one per site; once broadcast
-    steps are merged it becomes one step with `target: "all"`."""
+    id is known before the tick: it waits for a job not there yet) and verifies. The
+    snapshot is one broadcast step (docs/protocol.md, "Broadcast steps")."""
     snapshots = tmp_path / "snapshots"
     snapshots.mkdir()
     changed = later(utc_now(), -61)  # the owner makes the latest tick at once (missed: latest)
     snapshot = f"touch {snapshots}/$JOBDIST_SITE"
     doc = new_schedule("nightly", "* * * * *", "global",
-                       {"job": [{"do": snapshot, "target": site}
-                                for site in ("global", "reg_a", "reg_b")]}, now=changed)
+                       {"job": [{"do": snapshot, "target": "all"}]}, now=changed)
     tick = list(ticks(doc, changed, utc_now()))[-1]  # made on time or as the latest missed
     backup = tick_job_id("nightly", tick)
     verify = f"test -e {snapshots}/global && test -e {snapshots}/reg_a && test -e {snapshots}/reg_b"
@@ -274,3 +361,9 @@ def test_nightly_backup_a_schedule_snapshots_every_site_then_a_job_verifies_at_g
     (ready,) = named(verify_doc, "ready")
     assert ready["at"] >= max(h["at"] for h in named(backup_doc, "finished"))
     assert [h["site"] for h in named(verify_doc, "started")] == ["global"]
+    runs = backup_doc["job"][0]["runs"]
+    assert {site: run["status"] for site, run in runs.items()} == dict.fromkeys(
+        ("global", "reg_a", "reg_b"), "finished")
+    # released after the broadcast step ended: its creator's `finished` at global
+    assert ready["at"] >= next(h["at"] for h in named(backup_doc, "finished")
+                               if h["site"] == "global" and h["worker"] is None)

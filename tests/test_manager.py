@@ -26,7 +26,7 @@ from jobdist.couch import Unavailable
 from jobdist.journal import Journal
 from jobdist.listener import Changed
 from jobdist.manager import PROGRESS_INTERVAL, Manager
-from jobdist.model import Doc, new_job, new_step
+from jobdist.model import Doc, new_job, new_step, sub_runs
 from jobdist.store import Written
 
 from .helpers import wait_for
@@ -413,6 +413,124 @@ def test_a_creator_back_stays_out_of_adopted_jobs_and_keeps_its_new_ones(tmp_pat
             assert docs[doc_id]["creator"] == "global" and adoptions(docs[doc_id]) == []
         for doc_id in ids:
             assert adoptions(docs[doc_id]) == [("reg_a", 1)]  # not taken back
+    finally:
+        world.stop()
+
+
+# --- broadcast steps (docs/protocol.md, "Broadcast steps") ----------------------------
+
+def sub_runs_started(doc: Doc, index: int) -> list[tuple[int, str]]:
+    """The executions the history records for a step: (epoch, site)."""
+    return [(epoch, site) for step, epoch, site in started(doc) if step == index]
+
+
+def test_a_broadcast_step_runs_once_at_every_site_then_the_next_step(world: World) -> None:
+    """The nightly-backup shape: snapshot at every site, then verify at global; sites
+    start their parts on sight, the creator ends the step when the last one is done."""
+    ids = world.submit([[new_step("true", target="all"), new_step("true", target="global")]
+                        for _ in range(8)], creator="reg_a")
+    ids += world.submit([[new_step("true", target=["global", "reg_b"], each=True)]
+                         for _ in range(8)])
+    docs = world.run(ids)
+    for doc in docs.values():
+        assert doc["job_status"] == "success", doc["history"]
+        broadcast = doc["job"][0]
+        expected = set(SITES) if broadcast["target"] == "all" else {"global", "reg_b"}
+        assert sorted(site for _, site in sub_runs_started(doc, 0)) == sorted(expected)
+        assert {site: run["status"] for site, run in broadcast["runs"].items()} == \
+            dict.fromkeys(expected, "finished")
+        assert all(run["exit_code"] == 0 and run["attempts"] == 1
+                   for run in broadcast["runs"].values())
+        if len(doc["job"]) > 1:  # verify ran once, after every snapshot finished
+            assert sub_runs_started(doc, 1) == [(1, "global")]
+            ends = [e["at"] for e in doc["history"] if e["event"] == "finished"
+                    and e["step"] == 0]
+            verify = next(e for e in doc["history"] if e["event"] == "started"
+                          and e["step"] == 1)
+            assert max(ends) <= verify["at"]
+    for manager in world.managers.values():
+        assert manager.counts["handler_errors"] == 0
+
+
+@pytest.mark.parametrize("policy", ["all", "any"])
+def test_a_site_failing_its_part_decides_the_step_by_its_policy(tmp_path: Path,
+                                                                policy: str) -> None:
+    world = World(tmp_path, seed=5)
+    try:
+        fails_at_b = 'test "$JOBDIST_SITE" != reg_b'
+        ids = world.submit([[new_step(fails_at_b, target="all", each_policy=policy,
+                                      max_retries=1),
+                             new_step("true", target="global")] for _ in range(4)])
+        docs = world.run(ids)
+    finally:
+        world.stop()
+    for doc in docs.values():
+        runs = doc["job"][0]["runs"]
+        assert runs["reg_b"]["status"] == "failed" and runs["reg_b"]["attempts"] == 2
+        assert runs["reg_b"]["exit_code"] == 1
+        if policy == "all":
+            assert doc["job_status"] == "failed"
+            assert doc["job"][0]["step_status"] == "failed"
+            assert any(e["event"] == "failed" and e["site"] == "global"
+                       and "failed at reg_b" in e["detail"] for e in doc["history"])
+        else:
+            assert doc["job_status"] == "success"
+            assert {runs[site]["status"] for site in ("global", "reg_a")} == {"finished"}
+
+
+def test_a_silent_site_is_revoked_runs_again_when_back_or_is_dropped(tmp_path: Path) -> None:
+    """reg_b stops replicating mid-part: the creator revokes its lease (a new epoch for
+    reg_b alone); back, reg_b kills the stale run and runs its part again. Then reg_b
+    goes silent for good on a second job, and an operator drops it at the creator."""
+    world = World(tmp_path, seed=6, **SUCCESSION)
+    try:
+        world.serve()
+        (first,) = world.submit([[new_step("sleep 1", target="all")]])
+        deadline = time.monotonic() + 10
+        while sub_runs(core.merge(world.stores["global"].replica.live_leaves(first))["job"][0]
+                       ).get("reg_b", {}).get("status") != "running":
+            assert time.monotonic() < deadline, "the creator never saw reg_b start its part"
+            world.replicate()
+            world.feed()
+            world.serve()
+            time.sleep(0.01)
+        world.dead = {"reg_b"}
+        deadline = time.monotonic() + 20
+        while not any(e["event"] == "released" for e in
+                      core.merge(world.stores["global"].replica.live_leaves(first))["history"]):
+            assert time.monotonic() < deadline, "the creator never revoked reg_b's lease"
+            world.replicate()
+            world.feed()
+            world.serve()
+            time.sleep(0.05)
+        world.dead = set()
+        doc = world.run([first], timeout=30)[first]
+        assert doc["job_status"] == "success"
+        assert [epoch for epoch, site in sub_runs_started(doc, 0) if site == "reg_b"] == [1, 3]
+        assert doc["job"][0]["runs"]["reg_b"]["epoch"] == 3
+        assert doc["job"][0]["runs"]["global"]["epoch"] == 1  # the others kept theirs
+
+        world.dead = {"reg_b"}
+        (second,) = world.submit([[new_step("true", target="all")]])
+        deadline = time.monotonic() + 10
+        while True:
+            world.replicate()
+            world.feed()
+            world.serve()
+            merged = core.merge(world.stores["global"].replica.live_leaves(second))
+            runs = sub_runs(merged["job"][0])
+            if runs and all(runs[s]["status"] == "finished" for s in ("global", "reg_a")):
+                break
+            assert time.monotonic() < deadline, merged["history"]
+            time.sleep(0.01)
+        assert merged["job_status"] is None  # waits for reg_b
+        plan = core.plan_drop(world.stores["global"].replica.live_leaves(second),
+                              world.managers["global"].context(), "reg_b", "lost for good")
+        assert plan.doc is not None and world.stores["global"].write([plan.doc])
+        doc = world.run([second], timeout=10)[second]
+        assert doc["job_status"] == "success" and doc["job"][0]["dropped"] == ["reg_b"]
+        assert any(e["event"] == "dropped" and e["detail"] == "reg_b: lost for good"
+                   for e in doc["history"])
     finally:
         world.stop()
 

@@ -113,6 +113,27 @@ def finished_job() -> Doc:
     return job(step=1, job_status="success", job=[done], keepalive_at=T1)
 
 
+def broadcast_job() -> Doc:
+    """A broadcast step opened at three sites: one finished, one running, one dropped."""
+    runs = {"a": sub_run(epoch=1, status="finished", executioner="a/w1", start_time=T0,
+                         finish_time=T1, exec_time=1.0, attempts=1, exit_code=0,
+                         output={"stdout": "", "stderr": ""}),
+            "b": sub_run(epoch=2, status="running", executioner="b/w2", start_time=T0,
+                         lease_until=T1,
+                         progress={"fraction": 0.5, "message": "half", "at": T1}),
+            "c": sub_run()}
+    return job(job=[step(target="all", each_policy="any", step_status="running",
+                         start_time=T0, runs=runs, dropped=["c"]),
+                    step(target=["a", "b"], each=True)])
+
+
+def sub_run(**fields: Any) -> Doc:
+    """One site's part of a broadcast step, as the creator opens it."""
+    return {"epoch": 0, "status": None, "executioner": None, "start_time": None,
+            "finish_time": None, "exec_time": None, "lease_until": None, "attempts": 0,
+            "exit_code": None, "output": None, "progress": None, **fields}
+
+
 def minimal_job() -> Doc:
     """Runtime step fields, alt_do and timeout left out: they take their initial values."""
     return job(job=[{"target": ["a", "b-2", "c_3"], "do": "true", "retry_strategy": {
@@ -154,13 +175,14 @@ def nested(depth: int) -> Any:
         {"type": "job", "creator": "global", "job": [{"do": "make", "retry_strategy": {}}],
          "history": [{"event": "created", "step": 0, "site": "global", "at": T0}]},
         job(created_at=None, updated_at=None),
+        broadcast_job(),
         job(after=["job-a", "job-b"], after_policy="always", not_before=T1),
         job(after=[], not_before=None, after_policy="success"),
         job(after=[f"job-{n}" for n in range(100)]),
     ],
     ids=["example", "edges", "finished", "minimal", "meta", "meta-empty", "integral-float",
          "couchdb-members", "deleted", "design", "http", "http-normalised", "http-no-target",
-         "not-yet-accepted", "waiting", "waiting-none", "waiting-most"],
+         "not-yet-accepted", "broadcast", "waiting", "waiting-none", "waiting-most"],
 )
 def test_valid_documents_pass(doc: Doc) -> None:
     assert validate_job(doc) == []
@@ -246,7 +268,7 @@ CASES: list[tuple[str, tuple[str | int, ...], Any, str]] = [
     ("event", ("history", 0, "event"), "exploded",
      'history[0].event: must be one of "created", "claimed", "won", "started", "retried", '
      '"finished", "failed", "released", "cancelled", "stale_finish", "invalid", "adopted", '
-     '"ready"'),
+     '"ready", "opened", "dropped"'),
     ("event-step", ("history", 0, "step"), None, f"history[0].step: {COUNT_RULE}"),
     ("event-site", ("history", 0, "site"), MISSING, "history[0].site: is missing"),
     ("event-worker", ("history", 0, "worker"), 3, "history[0].worker: must be null or a string"),
@@ -288,7 +310,7 @@ CASES: list[tuple[str, tuple[str | int, ...], Any, str]] = [
     ("ready-typo", ("history", 0, "event"), "reddy",
      'history[0].event: must be one of "created", "claimed", "won", "started", "retried", '
      '"finished", "failed", "released", "cancelled", "stale_finish", "invalid", "adopted", '
-     '"ready"'),
+     '"ready", "opened", "dropped"'),
     # Unknown fields, at the top as everywhere: with the nearest known one when it is near.
     ("top-unknown", ("colour",), "red", "colour: unknown field"),
     ("top-typo", ("priorty",), 5, "priorty: unknown field (did you mean 'priority'?)"),
@@ -525,6 +547,21 @@ CORPUS: list[tuple[str, Callable[[], Doc]]] = [
     ("counts-too-large", variant(job(), ("job", 0), step(
         epoch=10**9 + 1, attempts=2**53, retry_strategy={"max_retries": 1001}))),
     ("meta-not-object", variant(job(), ("meta",), "ops")),
+    # Broadcast steps: `each` only with a list (or "all"), their fields only on them.
+    ("each-on-any", variant(job(), ("job", 0), step(each=True, each_policy="any"))),
+    ("each-not-a-flag", variant(job(), ("job", 0), step(target=["a", "b"], each="yes"))),
+    ("each-policy-unknown", variant(job(), ("job", 0), step(target="all", each_policy="most"))),
+    ("runs-on-a-plain-step", variant(job(), ("job", 0), step(runs={"a": sub_run()},
+                                                             dropped=[]))),
+    ("runs-not-object", variant(job(), ("job", 0), step(target="all", runs=[1]))),
+    ("runs-bad", variant(job(), ("job", 0), step(target="all", step_status="running", runs={
+        "B": sub_run(), "b": 5, "a": sub_run(epoch=-1, status="paused", attempts=None,
+                                             output="x", lease_until="soon", extra=1)}))),
+    ("running-without-runs", variant(job(), ("job", 0), step(target="all",
+                                                             step_status="running"))),
+    ("dropped-not-a-site", variant(job(), ("job", 0), step(
+        target=["a", "b"], each=True, step_status="running", runs={"a": sub_run()},
+        dropped=["b", "a", "B", 3]))),
     ("after-bad", variant(job(), ("after",), [
         "job-a", "job-a", 3, "job-20261122T003512.123456Z-3fa9c2d1", "x\x01", "\udc80"])),
     ("after-not-list", variant(job(), ("after",), {"job-a": True})),

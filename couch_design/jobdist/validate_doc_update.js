@@ -20,7 +20,8 @@ function (newDoc, oldDoc, userCtx, secObj) {
   var STEP_STATUSES = [null, "running", "finished", "failed"];
   var HISTORY_EVENTS = [
     "created", "claimed", "won", "started", "retried", "finished", "failed",
-    "released", "cancelled", "stale_finish", "invalid", "adopted", "ready"
+    "released", "cancelled", "stale_finish", "invalid", "adopted", "ready", "opened",
+    "dropped"
   ];
   // Waiting (docs/job-document.md, "Waiting").
   var AFTER_POLICIES = ["success", "always"];
@@ -354,19 +355,14 @@ function (newDoc, oldDoc, userCtx, secObj) {
     field("at", TIME)
   ];
 
-  // Submitter fields first, then the runtime fields. Only `do` has no default.
-  var STEP_FIELDS = [
-    field("target", checkTarget),
-    field("do", text(MAX_DO_LENGTH, true, false)),
-    field("alt_do", text(MAX_DO_LENGTH, true, true)),
-    field("timeout", optionalNumber(">", 0)),
-    field("retry_strategy",
-          objectOf(RETRY_STRATEGY_FIELDS, "must be an object", RETRY_DEFAULTS, false)),
-    field("epoch", COUNT),
-    field("claimed_by", OPTIONAL_SITE),
-    field("winner", OPTIONAL_SITE),
-    field("executioner", simple(nullable(isString), "must be null or a string")),
-    field("step_status", simple(oneOf(STEP_STATUSES), describeChoices(STEP_STATUSES))),
+  // --- broadcast steps (docs/job-document.md, "Broadcast steps") ---
+  var EACH_POLICIES = ["all", "any"];
+  var RUN_STATUSES = [null, "running", "finished", "failed"];
+  var MAX_RUN_SITES = 1000;
+  var BROADCAST_REASON =
+    'only for a broadcast step (target "all", or a list of sites with each: true)';
+  // What an execution records, on its step or on its sub-run.
+  var EXECUTION_FIELDS = [
     field("exec_time", optionalNumber(">=", 0)),
     field("start_time", OPTIONAL_TIME),
     field("finish_time", OPTIONAL_TIME),
@@ -379,7 +375,95 @@ function (newDoc, oldDoc, userCtx, secObj) {
           objectOf(PROGRESS_FIELDS, "must be null or an object {fraction, message, at}", null,
                    true))
   ];
-  var STEP = objectOf(STEP_FIELDS, "must be an object", STEP_DEFAULTS, false);
+  var EXECUTIONER = field("executioner", simple(nullable(isString), "must be null or a string"));
+  var SUB_RUN_FIELDS = [
+    field("epoch", COUNT),
+    field("status", simple(oneOf(RUN_STATUSES), describeChoices(RUN_STATUSES))),
+    EXECUTIONER
+  ].concat(EXECUTION_FIELDS);
+  var SUB_RUN = objectOf(SUB_RUN_FIELDS, "must be an object", null, false);
+
+  function isBroadcast(step) {
+    return step.target === "all" || step.each === true;
+  }
+
+  function checkRuns(value, path, errors) {
+    // null until the creator opens the step; then one sub-run per site, by site name.
+    if (value === null) {
+      return;
+    }
+    if (!isObject(value)) {
+      errors.push(path + ": must be null or an object of sub-runs by site name");
+      return;
+    }
+    var sites = Object.keys(value).sort();
+    if (sites.length > MAX_RUN_SITES) {
+      errors.push(path + ": must have at most " + MAX_RUN_SITES + " sites");
+    }
+    sites.forEach(function (site) {
+      if (!isSiteName(site)) {
+        errors.push(path + "." + site + ": " + SITE_NAME_REASON);
+      } else {
+        SUB_RUN(value[site], path + "." + site, errors);
+      }
+    });
+  }
+
+  function checkBroadcast(step, path, errors) {
+    // The broadcast fields agree with the target and with each other.
+    var target = step.target;
+    if (step.each === true && !isList(target) && target !== "all") {
+      errors.push(path + '.each: may be true only when target is a list of sites or "all"');
+    }
+    var broadcast = isBroadcast(step);
+    var runs = has(step, "runs") ? step.runs : null;
+    ["each_policy", "runs", "dropped"].forEach(function (name) {
+      if (!broadcast && has(step, name) && step[name] !== null) {
+        errors.push(path + "." + name + ": " + BROADCAST_REASON);
+      }
+    });
+    if (broadcast && step.step_status === "running" && runs === null) {
+      errors.push(path + ".runs: must name the step's sites once it runs");
+    }
+    if (broadcast && isList(step.dropped)) {
+      step.dropped.forEach(function (site, index) {
+        if (isSiteName(site) && (!isObject(runs) || !has(runs, site))) {
+          errors.push(path + ".dropped[" + index + "]: not one of the step's sites (runs)");
+        }
+      });
+    }
+  }
+
+  var BROADCAST_FIELDS = [
+    field("each", simple(isBoolean, "must be true or false"), true),
+    field("each_policy", simple(oneOf(EACH_POLICIES), describeChoices(EACH_POLICIES)), true),
+    field("runs", checkRuns, true),
+    field("dropped", listOf(SITE), true)
+  ];
+
+  // Submitter fields first, then the runtime fields. Only `do` has no default.
+  var STEP_FIELDS = [
+    field("target", checkTarget),
+    field("do", text(MAX_DO_LENGTH, true, false)),
+    field("alt_do", text(MAX_DO_LENGTH, true, true)),
+    field("timeout", optionalNumber(">", 0)),
+    field("retry_strategy",
+          objectOf(RETRY_STRATEGY_FIELDS, "must be an object", RETRY_DEFAULTS, false)),
+    field("epoch", COUNT),
+    field("claimed_by", OPTIONAL_SITE),
+    field("winner", OPTIONAL_SITE),
+    EXECUTIONER,
+    field("step_status", simple(oneOf(STEP_STATUSES), describeChoices(STEP_STATUSES)))
+  ].concat(EXECUTION_FIELDS);
+  var STEP_OBJECT = objectOf(STEP_FIELDS.concat(BROADCAST_FIELDS), "must be an object",
+                             STEP_DEFAULTS, false);
+
+  function STEP(value, path, errors) {
+    STEP_OBJECT(value, path, errors);
+    if (isObject(value)) {
+      checkBroadcast(value, path, errors);
+    }
+  }
 
   var EVENT_FIELDS = [
     field("event", simple(oneOf(HISTORY_EVENTS), describeChoices(HISTORY_EVENTS))),

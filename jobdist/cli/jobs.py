@@ -1,4 +1,4 @@
-"""Commands about jobs: submit, show, logs, list, cancel, adopt, watch, validate."""
+"""Commands about jobs: submit, show, logs, list, cancel, adopt, drop-site, watch, validate."""
 
 from __future__ import annotations
 
@@ -362,6 +362,25 @@ def adopt(gone: str, reason: str | None, dry_run: bool, sites_dir: Path,
     click.echo(f"{site.name} adopted {adopted} live jobs created by {gone}")
 
 
+@click.command("drop-site")
+@click.argument("job_id")
+@click.argument("lost_site", metavar="SITE")
+@click.option("--reason", default=None, help="Why (kept in the job's history).")
+@sites_option
+@site_option
+def drop_site(job_id: str, lost_site: str, reason: str | None, sites_dir: Path,
+              site_name: str | None) -> None:
+    """Remove SITE, lost for good, from JOB_ID's current broadcast step.
+
+    Run it at the job's creator (--site). The step then waits for the other sites
+    only; if SITE comes back, its part of the step is stopped and does not count."""
+    site, db = open_site(sites_dir, site_name)
+    reason = reason or f"dropped by {operator_name()} from the command line"
+    job = client.drop_site(db, site.name, job_id, lost_site, reason)
+    click.echo(f"dropped {lost_site} from step {job['step']} of {job_id} at site {site.name}; "
+               "the step now waits for the other sites only")
+
+
 @click.command()
 @click.option("--once", is_flag=True, help="Print one snapshot and exit.")
 @click.option("--interval", type=click.FloatRange(min=0.1), default=2.0, show_default=True,
@@ -413,4 +432,4 @@ def validate(file: str, file_format: str) -> None:
     click.echo(f"{name}: ok")
 
 
-COMMANDS = (submit, show, logs, list_command, cancel, adopt, watch, validate)
+COMMANDS = (submit, show, logs, list_command, cancel, adopt, drop_site, watch, validate)

@@ -24,7 +24,7 @@ from typing import Any
 
 from ..config import load_sites
 from ..couch import Database
-from ..model import ANY, Doc, allows, new_job, new_step
+from ..model import ANY, Doc, allows, counting_runs, is_broadcast, new_job, new_step
 from ..setup import couch_of
 from .cluster import LocalCluster
 from .localserver import free_port
@@ -418,9 +418,17 @@ class JobRuns:
 
 
 def counted(doc: Doc) -> dict[Run, Doc]:
-    """The executions whose result the job kept: each ended step's, by its winner."""
-    return {(index, step["epoch"], step["winner"]): step for index, step in enumerate(doc["job"])
-            if step["step_status"] in ("finished", "failed")}
+    """The executions whose result the job kept: each ended step's, by its winner; for a
+    broadcast step, each site's ended sub-run (a dropped site's counts for nothing)."""
+    kept: dict[Run, Doc] = {}
+    for index, step in enumerate(doc["job"]):
+        if is_broadcast(step):
+            kept.update({(index, run["epoch"], site): run
+                         for site, run in counting_runs(step).items()
+                         if run["status"] in ("finished", "failed")})
+        elif step["step_status"] in ("finished", "failed"):
+            kept[(index, step["epoch"], step["winner"])] = step
+    return kept
 
 
 def _audit_job(doc: Doc, rows: list[tuple[int, LedgerRow]], audit: Audit,
@@ -458,20 +466,27 @@ def _misplaced(doc: Doc, runs: JobRuns) -> list[str]:
 
 
 def _counted_in_order(doc: Doc, runs: JobRuns) -> list[str]:
-    """Each ended step has its run, started after the run of the step before ended."""
+    """Each ended step has its run (a broadcast step, one per site), started after the
+    runs of the step before ended."""
     problems, previous_end = [], -1
-    for run, step in sorted(counted(doc).items()):
-        where = f"{doc['_id']} step {run[0]}"
-        if not runs.starts.get(run):
-            problems.append(f"{where} {step['step_status']} with no run in epoch {run[1]} "
-                            f"on {run[2]}")
-            continue
-        line = runs.starts[run][0]
-        if line < previous_end:
-            problems.append(f"{where} started before step {run[0] - 1} ended")
-        if step["step_status"] == "finished" and run not in runs.ends:
-            problems.append(f"{where} finished, but its run never ended")
-        previous_end = runs.ends.get(run, line)
+    by_step: dict[int, list[tuple[Run, Doc]]] = collections.defaultdict(list)
+    for run, record in sorted(counted(doc).items()):
+        by_step[run[0]].append((run, record))
+    for index in sorted(by_step):
+        ends = [previous_end]
+        for run, record in by_step[index]:
+            where = f"{doc['_id']} step {index}"
+            status = record.get("status", record.get("step_status"))
+            if not runs.starts.get(run):
+                problems.append(f"{where} {status} with no run in epoch {run[1]} on {run[2]}")
+                continue
+            line = runs.starts[run][0]
+            if line < previous_end:
+                problems.append(f"{where} started before step {index - 1} ended")
+            if status == "finished" and run not in runs.ends:
+                problems.append(f"{where} finished, but its run never ended")
+            ends.append(runs.ends.get(run, line))
+        previous_end = max(ends)
     return problems
 
 
@@ -549,4 +564,6 @@ def _ends_epoch(entry: Doc, epoch: int, site: str) -> bool:
             return entry["epoch"] == epoch
         case "released":
             return entry["epoch"] == epoch + 1 and names
+        case "dropped":  # an operator removed the site from a broadcast step, for good
+            return (entry.get("detail") or "").startswith(f"{site}: ")
     return False

@@ -1,6 +1,6 @@
 function (doc, req) {
   // Replicate to a site only the jobs that concern it: those it created and
-  // those with a step it may run, every site's status and every schedule (a few
+  // those with a step it may run (a broadcast to "all" runs everywhere), every site's status and every schedule (a few
   // small documents that any site may be asked to show or take over). Deletions carry no
   // fields: always pass them.
   if (doc._id.indexOf("_design/") === 0) {
@@ -20,7 +20,7 @@ function (doc, req) {
     var target = doc.job[i].target == null ? "any" : doc.job[i].target;  // its default
     var wanted = typeof target === "string" ? [target] : target;
     for (var j = 0; j < wanted.length; j++) {
-      if (wanted[j] === "any" || wanted[j] === site) {
+      if (wanted[j] === "any" || wanted[j] === "all" || wanted[j] === site) {
         return true;
       }
     }

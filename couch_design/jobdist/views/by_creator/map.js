@@ -24,6 +24,23 @@ function (doc) {
     step: index,
     steps: doc.job.length,
     updated_at: doc.updated_at || null,
-    command: String(current["do"]).slice(0, 120)
+    command: String(current["do"]).slice(0, 120),
+    fan_out: fanOut(current)
   });
+
+  // A broadcast step's fan-out, "done/sites" (dropped sites left out); null otherwise.
+  function fanOut(step) {
+    if (step.runs === null || typeof step.runs !== "object") {
+      return null;
+    }
+    var dropped = Array.isArray(step.dropped) ? step.dropped : [];
+    var sites = Object.keys(step.runs).filter(function (site) {
+      return dropped.indexOf(site) === -1;
+    });
+    var done = sites.filter(function (site) {
+      var run = step.runs[site] || {};
+      return run.status === "finished" || run.status === "failed";
+    });
+    return done.length + "/" + sites.length;
+  }
 }

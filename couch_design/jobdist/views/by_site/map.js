@@ -11,7 +11,8 @@ function (doc) {
   }
   var sites = [];
   function add(site) {
-    if (typeof site === "string" && site !== "any" && sites.indexOf(site) === -1) {
+    if (typeof site === "string" && site !== "any" && site !== "all" &&
+        sites.indexOf(site) === -1) {
       sites.push(site);
     }
   }
@@ -19,6 +20,9 @@ function (doc) {
     var targets = Array.isArray(step.target) ? step.target : [step.target];
     targets.forEach(add);
     add(step.winner);
+    if (step.runs !== null && typeof step.runs === "object") {
+      Object.keys(step.runs).forEach(add);  // a broadcast's sites ("all" names none)
+    }
   });
   (Array.isArray(doc.history) ? doc.history : []).forEach(function (entry) {
     if (entry && entry.event === "started") {
@@ -41,9 +45,26 @@ function (doc) {
     step: index,
     steps: doc.job.length,
     updated_at: doc.updated_at || null,
-    command: String(current["do"]).slice(0, 120)
+    command: String(current["do"]).slice(0, 120),
+    fan_out: fanOut(current)
   };
   sites.forEach(function (site) {
     emit([site, status, doc.created_at || ""], value);
   });
+
+  // A broadcast step's fan-out, "done/sites" (dropped sites left out); null otherwise.
+  function fanOut(step) {
+    if (step.runs === null || typeof step.runs !== "object") {
+      return null;
+    }
+    var dropped = Array.isArray(step.dropped) ? step.dropped : [];
+    var sites = Object.keys(step.runs).filter(function (site) {
+      return dropped.indexOf(site) === -1;
+    });
+    var done = sites.filter(function (site) {
+      var run = step.runs[site] || {};
+      return run.status === "finished" || run.status === "failed";
+    });
+    return done.length + "/" + sites.length;
+  }
 }

@@ -9,9 +9,6 @@ function (doc) {
     return;
   }
   var step = doc.job[index];
-  if (step.claimed_by != null || step.winner != null || step.step_status != null) {
-    return;
-  }
   // A job that waits (jobdist/model.py is_held): it names jobs to wait for or a time not
   // to start before, and its creator has not released it yet (a "ready" event).
   var held = ((Array.isArray(doc.after) && doc.after.length > 0) || !!doc.not_before) &&
@@ -21,8 +18,22 @@ function (doc) {
   if (held) {
     return;  // until its creator releases it
   }
-  var target = step.target == null ? "any" : step.target;
-  var targets = Array.isArray(target) ? target : [target];
+  var targets;
+  if (step.runs !== null && typeof step.runs === "object" && step.step_status === "running") {
+    // An opened broadcast step: a row per site whose own part waits to start.
+    var dropped = Array.isArray(step.dropped) ? step.dropped : [];
+    targets = Object.keys(step.runs).filter(function (site) {
+      var run = step.runs[site];
+      return run !== null && typeof run === "object" && run.status == null &&
+        dropped.indexOf(site) === -1;
+    });
+  } else if (step.claimed_by != null || step.winner != null || step.step_status != null ||
+             step.target === "all" || step.each === true) {
+    return;  // taken, or a broadcast step its creator has not opened yet
+  } else {
+    var target = step.target == null ? "any" : step.target;
+    targets = Array.isArray(target) ? target : [target];
+  }
   var value = {step: index, epoch: step.epoch || 0};
   // The rank: floor(creation second / 10) - priority, lower first; waiting 10 s
   // is worth one priority level (core.claim_rank, docs/protocol.md: the same

@@ -1,6 +1,6 @@
 function (doc) {
   // Live jobs, once per site with a part in the current step (its creator, the
-  // claimer, the winner): what a restarting site must re-decide.
+  // claimer, the winner, a broadcast's sites): what a restarting site must re-decide.
   // (Defaults: docs/job-document.md.)
   var index = doc.step == null ? 0 : doc.step;
   if (doc.type !== "job" || doc.job_status != null || !Array.isArray(doc.job) ||
@@ -9,7 +9,9 @@ function (doc) {
   }
   var step = doc.job[index];
   var sites = [];
-  [doc.creator, step.claimed_by, step.winner].forEach(function (site) {
+  // A broadcast step: every site of its set has its own part in it.
+  var parts = step.runs !== null && typeof step.runs === "object" ? Object.keys(step.runs) : [];
+  [doc.creator, step.claimed_by, step.winner].concat(parts).forEach(function (site) {
     if (typeof site === "string" && sites.indexOf(site) === -1) {
       sites.push(site);
     }

@@ -11,4 +11,13 @@ function (doc) {
       (step.step_status == null || step.step_status === "running")) {
     emit([doc.creator, step.lease_until], {step: index, winner: step.winner});
   }
+  // A broadcast step: each site's running part has a lease of its own.
+  if (step.runs !== null && typeof step.runs === "object" && step.step_status === "running") {
+    Object.keys(step.runs).forEach(function (site) {
+      var run = step.runs[site];
+      if (run && run.status === "running" && run.lease_until) {
+        emit([doc.creator, run.lease_until], {step: index, winner: site});
+      }
+    });
+  }
 }
