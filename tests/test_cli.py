@@ -492,9 +492,11 @@ def test_a_broadcast_shows_each_site_and_its_fan_out_then_drop_site(
                                          for site in ("global", "reg_a"))
 
     wait_for(parts_done, timeout=30, what="global and reg_a done, reg_b running")
-    listed = jobdist("list", "--status", "live")
-    assert "1/1 (2/3 sites)" in next(line for line in listed.stdout.splitlines()
-                                     if job_id in line)
+    # (--creator: not the 30 live jobs "created in 2030" an earlier test leaves.)
+    listed = jobdist("list", "--status", "live", "--creator", "global")
+    assert listed.exit_code == 0, listed.output
+    rows = [line for line in listed.stdout.splitlines() if job_id in line]
+    assert rows and "1/1 (2/3 sites)" in rows[0], listed.output
     shown = jobdist("show", job_id)
     lines = shown.stdout.splitlines()
     assert "2/3 sites" in next(line for line in lines if line.lstrip().startswith("0 "))
