@@ -387,14 +387,18 @@ def failures_table(events: DataFrame) -> DataFrame:
         "job_id", "step", "site", "worker", "epoch", "at", F.col("detail").alias("reason"))
 
 
+def first_event(condition: Callable[[Column], Column]) -> Column:
+    """The time of the job's first history event that meets `condition` (null: none)."""
+    from pyspark.sql import functions as F
+
+    return F.array_min(F.transform(F.filter("history", condition), lambda e: e["at"]))
+
+
 def waits_table(raw: DataFrame) -> DataFrame:
     """One row per job that waits or waited (for other jobs, or for a time): when its
     creator released it (`ready`) or failed it for a job it waited for, how long that
     took from its creation, and how late its first start came after `not_before`."""
     from pyspark.sql import functions as F
-
-    def first_event(condition: Callable[[Column], Column]) -> Column:
-        return F.array_min(F.transform(F.filter("history", condition), lambda e: e["at"]))
 
     by_dependency = first_event(lambda e: (e["event"] == "failed") & F.coalesce(
         e["detail"].startswith(WAITED_FOR), F.lit(False)))
@@ -439,12 +443,10 @@ def ticks_table(raw: DataFrame) -> DataFrame:
     late its first step started after the tick (`start_lateness_s`)."""
     from pyspark.sql import functions as F
 
-    first_start = F.array_min(F.transform(
-        F.filter("history", lambda e: e["event"] == "started"), lambda e: e["at"]))
     ticks = raw.where(F.col("tick").isNotNull()).select(
         "job_id", "schedule", "tick", "creator",
         F.coalesce("job_status", F.lit("live")).alias("status"), "created_at",
-        first_start.alias("first_start"))
+        first_event(lambda e: e["event"] == "started").alias("first_start"))
     return ticks.select(
         "*",
         seconds_between("tick", "created_at").alias("creation_lateness_s"),
