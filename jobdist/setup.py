@@ -165,7 +165,7 @@ def sync_replications(site: SiteConfig, wanted: list[Replication], keep: set[str
     for link in wanted:
         try:
             written = replicator.put_replication(
-                link.doc_id, link.source_endpoint, link.target_endpoint,
+                link.doc_id, source_address(couch, link), link.target_endpoint,
                 filter=link.filter, query_params=link.query_params)
         except Forbidden as error:
             # pouchdb-server refuses edits to a running replication (see couch.py).
@@ -180,6 +180,16 @@ def sync_replications(site: SiteConfig, wanted: list[Replication], keep: set[str
         if remove_replication(couch, replicator, doc_id, site, report, problem, warn):
             changes += 1
     return changes
+
+
+def source_address(couch: Couch, link: Replication) -> str:
+    """Where the pushing server reads what it sends: its own database.
+
+    pouchdb-server reads a database it is given by name in process, where a URL
+    costs it a `_changes` request and a `_bulk_get` over HTTP for every batch
+    (half of a push's requests); Apache CouchDB 3 takes URLs only.
+    """
+    return link.source_endpoint if couch.is_apache_couchdb() else link.source.couch.database
 
 
 def remove_replication(couch: Couch, replicator: Database, doc_id: str, site: SiteConfig,

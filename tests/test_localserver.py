@@ -1,3 +1,4 @@
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -31,6 +32,19 @@ def test_server_starts_persists_restarts_and_stops(tmp_path: Path) -> None:
         assert requests.get(f"{server.url}/jobs/a", timeout=5).json()["x"] == 1
     assert not server.is_alive()
     assert server.pid is None
+
+
+def test_the_server_logs_warnings_only_and_nothing_to_stdout(tmp_path: Path) -> None:
+    server = LocalServer(free_port(), tmp_path / "site")
+    with server:
+        for _ in range(20):
+            requests.get(f"{server.url}/_all_dbs", timeout=5).raise_for_status()
+        log_txt = server.data_dir / "log.txt"
+        assert "_all_dbs" not in (log_txt.read_text() if log_txt.exists() else "")
+        assert "_all_dbs" not in server.log_path.read_text()
+    config = json.loads(server.config_path.read_text())
+    assert config["log"]["level"] == "warning"
+    assert config["pouchdb_server"]["no-stdout-logs"] is True
 
 
 def test_the_local_cluster_restarts_a_site_server_that_dies(tmp_path: Path) -> None:
@@ -75,10 +89,13 @@ PATCHES = PROJECT_ROOT / "patches"
 
 def fake_installation(root: Path, fixed: set[str]) -> Path:
     """An npm tree whose files carry the fixes named in `fixed`; its pouchdb-server bin."""
-    for fix, relative, line in REQUIRED_FIXES:
+    files: dict[Path, str] = {}
+    for fix, relative, line in REQUIRED_FIXES:  # some files carry two fixes
         path = root / "node_modules" / relative
+        files[path] = files.get(path, "") + (f"{line}\n" if fix in fixed else "// as published\n")
+    for path, text in files.items():
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(f"{line}\n" if fix in fixed else "// as published\n")
+        path.write_text(text)
     binary = root / "node_modules" / "pouchdb-server" / "bin" / "pouchdb-server"
     binary.parent.mkdir(parents=True)
     binary.write_text("")
@@ -87,14 +104,16 @@ def fake_installation(root: Path, fixed: set[str]) -> Path:
 
 def test_a_server_without_a_fix_is_refused_before_it_starts(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    [(missing, _, _), (present, _, _)] = REQUIRED_FIXES
-    monkeypatch.setenv("JOBDIST_POUCHDB_SERVER", str(fake_installation(tmp_path, {present})))
+    missing = REQUIRED_FIXES[1][0]
+    present = {fix for fix, _, _ in REQUIRED_FIXES} - {missing}
+    monkeypatch.setenv("JOBDIST_POUCHDB_SERVER", str(fake_installation(tmp_path, present)))
     server = LocalServer(free_port(), tmp_path / "site")
     with pytest.raises(ServerError) as refused:
         server.start()
     message = str(refused.value)
     assert "\n" not in message
-    assert missing in message and present not in message and "npm ci" in message
+    assert missing in message and "npm ci" in message
+    assert not any(fix in message for fix in present)
     assert server.process is None
 
 
@@ -133,7 +152,7 @@ def test_the_patches_match_the_installed_server(tmp_path: Path) -> None:
     for _, relative, _ in REQUIRED_FIXES:
         installed = localserver.node_resolve(binary.resolve().parent, relative)
         assert installed is not None
-        (tmp_path / "node_modules" / relative).parent.mkdir(parents=True)
+        (tmp_path / "node_modules" / relative).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(installed, tmp_path / "node_modules" / relative)
     applied = run_patches(tmp_path)
     assert applied.returncode == 0, applied.stderr
