@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import math
 import os
+import select
 import signal
 import subprocess
 import tempfile
@@ -265,17 +266,45 @@ def _wait_for_exit(
 ) -> str:
     """Wait for the shell to exit; returns "exited", "timed_out" or "cancelled"."""
     deadline = None if timeout is None else time.monotonic() + timeout
-    while True:
-        if cancel.is_set():
-            return "cancelled"
-        remaining = math.inf if deadline is None else deadline - time.monotonic()
-        if remaining <= 0:
-            return "timed_out"
-        try:
-            proc.wait(timeout=min(POLL_SECONDS, remaining))
-            return "exited"
-        except subprocess.TimeoutExpired:
-            continue
+    with _exit_watch(proc) as exits_within:
+        while True:
+            if cancel.is_set():
+                return "cancelled"
+            remaining = math.inf if deadline is None else deadline - time.monotonic()
+            if remaining <= 0:
+                return "timed_out"
+            if exits_within(min(POLL_SECONDS, remaining)):
+                return "exited"
+
+
+@contextlib.contextmanager
+def _exit_watch(proc: subprocess.Popen[bytes]) -> Iterator[Callable[[float], bool]]:
+    """A wait for the process's exit that returns the moment it exits.
+
+    `Popen.wait` with a timeout sleeps in steps that grow to POLL_SECONDS, so a
+    step's end was noticed 25 ms late on average; a pidfd (Linux 5.3+) wakes the
+    wait at once. Elsewhere, `Popen.wait` as before.
+    """
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):  # not Linux, or an old kernel
+        yield lambda seconds: _waited(proc, seconds)
+        return
+    try:
+        def exits_within(seconds: float) -> bool:
+            readable, _, _ = select.select([pidfd], [], [], seconds)
+            return bool(readable) and proc.wait() is not None
+        yield exits_within
+    finally:
+        os.close(pidfd)
+
+
+def _waited(proc: subprocess.Popen[bytes], seconds: float) -> bool:
+    try:
+        proc.wait(timeout=seconds)
+        return True
+    except subprocess.TimeoutExpired:
+        return False
 
 
 def _exit_outcome(returncode: int) -> tuple[int, str]:

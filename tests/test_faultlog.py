@@ -5,6 +5,7 @@ lasted. Pure: ledgers, fault logs and final documents written by hand."""
 from __future__ import annotations
 
 from jobdist.lab.faultlog import (
+    REPLICATION_RETRY_SECONDS,
     Fault,
     Span,
     audit_faults,
@@ -192,22 +193,29 @@ def test_a_run_outranked_by_a_revoked_run_that_finished_the_job_is_explained() -
     assert "history says nothing" in audit_run(ledger, {"j2": doc}, ["j2"], None).problems[0]
 
 
-def test_a_long_outage_of_replication_lasts_as_long_again_after_it_is_healed() -> None:
-    # Healed 8 s before the run began: past the lease, but the replicator's back-off
-    # after failing 9 s may delay it as long again.
+def test_an_outage_of_replication_lasts_until_the_replicator_tries_again() -> None:
+    # Healed 8 s before the run began: past the lease and the replicator's next try.
     outage = fault("CouchDB SIGKILL", ("reg_a",), 10.0 - LEASE - 8.0 - 9.0, 9.0)
-    assert settled(outage) == outage.end + 9.0
-    assert audited([outage])[1] == []
+    assert settled(outage) == outage.end + REPLICATION_RETRY_SECONDS
+    assert audited([outage])[1] != []
+    # Healed just before: the replicator may not have tried again yet.
+    recent = fault("CouchDB SIGKILL", ("reg_a",), 10.0 - LEASE - 0.5 - 9.0, 9.0)
+    assert audited([recent])[1] == []
     # A daemon's pause stops no replication: its effects end when it is resumed.
     assert audited([fault("daemon SIGSTOP, past the lease", ("reg_a",),
                           10.0 - LEASE - 8.0 - 9.0, 9.0)])[0] == []
 
 
-def test_a_couchdb_outage_over_half_a_lease_may_stop_replication_past_it() -> None:
-    # Down 3.5 s: the peers' replicators, backing off, may resume 3.5 s later still.
+def test_a_couchdb_outage_under_a_lease_explains_no_rerun() -> None:
+    # Down 3.5 s of a 6 s lease: the peers' replicators try again within a second.
     outage = fault("CouchDB SIGKILL", ("reg_a",), 11.0, 3.5, number=9)
-    assert replication_stopped(outage) == 7.0 and makes_reruns_unavoidable(outage, LEASE)
-    explained, _ = audited([outage])
+    assert replication_stopped(outage) == 3.5 + REPLICATION_RETRY_SECONDS
+    assert not makes_reruns_unavoidable(outage, LEASE)
+    assert audited([outage])[1] != []
+    # Down past the lease, less the retry: the explanation says for how long.
+    longer = fault("CouchDB SIGKILL", ("reg_a",), 11.0, 5.5, number=9)
+    assert makes_reruns_unavoidable(longer, LEASE)
+    explained, _ = audited([longer])
     assert explained[0].endswith("explained by fault #9 CouchDB SIGKILL reg_a at 11.0 s for "
-                                 "3.5 s (replication stopped up to 7.0 s)")
+                                 "5.5 s (replication stopped up to 6.5 s)")
     assert not makes_reruns_unavoidable(fault("CouchDB SIGKILL", ("reg_a",), 11.0, 2.9), LEASE)

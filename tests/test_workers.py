@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -17,6 +18,7 @@ from jobdist.workers import (
     Execution,
     StepResult,
     WorkerPool,
+    _exit_watch,
     retry_delays,
     run_step,
 )
@@ -584,3 +586,16 @@ def test_a_step_may_write_its_progress_to_the_file_the_pool_names(
     result = done.calls[0][1]
     assert (result.progress["fraction"], result.progress["message"]) == (0.9, "last")
     assert not Path(result.stdout.strip()).exists()  # the daemon removes the file after the step
+
+
+def test_the_exit_watch_tells_a_running_process_from_one_that_exited() -> None:
+    proc = subprocess.Popen(["sleep", "30"])
+    try:
+        with _exit_watch(proc) as exits_within:
+            assert not exits_within(0.01)
+            proc.kill()
+            assert exits_within(10.0)
+            assert proc.returncode is not None  # reaped
+    finally:
+        proc.kill()
+        proc.wait()

@@ -100,14 +100,21 @@ def makes_reruns_unavoidable(fault: Fault, lease: float) -> bool:
         effect is Effect.IF_LONGER_THAN_LEASE and replication_stopped(fault) > lease)
 
 
+# The longest a failing replication waits before it tries again (our patch to
+# pouchdb-server's replicator; patches/pouchdb-replication+7.3.1.patch).
+REPLICATION_RETRY_SECONDS = 1.0
+
+
 def replication_stopped(fault: Fault) -> float:
     """How long the fault may have kept its site's documents from reaching the others
-    or theirs from reaching it: for a fault that stops replication, twice as long as
-    it lasted (pouchdb-server's replicator backs off exponentially while it fails, so
-    after failing for d seconds its next try may come up to d later). A winner whose
+    or theirs from reaching it: for a fault that stops replication, as long as it
+    lasted and the replicator's next try after it. (Before the replicator retried at
+    least once a second, its back-off doubled while it failed: a winner whose
     CouchDB was down for 4.8 s of a 6 s lease got its `won` 8.5 s after the creator
-    wrote it, and the creator revoked it (the fault suite, under load 13)."""
-    return fault.seconds * (2 if fault.kind in STOP_REPLICATION else 1)
+    wrote it, and lost it.)"""
+    if fault.kind in STOP_REPLICATION:
+        return fault.seconds + REPLICATION_RETRY_SECONDS
+    return fault.seconds
 
 
 @dataclass(frozen=True)
@@ -177,7 +184,7 @@ def _overlaps(fault: Fault, window: tuple[float, float]) -> bool:
 
 def settled(fault: Fault) -> float:
     """When the fault's effects end: when it was healed, or, for one that stopped
-    replication, as long again after that (the replicator's back-off)."""
+    replication, once the replicator tried again after that."""
     return fault.start + replication_stopped(fault)
 
 

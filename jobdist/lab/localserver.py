@@ -37,8 +37,9 @@ class ServerError(JobdistError, RuntimeError):
 
 # The pouchdb-server 4.2.0 fixes we rely on, applied at install time by `npm ci`
 # (patches/*.patch, see the reason in each): the fix, the file it changes (as a
-# package requires it) and a line it writes there. The last four are for speed: the
-# benchmarks' figures are this server's with them.
+# package requires it) and a line it writes there. Speed, measured in the benchmarks,
+# is why the four after the first two are here; the last one keeps a site that was
+# down from waiting for its peers' documents after it is back.
 REQUIRED_FIXES = (
     ("replicated conflicts kept when validate_doc_update exists",
      "pouchdb-validation/lib/index.js",
@@ -58,6 +59,9 @@ REQUIRED_FIXES = (
     ("changes that arrive during a replicated batch sent as one batch",
      "pouchdb-replication/lib/index.js",
      "// jobdist: while a batch is in flight, let changes gather; the batch's end"),
+    ("a failing replication retried at least once a second",
+     "pouchdb-replication/lib/index.js",
+     "// jobdist: retry at least once a second. The default doubles up to 10 minutes,"),
 )
 INSTALL_HINT = ("run `npm ci` in the jobdist checkout, or set JOBDIST_POUCHDB_SERVER to a "
                 "pouchdb-server that a checkout's `npm ci` installed")
