@@ -14,18 +14,25 @@ import pytest
 from click.testing import CliRunner
 
 from jobdist.lab.bench import (
+    Memory,
     RawRates,
     ReplicationRow,
     Request,
     Throughput,
     bench,
+    burst_targets,
+    busy_shares,
+    busy_targets,
     census_table,
+    latency_targets,
+    memory_target,
     parse_requests,
     parse_site_range,
     percentile,
     replication_table,
     request_kind,
     scheduling_overheads,
+    targets_table,
     throughput_table,
 )
 
@@ -106,11 +113,46 @@ def test_tables_render() -> None:
     assert row.replicated_per_step == 6.0 and row.thesis_per_step == 16
     assert "0.38" in rendered(replication_table("mesh", [row]))
     spread = {"p50": 0.1, "p95": 0.2, "p99": 0.3, "max": 0.4}
-    result = Throughput(10, 2, 2, 2.0, 1.5, spread, spread, 3.0, 1, RawRates(50, 200.0, 2000.0),
-                        {"server": 1.0, "daemon": 0.5, "wall": 2.0}, 10, {"replicator GET /": 5})
+    result = throughput(spread)
     assert result.steps_per_s == 5.0 and result.writes_per_s == 20.0
-    assert "100/200/300 ms" in rendered(throughput_table(result))
+    shown = rendered(throughput_table(result))
+    assert "100/200/300 ms" in shown and "100.0 / 50.0" in shown and "a 50%, b 100%" in shown
     assert "0.50" in rendered(census_table(result.requests, 10))
+
+
+def throughput(spread: dict[str, float], command: str = "true") -> Throughput:
+    return Throughput(10, command, 2, 2, 2.0, 1.5, spread, spread, spread,
+                      {"a": 0.5, "b": 1.0}, 3.0, 1, RawRates(50, 200.0, 2000.0),
+                      {"server": 1.0, "daemon": 0.5, "wall": 2.0}, 10, {"replicator GET /": 5})
+
+
+def test_busy_shares_count_worker_time_while_work_waited() -> None:
+    t = "2026-01-01T00:00:0{}.000000Z".format
+
+    def job(site: str, start: int, finish: int) -> dict[str, Any]:
+        return {"job": [{"winner": site, "start_time": t(start), "finish_time": t(finish)}]}
+
+    # Work waited from 0 (first start) to 4 (last start); 2 workers a site.
+    docs = [job("a", 0, 2), job("a", 0, 4), job("a", 2, 6), job("b", 4, 5)]
+    assert busy_shares(docs, workers=2) == {"a": (2 + 4 + 2) / 8, "b": 0.0}
+
+
+def test_targets_say_met_or_missed_with_the_figure() -> None:
+    fast = {"p50": 0.1, "p95": 0.2, "p99": 0.3, "max": 0.4}
+    slow = {"p50": 0.3, "p95": 0.6, "p99": 0.7, "max": 0.8}
+    assert [t.met for t in latency_targets(throughput(fast))] == [True, True]
+    missed = latency_targets(throughput(slow))
+    assert [t.met for t in missed] == [False, False] and missed[0].figure == "300 ms"
+    # 10 steps in 2 s, 5 requests for 10 steps, 50 ms of daemon CPU a step.
+    burst = burst_targets(throughput(fast), throughput(fast))
+    assert [t.met for t in burst] == [False, True, False, True]
+    assert burst[0].figure.startswith("5.0 steps/s") and burst[1].figure == "0.5"
+    busy = busy_targets(throughput(fast, "sleep 0.5"))
+    assert [t.met for t in busy] == [False, False] and busy[0].figure == "a 50%, b 100%"
+    assert memory_target(Memory(100, 1.0, 1.0, 100.0, 140.0)).met  # 146.8 MB
+    memory = memory_target(Memory(100, 1.0, 1.0, 100.0, 145.0))
+    assert not memory.met and memory.figure.startswith("152.0 MB")
+    assert "no" in rendered(targets_table([*burst, memory]))
 
 
 # --- the subcommands on real local sites -------------------------------------------------------

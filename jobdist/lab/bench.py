@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import statistics
@@ -419,12 +420,15 @@ def scheduling_overheads(docs: list[Doc], since: str) -> list[float]:
 @dataclass(frozen=True)
 class Throughput:
     jobs: int
+    command: str  # each job's single step
     sites: int
     workers: int
     wall: float  # submission until every job is seen done at the submitting site
     execution_window: float  # first creation to last step's end, from the documents
     latency: dict[str, float]  # submit-to-start, seconds
+    remote_latency: dict[str, float]  # the same, of the steps that ran away from global
     overhead: dict[str, float]  # scheduling overhead, seconds (see scheduling_overheads)
+    busy: dict[str, float]  # each site's share of worker time busy while work waited
     revisions_per_step: float  # writes per step after the submission, conflicts included
     conflict_leaves: int
     raw: RawRates
@@ -450,8 +454,28 @@ class Throughput:
 
 
 def summary(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {}
     return {"p50": percentile(values, 50), "p95": percentile(values, 95),
             "p99": percentile(values, 99), "max": max(values)}
+
+
+def busy_shares(docs: list[Doc], workers: int) -> dict[str, float]:
+    """Each site's busy worker-seconds over what its workers could give while work
+    waited: from the first step's start to the last one's (after it, nothing waits)."""
+    steps = [step for doc in docs for step in doc["job"] if step.get("start_time")]
+    if not steps:
+        return {}
+    first = min(step["start_time"] for step in steps)
+    last = max(step["start_time"] for step in steps)
+    window = seconds_between(first, last)
+    busy: dict[str, float] = {}
+    for step in steps:  # ISO 8601 UTC times, all alike: they compare as strings
+        start, end = step["start_time"], min(step.get("finish_time") or last, last)
+        used = seconds_between(start, end) if end > start else 0.0
+        busy[step["winner"]] = busy.get(step["winner"], 0.0) + used
+    return {site: (used / (workers * window) if window > 0 else 0.0)
+            for site, used in sorted(busy.items())}
 
 
 def server_logs(cluster: LocalCluster) -> list[ServerLog]:
@@ -464,7 +488,7 @@ def admin_login(couch: CouchSettings) -> tuple[str, str] | None:
 
 
 def run_throughput(jobs: int, sites: int, workers: int, raw_docs: int,
-                   timeout: float, census: bool = False) -> Throughput:
+                   timeout: float, census: bool = False, command: str = "true") -> Throughput:
     with local_cluster(sites, workers) as cluster:
         db = site_db(cluster, "global")
         raw = raw_write_rates(admin_couch_of(cluster.sites["global"]), raw_docs)
@@ -473,26 +497,32 @@ def run_throughput(jobs: int, sites: int, workers: int, raw_docs: int,
         cpu_before = {role: sum(map(cpu_seconds, p)) for role, p in pids.items()}
         ready = utc_now()
         started = time.monotonic()
-        ids = submit_all(db, "global", [new_step("true")], jobs)
+        ids = submit_all(db, "global", [new_step(command)], jobs)
         docs = wait_until_done(db, ids, timeout)
         wall = time.monotonic() - started
         cpu = {role: sum(map(cpu_seconds, p)) - cpu_before[role] for role, p in pids.items()}
         requests = request_census(logs)
         revisions = count_revisions(db, ids)
     return Throughput(
-        jobs=jobs, sites=sites, workers=workers, wall=wall,
+        jobs=jobs, command=command, sites=sites, workers=workers, wall=wall,
         execution_window=seconds_between(
             min(d["created_at"] for d in docs),
             max(d["job"][0]["finish_time"] for d in docs)),
-        latency=summary([seconds_between(d["created_at"], d["job"][0]["start_time"])
-                         for d in docs]),
+        latency=summary([submit_to_start(d) for d in docs]),
+        remote_latency=summary([submit_to_start(d) for d in docs
+                                if d["job"][0]["winner"] != "global"]),
         overhead=summary(scheduling_overheads(docs, ready)),
+        busy=busy_shares(docs, workers),
         revisions_per_step=(revisions.total - jobs) / jobs,
         conflict_leaves=revisions.conflict_leaves,
         raw=raw, cpu=cpu | {"wall": wall},
         jobs_ok=sum(d["job_status"] == "success" for d in docs),
         requests=requests,
     )
+
+
+def submit_to_start(doc: Doc) -> float:
+    return seconds_between(doc["created_at"], doc["job"][0]["start_time"])
 
 
 def measures_table(title: str, rows: list[tuple[str, str]]) -> Table:
@@ -506,7 +536,7 @@ def measures_table(title: str, rows: list[tuple[str, str]]) -> Table:
 
 
 def throughput_table(r: Throughput) -> Table:
-    title = (f"{r.jobs} single-step `true` jobs, {r.sites} sites x {r.workers} "
+    title = (f"{r.jobs} single-step `{r.command}` jobs, {r.sites} sites x {r.workers} "
              "workers, submitted at once at global")
     ms = 1000.0
     rows = [
@@ -515,6 +545,9 @@ def throughput_table(r: Throughput) -> Table:
          f"{r.jobs / r.execution_window:.1f}"),
         ("submit-to-start p50/p95/p99", "/".join(
             f"{r.latency[p] * ms:.0f}" for p in ("p50", "p95", "p99")) + " ms"),
+        ("  of steps run away from global", "/".join(
+            f"{r.remote_latency[p] * ms:.0f}" for p in ("p50", "p95", "p99")) + " ms"
+         if r.remote_latency else "none"),
         ("scheduling overhead p50/p95/p99", "/".join(
             f"{r.overhead[p] * ms:.0f}" for p in ("p50", "p95", "p99")) + " ms"),
         ("writes per step (after submission)", f"{r.revisions_per_step:.2f}"),
@@ -527,6 +560,10 @@ def throughput_table(r: Throughput) -> Table:
          f"{r.writes_per_s / r.raw.single_put_per_s:.2f}"),
         ("CPU s: servers / daemons / wall",
          f"{r.cpu['server']:.1f} / {r.cpu['daemon']:.1f} / {r.cpu['wall']:.1f}"),
+        ("CPU ms a step: servers / daemons",
+         f"{r.cpu['server'] / r.jobs * ms:.1f} / {r.cpu['daemon'] / r.jobs * ms:.1f}"),
+        ("workers busy while work waited", ", ".join(
+            f"{site} {share:.0%}" for site, share in r.busy.items())),
         ("jobs ok", f"{r.jobs_ok}/{r.jobs}"),
     ]
     return measures_table(title, rows)
@@ -555,11 +592,12 @@ def timeout_option(default: float) -> Any:
 @timeout_option(600.0)
 @click.option("--requests", "census", is_flag=True,
               help="Also count the servers' requests by sender and kind (debug logs: slower).")
+@click.option("--command", default="true", show_default=True, help="Each job's one step.")
 @json_option
 def throughput_command(jobs: int, sites: int, workers: int, raw_writes: int, timeout: float,
-                       census: bool, as_json: bool) -> None:
+                       census: bool, command: str, as_json: bool) -> None:
     """Steps per second, scheduling latency and writes per step, beside the raw write rate."""
-    result = run_throughput(jobs, sites, workers, raw_writes, timeout, census)
+    result = run_throughput(jobs, sites, workers, raw_writes, timeout, census, command)
     if as_json:
         print_json(result.as_json())
         return
@@ -1112,3 +1150,105 @@ def soak_command(minutes: float, seed: int | None, rounds: int, round_seconds: f
         click.echo("\n".join(fault_table(summaries)))
     if any(summary["problems"] for summary in summaries):
         raise SystemExit(1)
+
+
+# --- bench targets: the speed issue's targets, each measured, in one run ----------------
+
+
+@dataclass(frozen=True)
+class Target:
+    what: str
+    goal: str
+    figure: str
+    met: bool
+
+
+def thesis_targets(step_seconds: float, limit: float, only: tuple[str, ...]) -> list[Target]:
+    chosen = [s for s in THESIS_SCENARIOS if not only or s.name.startswith(only)]
+    rows = [thesis_row(run_scenario(scenario, step_seconds)) for scenario in chosen]
+    return [Target(f"scenario {row.scenario}, {step_seconds:g} s steps: makespan / optimum",
+                   f"<= {limit:.2f}", f"{row.ratio_ideal:.3f} ({row.makespan:.2f} s)",
+                   row.ratio_ideal <= limit and not row.problems)
+            for row in rows]
+
+
+def latency_targets(r: Throughput) -> list[Target]:
+    ms = 1000.0
+    p50, p95 = r.remote_latency.get("p50", math.inf), r.remote_latency.get("p95", math.inf)
+    return [Target("remote untargeted step, idle workers: submit to start p50", "<= 250 ms",
+                   f"{p50 * ms:.0f} ms", p50 <= 0.25),
+            Target("remote untargeted step, idle workers: submit to start p95", "<= 500 ms",
+                   f"{p95 * ms:.0f} ms", p95 <= 0.5)]
+
+
+def burst_targets(r: Throughput, census: Throughput) -> list[Target]:
+    requests = sum(census.requests.values()) / census.jobs
+    daemon_ms = r.cpu["daemon"] / r.jobs * 1000
+    ms = 1000.0
+    return [
+        Target(f"throughput, {r.jobs} `true` jobs, {r.sites} sites x {r.workers} workers",
+               ">= 100 steps/s",
+               f"{r.steps_per_s:.1f} steps/s (raw single PUTs {r.raw.single_put_per_s:.0f}/s)",
+               r.steps_per_s >= 100),
+        Target(f"requests a step ({census.jobs} jobs, every server's log)", "<= 10",
+               f"{requests:.1f}", requests <= 10),
+        Target("daemon CPU a step (all daemons)", "<= 5 ms", f"{daemon_ms:.1f} ms "
+               f"(servers {r.cpu['server'] / r.jobs * ms:.0f} ms)", daemon_ms <= 5),
+        Target("submit to start under the burst, p50/p95/p99", "(reported)", "/".join(
+            f"{r.latency[p] * ms:.0f}" for p in ("p50", "p95", "p99")) + " ms", True),
+    ]
+
+
+def busy_targets(r: Throughput) -> list[Target]:
+    handoff = r.overhead.get("p50", math.inf)
+    least = min(r.busy.values(), default=0.0)
+    return [
+        Target(f"workers busy while work waits ({r.jobs} `{r.command}` jobs), least site",
+               ">= 80 %", ", ".join(f"{site} {share:.0%}" for site, share in r.busy.items()),
+               least >= 0.8),
+        Target("freed worker to the next step's start, p50", "<= 20 ms",
+               f"{handoff * 1000:.0f} ms", handoff <= 0.02),
+    ]
+
+
+def memory_target(m: Memory) -> Target:
+    return Target(f"daemon peak RSS with {m.jobs} jobs in its database", "< 150 MB",
+                  f"{m.peak_mib * 1.048576:.1f} MB (settled {m.rss_mib * 1.048576:.1f} MB)",
+                  m.peak_mib * 1.048576 < 150)
+
+
+def targets_table(targets: list[Target]) -> Table:
+    table = Table(title="the speed issue's targets, measured in this run")
+    for column in ("target", "goal", "measured", "met"):
+        table.add_column(column)
+    for target in targets:
+        table.add_row(target.what, target.goal, target.figure,
+                      "yes" if target.met else "[red]no[/]")
+    return table
+
+
+@bench.command("targets")
+@click.option("--burst", default=1000, show_default=True, help="`true` jobs in the burst.")
+@click.option("--quick", is_flag=True,
+              help="At 5 s steps only scenario 2 on 3 sites, and 10 % of the sizes.")
+@json_option
+def targets_command(burst: int, quick: bool, as_json: bool) -> None:
+    """Every target of the speed issue, measured in one run on fresh local sites: the
+    thesis's scenarios at 5 s and 1 s steps, remote start latency with idle workers,
+    throughput, requests and CPU a step under a burst, worker use, and memory."""
+    scale = 0.1 if quick else 1.0
+    targets = [*thesis_targets(5.0, 1.02, ("2: 3",) if quick else ()),
+               *thesis_targets(1.0, 1.10, ())]
+    targets += latency_targets(run_throughput(12, 3, 4, 100, 120.0))
+    burst_run = run_throughput(max(12, int(burst * scale)), 3, 4, 500, 1200.0)
+    census_run = run_throughput(max(12, int(300 * scale)), 3, 4, 100, 600.0, census=True)
+    targets += burst_targets(burst_run, census_run)
+    targets += busy_targets(run_throughput(max(24, int(240 * scale)), 3, 4, 100, 600.0,
+                                           command="sleep 0.5"))
+    targets.append(memory_target(run_memory(int(10_000 * scale), 3, 600.0)))
+    if as_json:
+        print_json([asdict(target) for target in targets])
+        return
+    Console().print(targets_table(targets))
+    missed = [target for target in targets if not target.met]
+    click.echo(f"{len(targets) - len(missed)} of {len(targets)} targets met")
