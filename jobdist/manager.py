@@ -29,7 +29,7 @@ import heapq
 import threading
 import time
 from collections import Counter, OrderedDict, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,7 +41,7 @@ from .journal import Held, Journal, JournalFull
 from .listener import Changed
 from .logs import EventLog
 from .mailbox import Finished, Mailbox, Retried
-from .model import FINAL_STATUSES, Doc, StepKey, awaited, is_held
+from .model import FINAL_STATUSES, Doc, Job, Leaf, Progress, StepKey, awaited, is_held
 from .periodic_work import MAX_LEASES_SEEN, PeriodicWork
 from .plan_runner import PlanRunner
 from .store import JobStore
@@ -55,8 +55,8 @@ HELD_RETRY_MAX = 2.0  # short beside any lease: a result is written soon after t
 RETRY_DECISION = 1.0  # seconds before a decision whose read or write failed is taken again
 BATCH = 200  # jobs decided together: one read and one write a round for all of them
 MAX_ROUNDS = 8  # fresh reads of one job in one batch before it is left for later
-Found = tuple[list[Doc], list[core.Unusable]]  # a job's usable leaves, and the others
-Planner = Callable[[list[Doc], list[core.Unusable]], core.Plan]
+Found = tuple[list[Job], list[core.Unusable]]  # a job's usable leaves, and the others
+Planner = Callable[[list[Job], list[core.Unusable]], core.Plan]
 
 
 @dataclass
@@ -210,7 +210,7 @@ class Manager:
 
     def decide_task(self, doc_id: str, seen: Doc | None = None) -> Task:
         """Decide about a job until there is nothing more to do right now."""
-        def plan(leaves: list[Doc], rejected: list[core.Unusable]) -> core.Plan:
+        def plan(leaves: list[Job], rejected: list[core.Unusable]) -> core.Plan:
             context = self.context(self.periodic.lease_silence(doc_id, leaves),
                                    self.periodic.unchanged_for(doc_id, leaves))
             self._note_waiting(doc_id, leaves)
@@ -235,7 +235,7 @@ class Manager:
 
     def record_task(self, held: Held) -> Task:
         """Record what an execution did; only a current execution advances the job."""
-        def plan(leaves: list[Doc], rejected: list[core.Unusable]) -> core.Plan:
+        def plan(leaves: list[Job], rejected: list[core.Unusable]) -> core.Plan:
             # The worker is free now: the core may chain the next step onto it.
             self.runner.executions.pop(held.key, None)
             return core.plan_finish(leaves, self.context(), self.pool_view(), held.key,
@@ -243,16 +243,16 @@ class Manager:
         return Task(held.job_id, plan, retry_conflicts=True, then_decide=True, held=held)
 
     def retry_note_task(self, item: Retried) -> Task:
-        def plan(leaves: list[Doc], rejected: list[core.Unusable]) -> core.Plan:
+        def plan(leaves: list[Job], rejected: list[core.Unusable]) -> core.Plan:
             return core.plan_event(leaves, self.context(), item.key, item.epoch, item.worker,
                                    "retried", item.detail)
         # A lost event does not matter: the finish still counts.
         return Task(item.key[0], plan, end_on_refusal=False)
 
-    def renew_task(self, key: StepKey, epoch: int, report: Doc | None = None) -> Task:
+    def renew_task(self, key: StepKey, epoch: int, report: Progress | None = None) -> Task:
         """The heartbeat: push our lease forward, so the creator knows we are alive;
         with the step's latest progress `report`, if it has news."""
-        def plan(leaves: list[Doc], rejected: list[core.Unusable]) -> core.Plan:
+        def plan(leaves: list[Job], rejected: list[core.Unusable]) -> core.Plan:
             daemon = self.config.daemon
             return core.plan_renew(leaves, self.context(), key, epoch,
                                    renew_below=daemon.lease - daemon.heartbeat,
@@ -345,7 +345,7 @@ class Manager:
             return []
 
     def _plan_all(self, pending: dict[str, Task],
-                  leaves: dict[str, list[Doc]]) -> dict[str, tuple[core.Plan, list[Doc]]]:
+                  leaves: dict[str, list[Doc]]) -> dict[str, tuple[core.Plan, list[Job]]]:
         """Each job's plan, its worker booked before the next is made."""
         plans = {}
         self.ended = self._awaited_ended(leaves)
@@ -374,7 +374,7 @@ class Manager:
             return None
 
     def _write_all(self, pending: dict[str, Task],
-                   plans: dict[str, tuple[core.Plan, list[Doc]]]) -> None:
+                   plans: dict[str, tuple[core.Plan, list[Job]]]) -> None:
         """One `_bulk_docs` for every new revision; then the losers; then launches."""
         docs = [plan.doc for plan, _ in plans.values() if plan.doc is not None]
         try:
@@ -425,7 +425,7 @@ class Manager:
             # or a change says what came of them.)
             del pending[task.doc_id]
 
-    def _refused(self, task: Task, plan: core.Plan, leaves: list[Doc], result: Rejected) -> None:
+    def _refused(self, task: Task, plan: core.Plan, leaves: list[Job], result: Rejected) -> None:
         """The server refuses the revision: the same write can never succeed."""
         if result.error != "forbidden":  # not the rules: a login, or the server's trouble
             self.log.warning("write failed", job=task.doc_id, action=plan.action,
@@ -440,7 +440,7 @@ class Manager:
         if task.end_on_refusal:
             self._end_refused(task.doc_id, leaves, result.reason)
 
-    def _end_refused(self, doc_id: str, leaves: list[Doc], reason: str) -> None:
+    def _end_refused(self, doc_id: str, leaves: list[Job], reason: str) -> None:
         """The creator ends a job whose next revision is refused; else it is skipped."""
         plan = core.plan_refused(leaves, self.context(), reason)
         if plan.doc is not None:
@@ -613,7 +613,7 @@ class Manager:
 
     # --- waiting jobs: woken by the feed, a timer and a slow scan, never polled one by one --
 
-    def _owns_waiting(self, leaves: list[Doc]) -> list[Doc]:
+    def _owns_waiting(self, leaves: Sequence[Leaf]) -> list[Leaf]:
         """The leaves of a job we created that waits (any leaf naming us: after an
         adoption, the older leaves name the creator before us)."""
         if not any(leaf.get("creator") == self.site for leaf in leaves):
@@ -634,7 +634,7 @@ class Manager:
             # They stay waiting: the next scan (or the feed) tries again.
             self.log.warning("cannot read the jobs waited for", jobs=len(ids), error=error)
             return {}
-        ended = {}
+        ended: dict[str, str] = {}
         for job_id, versions in found.items():
             jobs = [leaf for leaf in versions if leaf.get("type") == "job"
                     and not leaf.get("_deleted")]
@@ -657,7 +657,7 @@ class Manager:
         ids = dict.fromkeys(job_id for job_id, creator in waiters if creator == self.site)
         return [self.decide_task(job_id) for job_id in ids if job_id not in self.skipped]
 
-    def _note_waiting(self, doc_id: str, leaves: list[Doc]) -> None:
+    def _note_waiting(self, doc_id: str, leaves: list[Job]) -> None:
         """Keep count of our waiting jobs, and wake one with a time not to start before
         at that time."""
         waiting = self._owns_waiting(leaves)

@@ -21,7 +21,7 @@ from .clock import later, utc_now
 from .config import SiteConfig
 from .couch import CouchError, Saved
 from .logs import EventLog
-from .model import Doc, StepKey, is_live
+from .model import Doc, Job, Progress, StepKey, is_live
 from .store import JobStore
 from .workers import WorkerPool
 
@@ -52,7 +52,7 @@ class PeriodicWork:
         self.seq: object = None
         self.saved_seq: object = None
         # The progress report last sent for each running step, and when (see renewals_due).
-        self.progress_sent: dict[StepKey, tuple[float, Doc]] = {}
+        self.progress_sent: dict[StepKey, tuple[float, Progress]] = {}
         self.last_lease_scan = 0.0
         # When this daemon first saw each live lease (job -> lease_until ->
         # monotonic time): see core.Context.lease_silence.
@@ -120,7 +120,7 @@ class PeriodicWork:
     # --- leases: renewing ours, revoking those past due ------------------------------------
 
     def renewals_due(self, executions: dict[StepKey, core.Running],
-                     ) -> list[tuple[StepKey, int, Doc | None]]:
+                     ) -> list[tuple[StepKey, int, Progress | None]]:
         """Renew the lease of every step we run, so the creator knows we are alive, and
         write the progress a step reported: at most one write per step every
         PROGRESS_INTERVAL, the lease renewed in it (so a heartbeat then has nothing
@@ -138,7 +138,7 @@ class PeriodicWork:
                 due.append((key, running.epoch, report))
         return due
 
-    def _progress_due(self, key: StepKey, now: float) -> Doc | None:
+    def _progress_due(self, key: StepKey, now: float) -> Progress | None:
         """The step's latest progress report, if it is new and the last went out long enough
         ago."""
         report = self.pool.progress_of(key)
@@ -163,7 +163,7 @@ class PeriodicWork:
             return []
         return [doc_id for doc_id in due if doc_id not in self.skipped]
 
-    def lease_silence(self, doc_id: str, leaves: list[Doc]) -> dict[str, float]:
+    def lease_silence(self, doc_id: str, leaves: list[Job]) -> dict[str, float]:
         """Note the job's current leases (a broadcast step's, one per site); how long each
         has been seen unchanged.
 
@@ -200,7 +200,7 @@ class PeriodicWork:
             return []
         return [doc_id for doc_id in dict.fromkeys(ids) if doc_id not in self.skipped]
 
-    def unchanged_for(self, doc_id: str, leaves: list[Doc]) -> float:
+    def unchanged_for(self, doc_id: str, leaves: list[Job]) -> float:
         """How long we have seen the job's leaves as they are now (0: first sight, or
         a job no succession line of ours may take over: not tracked)."""
         now = time.monotonic()

@@ -18,7 +18,7 @@ from .config import SiteConfig
 from .couch import CouchError, Saved
 from .logs import EventLog
 from .mailbox import Mailbox
-from .model import Doc, StepKey
+from .model import Job, StepKey
 from .periodic_work import PeriodicWork
 from .store import JobStore
 from .workers import WorkerPool
@@ -111,7 +111,7 @@ class PlanRunner:
 
     # --- local effects ------------------------------------------------------------------
 
-    def apply(self, effect: core.Effect, doc: Doc | None = None) -> None:
+    def apply(self, effect: core.Effect, doc: Job | None = None) -> None:
         if isinstance(effect, core.Book):
             if self.pool.book(effect.key, effect.worker) is not None:
                 self.booked_at.setdefault(effect.key, time.monotonic())
@@ -130,7 +130,7 @@ class PlanRunner:
         elif isinstance(effect, core.Revoke):
             self.board.forget(effect.site)
 
-    def launch(self, effect: core.Launch, doc: Doc) -> None:
+    def launch(self, effect: core.Launch, doc: Job) -> None:
         job_id, index = effect.key
         if effect.key in self.executions:  # the core never asks this; never run a step twice
             self.log.error("not launching a step already running here", job=job_id, step=index)
@@ -175,6 +175,7 @@ def acted_on(plan: core.Plan) -> tuple[int | None, int | None]:
     event it records (a plan that records none, a re-save, gives its current step)."""
     if plan.doc is None:
         return None, None
-    history = plan.doc.get("history") or [{}]
-    step = history[-1].get("step", plan.doc.get("step"))
-    return step, history[-1].get("epoch")
+    history = plan.doc["history"]
+    if not history:
+        return plan.doc["step"], None
+    return history[-1].get("step", plan.doc["step"]), history[-1].get("epoch")
