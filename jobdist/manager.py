@@ -15,7 +15,8 @@ parts, each in its own module: the `Mailbox` the listener and the workers
 fill (mailbox.py), the `PlanRunner` that carries written plans out on this
 site and knows its workers (plan_runner.py), the `PeriodicWork` that says
 which jobs come due with time, publishes our status and saves the feed
-checkpoint (periodic_work.py), and the worker pool, which the daemon builds.
+checkpoint (periodic_work.py), the `WaitingJobs` that says which of our
+waiting jobs to wake (waiting.py), and the worker pool, which the daemon builds.
 
 Beyond the thesis: when a worker frees up, the manager asks the `claimable`
 view for open steps this site may run (in line: core.claim_rank), so a
@@ -25,27 +26,27 @@ keep-alive re-save.
 
 from __future__ import annotations
 
-import heapq
 import threading
 import time
 from collections import Counter, OrderedDict, deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from . import core, status
-from .clock import parse_time, utc_now
+from .clock import utc_now
 from .config import SiteConfig
 from .couch import Conflict, CouchError, Rejected, Saved, Undecodable
 from .journal import Held, Journal, JournalFull
 from .listener import Changed
 from .logs import EventLog
 from .mailbox import Finished, Mailbox, Retried
-from .model import FINAL_STATUSES, Doc, Job, Leaf, Progress, StepKey, awaited, is_held
-from .periodic_work import MAX_LEASES_SEEN, PeriodicWork
+from .model import FINAL_STATUSES, Doc, Job, Progress, StepKey
+from .periodic_work import PeriodicWork
 from .plan_runner import PlanRunner
 from .store import JobStore
 from .validation import validate_job
+from .waiting import WaitingJobs
 from .workers import Execution, StepResult, WorkerPool, kill_orphans
 
 MAX_SKIPPED = 10_000  # jobs remembered as not to be acted on until they change
@@ -121,15 +122,10 @@ class Manager:
         self.verdicts: OrderedDict[tuple[Any, Any], list[str]] = OrderedDict()
         self.draining = False
         self.stop_event = threading.Event()
-        # Waiting jobs we created (model.is_held): how the jobs they wait for ended, for
-        # the batch being decided (core.Context.ended), and one heap of the times they
-        # may start (not_before, as seconds since 1970; the job; the time as written).
+        # Waiting jobs we created (model.is_held), and how the jobs they wait for ended,
+        # for the batch being decided (core.Context.ended).
+        self.waiting = WaitingJobs(self.site, store, self.skipped, self._errors, self.log)
         self.ended: dict[str, str] = {}
-        self.wake_heap: list[tuple[float, str, str]] = []
-        self.wake_due: dict[str, str] = {}  # job -> its not_before in the heap
-        # The waiting jobs we created, as last decided: while there are none, a job that
-        # ends needs no look-up of jobs waiting on it (the scan catches what this misses).
-        self.own_waiting: OrderedDict[str, None] = OrderedDict()
 
     @property
     def seq(self) -> object:
@@ -152,7 +148,8 @@ class Manager:
         self.settle([*self._report_tasks(), *self._decisions(self.runner.expired_bookings()),
                      *self._renewal_tasks_due(), *self._decisions(self.periodic.leases_due()),
                      *self._decisions(self.periodic.successions_due()),
-                     *self._wake_tasks_due(), *self._decisions(self.periodic.waiting_due())])
+                     *self._decisions(self.waiting.woken()),
+                     *self._decisions(self.periodic.waiting_due())])
         self.runner.unbook_expired()
         self.settle([*self._report_tasks(), *self._scan_tasks_due(),
                      *self._assign_tasks_due()])
@@ -160,9 +157,7 @@ class Manager:
         self.periodic.checkpoint_if_due()
 
     def _next_changes(self, timeout: float) -> list[Changed]:
-        if self.wake_heap:  # a waiting job's time comes sooner: wake for it
-            timeout = min(timeout, max(0.0, self.wake_heap[0][0] - time.time()))
-        return self.mailbox.next_changes(timeout, BATCH)
+        return self.mailbox.next_changes(self.waiting.wait_at_most(timeout), BATCH)
 
     def _decisions(self, doc_ids: Iterable[str]) -> list[Task]:
         return [self.decide_task(doc_id) for doc_id in doc_ids]
@@ -182,8 +177,9 @@ class Manager:
         latest: dict[str, Changed] = {}
         for item in changes:
             latest[item.doc_id] = item  # a burst of changes to one doc is one decision
-        tasks = self._waiter_tasks([item.doc_id for item in latest.values()
-                                    if (item.doc or {}).get("job_status") in FINAL_STATUSES])
+        tasks = self._decisions(self.waiting.waiting_on(
+            [item.doc_id for item in latest.values()
+             if (item.doc or {}).get("job_status") in FINAL_STATUSES]))
         for item in sorted(latest.values(), key=self._claim_order):
             if status.is_status_id(item.doc_id):
                 self.periodic.hear_status(item.doc)
@@ -213,7 +209,7 @@ class Manager:
         def plan(leaves: list[Job], rejected: list[core.Unusable]) -> core.Plan:
             context = self.context(self.periodic.lease_silence(doc_id, leaves),
                                    self.periodic.unchanged_for(doc_id, leaves))
-            self._note_waiting(doc_id, leaves)
+            self.waiting.note(doc_id, leaves)
             return core.plan(leaves, context, self.pool_view(), rejected)
         return Task(doc_id, plan, seen=seen, then_decide=True)
 
@@ -311,7 +307,8 @@ class Manager:
         """Drop the tasks whose `seen` revision shows there is nothing to do."""
         seen_docs = {doc_id: task.seen for doc_id, task in pending.items()
                      if task.seen is not None and not task.seen.get("_conflicts")}
-        self.ended = self._awaited_ended({doc_id: [doc] for doc_id, doc in seen_docs.items()})
+        self.ended = self.waiting.awaited_ended({doc_id: [doc]
+                                                 for doc_id, doc in seen_docs.items()})
         for doc_id, task in list(pending.items()):
             seen, task.seen = task.seen, None
             if seen is None or seen.get("_conflicts"):
@@ -348,7 +345,7 @@ class Manager:
                   leaves: dict[str, list[Doc]]) -> dict[str, tuple[core.Plan, list[Job]]]:
         """Each job's plan, its worker booked before the next is made."""
         plans = {}
-        self.ended = self._awaited_ended(leaves)
+        self.ended = self.waiting.awaited_ended(leaves)
         for doc_id, task in list(pending.items()):
             found = self._valid(doc_id, leaves.get(doc_id, []))
             plan = None if found is None else self._plan_one(task, found)
@@ -610,87 +607,6 @@ class Manager:
         # All ids first: our decisions change the view while we would page through it.
         self.settle([self.decide_task(doc_id) for doc_id in list(self.store.involving(self.site))])
         self.periodic.scan_soon()
-
-    # --- waiting jobs: woken by the feed, a timer and a slow scan, never polled one by one --
-
-    def _owns_waiting(self, leaves: Sequence[Leaf]) -> list[Leaf]:
-        """The leaves of a job we created that waits (any leaf naming us: after an
-        adoption, the older leaves name the creator before us)."""
-        if not any(leaf.get("creator") == self.site for leaf in leaves):
-            return []
-        return [leaf for leaf in leaves if leaf.get("job_status") is None and is_held(leaf)]
-
-    def _awaited_ended(self, leaves: dict[str, list[Doc]]) -> dict[str, str]:
-        """How the jobs that our waiting jobs in this batch name ended, as our CouchDB
-        shows them (the merge of their leaves), read in one request for the batch."""
-        ids = sorted({job_id for versions in leaves.values()
-                      for leaf in self._owns_waiting(versions)
-                      for job_id in awaited(leaf) if isinstance(job_id, str)})
-        if not ids:
-            return {}
-        try:
-            found = self.store.read(ids)
-        except (CouchError, Undecodable, RecursionError) as error:
-            # They stay waiting: the next scan (or the feed) tries again.
-            self.log.warning("cannot read the jobs waited for", jobs=len(ids), error=error)
-            return {}
-        ended: dict[str, str] = {}
-        for job_id, versions in found.items():
-            jobs = [leaf for leaf in versions if leaf.get("type") == "job"
-                    and not leaf.get("_deleted")]
-            usable, _ = core.usable_leaves(jobs, self._errors)
-            final = core.merge(usable)["job_status"] if usable else None
-            if final in FINAL_STATUSES:
-                ended[job_id] = final
-        return ended
-
-    def _waiter_tasks(self, ended_ids: list[str]) -> list[Task]:
-        """Jobs we created that wait for one of these jobs, which just ended: decided in
-        this very batch (the `waiting_on` view: one request for all of them)."""
-        if not ended_ids or not self.own_waiting:
-            return []
-        try:
-            waiters = self.store.waiting_on(ended_ids)
-        except CouchError as error:  # the periodic scan catches them
-            self.log.warning("cannot look up the jobs waiting", jobs=len(ended_ids), error=error)
-            return []
-        ids = dict.fromkeys(job_id for job_id, creator in waiters if creator == self.site)
-        return [self.decide_task(job_id) for job_id in ids if job_id not in self.skipped]
-
-    def _note_waiting(self, doc_id: str, leaves: list[Job]) -> None:
-        """Keep count of our waiting jobs, and wake one with a time not to start before
-        at that time."""
-        waiting = self._owns_waiting(leaves)
-        if not waiting:
-            self.own_waiting.pop(doc_id, None)
-            return
-        self.own_waiting[doc_id] = None
-        while len(self.own_waiting) > MAX_LEASES_SEEN:
-            self.own_waiting.popitem(last=False)
-        times = [when for leaf in waiting if isinstance(when := leaf.get("not_before"), str)]
-        if not times or self.wake_due.get(doc_id) == max(times):
-            return
-        when = max(times)
-        try:
-            due = parse_time(when).timestamp()
-        except ValueError:  # a malformed time: the core skips the job as invalid
-            return
-        if due <= time.time():
-            return  # its time has come: it waits for jobs now, and the feed wakes it
-        self.wake_due[doc_id] = when
-        heapq.heappush(self.wake_heap, (due, doc_id, when))
-        while len(self.wake_due) > MAX_LEASES_SEEN:  # forgetting only delays to the scan
-            self.wake_due.pop(next(iter(self.wake_due)))
-
-    def _wake_tasks_due(self) -> list[Task]:
-        """The waiting jobs whose time has come, by our clock: the creator's decides."""
-        now, tasks = time.time(), []
-        while self.wake_heap and self.wake_heap[0][0] <= now:
-            _, doc_id, when = heapq.heappop(self.wake_heap)
-            if self.wake_due.get(doc_id) == when:  # else superseded, or forgotten
-                del self.wake_due[doc_id]
-                tasks.append(self.decide_task(doc_id))
-        return tasks
 
     def _claim_order(self, item: Changed) -> tuple[int, int]:
         return core.doc_rank(item.doc or {}), core.spread(self.site, item.doc_id)

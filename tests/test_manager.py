@@ -593,7 +593,7 @@ def test_a_delayed_job_starts_at_its_time_woken_by_the_timer(world: World) -> No
     docs = world.run([waiter["_id"]], timeout=30)
     (start,) = events_named(docs[waiter["_id"]], "started")
     assert start["at"] >= not_before
-    assert world.managers["global"].wake_due == {}
+    assert world.managers["global"].waiting.wake_due == {}
 
 
 def test_a_job_waiting_for_a_job_not_there_yet_starts_once_it_arrives_and_ends(
@@ -633,5 +633,5 @@ def test_a_job_past_its_time_still_waiting_for_a_job_is_not_decided_again_and_ag
         world.serve()
         time.sleep(0.05)
     assert world.stores["global"].calls["reads"] == reads
-    assert world.managers["global"].wake_heap == []
+    assert world.managers["global"].waiting.wake_heap == []
     assert world.stores["global"].replica.winner(waiter["_id"])["job_status"] is None
