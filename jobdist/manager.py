@@ -94,13 +94,15 @@ class Manager:
                  mailbox: Mailbox | None = None) -> None:
         """`pool` reports to `mailbox` (site_pool); without them (tests) the manager
         builds both."""
+        if (pool is None) != (mailbox is None):
+            raise ValueError("a worker pool comes with the mailbox it reports to")
         self.config = config
         self.site = config.name
         self.log = EventLog("jobdist.manager", site=self.site)
         self.store = store
         self.known_sites = frozenset(known_sites) | {self.site}
-        self.mailbox = mailbox or Mailbox()
-        self.pool = pool or site_pool(config, self.mailbox)
+        self.mailbox = mailbox if mailbox is not None else Mailbox()
+        self.pool = pool if pool is not None else site_pool(config, self.mailbox)
         self.own_revs: deque[str] = deque(maxlen=4096)
         # Jobs nothing can be done about until a new revision arrives (invalid,
         # unreadable, refused by the server's rules), and why: scans pass them by.
