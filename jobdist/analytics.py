@@ -32,8 +32,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from jobdist.core import WAITED_FOR
-from jobdist.couch import Couch, CouchError, Database, Doc, NotFound
-from jobdist.model import awaited, dropped_sites, is_broadcast, normalise, sub_runs
+from jobdist.couch import Couch, CouchError, Database, NotFound
+from jobdist.model import Leaf, awaited, dropped_sites, is_broadcast, normalise, sub_runs
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, Row, SparkSession
@@ -108,7 +108,7 @@ def fetch_partition(couch_url: str, db_name: str, ids: Iterable[str]) -> Iterato
             yield job_row(doc)
 
 
-def job_row(doc: Doc) -> tuple:
+def job_row(doc: Leaf) -> tuple:
     """A job document as a tuple in `raw_schema()` order; a field it leaves out reads
     as its default (a job written over HTTP)."""
     doc = normalise(doc)
@@ -137,7 +137,7 @@ def _schedule_tick(made_by: Any) -> tuple[str | None, datetime | None]:
     return (name if isinstance(name, str) else None), _moment(made_by.get("tick"))
 
 
-def step_row(step: Doc) -> tuple:
+def step_row(step: Leaf) -> tuple:
     target = step.get("target")
     targets = [str(t) for t in target] if isinstance(target, list) else [str(target)]
     return (
@@ -159,7 +159,7 @@ def step_row(step: Doc) -> tuple:
     )
 
 
-def sub_run_row(site: str, run: Doc, dropped: bool) -> tuple:
+def sub_run_row(site: str, run: Leaf, dropped: bool) -> tuple:
     """One site's part of a broadcast step."""
     return (site, run.get("status"), dropped, _int(run.get("attempts")),
             _int(run.get("exit_code")), _float(run.get("exec_time")),
@@ -173,7 +173,7 @@ def _progress(report: Any) -> tuple[float | None, Any]:
     return _float(report.get("fraction")), report.get("message")
 
 
-def event_row(event: Doc) -> tuple:
+def event_row(event: Leaf) -> tuple:
     return (
         event.get("event"),
         _int(event.get("step")),

@@ -26,7 +26,9 @@ from jobdist.errors import JobdistError
 from jobdist.model import (
     FINAL_STATUSES,
     Doc,
+    Leaf,
     Phase,
+    as_doc,
     awaited,
     fan_out,
     is_held,
@@ -82,7 +84,7 @@ def read_merged(db: Database, site: str, job_id: str) -> tuple[Doc, list[Doc]]:
     leaves = [leaf for leaf in db.leaves(job_id) if leaf.get("type") == "job"]
     if not leaves:
         raise NoSuchJob(f"no job {job_id!r} at site {site}")
-    return core.merge(leaves), leaves
+    return as_doc(core.merge(leaves)), leaves
 
 
 def read_merged_many(db: Database, ids: list[str]) -> dict[str, Doc]:
@@ -91,7 +93,7 @@ def read_merged_many(db: Database, ids: list[str]) -> dict[str, Doc]:
     docs = {doc["_id"]: doc for doc in db.bulk_get(ids, conflicts=True)}
     for doc_id, doc in docs.items():
         if doc.get("_conflicts"):
-            docs[doc_id] = core.merge(db.leaves(doc_id))
+            docs[doc_id] = as_doc(core.merge(db.leaves(doc_id)))
     return docs
 
 
@@ -144,7 +146,7 @@ def row_from_summary(doc_id: str, created_at: str, value: Doc) -> JobRow:
                   value["fan_out"] if isinstance(value.get("fan_out"), str) else None)
 
 
-def summary_of(doc: Doc) -> Doc:
+def summary_of(doc: Leaf) -> Doc:
     """What the by_creator and by_site views emit as a row's value."""
     steps = doc.get("job") or [{}]
     current = steps[min(doc.get("step", 0), len(steps) - 1)]
@@ -154,13 +156,13 @@ def summary_of(doc: Doc) -> Doc:
             "fan_out": fan_text(current)}
 
 
-def fan_text(step: Doc) -> str | None:
+def fan_text(step: Leaf) -> str | None:
     """A broadcast step's fan-out as the views give it: "done/sites"."""
     counts = fan_out(step)
     return None if counts is None else f"{counts[0]}/{counts[1]}"
 
 
-def status_of(doc: Doc) -> str:
+def status_of(doc: Leaf) -> str:
     """The job's status as the views key it: its final one, else waiting or live."""
     return doc.get("job_status") or ("waiting" if is_held(doc) else "live")
 
@@ -361,7 +363,7 @@ def drop_site(db: Database, site: str, job_id: str, dropped: str, reason: str) -
         plan = core.plan_drop(leaves, ctx, dropped, reason)
         assert plan.doc is not None, "plan_drop writes when drop_problem finds nothing"
         if isinstance(db.save(plan.doc), Saved):
-            return job
+            return as_doc(job)
     raise StillConflicting(f"cannot drop {dropped} from {job_id}: still conflicting after "
                            f"{WRITE_ATTEMPTS} tries; try again")
 

@@ -34,8 +34,16 @@ from .model import (
     ALL,
     ANY,
     Doc,
+    Event,
+    Job,
+    Leaf,
     Phase,
+    Progress,
+    RunRecord,
+    RunStatus,
+    Step,
     StepKey,
+    SubRun,
     after_policy,
     allows,
     awaited,
@@ -152,7 +160,7 @@ class Context:
     # of its leaves); a job absent here has not ended, or has not reached us yet.
     ended: Mapping[str, str] = field(default_factory=dict)
 
-    def lease_expired(self, step: Doc) -> bool:
+    def lease_expired(self, step: RunRecord) -> bool:
         deadline = step.get("lease_until")
         if not deadline or seconds_between(deadline, self.now) <= self.skew_margin:
             return False
@@ -198,7 +206,7 @@ class StepOutcome(Protocol):
     def cancelled(self) -> bool: ...
 
     @property
-    def progress(self) -> Doc | None: ...  # the last {fraction, message, at} it printed
+    def progress(self) -> Progress | None: ...  # the last {fraction, message, at} it printed
 
 
 # --- outputs ----------------------------------------------------------------
@@ -250,7 +258,7 @@ Effect = Book | Unbook | Launch | Kill | Assign | Revoke
 @dataclass(frozen=True)
 class Plan:
     action: str  # for logs and metrics: claim, assign, start, release, fail, ...
-    doc: Doc | None = None  # the revision to write on top of the winning leaf
+    doc: Job | None = None  # the revision to write on top of the winning leaf
     deletions: tuple[str, ...] = ()  # losing leaf revs the creator deletes
     before: tuple[Effect, ...] = ()  # carried out before the write
     after: tuple[Effect, ...] = ()  # carried out once the write is acknowledged
@@ -267,23 +275,23 @@ WON_CLAIM = "won the claim"  # the detail of a start the creator assigned to us
 
 # --- merging leaves ---------------------------------------------------------
 
-def couch_order(doc: Doc) -> tuple[int, str]:
+def couch_order(doc: Leaf) -> tuple[int, str]:
     """CouchDB's own winner order: longest history, then highest rev string."""
     number, digest = doc["_rev"].split("-", 1)
     return int(number), digest
 
 
-def progress(doc: Doc) -> tuple[tuple[int, int], ...]:
+def progress(doc: Job) -> tuple[tuple[int, int], ...]:
     return tuple((step.get("epoch", 0), int(step_phase(step))) for step in doc["job"])
 
 
-def term(doc: Doc) -> int:
+def term(doc: Job) -> int:
     """The highest adoption term the job's history knows (0: none)."""
     return max((entry.get("epoch", 0) for entry in doc.get("history", [])
                 if entry["event"] == "adopted"), default=0)
 
 
-def succeeded(doc: Doc) -> bool:
+def succeeded(doc: Job) -> bool:
     """A leaf where the job succeeded outranks any other, however far along by epochs.
 
     Every step of it ran, in order, and counted once on that branch. Another branch
@@ -297,33 +305,33 @@ def succeeded(doc: Doc) -> bool:
     return doc.get("job_status") == "success"
 
 
-def merge(leaves: list[Doc]) -> Doc:
+def merge(leaves: Sequence[Leaf]) -> Job:
     """One view of a job from all its live leaves; `_rev` is CouchDB's winner.
 
     Each leaf is read with its missing fields at their defaults (model.normalise).
     """
-    leaves = [normalise(leaf) for leaf in leaves]
-    winner = max(leaves, key=couch_order)
-    furthest = max(leaves, key=lambda leaf: (succeeded(leaf), progress(leaf), couch_order(leaf)))
+    jobs = [normalise(leaf) for leaf in leaves]
+    winner = max(jobs, key=couch_order)
+    furthest = max(jobs, key=lambda leaf: (succeeded(leaf), progress(leaf), couch_order(leaf)))
     merged = copy.deepcopy(furthest)
     merged["_rev"] = winner["_rev"]
-    if len(leaves) == 1:
+    if len(jobs) == 1:
         return merged
-    merged["history"] = union_history(leaves)
-    merged["updated_at"] = max(leaf["updated_at"] or "" for leaf in leaves) or None
+    merged["history"] = union_history(jobs)
+    merged["updated_at"] = max(leaf["updated_at"] or "" for leaf in jobs) or None
     # A write made before the creator accepted the job has no creation time (see plan).
-    merged["created_at"] = max(leaf["created_at"] or "" for leaf in leaves) or None
+    merged["created_at"] = max(leaf["created_at"] or "" for leaf in jobs) or None
     # An epoch once issued is never issued again, even when the branch that
     # issued it loses (a step chained on top of a finish that was revoked):
     # otherwise two executions of one step could share a fencing token. Epochs are
     # issued at the current step and later ones only; a step that ended keeps the
     # epoch of the run that counted.
     for index, step in enumerate(merged["job"][merged["step"]:], start=merged["step"]):
-        step["epoch"] = max(leaf["job"][index].get("epoch", 0) for leaf in leaves)
+        step["epoch"] = max(leaf["job"][index].get("epoch", 0) for leaf in jobs)
     for index, step in enumerate(merged["job"]):
-        step["progress"] = latest_progress(leaves, index, step)
-    merge_sub_runs(merged, leaves)
-    touched = [leaf["keepalive_at"] for leaf in leaves if leaf.get("keepalive_at")]
+        step["progress"] = latest_progress(jobs, index, step)
+    merge_sub_runs(merged, jobs)
+    touched = [leaf["keepalive_at"] for leaf in jobs if leaf.get("keepalive_at")]
     if touched:
         merged["keepalive_at"] = max(touched)
     # An adoption outranks whatever the gone creator wrote meanwhile (plan_adopt).
@@ -336,28 +344,28 @@ def merge(leaves: list[Doc]) -> Doc:
     # A cancellation is an operator's order: it survives any concurrent write
     # except the job having really ended first.
     if merged["job_status"] is None and any(
-        leaf.get("job_status") == "cancelled" for leaf in leaves
+        leaf.get("job_status") == "cancelled" for leaf in jobs
     ):
         merged["job_status"] = "cancelled"
     return merged
 
 
-def latest_progress(leaves: list[Doc], index: int, step: Doc) -> Doc | None:
+def latest_progress(leaves: list[Job], index: int, step: Step) -> Progress | None:
     """The newest progress any leaf holds for the merged step's own execution.
 
     A progress write can lose to a concurrent write on the same revision (a
     cancellation, an adoption) that carries the older value; an execution of
     another epoch or winner (a stale or released run) never lends its own.
     """
-    reports = [leaf["job"][index]["progress"] for leaf in leaves
-               if leaf["job"][index].get("progress")
+    reports = [report for leaf in leaves
+               if (report := leaf["job"][index].get("progress"))
                and leaf["job"][index].get("epoch", 0) == step.get("epoch", 0)
                and leaf["job"][index].get("winner") == step.get("winner")]
     return max(reports, key=lambda report: str(report.get("at")), default=None)
 
 
-def union_history(leaves: list[Doc]) -> list[Doc]:
-    seen: dict[str, Doc] = {}
+def union_history(leaves: list[Job]) -> list[Event]:
+    seen: dict[str, Event] = {}
     # Leaves in CouchDB's order, so events of equal time keep one order on every site.
     for leaf in sorted(leaves, key=couch_order):
         for entry in leaf.get("history", []):
@@ -365,7 +373,7 @@ def union_history(leaves: list[Doc]) -> list[Doc]:
     return sorted(seen.values(), key=lambda entry: entry["at"])
 
 
-def same_content(a: Doc, b: Doc) -> bool:
+def same_content(a: Job, b: Job) -> bool:
     strip = ("_rev", "_conflicts")
     return {k: v for k, v in a.items() if k not in strip} == {
         k: v for k, v in b.items() if k not in strip
@@ -373,7 +381,7 @@ def same_content(a: Doc, b: Doc) -> bool:
 
 
 def usable_leaves(leaves: list[Doc], errors_of: Callable[[Doc], list[str]] = validate_job,
-                  ) -> tuple[list[Doc], list[Unusable]]:
+                  ) -> tuple[list[Job], list[Unusable]]:
     """The leaves to merge, and why each other leaf is left out.
 
     A leaf that breaks the rules (written where validation was off) is left
@@ -383,7 +391,7 @@ def usable_leaves(leaves: list[Doc], errors_of: Callable[[Doc], list[str]] = val
     The rules judge each leaf as stored; the usable ones are returned normalised
     (model.normalise): from here on every reader sees a field's default.
     """
-    valid: list[Doc] = []
+    valid: list[Job] = []
     rejected: list[Unusable] = []
     for leaf in leaves:
         errors = errors_of(leaf)
@@ -404,16 +412,17 @@ SUBMITTED_STEP_FIELDS = ("target", "do", "alt_do", "timeout", "retry_strategy", 
                          "each_policy")
 
 
-def same_job(leaf: Doc, reference: Doc) -> bool:
+def same_job(leaf: Job, reference: Job) -> bool:
     """The same steps, and the same creation time once both have one: a write made
     before the creator accepted the job (stamped its creation time) has none."""
     times = {leaf["created_at"], reference["created_at"]} - {None}
     return len(times) <= 1 and definition(leaf) == definition(reference)
 
 
-def definition(doc: Doc) -> str:
+def definition(doc: Job) -> str:
     """The steps as the submitter fixed them for good: no write by any site changes them."""
-    steps = [{name: step.get(name) for name in SUBMITTED_STEP_FIELDS} for step in doc["job"]]
+    steps: list[dict[str, Any]] = [{name: step.get(name) for name in SUBMITTED_STEP_FIELDS}
+                                   for step in doc["job"]]
     for step in steps:  # an unset retry setting and a null one are the same
         step["retry_strategy"] = {k: v for k, v in step["retry_strategy"].items() if v is not None}
     return json.dumps(steps, sort_keys=True)
@@ -421,7 +430,7 @@ def definition(doc: Doc) -> str:
 
 # --- planning ---------------------------------------------------------------
 
-Edit = Callable[[Doc], None]
+Edit = Callable[[Job], None]
 
 
 @dataclass(frozen=True)
@@ -436,7 +445,7 @@ class Decision:
 STAY = Decision("none")
 
 
-def plan(leaves: list[Doc], ctx: Context, pool: PoolView,
+def plan(leaves: Sequence[Leaf], ctx: Context, pool: PoolView,
          rejected: Sequence[Unusable] = ()) -> Plan:
     """What this site does about the job whose usable leaves these are.
 
@@ -456,7 +465,7 @@ def plan(leaves: list[Doc], ctx: Context, pool: PoolView,
     return finalize(leaves, merged, decision, ctx, rejected)
 
 
-def left_live_by_a_silent_creator(leaves: list[Doc], merged: Doc, ctx: Context) -> bool:
+def left_live_by_a_silent_creator(leaves: Sequence[Leaf], merged: Job, ctx: Context) -> bool:
     """Has the job ended while CouchDB's winning leaf still says it is live, its creator
     silent, and is it our turn to take it over (succeeds)?
 
@@ -480,7 +489,7 @@ def accepting(decision: Decision, ctx: Context) -> Decision:
     action = decision.action if decision.edit is not None else "accept"
     then = decision.edit
 
-    def edit(doc: Doc) -> None:
+    def edit(doc: Job) -> None:
         doc["created_at"] = ctx.now
         doc["history"].append(event("created", step=doc["step"], site=ctx.site, at=ctx.now,
                                     detail="accepted: written without a creation time"))
@@ -490,7 +499,7 @@ def accepting(decision: Decision, ctx: Context) -> Decision:
     return dataclasses.replace(decision, action=action, edit=edit)
 
 
-def finalize(leaves: list[Doc], merged: Doc, decision: Decision, ctx: Context,
+def finalize(leaves: Sequence[Leaf], merged: Job, decision: Decision, ctx: Context,
              rejected: Sequence[Unusable] = ()) -> Plan:
     """Turn a decision into the revision to write; the creator also cleans conflicts."""
     doc = None
@@ -519,7 +528,7 @@ def finalize(leaves: list[Doc], merged: Doc, decision: Decision, ctx: Context,
     return Plan(action, doc, deletions, decision.before, decision.after, decision.detail)
 
 
-def record_rejected(doc: Doc, ctx: Context, rejected: Sequence[Unusable]) -> None:
+def record_rejected(doc: Job, ctx: Context, rejected: Sequence[Unusable]) -> None:
     """An `invalid` event per rejected leaf, once: a deletion that failed is tried again."""
     index = min(doc["step"], len(doc["job"]) - 1)
     for rev, reason in rejected:
@@ -530,7 +539,7 @@ def record_rejected(doc: Doc, ctx: Context, rejected: Sequence[Unusable]) -> Non
                                         detail=detail))
 
 
-def decide(doc: Doc, ctx: Context, pool: PoolView) -> Decision:
+def decide(doc: Job, ctx: Context, pool: PoolView) -> Decision:
     """The one thing to do about a job, given its merged view."""
     local = settle_local_work(doc, ctx, pool)
     if local is not None:
@@ -580,12 +589,12 @@ def known(site: Any, ctx: Context) -> bool:
     return ctx.known_sites is None or site == ctx.site or site in ctx.known_sites
 
 
-def step_holder(step: Doc) -> Any:
+def step_holder(step: Step) -> str | None:
     """The site a claimed, won or running step waits on (None when it names none)."""
     return step.get("winner") if step_phase(step) >= Phase.WON else step.get("claimed_by")
 
 
-def on_unknown_creator(doc: Doc, ctx: Context) -> Decision:
+def on_unknown_creator(doc: Job, ctx: Context) -> Decision:
     """Nobody can arbitrate a job whose creator is no known site: one site ends it.
 
     The first known site by name, so that exactly one site writes; the others
@@ -598,13 +607,13 @@ def on_unknown_creator(doc: Doc, ctx: Context) -> Decision:
     return Decision("fail", fail_job(ctx, f"{reason}: nobody can arbitrate it"), detail=reason)
 
 
-def runnable_anywhere(step: Doc, ctx: Context) -> bool:
+def runnable_anywhere(step: Step, ctx: Context) -> bool:
     if ctx.known_sites is None:
         return True
     return any(t in (ANY, ALL) or t in ctx.known_sites for t in targets(step))
 
 
-def settle_local_work(doc: Doc, ctx: Context, pool: PoolView) -> Decision | None:
+def settle_local_work(doc: Job, ctx: Context, pool: PoolView) -> Decision | None:
     """Drop bookings and executions for this job that the document no longer backs.
 
     Only a document that has moved past our work ends it. One that is behind it
@@ -622,7 +631,7 @@ def settle_local_work(doc: Doc, ctx: Context, pool: PoolView) -> Decision | None
     return None
 
 
-def behind(doc: Doc, key: StepKey, epoch: int, site: str | None = None) -> bool:
+def behind(doc: Job, key: StepKey, epoch: int, site: str | None = None) -> bool:
     """Is this view of the job older than a step and epoch we already acted on?"""
     if doc["step"] != key[1]:
         return doc["step"] < key[1] and doc["job_status"] is None
@@ -632,7 +641,7 @@ def behind(doc: Doc, key: StepKey, epoch: int, site: str | None = None) -> bool:
     return step.get("epoch", 0) < epoch
 
 
-def backs_execution(doc: Doc, key: StepKey, epoch: int, site: str) -> bool:
+def backs_execution(doc: Job, key: StepKey, epoch: int, site: str) -> bool:
     if not is_live(doc) or doc["step"] != key[1]:
         return False
     step = doc["job"][key[1]]
@@ -641,11 +650,11 @@ def backs_execution(doc: Doc, key: StepKey, epoch: int, site: str) -> bool:
     return step.get("epoch", 0) == epoch and step.get("winner") == site
 
 
-def moved_past_execution(doc: Doc, key: StepKey, epoch: int, site: str) -> bool:
+def moved_past_execution(doc: Job, key: StepKey, epoch: int, site: str) -> bool:
     return not backs_execution(doc, key, epoch, site) and not behind(doc, key, epoch, site)
 
 
-def backs_booking(doc: Doc, key: StepKey, booking: Booking, ctx: Context) -> bool:
+def backs_booking(doc: Job, key: StepKey, booking: Booking, ctx: Context) -> bool:
     if behind(doc, key, 0, ctx.site):
         return True  # an old view: keep the booking until a current one says otherwise
     if not is_live(doc) or doc["step"] != key[1]:
@@ -661,7 +670,7 @@ def backs_booking(doc: Doc, key: StepKey, booking: Booking, ctx: Context) -> boo
     return booking.age < ctx.booking_timeout
 
 
-def on_open(doc: Doc, step: Doc, ctx: Context, pool: PoolView) -> Decision:
+def on_open(doc: Job, step: Step, ctx: Context, pool: PoolView) -> Decision:
     key = (doc["_id"], doc["step"])
     if allows(step, ctx.site) and not willing(step, ctx):
         # Until the job changes: scans would offer it again and again.
@@ -678,7 +687,7 @@ def on_open(doc: Doc, step: Doc, ctx: Context, pool: PoolView) -> Decision:
     return Decision("claim", claim(ctx), before=(Book(key, worker),))
 
 
-def assign_to_room(doc: Doc, step: Doc, ctx: Context) -> Decision:
+def assign_to_room(doc: Job, step: Step, ctx: Context) -> Decision:
     """The creator gives the step to a site it knows has room: one hop to a start.
 
     The same `won` revision it writes for a claim, so nothing else changes: the
@@ -695,7 +704,7 @@ def assign_to_room(doc: Doc, step: Doc, ctx: Context) -> Decision:
                     detail=f"winner {site} (it has room)")
 
 
-def site_with_room(doc: Doc, step: Doc, ctx: Context) -> str | None:
+def site_with_room(doc: Job, step: Step, ctx: Context) -> str | None:
     """The target site with the most room (ties spread by job), or None."""
     room = ctx.room or {}
     fits = [site for site, free in room.items()
@@ -707,7 +716,7 @@ def site_with_room(doc: Doc, step: Doc, ctx: Context) -> str | None:
 
 # --- waiting: for other jobs to end, for a time ------------------------------------
 
-def on_held(doc: Doc, ctx: Context, pool: PoolView) -> Decision:
+def on_held(doc: Job, ctx: Context, pool: PoolView) -> Decision:
     """A job that waits (model.is_held): its creator alone decides when it may start.
 
     Other sites cannot know reliably how the awaited jobs ended, nor agree on
@@ -730,7 +739,7 @@ def on_held(doc: Doc, ctx: Context, pool: PoolView) -> Decision:
 WAITED_FOR = "waited for "  # how the reason of a job failed by a job it waited for starts
 
 
-def awaited_failure(doc: Doc, ctx: Context) -> str | None:
+def awaited_failure(doc: Job, ctx: Context) -> str | None:
     """Why the job can never start: an awaited job that failed or was cancelled."""
     if after_policy(doc) == "always":
         return None
@@ -743,7 +752,7 @@ def awaited_failure(doc: Doc, ctx: Context) -> str | None:
     return None
 
 
-def waits_for(doc: Doc, ctx: Context) -> list[str]:
+def waits_for(doc: Job, ctx: Context) -> list[str]:
     """What a waiting job still waits for, by its creator's knowledge and clock:
     each awaited job not seen ended, and its `not_before` time not yet reached."""
     pending = [job_id for job_id in awaited(doc) if job_id not in ctx.ended]
@@ -753,7 +762,7 @@ def waits_for(doc: Doc, ctx: Context) -> list[str]:
     return pending
 
 
-def released_from_wait(doc: Doc, ctx: Context, pool: PoolView) -> Decision:
+def released_from_wait(doc: Job, ctx: Context, pool: PoolView) -> Decision:
     """The `ready` event, with what the released job's first decision writes (a start,
     an assignment) in the same revision."""
     reasons = [f"{job_id} {ctx.ended[job_id]}" for job_id in awaited(doc)]
@@ -761,7 +770,7 @@ def released_from_wait(doc: Doc, ctx: Context, pool: PoolView) -> Decision:
         reasons.append(f"not before {doc['not_before']}")
     detail = "released from wait: " + ", ".join(reasons)
 
-    def mark(new: Doc) -> None:
+    def mark(new: Job) -> None:
         new["history"].append(event("ready", step=new["step"], site=ctx.site, at=ctx.now,
                                     detail=detail))
 
@@ -772,7 +781,7 @@ def released_from_wait(doc: Doc, ctx: Context, pool: PoolView) -> Decision:
     if follow is None or then.action == IGNORE:
         return Decision("ready", mark, detail=detail)
 
-    def both(new: Doc) -> None:
+    def both(new: Job) -> None:
         mark(new)
         follow(new)
 
@@ -803,7 +812,7 @@ def claim_rank(priority: Any, created_at: Any) -> int:
     return band - (int(priority) if is_integer(priority) else 0)  # 2.0 is 2 in JavaScript
 
 
-def doc_rank(doc: Doc) -> int:
+def doc_rank(doc: Leaf) -> int:
     return claim_rank(doc.get("priority", 0), doc.get("created_at"))
 
 
@@ -813,7 +822,7 @@ def spread(site: str, doc_id: str) -> int:
     return int.from_bytes(hashlib.blake2b(f"{site}/{doc_id}".encode(), digest_size=4).digest())
 
 
-def open_long(doc: Doc, ctx: Context) -> bool:
+def open_long(doc: Job, ctx: Context) -> bool:
     """Has the step been open for `claim_delay`, by the document's own times?
 
     The creator had its chance to assign it. Clocks that disagree only move
@@ -823,7 +832,7 @@ def open_long(doc: Doc, ctx: Context) -> bool:
     return not touched or seconds_between(touched, ctx.now) >= ctx.claim_delay
 
 
-def willing(step: Doc, ctx: Context) -> bool:
+def willing(step: Step, ctx: Context) -> bool:
     """Would this site take the step, given its allow-list? Another target may run
     a command we refuse; a step with us as its only target is taken, and refused
     with the reason when it runs, so that the job fails rather than waits forever."""
@@ -832,13 +841,13 @@ def willing(step: Doc, ctx: Context) -> bool:
     return ctx.runs(step["do"])
 
 
-def on_claimed(doc: Doc, step: Doc, ctx: Context, pool: PoolView) -> Decision:
+def on_claimed(doc: Job, step: Step, ctx: Context, pool: PoolView) -> Decision:
     if ctx.site != doc["creator"]:
         return STAY  # only the creator picks the winner
     return Decision("assign", assign(ctx), detail=f"winner {step['claimed_by']}")
 
 
-def on_won(doc: Doc, step: Doc, ctx: Context, pool: PoolView) -> Decision:
+def on_won(doc: Job, step: Step, ctx: Context, pool: PoolView) -> Decision:
     if step["winner"] != ctx.site:
         return revoke_if_expired(doc, step, ctx)
     key = (doc["_id"], doc["step"])
@@ -857,7 +866,7 @@ def on_won(doc: Doc, step: Doc, ctx: Context, pool: PoolView) -> Decision:
                     f"{WON_CLAIM}; worker taken from the claim on {other[0]} step {other[1]}")
 
 
-def on_running(doc: Doc, step: Doc, ctx: Context, pool: PoolView) -> Decision:
+def on_running(doc: Job, step: Step, ctx: Context, pool: PoolView) -> Decision:
     key = (doc["_id"], doc["step"])
     winner = step.get("winner")  # a foreign write may have left it out
     if winner == ctx.site and key not in pool.running:
@@ -868,7 +877,7 @@ def on_running(doc: Doc, step: Doc, ctx: Context, pool: PoolView) -> Decision:
     return STAY
 
 
-def revoke_if_expired(doc: Doc, step: Doc, ctx: Context) -> Decision:
+def revoke_if_expired(doc: Job, step: Step, ctx: Context) -> Decision:
     """The creator takes back a step whose winner stopped renewing its lease.
 
     The new epoch fences the old execution off: if the winner was only slow or
@@ -882,7 +891,7 @@ def revoke_if_expired(doc: Doc, step: Doc, ctx: Context) -> Decision:
     return Decision("revoke", release(ctx, detail), before=silent, detail=detail)
 
 
-def start_decision(doc: Doc, step: Doc, ctx: Context, worker: str, *, assign: bool) -> Decision:
+def start_decision(doc: Job, step: Step, ctx: Context, worker: str, *, assign: bool) -> Decision:
     key = (doc["_id"], doc["step"])
     epoch = step.get("epoch", 0) + (1 if assign else 0)
     return Decision(
@@ -896,11 +905,11 @@ def start_decision(doc: Doc, step: Doc, ctx: Context, worker: str, *, assign: bo
 
 # --- edits: how each decision changes the document ----------------------------
 
-def _current(doc: Doc) -> Doc:
+def _current(doc: Job) -> Step:
     return doc["job"][doc["step"]]
 
 
-def _log(doc: Doc, name: str, ctx: Context, *, worker: str | None = None,
+def _log(doc: Job, name: str, ctx: Context, *, worker: str | None = None,
          detail: str | None = None) -> None:
     """A history event about the current step (call before the step index moves)."""
     index = doc["step"]
@@ -911,7 +920,7 @@ def _log(doc: Doc, name: str, ctx: Context, *, worker: str | None = None,
 
 
 def claim(ctx: Context) -> Edit:
-    def edit(doc: Doc) -> None:
+    def edit(doc: Job) -> None:
         _current(doc)["claimed_by"] = ctx.site
         _log(doc, "claimed", ctx)
     return edit
@@ -919,7 +928,7 @@ def claim(ctx: Context) -> Edit:
 
 def assign(ctx: Context, site: str | None = None) -> Edit:
     """The step's winner: its claimer, or `site`, which the creator chose for its room."""
-    def edit(doc: Doc) -> None:
+    def edit(doc: Job) -> None:
         step = _current(doc)
         if site is not None:
             step["claimed_by"] = site
@@ -932,7 +941,7 @@ def assign(ctx: Context, site: str | None = None) -> Edit:
 
 
 def start(ctx: Context, worker: str, *, assign: bool) -> Edit:
-    def edit(doc: Doc) -> None:
+    def edit(doc: Job) -> None:
         step = _current(doc)
         if assign:
             step["claimed_by"] = step["winner"] = ctx.site
@@ -948,24 +957,25 @@ def start(ctx: Context, worker: str, *, assign: bool) -> Edit:
 
 def release(ctx: Context, reason: str) -> Edit:
     """Give the step back: a new epoch fences off whatever ran in the old one."""
-    def edit(doc: Doc) -> None:
+    def edit(doc: Job) -> None:
         step = _current(doc)
-        step.update(claimed_by=None, winner=None, executioner=None,
-                    step_status=None, start_time=None, lease_until=None, progress=None)
+        step.update({"claimed_by": None, "winner": None, "executioner": None,
+                     "step_status": None, "start_time": None, "lease_until": None,
+                     "progress": None})
         step["epoch"] = step.get("epoch", 0) + 1
         _log(doc, "released", ctx, detail=reason)
     return edit
 
 
 def fail_job(ctx: Context, reason: str) -> Edit:
-    def edit(doc: Doc) -> None:
+    def edit(doc: Job) -> None:
         _current(doc)["step_status"] = "failed"
         doc["job_status"] = "failed"
         _log(doc, "failed", ctx, detail=reason)
     return edit
 
 
-def plan_refused(leaves: list[Doc], ctx: Context, reason: str) -> Plan:
+def plan_refused(leaves: Sequence[Leaf], ctx: Context, reason: str) -> Plan:
     """The server refused the revision we meant to write: the creator ends the job.
 
     A refusal is for good (a count past its bound, no room left under the size
@@ -987,7 +997,7 @@ MAX_DETAIL = 1000  # characters of an event's detail we write, or keep when shor
 BOOKKEEPING_EVENTS = ("claimed", "won", "released", "retried", "stale_finish")
 
 
-def fit(doc: Doc, keep_events_from: int, limit: int = MAX_DOC_SIZE) -> None:
+def fit(doc: Job, keep_events_from: int, limit: int = MAX_DOC_SIZE) -> None:
     """Shed what matters least until the revision fits under the server's size limit.
 
     Outputs and history grow with every step; past the limit every write is
@@ -1005,21 +1015,21 @@ def fit(doc: Doc, keep_events_from: int, limit: int = MAX_DOC_SIZE) -> None:
         size = shed(doc, size, limit, keep_events_from)
 
 
-def shed_old_outputs(doc: Doc, size: int, limit: int, _: int) -> int:
+def shed_old_outputs(doc: Job, size: int, limit: int, _: int) -> int:
     return shed_outputs(with_output(doc)[:-1], size, limit)
 
 
-def shed_all_outputs(doc: Doc, size: int, limit: int, _: int) -> int:
+def shed_all_outputs(doc: Job, size: int, limit: int, _: int) -> int:
     return shed_outputs(with_output(doc), size, limit)
 
 
-def with_output(doc: Doc) -> list[Doc]:
+def with_output(doc: Job) -> list[RunRecord]:
     """The records holding an output, oldest step first: steps, and broadcast sub-runs."""
     records = [record for step in doc["job"] for record in (step, *sub_runs(step).values())]
     return [record for record in records if record.get("output") is not None]
 
 
-def shed_outputs(steps: list[Doc], size: int, limit: int) -> int:
+def shed_outputs(steps: list[RunRecord], size: int, limit: int) -> int:
     for step in steps:
         if size <= limit:
             break
@@ -1028,7 +1038,7 @@ def shed_outputs(steps: list[Doc], size: int, limit: int) -> int:
     return size
 
 
-def shed_bookkeeping(doc: Doc, size: int, limit: int, keep_from: int) -> int:
+def shed_bookkeeping(doc: Job, size: int, limit: int, keep_from: int) -> int:
     kept = []
     for index, entry in enumerate(doc["history"]):
         if size > limit and index < keep_from and entry["event"] in BOOKKEEPING_EVENTS:
@@ -1039,7 +1049,7 @@ def shed_bookkeeping(doc: Doc, size: int, limit: int, keep_from: int) -> int:
     return size
 
 
-def shed_long_details(doc: Doc, size: int, limit: int, keep_from: int) -> int:
+def shed_long_details(doc: Job, size: int, limit: int, keep_from: int) -> int:
     for entry in doc["history"][:keep_from]:
         detail = entry.get("detail")
         if size > limit and isinstance(detail, str) and len(detail) > MAX_DETAIL:
@@ -1052,7 +1062,7 @@ def shed_long_details(doc: Doc, size: int, limit: int, keep_from: int) -> int:
 # --- finishing an execution ---------------------------------------------------
 
 def plan_finish(
-    leaves: list[Doc],
+    leaves: Sequence[Leaf],
     ctx: Context,
     pool: PoolView,
     key: StepKey,
@@ -1088,7 +1098,7 @@ def plan_finish(
 
 
 def note(ctx: Context, name: str, key: StepKey, worker: str, epoch: int, detail: str) -> Edit:
-    def edit(doc: Doc) -> None:
+    def edit(doc: Job) -> None:
         doc.setdefault("history", []).append(
             event(name, step=key[1], site=ctx.site, at=ctx.now, worker=worker,
                   epoch=epoch, detail=detail)
@@ -1096,32 +1106,48 @@ def note(ctx: Context, name: str, key: StepKey, worker: str, epoch: int, detail:
     return edit
 
 
-def end_step(step: Doc, outcome: StepOutcome, status_field: str = "step_status") -> None:
-    """What an execution did, on its step (or on its sub-run: `status_field` "status")."""
-    step[status_field] = "finished" if outcome.ok else "failed"
-    step.update(
-        exec_time=round(outcome.exec_time, 6),
-        start_time=outcome.start_time,
-        finish_time=outcome.finish_time,
-        attempts=outcome.attempts,
-        exit_code=outcome.exit_code,
-        lease_until=None,
-        output={"stdout": outcome.stdout, "stderr": outcome.stderr},
-    )
+def end_step(step: Step, outcome: StepOutcome) -> None:
+    """What an execution did, on its step."""
+    step["step_status"] = ended(outcome)
+    record_end(step, outcome)
+
+
+def end_sub_run(run: SubRun, outcome: StepOutcome) -> None:
+    """What an execution did, on its broadcast sub-run."""
+    run["status"] = ended(outcome)
+    record_end(run, outcome)
+
+
+def ended(outcome: StepOutcome) -> RunStatus:
+    return "finished" if outcome.ok else "failed"
+
+
+def record_end(record: RunRecord, outcome: StepOutcome) -> None:
+    """The fields an execution's end sets, on its step or its sub-run alike."""
+    record.update({
+        "exec_time": round(outcome.exec_time, 6),
+        "start_time": outcome.start_time,
+        "finish_time": outcome.finish_time,
+        "attempts": outcome.attempts,
+        "exit_code": outcome.exit_code,
+        "lease_until": None,
+        "output": {"stdout": outcome.stdout, "stderr": outcome.stderr},
+    })
     if outcome.progress is not None:  # the last report, even one no heartbeat carried yet
-        step["progress"] = dict(outcome.progress)
+        record["progress"] = copy.copy(outcome.progress)
 
 
-def record_cancelled(merged: Doc, ctx: Context, key: StepKey, worker: str, epoch: int,
+def record_cancelled(merged: Job, ctx: Context, key: StepKey, worker: str, epoch: int,
                      outcome: StepOutcome) -> Edit:
     """The run a cancellation killed: the step says it ended (failed, killed), so the
     document does not show it running for ever; a stale run only leaves its event."""
-    current = backs_execution({**merged, "job_status": None}, key, epoch, ctx.site)
+    live: Job = {**merged, "job_status": None}
+    current = backs_execution(live, key, epoch, ctx.site)
     recorded = note(ctx, "cancelled", key, worker, epoch, "killed: job cancelled")
 
-    def edit(doc: Doc) -> None:
+    def edit(doc: Job) -> None:
         if current and is_broadcast(doc["job"][key[1]]):
-            end_step(sub_runs(doc["job"][key[1]])[ctx.site], outcome, "status")
+            end_sub_run(sub_runs(doc["job"][key[1]])[ctx.site], outcome)
         elif current:
             end_step(doc["job"][key[1]], outcome)
         recorded(doc)
@@ -1129,7 +1155,7 @@ def record_cancelled(merged: Doc, ctx: Context, key: StepKey, worker: str, epoch
 
 
 def record_outcome(ctx: Context, worker: str, outcome: StepOutcome) -> Edit:
-    def edit(doc: Doc) -> None:
+    def edit(doc: Job) -> None:
         end_step(_current(doc), outcome)
         _log(doc, "finished" if outcome.ok else "failed", ctx, worker=worker,
              detail=outcome.reason)
@@ -1137,7 +1163,7 @@ def record_outcome(ctx: Context, worker: str, outcome: StepOutcome) -> Edit:
     return edit
 
 
-def end_current_step(doc: Doc, ok: bool) -> None:
+def end_current_step(doc: Job, ok: bool) -> None:
     """The job moves to its next step (or succeeds), or fails."""
     if not ok:
         doc["job_status"] = "failed"
@@ -1147,7 +1173,7 @@ def end_current_step(doc: Doc, ok: bool) -> None:
         doc["job_status"] = "success"
 
 
-def chain_next(merged: Doc, decision: Decision, ctx: Context, pool: PoolView) -> Decision:
+def chain_next(merged: Job, decision: Decision, ctx: Context, pool: PoolView) -> Decision:
     """Finish, and start the next step here in the same write when we may."""
     after_finish = copy.deepcopy(merged)
     assert decision.edit is not None
@@ -1176,7 +1202,7 @@ def in_turn(decision: Decision, follow: Decision) -> Decision:
         return decision
     assert first is not None
 
-    def both(doc: Doc) -> None:
+    def both(doc: Job) -> None:
         first(doc)
         second(doc)
 
@@ -1186,7 +1212,7 @@ def in_turn(decision: Decision, follow: Decision) -> Decision:
 
 # --- keep-alive -----------------------------------------------------------------
 
-def keepalive(leaves: list[Doc], ctx: Context, stale_after: float) -> Doc | None:
+def keepalive(leaves: list[Doc], ctx: Context, stale_after: float) -> Job | None:
     """The re-save that makes other sites look at a forgotten job again, if due.
 
     Only the creator re-saves, only a live job whose current step nobody has
@@ -1200,7 +1226,8 @@ def keepalive(leaves: list[Doc], ctx: Context, stale_after: float) -> Doc | None
         return None  # (the manager accepts a job its creator has not yet accepted)
     if step_phase(doc["job"][doc["step"]]) != Phase.OPEN or is_held(doc):
         return None  # (a waiting job is for no site to take: nothing to remind them of)
-    last = max(doc["updated_at"] or doc["created_at"], doc.get("keepalive_at") or "")
+    # (An accepted job has its creation time: `or ""` only tells mypy so.)
+    last = max(doc["updated_at"] or doc["created_at"] or "", doc.get("keepalive_at") or "")
     if (parse_time(ctx.now) - parse_time(last)).total_seconds() < stale_after:
         return None
     touched = copy.deepcopy(doc)
@@ -1208,8 +1235,8 @@ def keepalive(leaves: list[Doc], ctx: Context, stale_after: float) -> Doc | None
     return touched
 
 
-def plan_renew(leaves: list[Doc], ctx: Context, key: StepKey, epoch: int,
-               renew_below: float | None = None, report: Doc | None = None) -> Plan:
+def plan_renew(leaves: Sequence[Leaf], ctx: Context, key: StepKey, epoch: int,
+               renew_below: float | None = None, report: Progress | None = None) -> Plan:
     """The heartbeat: push the lease of our current execution forward, and record
     the execution's latest progress `report` in the same revision.
 
@@ -1228,15 +1255,15 @@ def plan_renew(leaves: list[Doc], ctx: Context, key: StepKey, epoch: int,
             and seconds_between(ctx.now, deadline) > renew_below:
         return NOTHING
 
-    def edit(doc: Doc) -> None:
+    def edit(doc: Job) -> None:
         execution_record(doc, ctx.site)["lease_until"] = later(ctx.now, ctx.lease)
-        if news:
-            execution_record(doc, ctx.site)["progress"] = dict(report or {})
+        if news and report is not None:  # (news has a report)
+            execution_record(doc, ctx.site)["progress"] = copy.copy(report)
 
     return finalize(leaves, merged, Decision("renew", edit), ctx)
 
 
-def plan_event(leaves: list[Doc], ctx: Context, key: StepKey, epoch: int, worker: str,
+def plan_event(leaves: Sequence[Leaf], ctx: Context, key: StepKey, epoch: int, worker: str,
                name: str, detail: str) -> Plan:
     """Append a history event for a running execution, if it is still the current one."""
     merged = merge(leaves)
@@ -1246,7 +1273,7 @@ def plan_event(leaves: list[Doc], ctx: Context, key: StepKey, epoch: int, worker
                     ctx)
 
 
-def plan_adopt(leaves: list[Doc], ctx: Context, gone: str, reason: str) -> Plan:
+def plan_adopt(leaves: Sequence[Leaf], ctx: Context, gone: str, reason: str) -> Plan:
     """An operator makes this site the creator of a live job whose creator `gone` is
     gone for good (`jobdist adopt`): see `adopt`."""
     if not leaves:
@@ -1257,7 +1284,7 @@ def plan_adopt(leaves: list[Doc], ctx: Context, gone: str, reason: str) -> Plan:
     return finalize(leaves, merged, adopt(merged, ctx, reason), ctx)
 
 
-def adopt(doc: Doc, ctx: Context, reason: str) -> Decision:
+def adopt(doc: Job, ctx: Context, reason: str) -> Decision:
     """This site becomes the job's creator: from then on it arbitrates its claims,
     revokes expired leases and keeps it alive.
 
@@ -1272,7 +1299,7 @@ def adopt(doc: Doc, ctx: Context, reason: str) -> Decision:
     next_term = 1 + term(doc)
     detail = f"creator {gone} -> {ctx.site}: {reason}"
 
-    def edit(new: Doc) -> None:
+    def edit(new: Job) -> None:
         new["creator"] = ctx.site
         new["history"].append(event("adopted", step=new["step"], site=ctx.site, at=ctx.now,
                                     worker=None, epoch=next_term, detail=detail))
@@ -1280,19 +1307,19 @@ def adopt(doc: Doc, ctx: Context, reason: str) -> Decision:
     return Decision("adopt", edit, detail=detail)
 
 
-def silence(doc: Doc, ctx: Context) -> str:
+def silence(doc: Job, ctx: Context) -> str:
     """Why the job's creator is taken to be gone (an adoption's reason)."""
     return f"no status from {doc['creator']} for {ctx.creator_timeout:g} s"
 
 
-def origin(doc: Doc) -> str:
+def origin(doc: Job) -> str:
     """The site that created the job: its `created` event's, else (an HTTP job not yet
     accepted) its creator."""
     return next((entry["site"] for entry in doc["history"] if entry["event"] == "created"),
                 doc["creator"])
 
 
-def succeeds(doc: Doc, ctx: Context) -> bool:
+def succeeds(doc: Job, ctx: Context) -> bool:
     """Is it this site's turn to take the job over from its silent creator?
 
     The job's line is its origin and then the origin's successors, in order. When
@@ -1318,7 +1345,7 @@ def succeeds(doc: Doc, ctx: Context) -> bool:
                 None) == ctx.site
 
 
-def plan_cancel(leaves: list[Doc], ctx: Context, reason: str) -> Plan:
+def plan_cancel(leaves: Sequence[Leaf], ctx: Context, reason: str) -> Plan:
     """An operator cancels a job: any site may write it; the merge keeps it (see merge).
 
     The site running the current step sees the cancellation on its feed and
@@ -1330,7 +1357,7 @@ def plan_cancel(leaves: list[Doc], ctx: Context, reason: str) -> Plan:
     if merged["job_status"] is not None:
         return NOTHING
 
-    def edit(doc: Doc) -> None:
+    def edit(doc: Job) -> None:
         doc["job_status"] = "cancelled"
         if is_live({**doc, "job_status": None}):
             _log(doc, "cancelled", ctx, detail=reason)
@@ -1348,16 +1375,17 @@ def plan_cancel(leaves: list[Doc], ctx: Context, reason: str) -> Plan:
 RUN_PHASE = {None: 0, "running": 1, "finished": 2, "failed": 2}
 
 
-def sub_run_rank(run: Doc) -> tuple[int, int, str, str, str]:
+def sub_run_rank(run: SubRun) -> tuple[int, int, str, str, str]:
     """A site's furthest sub-run among the leaves: epoch, then phase; then, for one
     execution, its newest lease and progress; then its content, so that any two leaves
     order alike whatever order they come in."""
-    progress_at = str((run.get("progress") or {}).get("at") or "")
+    report = run.get("progress")
+    progress_at = str(report.get("at") or "") if report else ""
     return (run.get("epoch", 0), RUN_PHASE.get(run.get("status"), 0),
             run.get("lease_until") or "", progress_at, json.dumps(run, sort_keys=True))
 
 
-def merge_sub_runs(merged: Doc, leaves: list[Doc]) -> None:
+def merge_sub_runs(merged: Job, leaves: list[Job]) -> None:
     """Combine the current broadcast step's sub-runs from every leaf, site by site.
 
     Each site's sub-run is written by that site (start, renew, finish, release) and by
@@ -1370,25 +1398,27 @@ def merge_sub_runs(merged: Doc, leaves: list[Doc]) -> None:
         return
     index = merged["step"]
     step = merged["job"][index]
-    if not is_broadcast(step) or step.get("runs") is None:
+    runs = step.get("runs")
+    if not is_broadcast(step) or runs is None:
         return
     peers = [leaf["job"][index] for leaf in leaves
              if leaf["step"] == index and isinstance(leaf["job"][index].get("runs"), dict)]
-    for site in step["runs"]:
-        step["runs"][site] = copy.deepcopy(max(
-            (peer["runs"][site] for peer in peers if site in peer["runs"]), key=sub_run_rank))
+    peer_runs = [sub_runs(peer) for peer in peers]  # each peer's `runs` itself
+    for site in runs:
+        runs[site] = copy.deepcopy(max(
+            (other[site] for other in peer_runs if site in other), key=sub_run_rank))
     dropped = {site for peer in peers for site in dropped_sites(peer)}
     if dropped:
-        step["dropped"] = sorted(dropped & set(step["runs"]))
+        step["dropped"] = sorted(dropped & set(runs))
 
 
-def execution_record(doc: Doc, site: str) -> Doc:
+def execution_record(doc: Job, site: str) -> RunRecord:
     """Where the current step's execution at `site` is recorded: its sub-run, or the step."""
     step = _current(doc)
     return sub_runs(step)[site] if is_broadcast(step) else step
 
 
-def backs_sub_run(step: Doc, epoch: int, site: str) -> bool:
+def backs_sub_run(step: Step, epoch: int, site: str) -> bool:
     """Fencing for a sub-run: the token is (epoch, site), and only a running sub-run of a
     site still in the step's set counts."""
     run = sub_runs(step).get(site)
@@ -1396,7 +1426,7 @@ def backs_sub_run(step: Doc, epoch: int, site: str) -> bool:
         and run.get("status") == "running" and run.get("epoch", 0) == epoch
 
 
-def sub_run_behind(step: Doc, epoch: int, site: str) -> bool:
+def sub_run_behind(step: Step, epoch: int, site: str) -> bool:
     """An old view of a sub-run we ran: the step not opened yet, or an older epoch."""
     if step.get("runs") is None:
         return True
@@ -1404,22 +1434,22 @@ def sub_run_behind(step: Doc, epoch: int, site: str) -> bool:
     return run is not None and run.get("epoch", 0) < epoch
 
 
-def sub_run_open(step: Doc, site: str) -> bool:
+def sub_run_open(step: Step, site: str) -> bool:
     """Is `site`'s sub-run waiting for it to start?"""
     run = counting_runs(step).get(site)
     return run is not None and run.get("status") is None
 
 
-def current_leases(doc: Doc) -> list[str]:
+def current_leases(doc: Job) -> list[str]:
     """The lease deadlines of a live job's current step: the step's, or its sub-runs'."""
     if not is_live(doc):
         return []
     step = doc["job"][doc["step"]]
     records = [step, *sub_runs(step).values()]
-    return [record["lease_until"] for record in records if record.get("lease_until")]
+    return [lease for record in records if (lease := record.get("lease_until"))]
 
 
-def on_broadcast(doc: Doc, step: Doc, ctx: Context, pool: PoolView) -> Decision:
+def on_broadcast(doc: Job, step: Step, ctx: Context, pool: PoolView) -> Decision:
     if step.get("runs") is None:
         return open_broadcast(doc, step, ctx, pool) if ctx.site == doc["creator"] else STAY
     own = on_own_sub_run(doc, step, ctx, pool)
@@ -1428,7 +1458,7 @@ def on_broadcast(doc: Doc, step: Doc, ctx: Context, pool: PoolView) -> Decision:
     return arbitrate_broadcast(doc, step, ctx, pool)
 
 
-def broadcast_sites(step: Doc, ctx: Context) -> tuple[list[str], list[str]]:
+def broadcast_sites(step: Step, ctx: Context) -> tuple[list[str], list[str]]:
     """The sites a broadcast step runs at, and the listed ones left out (unknown here).
 
     `all` is every site this creator knows now, when it opens the step: a site added
@@ -1447,17 +1477,17 @@ def known_site(site: str, ctx: Context) -> bool:
     return site != ANY and known(site, ctx)
 
 
-def open_broadcast(doc: Doc, step: Doc, ctx: Context, pool: PoolView) -> Decision:
+def open_broadcast(doc: Job, step: Step, ctx: Context, pool: PoolView) -> Decision:
     """The creator names the step's sites, and starts its own part if it has a worker."""
     sites, left_out = broadcast_sites(step, ctx)
     detail = "at " + ", ".join(sites)
     if left_out:
         detail += "; not known sites, left out: " + ", ".join(left_out)
 
-    def edit(new: Doc) -> None:
+    def edit(new: Job) -> None:
         opened = _current(new)
-        opened.update(runs={site: new_sub_run() for site in sites}, step_status="running",
-                      start_time=ctx.now)
+        opened.update({"runs": {site: new_sub_run() for site in sites},
+                       "step_status": "running", "start_time": ctx.now})
         _log(new, "opened", ctx, detail=detail)
 
     opening = Decision("open", edit, detail=detail)
@@ -1467,7 +1497,7 @@ def open_broadcast(doc: Doc, step: Doc, ctx: Context, pool: PoolView) -> Decisio
     return in_turn(opening, start_sub_run_decision(doc, 0, ctx, worker))
 
 
-def on_own_sub_run(doc: Doc, step: Doc, ctx: Context, pool: PoolView) -> Decision:
+def on_own_sub_run(doc: Job, step: Step, ctx: Context, pool: PoolView) -> Decision:
     """A target site starts its own sub-run on sight: nobody competes for it, so no claim
     and no winner; a sub-run the documents say we run, with no worker behind it (a
     restart), is released in a new epoch and started again."""
@@ -1485,13 +1515,13 @@ def on_own_sub_run(doc: Doc, step: Doc, ctx: Context, pool: PoolView) -> Decisio
     return STAY
 
 
-def start_sub_run_decision(doc: Doc, epoch: int, ctx: Context, worker: str) -> Decision:
+def start_sub_run_decision(doc: Job, epoch: int, ctx: Context, worker: str) -> Decision:
     key = (doc["_id"], doc["step"])
     return Decision("start", start_sub_run(ctx, worker), before=(Book(key, worker),),
                     after=(Launch(key, epoch + 1, worker),))
 
 
-def log_sub_run(doc: Doc, name: str, ctx: Context, run: Doc, *, worker: str | None = None,
+def log_sub_run(doc: Job, name: str, ctx: Context, run: SubRun, *, worker: str | None = None,
                 detail: str | None = None) -> None:
     """A history event about a sub-run, in its epoch (the fencing token's half)."""
     doc["history"].append(event(name, step=doc["step"], site=ctx.site, at=ctx.now,
@@ -1499,31 +1529,34 @@ def log_sub_run(doc: Doc, name: str, ctx: Context, run: Doc, *, worker: str | No
 
 
 def start_sub_run(ctx: Context, worker: str) -> Edit:
-    def edit(doc: Doc) -> None:
+    def edit(doc: Job) -> None:
         run = sub_runs(_current(doc))[ctx.site]
-        run.update(new_sub_run(), epoch=run.get("epoch", 0) + 1, status="running",
-                   executioner=worker, start_time=ctx.now,
-                   lease_until=later(ctx.now, ctx.lease))
+        epoch = run.get("epoch", 0) + 1
+        run.update(new_sub_run())
+        run.update({"epoch": epoch, "status": "running", "executioner": worker,
+                    "start_time": ctx.now, "lease_until": later(ctx.now, ctx.lease)})
         log_sub_run(doc, "started", ctx, run, worker=worker)
     return edit
 
 
 def release_sub_run(ctx: Context, site: str, reason: str) -> Edit:
     """Give a sub-run back to its site: a new epoch fences off what ran in the old one."""
-    def edit(doc: Doc) -> None:
+    def edit(doc: Job) -> None:
         run = sub_runs(_current(doc))[site]
-        run.update(new_sub_run(), epoch=run.get("epoch", 0) + 1)
+        epoch = run.get("epoch", 0) + 1
+        run.update(new_sub_run())
+        run["epoch"] = epoch
         log_sub_run(doc, "released", ctx, run, detail=reason)
     return edit
 
 
-def finish_sub_run(merged: Doc, ctx: Context, pool: PoolView, worker: str,
+def finish_sub_run(merged: Job, ctx: Context, pool: PoolView, worker: str,
                    outcome: StepOutcome) -> Decision:
     """Record our sub-run's outcome; the creator ends the step in the same revision when
     that completes it (arbitrate_broadcast)."""
-    def edit(doc: Doc) -> None:
+    def edit(doc: Job) -> None:
         run = sub_runs(_current(doc))[ctx.site]
-        end_step(run, outcome, "status")
+        end_sub_run(run, outcome)
         log_sub_run(doc, "finished" if outcome.ok else "failed", ctx, run, worker=worker,
                     detail=outcome.reason)
 
@@ -1537,7 +1570,7 @@ def finish_sub_run(merged: Doc, ctx: Context, pool: PoolView, worker: str,
         decision, end_broadcast(after, ctx, pool, *ending))
 
 
-def arbitrate_broadcast(doc: Doc, step: Doc, ctx: Context, pool: PoolView) -> Decision:
+def arbitrate_broadcast(doc: Job, step: Step, ctx: Context, pool: PoolView) -> Decision:
     """The creator ends the step once its policy is met, else revokes expired leases.
 
     A part for a site no configuration of ours names (a document written around the
@@ -1560,7 +1593,7 @@ def arbitrate_broadcast(doc: Doc, step: Doc, ctx: Context, pool: PoolView) -> De
     edits = [release_sub_run(ctx, site, reason) for site, reason in zip(expired, reasons,
                                                                         strict=True)]
 
-    def edit(new: Doc) -> None:
+    def edit(new: Job) -> None:
         for release_one in edits:
             release_one(new)
 
@@ -1568,7 +1601,7 @@ def arbitrate_broadcast(doc: Doc, step: Doc, ctx: Context, pool: PoolView) -> De
                     detail="; ".join(reasons))
 
 
-def broadcast_end(step: Doc) -> tuple[bool, str] | None:
+def broadcast_end(step: Step) -> tuple[bool, str] | None:
     """Whether the step ended by its policy (ok, why); None while it must wait.
 
     `all` (the default): every site must succeed, and the step fails as soon as one
@@ -1591,11 +1624,11 @@ def broadcast_end(step: Doc) -> tuple[bool, str] | None:
     return False, f"failed at every site ({len(runs)}, each_policy any)"
 
 
-def end_broadcast(doc: Doc, ctx: Context, pool: PoolView, ok: bool, reason: str) -> Decision:
+def end_broadcast(doc: Job, ctx: Context, pool: PoolView, ok: bool, reason: str) -> Decision:
     """The creator ends the step, and goes on to the next one as a finish does."""
-    def edit(new: Doc) -> None:
+    def edit(new: Job) -> None:
         step = _current(new)
-        step.update(step_status="finished" if ok else "failed", finish_time=ctx.now)
+        step.update({"step_status": "finished" if ok else "failed", "finish_time": ctx.now})
         _log(new, "finished" if ok else "failed", ctx, detail=reason)
         end_current_step(new, ok)
 
@@ -1603,7 +1636,7 @@ def end_broadcast(doc: Doc, ctx: Context, pool: PoolView, ok: bool, reason: str)
     return chain_next(doc, decision, ctx, pool) if ok else decision
 
 
-def drop_problem(doc: Doc, ctx: Context, site: str) -> str | None:
+def drop_problem(doc: Job, ctx: Context, site: str) -> str | None:
     """Why `site` cannot be dropped from the job's current step here (None: it can)."""
     if not is_live(doc):
         return f"the job already ended: {doc['job_status'] or 'every step done'}"
@@ -1624,7 +1657,7 @@ def drop_problem(doc: Doc, ctx: Context, site: str) -> str | None:
     return None
 
 
-def plan_drop(leaves: list[Doc], ctx: Context, site: str, reason: str) -> Plan:
+def plan_drop(leaves: Sequence[Leaf], ctx: Context, site: str, reason: str) -> Plan:
     """An operator removes a site lost for good from the current broadcast step: the
     step then finishes without it (`jobdist drop-site`). Written at the creator, which
     ends the step when the rest are done; its `dropped` event names the site first."""
@@ -1640,7 +1673,7 @@ def plan_drop(leaves: list[Doc], ctx: Context, site: str, reason: str) -> Plan:
 
 def drop_sites(ctx: Context, sites: list[str], reason: str) -> Edit:
     """Remove sites from the current broadcast step's set; a `dropped` event names each."""
-    def edit(doc: Doc) -> None:
+    def edit(doc: Job) -> None:
         step = _current(doc)
         step["dropped"] = sorted({*dropped_sites(step), *sites})
         for site in sites:

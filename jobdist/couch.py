@@ -35,7 +35,7 @@ import threading
 import time
 import uuid
 from collections import defaultdict, deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -59,7 +59,7 @@ from tenacity import (
     wait_exponential,
 )
 
-from .model import Doc
+from .model import Doc, Leaf
 
 log = logging.getLogger("jobdist.couch")
 
@@ -411,7 +411,7 @@ class Database:
                                         if "ok" in item and not item["ok"].get("_deleted")]
         return {doc_id: found.get(doc_id, []) for doc_id in wanted}
 
-    def save(self, doc: Doc) -> SaveResult:
+    def save(self, doc: Leaf) -> SaveResult:
         """PUT one document (with `_rev` to update it). 409 gives Conflict; other errors raise."""
         doc_id = _require_id(doc)
         client = self.couch.client
@@ -438,7 +438,7 @@ class Database:
             raise
         return Saved(body["id"], body["rev"])
 
-    def bulk_docs(self, docs: list[Doc]) -> list[Saved | Conflict | Rejected]:
+    def bulk_docs(self, docs: Sequence[Leaf]) -> list[Saved | Conflict | Rejected]:
         """Write many documents; one result per input document, in input order.
 
         Documents without `_id` get a random one first: that makes a retried
@@ -789,7 +789,7 @@ def _sdk_params(params: Mapping[str, Any]) -> dict[str, Any]:
     return {_VIEW_PARAMS.get(name, name): value for name, value in params.items()}
 
 
-def _require_id(doc: Doc) -> str:
+def _require_id(doc: Leaf) -> str:
     doc_id = doc.get("_id")
     if not isinstance(doc_id, str) or not doc_id:
         raise ValueError("the document needs a non-empty string _id")

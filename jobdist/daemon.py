@@ -25,7 +25,8 @@ from .journal import Journal
 from .keepalive import KeepAlive
 from .listener import Listener, load_checkpoint
 from .logs import EventLog
-from .manager import Manager
+from .mailbox import Mailbox
+from .manager import Manager, site_pool
 from .retention import PeriodicCleanup
 from .schedules import Scheduler
 from .setup import check_database, couch_of, setup_database
@@ -56,13 +57,16 @@ class Daemon:
         self.log = EventLog("jobdist.daemon", site=config.name)
         self.db = open_site_database(config)
         sites = known_sites or {config.name, *config.peers}
-        self.manager = Manager(config, CouchStore(self.db), sites, Journal(config.journal_dir()))
+        self.mailbox = Mailbox()
+        self.pool = site_pool(config, self.mailbox)
+        self.manager = Manager(config, CouchStore(self.db), sites, Journal(config.journal_dir()),
+                               self.pool, self.mailbox)
         self.stop_event = self.manager.stop_event
         self.started = time.monotonic()
         self.changes = ChangeHub()  # the feed, fanned out to the dashboard's event streams
-        self.listener = Listener(self.db, config.name, self.manager.inbox,
+        self.listener = Listener(self.db, config.name, self.mailbox.inbox,
                                  load_checkpoint(self.db, config.name), self.stop_event,
-                                 self.manager.wake, on_change=self.changes.publish)
+                                 self.mailbox.wake, on_change=self.changes.publish)
         self.keepalive = KeepAlive(self.db, config.name, config.keepalive.period,
                                    config.keepalive.stale_after, self.stop_event)
         self.retention = None if config.retention.older_than is None else PeriodicCleanup(
@@ -91,7 +95,7 @@ class Daemon:
         dashboard): read from the parts' thread-safe state, never a setting, so never
         a credential."""
         manager = self.manager
-        workers = manager.pool.snapshot()
+        workers = self.pool.snapshot()
         running = workers.pop("running")
         return {
             "site": self.config.name,
@@ -101,7 +105,7 @@ class Daemon:
             "feed": {
                 "seq": self.feed_position,  # opaque: an int or a CouchDB sequence string
                 "received": self.listener.since,
-                "queued": manager.inbox.qsize(),
+                "queued": self.mailbox.inbox.qsize(),
                 "reconnects": self.listener.reconnects,
             },
             "journal": manager.journal_status(),
@@ -114,9 +118,9 @@ class Daemon:
 
     def resize_workers(self, size: int) -> dict[str, int]:
         """Resize the pool (running steps are never killed); its sizes after."""
-        self.manager.pool.resize(size)
-        self.manager.wake.set()  # new free slots: let the manager look for work now
-        workers = self.manager.pool.snapshot()
+        self.pool.resize(size)
+        self.mailbox.wake.set()  # new free slots: let the manager look for work now
+        workers = self.pool.snapshot()
         workers.pop("running")
         return workers
 

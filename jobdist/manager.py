@@ -1,4 +1,4 @@
-"""The work manager: the single owner of a site's decisions, taken in batches.
+"""The work manager: the single owner of a site's decisions, taken in rounds.
 
 One thread gathers what needs deciding (documents the feed brought, steps
 that ended or retried, bookings past their timeout, leases due, open steps
@@ -10,6 +10,14 @@ before the next plan is made, so the core's view of the workers is never
 stale mid-batch. Per step that is a few requests shared by the whole batch,
 where deciding one job at a time cost a read and a write each.
 
+The manager is the round loop: gather, read, decide, write, launch. Its
+parts, each in its own module: the `Mailbox` the listener and the workers
+fill (mailbox.py), the `PlanRunner` that carries written plans out on this
+site and knows its workers (plan_runner.py), the `PeriodicWork` that says
+which jobs come due with time, publishes our status and saves the feed
+checkpoint (periodic_work.py), the `WaitingJobs` that says which of our
+waiting jobs to wake (waiting.py), and the worker pool, which the daemon builds.
+
 Beyond the thesis: when a worker frees up, the manager asks the `claimable`
 view for open steps this site may run (in line: core.claim_rank), so a
 job that arrived while every worker was busy is not forgotten until the next
@@ -18,56 +26,38 @@ keep-alive re-save.
 
 from __future__ import annotations
 
-import heapq
-import queue
 import threading
 import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from itertools import islice
 from typing import Any
 
 from . import core, status
-from .clock import later, parse_time, utc_now
+from .clock import utc_now
 from .config import SiteConfig
 from .couch import Conflict, CouchError, Rejected, Saved, Undecodable
 from .journal import Held, Journal, JournalFull
 from .listener import Changed
 from .logs import EventLog
-from .model import FINAL_STATUSES, Doc, StepKey, awaited, is_held, is_live
+from .mailbox import Finished, Mailbox, Retried
+from .model import FINAL_STATUSES, Doc, Job, Progress, StepKey
+from .periodic_work import PeriodicWork
+from .plan_runner import PlanRunner
 from .store import JobStore
 from .validation import validate_job
+from .waiting import WaitingJobs
 from .workers import Execution, StepResult, WorkerPool, kill_orphans
 
-SCAN_INTERVAL = 2.0  # seconds between claimable scans while workers stay free
-CHECKPOINT_INTERVAL = 2.0
-PROGRESS_INTERVAL = 3.0  # seconds between two progress writes of one step, at least
-MAX_LEASES_SEEN = 100_000  # jobs whose leases we time; the least recently seen go first
 MAX_SKIPPED = 10_000  # jobs remembered as not to be acted on until they change
 MAX_VERDICTS = 10_000  # revisions whose validation we remember
 HELD_RETRY_FIRST = 0.1  # seconds before a held result is tried again; doubles each time
 HELD_RETRY_MAX = 2.0  # short beside any lease: a result is written soon after the server is back
 RETRY_DECISION = 1.0  # seconds before a decision whose read or write failed is taken again
-WAITING_SCAN_INTERVAL = 30.0  # seconds between re-checks of the jobs we created that wait
 BATCH = 200  # jobs decided together: one read and one write a round for all of them
 MAX_ROUNDS = 8  # fresh reads of one job in one batch before it is left for later
-Found = tuple[list[Doc], list[core.Unusable]]  # a job's usable leaves, and the others
-Planner = Callable[[list[Doc], list[core.Unusable]], core.Plan]
-
-
-@dataclass(frozen=True)
-class Finished:
-    execution: Execution
-    result: StepResult
-
-
-@dataclass(frozen=True)
-class Retried:
-    key: StepKey
-    epoch: int
-    worker: str
-    detail: str
+Found = tuple[list[Job], list[core.Unusable]]  # a job's usable leaves, and the others
+Planner = Callable[[list[Job], list[core.Unusable]], core.Plan]
 
 
 @dataclass
@@ -93,79 +83,58 @@ class Task:
         return self.held is None and self.then_decide and other.then_decide
 
 
+def site_pool(config: SiteConfig, mailbox: Mailbox) -> WorkerPool:
+    """The site's worker pool, reporting to `mailbox`: what the daemon gives its manager."""
+    return WorkerPool(config.name, config.workers, mailbox.finished, config.commands.allows)
+
+
 class Manager:
     def __init__(self, config: SiteConfig, store: JobStore, known_sites: Iterable[str],
-                 journal: Journal) -> None:
+                 journal: Journal, pool: WorkerPool | None = None,
+                 mailbox: Mailbox | None = None) -> None:
+        """`pool` reports to `mailbox` (site_pool); without them (tests) the manager
+        builds both."""
+        if (pool is None) != (mailbox is None):
+            raise ValueError("a worker pool comes with the mailbox it reports to")
         self.config = config
         self.site = config.name
         self.log = EventLog("jobdist.manager", site=self.site)
         self.store = store
         self.known_sites = frozenset(known_sites) | {self.site}
-        # From the listener; bounded so a burst pushes back on the feed, not on memory.
-        self.inbox: queue.Queue[object] = queue.Queue(maxsize=1_000)
-        # Workers report here, and are served first in every batch: a finished
-        # step must not wait behind a burst of replicated changes.
-        self.reports: queue.Queue[Finished | Retried] = queue.Queue()
-        self.wake = threading.Event()  # set by the listener and the workers
-        self.pool = WorkerPool(self.site, config.workers, self._on_done, config.commands.allows)
-        self.booked_at: dict[StepKey, float] = {}
-        # Steps this batch decided to start, launched once their revision is saved:
-        # to the next plans they already run (their worker is no undecided claim's).
-        self.launching: dict[StepKey, core.Running] = {}
-        # Executions whose end is not recorded yet: running, or ended with the result
-        # held (below). Both count as running here, so no decision releases them.
-        self.executions: dict[StepKey, core.Running] = {}
+        self.mailbox = mailbox if mailbox is not None else Mailbox()
+        self.pool = pool if pool is not None else site_pool(config, self.mailbox)
+        self.own_revs: deque[str] = deque(maxlen=4096)
+        # Jobs nothing can be done about until a new revision arrives (invalid,
+        # unreadable, refused by the server's rules), and why: scans pass them by.
+        self.skipped: OrderedDict[str, str] = OrderedDict()
+        self.counts: Counter[str] = Counter()
+        # The other sites' room (status documents).
+        self.board = status.Board(self.site, time.monotonic())
+        self.periodic = PeriodicWork(config, store, self.pool, self.board, self.skipped,
+                                     self.own_revs, self.log)
+        self.runner = PlanRunner(config, store, self.pool, self.mailbox, self.board,
+                                 self.periodic, self.counts, self.log)
         # Results the server did not take yet, kept in the journal until it does.
         self.journal = journal
         self.held: dict[StepKey, Held] = {}
         self.held_retry: dict[StepKey, tuple[float, float]] = {}  # key -> (due, delay)
         for held in journal.load():
             self._hold_in_memory(held)
-        self.own_revs: deque[str] = deque(maxlen=4096)
-        # Jobs nothing can be done about until a new revision arrives (invalid,
-        # unreadable, refused by the server's rules), and why: scans pass them by.
-        self.skipped: OrderedDict[str, str] = OrderedDict()
         self.retry_at: OrderedDict[str, float] = OrderedDict()  # decisions a failure lost
         self.verdicts: OrderedDict[tuple[Any, Any], list[str]] = OrderedDict()
-        self.counts: Counter[str] = Counter()
         self.draining = False
         self.stop_event = threading.Event()
-        self.seq: object = None
-        self.saved_seq: object = None
-        self.last_scan = 0.0
-        self.scan_due = True
-        self.last_checkpoint = time.monotonic()
-        self.last_heartbeat = time.monotonic()
-        # The progress report last sent for each running step, and when (see
-        # _renewal_tasks_due).
-        self.progress_sent: dict[StepKey, tuple[float, Doc]] = {}
-        self.last_lease_scan = 0.0
-        # When this daemon first saw each live lease (job -> lease_until ->
-        # monotonic time): see core.Context.lease_silence.
-        self.leases_seen: dict[str, dict[str, float]] = {}
-        # The other sites' room (status documents), and when to publish ours.
-        self.board = status.Board(self.site, time.monotonic())
-        self.publisher = status.Publisher(status.refresh_for(config.succession.creator_timeout))
-        self.last_succession_scan = time.monotonic()
-        # Jobs of our succession lines: their leaves, and since when we see them so.
-        self.jobs_seen: dict[str, tuple[frozenset[str], float]] = {}
-        # The sites whose jobs may become ours, or be taken from us, by succession.
-        lines = [(creator, *line) for creator, line in config.succession.successors.items()]
-        self.line_sites = frozenset(
-            name for line in lines if self.site in line for name in line) - {self.site}
-        self.assign_scan_due = False
-        # Waiting jobs we created (model.is_held): how the jobs they wait for ended, for
-        # the batch being decided (core.Context.ended), and one heap of the times they
-        # may start (not_before, as seconds since 1970; the job; the time as written).
+        # Waiting jobs we created (model.is_held), and how the jobs they wait for ended,
+        # for the batch being decided (core.Context.ended).
+        self.waiting = WaitingJobs(self.site, store, self.skipped, self._errors, self.log)
         self.ended: dict[str, str] = {}
-        self.wake_heap: list[tuple[float, str, str]] = []
-        self.wake_due: dict[str, str] = {}  # job -> its not_before in the heap
-        # The waiting jobs we created, as last decided: while there are none, a job that
-        # ends needs no look-up of jobs waiting on it (the scan catches what this misses).
-        self.own_waiting: OrderedDict[str, None] = OrderedDict()
-        self.last_waiting_scan = 0.0
 
-    # --- the loop -------------------------------------------------------------
+    @property
+    def seq(self) -> object:
+        """The last change decided on: opaque (int or CouchDB sequence)."""
+        return self.periodic.seq
+
+    # --- the loop: gather, then settle (read, decide, write, launch) ---------------------
 
     def serve_once(self, timeout: float) -> None:
         changes = self._next_changes(timeout)
@@ -177,34 +146,45 @@ class Manager:
         self.settle([*self._scan_tasks_due(), *self._assign_tasks_due(), *arrivals,
                      *self._retry_tasks_due()])
         if changes:
-            self.seq = changes[-1].seq  # feed order: the checkpoint never goes back
-        self.settle([*self._report_tasks(), *self._expired_booking_tasks(),
-                     *self._renewal_tasks_due(), *self._revocation_tasks_due(),
-                     *self._succession_tasks_due(), *self._wake_tasks_due(),
-                     *self._waiting_tasks_due()])
-        self._unbook_expired()
+            self.periodic.seq = changes[-1].seq  # feed order: the checkpoint never goes back
+        self.settle([*self._report_tasks(), *self._decisions(self.runner.expired_bookings()),
+                     *self._renewal_tasks_due(), *self._decisions(self.periodic.leases_due()),
+                     *self._decisions(self.periodic.successions_due()),
+                     *self._decisions(self.waiting.woken()),
+                     *self._decisions(self.periodic.waiting_due())])
+        self.runner.unbook_expired()
         self.settle([*self._report_tasks(), *self._scan_tasks_due(),
                      *self._assign_tasks_due()])
-        self._publish_status_if_due()
-        self._checkpoint_if_due()
+        self.periodic.publish_status_if_due(self.own_status())
+        self.periodic.checkpoint_if_due()
 
     def _next_changes(self, timeout: float) -> list[Changed]:
-        if self.wake_heap:  # a waiting job's time comes sooner: wake for it
-            timeout = min(timeout, max(0.0, self.wake_heap[0][0] - time.time()))
-        if self.inbox.empty() and self.reports.empty():
-            self.wake.wait(timeout)
-        self.wake.clear()  # anything arriving from now on sets it again
-        return list(islice(_drain(self.inbox), BATCH))
+        return self.mailbox.next_changes(self.waiting.wait_at_most(timeout), BATCH)
+
+    def _decisions(self, doc_ids: Iterable[str]) -> list[Task]:
+        return [self.decide_task(doc_id) for doc_id in doc_ids]
+
+    def _scan_tasks_due(self) -> list[Task]:
+        return self._decisions(self.periodic.claimable_due(self.runner.free_workers,
+                                                           self.draining))
+
+    def _assign_tasks_due(self) -> list[Task]:
+        return self._decisions(self.periodic.open_for_room_due())
+
+    def _renewal_tasks_due(self) -> list[Task]:
+        return [self.renew_task(key, epoch, report)
+                for key, epoch, report in self.periodic.renewals_due(self.runner.executions)]
 
     def _change_tasks(self, changes: list[Changed]) -> list[Task]:
         latest: dict[str, Changed] = {}
         for item in changes:
             latest[item.doc_id] = item  # a burst of changes to one doc is one decision
-        tasks = self._waiter_tasks([item.doc_id for item in latest.values()
-                                    if (item.doc or {}).get("job_status") in FINAL_STATUSES])
+        tasks = self._decisions(self.waiting.waiting_on(
+            [item.doc_id for item in latest.values()
+             if (item.doc or {}).get("job_status") in FINAL_STATUSES]))
         for item in sorted(latest.values(), key=self._claim_order):
             if status.is_status_id(item.doc_id):
-                self.hear_status(item.doc)
+                self.periodic.hear_status(item.doc)
                 continue
             self.skipped.pop(item.doc_id, None)  # a new revision: worth a new look
             # Our own write needs no decision, unless a conflict came back with it:
@@ -215,7 +195,7 @@ class Manager:
 
     def _report_tasks(self) -> list[Task]:
         tasks = []
-        for report in _drain(self.reports):
+        for report in self.mailbox.reports_now():
             if isinstance(report, Finished):
                 task = self.finish_task(report.execution, report.result)
             else:
@@ -228,10 +208,10 @@ class Manager:
 
     def decide_task(self, doc_id: str, seen: Doc | None = None) -> Task:
         """Decide about a job until there is nothing more to do right now."""
-        def plan(leaves: list[Doc], rejected: list[core.Unusable]) -> core.Plan:
-            context = self.context(self._lease_silence(doc_id, leaves),
-                                   self._unchanged_for(doc_id, leaves))
-            self._note_waiting(doc_id, leaves)
+        def plan(leaves: list[Job], rejected: list[core.Unusable]) -> core.Plan:
+            context = self.context(self.periodic.lease_silence(doc_id, leaves),
+                                   self.periodic.unchanged_for(doc_id, leaves))
+            self.waiting.note(doc_id, leaves)
             return core.plan(leaves, context, self.pool_view(), rejected)
         return Task(doc_id, plan, seen=seen, then_decide=True)
 
@@ -241,36 +221,36 @@ class Manager:
 
     def finish_task(self, execution: Execution, result: StepResult) -> Task | None:
         key = execution.key
-        running = self.executions.get(key)
+        running = self.runner.executions.get(key)
         if running is None or running.epoch != execution.epoch:
             return None
         self.log.info("step ended", job=key[0], step=key[1], epoch=running.epoch,
                       worker=running.worker, ok=result.ok, reason=result.reason)
         self.counts["steps_finished" if result.ok else "steps_failed"] += 1
-        self.scan_due = True
+        self.periodic.scan_soon()
         return self.record_task(Held(key[0], key[1], running.epoch, running.worker, result,
                                      time.time()))
 
     def record_task(self, held: Held) -> Task:
         """Record what an execution did; only a current execution advances the job."""
-        def plan(leaves: list[Doc], rejected: list[core.Unusable]) -> core.Plan:
+        def plan(leaves: list[Job], rejected: list[core.Unusable]) -> core.Plan:
             # The worker is free now: the core may chain the next step onto it.
-            self.executions.pop(held.key, None)
+            self.runner.executions.pop(held.key, None)
             return core.plan_finish(leaves, self.context(), self.pool_view(), held.key,
                                     held.epoch, held.worker, held.result)
         return Task(held.job_id, plan, retry_conflicts=True, then_decide=True, held=held)
 
     def retry_note_task(self, item: Retried) -> Task:
-        def plan(leaves: list[Doc], rejected: list[core.Unusable]) -> core.Plan:
+        def plan(leaves: list[Job], rejected: list[core.Unusable]) -> core.Plan:
             return core.plan_event(leaves, self.context(), item.key, item.epoch, item.worker,
                                    "retried", item.detail)
         # A lost event does not matter: the finish still counts.
         return Task(item.key[0], plan, end_on_refusal=False)
 
-    def renew_task(self, key: StepKey, epoch: int, report: Doc | None = None) -> Task:
+    def renew_task(self, key: StepKey, epoch: int, report: Progress | None = None) -> Task:
         """The heartbeat: push our lease forward, so the creator knows we are alive;
         with the step's latest progress `report`, if it has news."""
-        def plan(leaves: list[Doc], rejected: list[core.Unusable]) -> core.Plan:
+        def plan(leaves: list[Job], rejected: list[core.Unusable]) -> core.Plan:
             daemon = self.config.daemon
             return core.plan_renew(leaves, self.context(), key, epoch,
                                    renew_below=daemon.lease - daemon.heartbeat,
@@ -306,7 +286,7 @@ class Manager:
         try:
             self._run_rounds(pending)
         finally:
-            self.launching.clear()  # launched, or their revision was not saved
+            self.runner.batch_done()
 
     def _run_rounds(self, pending: dict[str, Task]) -> None:
         for _ in range(MAX_ROUNDS):
@@ -329,7 +309,8 @@ class Manager:
         """Drop the tasks whose `seen` revision shows there is nothing to do."""
         seen_docs = {doc_id: task.seen for doc_id, task in pending.items()
                      if task.seen is not None and not task.seen.get("_conflicts")}
-        self.ended = self._awaited_ended({doc_id: [doc] for doc_id, doc in seen_docs.items()})
+        self.ended = self.waiting.awaited_ended({doc_id: [doc]
+                                                 for doc_id, doc in seen_docs.items()})
         for doc_id, task in list(pending.items()):
             seen, task.seen = task.seen, None
             if seen is None or seen.get("_conflicts"):
@@ -363,10 +344,10 @@ class Manager:
             return []
 
     def _plan_all(self, pending: dict[str, Task],
-                  leaves: dict[str, list[Doc]]) -> dict[str, tuple[core.Plan, list[Doc]]]:
+                  leaves: dict[str, list[Doc]]) -> dict[str, tuple[core.Plan, list[Job]]]:
         """Each job's plan, its worker booked before the next is made."""
         plans = {}
-        self.ended = self._awaited_ended(leaves)
+        self.ended = self.waiting.awaited_ended(leaves)
         for doc_id, task in list(pending.items()):
             found = self._valid(doc_id, leaves.get(doc_id, []))
             plan = None if found is None else self._plan_one(task, found)
@@ -378,10 +359,7 @@ class Manager:
                 del pending[doc_id]
                 self._skip(doc_id, plan.detail)
                 continue
-            for effect in plan.before:
-                self.apply(effect)
-            self.launching.update((launch.key, core.Running(launch.worker, launch.epoch))
-                                  for launch in plan.after if isinstance(launch, core.Launch))
+            self.runner.plan_made(plan)
             assert found is not None
             plans[doc_id] = (plan, found[0])
         return plans
@@ -395,7 +373,7 @@ class Manager:
             return None
 
     def _write_all(self, pending: dict[str, Task],
-                   plans: dict[str, tuple[core.Plan, list[Doc]]]) -> None:
+                   plans: dict[str, tuple[core.Plan, list[Job]]]) -> None:
         """One `_bulk_docs` for every new revision; then the losers; then launches."""
         docs = [plan.doc for plan, _ in plans.values() if plan.doc is not None]
         try:
@@ -420,10 +398,10 @@ class Manager:
             else:
                 del pending[doc_id]
                 self._refused(task, plan, leaves, result)
-        self._delete_losers(written)
+        self.runner.delete_losers(written)
         for doc_id, plan, rev in written:
             try:
-                self._carried_out(doc_id, plan, rev)
+                self.runner.carried_out(doc_id, plan, rev)
             except Exception:  # e.g. a launch the pool refuses: the others still go
                 self.counts["handler_errors"] += 1
                 self.log.exception("error after writing", job=doc_id)
@@ -446,30 +424,7 @@ class Manager:
             # or a change says what came of them.)
             del pending[task.doc_id]
 
-    def _delete_losers(self, written: list[tuple[str, core.Plan, str]]) -> None:
-        """Only after the merge is saved: never delete progress we failed to keep."""
-        losers = [{"_id": doc_id, "_rev": rev, "_deleted": True}
-                  for doc_id, plan, _ in written for rev in plan.deletions]
-        if not losers:
-            return
-        try:
-            results = self.store.write(losers)
-        except CouchError as error:  # the creator deletes them on its next decision
-            self.log.warning("losing revisions not deleted", count=len(losers), error=error)
-            return
-        self.counts["conflicts_resolved"] += sum(isinstance(r, Saved) for r in results)
-
-    def _carried_out(self, doc_id: str, plan: core.Plan, rev: str) -> None:
-        self.counts[f"action_{plan.action}"] += 1
-        if plan.detail.startswith(core.WON_CLAIM):
-            self.counts["claims_won"] += 1
-        step, epoch = acted_on(plan)
-        self.log.info(plan.action, job=doc_id, step=step, epoch=epoch, rev=rev,
-                      detail=plan.detail or None)
-        for effect in plan.after:
-            self.apply(effect, plan.doc)
-
-    def _refused(self, task: Task, plan: core.Plan, leaves: list[Doc], result: Rejected) -> None:
+    def _refused(self, task: Task, plan: core.Plan, leaves: list[Job], result: Rejected) -> None:
         """The server refuses the revision: the same write can never succeed."""
         if result.error != "forbidden":  # not the rules: a login, or the server's trouble
             self.log.warning("write failed", job=task.doc_id, action=plan.action,
@@ -479,14 +434,12 @@ class Manager:
         self.counts["writes_refused"] += 1
         self.log.error("write refused", job=task.doc_id, action=plan.action,
                        reason=result.reason)
-        for effect in plan.before:  # a worker booked for a write that never happens is lost
-            if isinstance(effect, core.Book):
-                self.apply(core.Unbook(effect.key))
+        self.runner.refused(plan)
         self._recorded(task)  # nothing more can be recorded of it
         if task.end_on_refusal:
             self._end_refused(task.doc_id, leaves, result.reason)
 
-    def _end_refused(self, doc_id: str, leaves: list[Doc], reason: str) -> None:
+    def _end_refused(self, doc_id: str, leaves: list[Job], reason: str) -> None:
         """The creator ends a job whose next revision is refused; else it is skipped."""
         plan = core.plan_refused(leaves, self.context(), reason)
         if plan.doc is not None:
@@ -496,8 +449,8 @@ class Manager:
                 result = None
             if isinstance(result, Saved):
                 self.own_revs.append(result.rev)
-                self._delete_losers([(doc_id, plan, result.rev)])
-                self._carried_out(doc_id, plan, result.rev)
+                self.runner.delete_losers([(doc_id, plan, result.rev)])
+                self.runner.carried_out(doc_id, plan, result.rev)
                 return
         self._skip(doc_id, f"write refused: {reason}")
 
@@ -525,7 +478,7 @@ class Manager:
                 while len(self.retry_at) > MAX_SKIPPED:
                     self.retry_at.popitem(last=False)
             return
-        self.executions[held.key] = core.Running(held.worker, held.epoch)
+        self.runner.executions[held.key] = core.Running(held.worker, held.epoch)
         if held.key in self.held:
             _, delay = self.held_retry[held.key]
             self.held_retry[held.key] = (time.monotonic() + delay,
@@ -552,7 +505,7 @@ class Manager:
 
     def _hold_in_memory(self, held: Held, delay: float = 0.0) -> None:
         self.held[held.key] = held
-        self.executions[held.key] = core.Running(held.worker, held.epoch)
+        self.runner.executions[held.key] = core.Running(held.worker, held.epoch)
         self.held_retry[held.key] = (time.monotonic() + delay, max(delay, HELD_RETRY_FIRST))
 
     def _retry_tasks_due(self) -> list[Task]:
@@ -610,37 +563,6 @@ class Manager:
         while len(self.skipped) > MAX_SKIPPED:
             self.skipped.popitem(last=False)
 
-    def _lease_silence(self, doc_id: str, leaves: list[Doc]) -> dict[str, float]:
-        """Note the job's current leases (a broadcast step's, one per site); how long each
-        has been seen unchanged.
-
-        Every site notes them (a site may become the creator by adoption); only
-        the creator acts on them. A job whose step holds no lease is forgotten.
-        """
-        now = time.monotonic()
-        before = self.leases_seen.pop(doc_id, {})
-        seen = {lease: before.get(lease, now) for leaf in leaves
-                for lease in core.current_leases(leaf)}
-        if seen:
-            self.leases_seen[doc_id] = seen  # re-inserted: the dict stays oldest first
-        while len(self.leases_seen) > MAX_LEASES_SEEN:  # forgetting only delays a revocation
-            del self.leases_seen[next(iter(self.leases_seen))]
-        return {lease: now - since for lease, since in seen.items()}
-
-    def _unchanged_for(self, doc_id: str, leaves: list[Doc]) -> float:
-        """How long we have seen the job's leaves as they are now (0: first sight, or
-        a job no succession line of ours may take over: not tracked)."""
-        now = time.monotonic()
-        revs = frozenset(leaf["_rev"] for leaf in leaves)
-        before = self.jobs_seen.pop(doc_id, None)
-        if not any(leaf.get("creator") in self.line_sites and is_live(leaf) for leaf in leaves):
-            return 0.0
-        since = before[1] if before is not None and before[0] == revs else now
-        self.jobs_seen[doc_id] = (revs, since)  # re-inserted: the dict stays oldest first
-        while len(self.jobs_seen) > MAX_LEASES_SEEN:  # forgetting only delays a takeover
-            del self.jobs_seen[next(iter(self.jobs_seen))]
-        return now - since
-
     def context(self, lease_silence: dict[str, float] | None = None,
                 unchanged_for: float = 0.0) -> core.Context:
         now = time.monotonic()
@@ -651,96 +573,25 @@ class Manager:
                             runs=self.config.commands.allows,
                             lease_silence=lease_silence,
                             room=self.board.room(now),
-                            assigning=self._expecting_assignments(now),
-                            successors=self.config.succession.successors, silent=self.silent(now),
+                            assigning=self.periodic.expecting_assignments(now, self.restricted),
+                            successors=self.config.succession.successors,
+                            silent=self.periodic.silent(now),
                             creator_timeout=self.config.succession.creator_timeout,
                             unchanged_for=unchanged_for, ended=self.ended)
 
-    def silent(self, now: float) -> frozenset[str]:
-        """The sites of our succession lines silent for creator_timeout, by our clock."""
-        return self.board.silent(self.line_sites, now, self.config.succession.creator_timeout)
-
-    def _expecting_assignments(self, now: float) -> frozenset[str]:
-        """The creators that may assign steps to us: those that assign, unless our last
-        status said we had no room (then they will not: claim at once), or we have an
-        allow-list (never assigned to)."""
-        published = self.publisher.last
-        if self.restricted or published is None or published.room <= 0:
-            return frozenset()
-        return self.board.assigning(now)
+    def pool_view(self) -> core.PoolView:
+        return self.runner.pool_view(self.draining)
 
     @property
     def restricted(self) -> bool:
         return self.config.commands.allow is not None
 
-    def pool_view(self) -> core.PoolView:
-        running = {**self.executions, **self.launching}
-        if self.draining:
-            return core.PoolView(running=running)
-        now = time.monotonic()
-        return core.PoolView(
-            free_workers=self.free_workers(),
-            booked={key: core.Booking(worker, now - self.booked_at.get(key, now))
-                    for key, worker in self.pool.bookings().items()
-                    if key not in self.launching},
-            running=running,
-        )
-
-    def free_workers(self) -> tuple[str, ...]:
-        # A worker whose result we have not recorded yet is not free for new work.
-        unreported = {running.worker for running in self.executions.values()}
-        return tuple(w for w in self.pool.free_workers() if w not in unreported)
-
-    # --- local effects ------------------------------------------------------------------
-
-    def apply(self, effect: core.Effect, doc: Doc | None = None) -> None:
-        if isinstance(effect, core.Book):
-            if self.pool.book(effect.key, effect.worker) is not None:
-                self.booked_at.setdefault(effect.key, time.monotonic())
-        elif isinstance(effect, core.Unbook):
-            self.pool.unbook(effect.key)
-            self.booked_at.pop(effect.key, None)
-            self.scan_due = True  # a lost claim: look for other work at once
-        elif isinstance(effect, core.Kill):
-            self.log.info("killing", job=effect.key[0], step=effect.key[1], reason=effect.reason)
-            self.pool.cancel(effect.key)
-        elif isinstance(effect, core.Launch):
-            assert doc is not None
-            self.launch(effect, doc)
-        elif isinstance(effect, core.Assign):
-            self.board.note_assigned(effect.key, effect.site, time.monotonic())
-        elif isinstance(effect, core.Revoke):
-            self.board.forget(effect.site)
-
-    def launch(self, effect: core.Launch, doc: Doc) -> None:
-        job_id, index = effect.key
-        if effect.key in self.executions:  # the core never asks this; never run a step twice
-            self.log.error("not launching a step already running here", job=job_id, step=index)
-            return
-        env = {
-            "JOBDIST_JOB_ID": job_id,
-            "JOBDIST_STEP": str(index),
-            "JOBDIST_SITE": self.site,
-            "JOBDIST_EPOCH": str(effect.epoch),
-            "JOBDIST_COUCH": self.store.url,  # with JOBDIST_SITE: finds orphans after a crash
-        }
-        self.booked_at.pop(effect.key, None)
-        execution = self.pool.start(effect.key, effect.epoch, doc["job"][index], env,
-                                    on_retry=self._retry_reporter(effect))
-        self.executions[effect.key] = core.Running(execution.worker, effect.epoch)
-        self.counts["steps_started"] += 1
-
-    def _retry_reporter(self, effect: core.Launch) -> Any:
-        def report(attempt: int, detail: str) -> None:
-            self.reports.put(Retried(effect.key, effect.epoch, effect.worker,
-                                     f"attempt {attempt}: {detail}"))
-            self.wake.set()
-        return report
-
-    def _on_done(self, execution: Execution, result: StepResult) -> None:
-        # Called from the worker's thread: hand over, decide in the manager's.
-        self.reports.put(Finished(execution, result))
-        self.wake.set()
+    def own_status(self) -> status.SiteStatus:
+        return status.SiteStatus(
+            site=self.site, workers=self.config.workers,
+            free_workers=0 if self.draining else len(self.runner.free_workers()),
+            draining=self.draining,
+            assigns=True, restricted=self.restricted, updated_at=utc_now())
 
     # --- housekeeping ----------------------------------------------------------------
 
@@ -753,292 +604,24 @@ class Manager:
         """
         orphans = kill_orphans(self.site, self.store.url)
         self.counts["orphans_killed"] += len(orphans)
-        self._hear_all_statuses()
+        self.periodic.hear_all_statuses()
         self.settle(self._held_tasks_due())
         # All ids first: our decisions change the view while we would page through it.
         self.settle([self.decide_task(doc_id) for doc_id in list(self.store.involving(self.site))])
-        self.scan_due = True
-
-    def _expired_booking_tasks(self) -> list[Task]:
-        now = time.monotonic()
-        return [self.decide_task(key[0]) for key, since in list(self.booked_at.items())
-                if now - since >= self.config.daemon.booking_timeout]
-
-    def _unbook_expired(self) -> None:
-        """Bookings still held past their timeout once decided: their job is gone."""
-        now = time.monotonic()
-        for key, since in list(self.booked_at.items()):
-            if now - since >= self.config.daemon.booking_timeout and self.pool.is_booked(key):
-                self.apply(core.Unbook(key))
-
-    def _renewal_tasks_due(self) -> list[Task]:
-        """Renew the lease of every step we run, so the creator knows we are alive, and
-        write the progress a step reported: at most one write per step every
-        PROGRESS_INTERVAL, the lease renewed in it (so a heartbeat then has nothing
-        to write), never a write per line."""
-        now = time.monotonic()
-        heartbeat = now - self.last_heartbeat >= self.config.daemon.heartbeat
-        if heartbeat:
-            self.last_heartbeat = now
-        for key in self.progress_sent.keys() - self.executions.keys():
-            del self.progress_sent[key]
-        tasks = []
-        for key, running in list(self.executions.items()):
-            report = self._progress_due(key, now)
-            if heartbeat or report is not None:
-                tasks.append(self.renew_task(key, running.epoch, report))
-        return tasks
-
-    def _progress_due(self, key: StepKey, now: float) -> Doc | None:
-        """The step's latest progress report, if it is new and the last went out long enough
-        ago."""
-        report = self.pool.progress_of(key)
-        sent_at, sent = self.progress_sent.get(key, (-PROGRESS_INTERVAL, None))
-        if report is None or report is sent or now - sent_at < PROGRESS_INTERVAL:
-            return None
-        self.progress_sent[key] = (now, report)
-        return report
-
-    def _revocation_tasks_due(self) -> list[Task]:
-        """As creator: take back steps whose winner stopped renewing its lease."""
-        now = time.monotonic()
-        if now - self.last_lease_scan < self.config.daemon.heartbeat / 2:
-            return []
-        self.last_lease_scan = now
-        cutoff = later(utc_now(), -self.config.daemon.clock_skew_margin)
-        try:
-            due = self.store.leases_due(self.site, cutoff)
-        except CouchError as error:
-            self.log.warning("lease scan failed", error=error)
-            self.leases_seen.clear()  # renewals go unseen meanwhile: count afresh after
-            return []
-        return [self.decide_task(doc_id) for doc_id in due if doc_id not in self.skipped]
-
-    def _succession_tasks_due(self) -> list[Task]:
-        """Look at the live jobs of silent creators of our lines: the core says whether it
-        is our turn to take them over (core.succeeds)."""
-        now = time.monotonic()
-        if not self.line_sites or \
-                now - self.last_succession_scan < self.config.succession.creator_timeout / 4:
-            return []
-        self.last_succession_scan = now
-        ids: list[str] = []
-        try:
-            for site in sorted(self.silent(now)):
-                ids += self.store.involving(site)
-        except CouchError as error:
-            self.log.warning("succession scan failed", error=error)
-            self.board.restart_silence(now)  # we heard nothing meanwhile: count afresh
-            return []
-        return [self.decide_task(doc_id) for doc_id in dict.fromkeys(ids)
-                if doc_id not in self.skipped]
-
-    def _scan_tasks_due(self) -> list[Task]:
-        """Claim open steps that arrived while every worker was busy."""
-        if self.draining or not self.free_workers():
-            return []
-        now = time.monotonic()
-        if not self.scan_due and now - self.last_scan < SCAN_INTERVAL:
-            return []
-        self.last_scan, self.scan_due = now, False
-        return [self.decide_task(doc_id)
-                for doc_id in self.claimable(limit=4 * len(self.free_workers()))]
-
-    def _assign_tasks_due(self) -> list[Task]:
-        """As creator: a site has more room than we knew: give it our open steps."""
-        if not self.assign_scan_due:
-            return []
-        self.assign_scan_due = False
-        room = sum(max(free, 0) for free in self.board.room(time.monotonic()).values())
-        if room <= 0:
-            return []
-        try:
-            open_ids = self.store.open_created(self.site, 2 * room + min(len(self.skipped), 1000))
-        except CouchError as error:
-            self.log.warning("open-step scan failed", error=error)
-            return []
-        return [self.decide_task(doc_id) for doc_id in open_ids if doc_id not in self.skipped]
-
-    # --- waiting jobs: woken by the feed, a timer and a slow scan, never polled one by one --
-
-    def _owns_waiting(self, leaves: list[Doc]) -> list[Doc]:
-        """The leaves of a job we created that waits (any leaf naming us: after an
-        adoption, the older leaves name the creator before us)."""
-        if not any(leaf.get("creator") == self.site for leaf in leaves):
-            return []
-        return [leaf for leaf in leaves if leaf.get("job_status") is None and is_held(leaf)]
-
-    def _awaited_ended(self, leaves: dict[str, list[Doc]]) -> dict[str, str]:
-        """How the jobs that our waiting jobs in this batch name ended, as our CouchDB
-        shows them (the merge of their leaves), read in one request for the batch."""
-        ids = sorted({job_id for versions in leaves.values()
-                      for leaf in self._owns_waiting(versions)
-                      for job_id in awaited(leaf) if isinstance(job_id, str)})
-        if not ids:
-            return {}
-        try:
-            found = self.store.read(ids)
-        except (CouchError, Undecodable, RecursionError) as error:
-            # They stay waiting: the next scan (or the feed) tries again.
-            self.log.warning("cannot read the jobs waited for", jobs=len(ids), error=error)
-            return {}
-        ended = {}
-        for job_id, versions in found.items():
-            jobs = [leaf for leaf in versions if leaf.get("type") == "job"
-                    and not leaf.get("_deleted")]
-            usable, _ = core.usable_leaves(jobs, self._errors)
-            final = core.merge(usable)["job_status"] if usable else None
-            if final in FINAL_STATUSES:
-                ended[job_id] = final
-        return ended
-
-    def _waiter_tasks(self, ended_ids: list[str]) -> list[Task]:
-        """Jobs we created that wait for one of these jobs, which just ended: decided in
-        this very batch (the `waiting_on` view: one request for all of them)."""
-        if not ended_ids or not self.own_waiting:
-            return []
-        try:
-            waiters = self.store.waiting_on(ended_ids)
-        except CouchError as error:  # the periodic scan catches them
-            self.log.warning("cannot look up the jobs waiting", jobs=len(ended_ids), error=error)
-            return []
-        ids = dict.fromkeys(job_id for job_id, creator in waiters if creator == self.site)
-        return [self.decide_task(job_id) for job_id in ids if job_id not in self.skipped]
-
-    def _note_waiting(self, doc_id: str, leaves: list[Doc]) -> None:
-        """Keep count of our waiting jobs, and wake one with a time not to start before
-        at that time."""
-        waiting = self._owns_waiting(leaves)
-        if not waiting:
-            self.own_waiting.pop(doc_id, None)
-            return
-        self.own_waiting[doc_id] = None
-        while len(self.own_waiting) > MAX_LEASES_SEEN:
-            self.own_waiting.popitem(last=False)
-        times = [when for leaf in waiting if isinstance(when := leaf.get("not_before"), str)]
-        if not times or self.wake_due.get(doc_id) == max(times):
-            return
-        when = max(times)
-        try:
-            due = parse_time(when).timestamp()
-        except ValueError:  # a malformed time: the core skips the job as invalid
-            return
-        if due <= time.time():
-            return  # its time has come: it waits for jobs now, and the feed wakes it
-        self.wake_due[doc_id] = when
-        heapq.heappush(self.wake_heap, (due, doc_id, when))
-        while len(self.wake_due) > MAX_LEASES_SEEN:  # forgetting only delays to the scan
-            self.wake_due.pop(next(iter(self.wake_due)))
-
-    def _wake_tasks_due(self) -> list[Task]:
-        """The waiting jobs whose time has come, by our clock: the creator's decides."""
-        now, tasks = time.time(), []
-        while self.wake_heap and self.wake_heap[0][0] <= now:
-            _, doc_id, when = heapq.heappop(self.wake_heap)
-            if self.wake_due.get(doc_id) == when:  # else superseded, or forgotten
-                del self.wake_due[doc_id]
-                tasks.append(self.decide_task(doc_id))
-        return tasks
-
-    def _waiting_tasks_due(self) -> list[Task]:
-        """Every WAITING_SCAN_INTERVAL, re-check each waiting job we created: catches the
-        ends the feed did not bring (a restart, a job that replicated in late)."""
-        now = time.monotonic()
-        if now - self.last_waiting_scan < WAITING_SCAN_INTERVAL:
-            return []
-        self.last_waiting_scan = now
-        try:
-            ids = self.store.waiting(self.site)
-        except CouchError as error:
-            self.log.warning("waiting scan failed", error=error)
-            return []
-        return [self.decide_task(doc_id) for doc_id in ids if doc_id not in self.skipped]
-
-    # --- site status --------------------------------------------------------------------
-
-    def hear_status(self, doc: Doc | None) -> None:
-        if self.board.hear(doc, time.monotonic()):
-            self.assign_scan_due = True
-
-    def _hear_all_statuses(self) -> None:
-        try:
-            for doc in self.store.statuses():
-                self.hear_status(doc)
-        except CouchError as error:  # the feed brings them as they are renewed
-            self.log.warning("cannot read site statuses", error=error)
-
-    def own_status(self) -> status.SiteStatus:
-        return status.SiteStatus(
-            site=self.site, workers=self.config.workers,
-            free_workers=0 if self.draining else len(self.free_workers()),
-            draining=self.draining,
-            assigns=True, restricted=self.restricted, updated_at=utc_now())
-
-    def _publish_status_if_due(self) -> None:
-        mine, now = self.own_status(), time.monotonic()
-        if not self.publisher.due(mine, now):
-            return
-        doc = mine.as_doc()
-        try:
-            if self.publisher.rev is None:  # after a start: on top of what we wrote before
-                current = self.store.read([doc["_id"]])[doc["_id"]]
-                self.publisher.rev = max(current, key=core.couch_order)["_rev"] if current \
-                    else ""
-            if self.publisher.rev:
-                doc["_rev"] = self.publisher.rev
-            (result,) = self.store.write([doc])
-        except CouchError as error:
-            self.log.warning("status not published", error=error)
-            return
-        if isinstance(result, Saved):
-            self.own_revs.append(result.rev)
-            self.publisher.published(mine, result.rev, now)
-        else:  # someone wrote it meanwhile (an older daemon of ours): read it next time
-            self.publisher.rev = None
-            self.log.warning("status not published", result=result)
-
-    def claimable(self, limit: int) -> list[str]:
-        """Open steps this site may run, in line order (core.claim_rank)."""
-        # Skipped jobs may sort first (a hostile priority): read past them, or they
-        # would fill the window on every scan and starve everything behind them.
-        extra = min(len(self.skipped), 1000)
-        try:
-            rows = [row for target in (self.site, "any")
-                    for row in self.store.claimable(target, limit + extra)]
-        except CouchError as error:
-            self.log.warning("claimable scan failed", error=error)
-            return []
-        rows = sorted((row for row in rows if row.job_id not in self.skipped),
-                      key=lambda row: (row.rank, row.created_at))
-        window = list(dict.fromkeys(row.job_id for row in rows))[:limit]
-        rank = {row.job_id: row.rank for row in rows}
-        return sorted(window, key=lambda doc_id: (rank[doc_id], core.spread(self.site, doc_id)))
+        self.periodic.scan_soon()
 
     def _claim_order(self, item: Changed) -> tuple[int, int]:
         return core.doc_rank(item.doc or {}), core.spread(self.site, item.doc_id)
 
-    def _checkpoint_if_due(self, force: bool = False) -> None:
-        now = time.monotonic()
-        if self.seq is None or self.seq == self.saved_seq:
-            return
-        if not force and now - self.last_checkpoint < CHECKPOINT_INTERVAL:
-            return
-        try:
-            self.store.save_checkpoint(self.site, self.seq)
-            self.saved_seq, self.last_checkpoint = self.seq, now
-        except CouchError as error:
-            self.log.warning("checkpoint not saved", error=error)
-
     def drain(self, grace: float) -> None:
         """Graceful stop: claim nothing more, let running steps end or stop them, release."""
         self.draining = True
-        for key in list(self.pool.bookings()):
-            self.apply(core.Unbook(key))
+        self.runner.release_bookings()
         stopped = self.pool.shutdown(grace)
         if stopped:
             self.log.info("stopped running steps", count=len(stopped))
         self.settle(self._report_tasks())
-        self._checkpoint_if_due(force=True)
+        self.periodic.checkpoint_if_due(force=True)
 
     def journal_status(self) -> dict[str, Any]:
         """The results held for the server, for /status and /metrics."""
@@ -1047,22 +630,3 @@ class Manager:
         return {"held": len(held), "on_disk": len(self.journal),
                 "oldest_seconds": None if oldest is None else round(time.time() - oldest, 3),
                 "directory": str(self.journal.directory)}
-
-
-def _drain(source: queue.Queue[Any]) -> Iterable[Any]:
-    """What the queue holds now, without waiting."""
-    while True:
-        try:
-            yield source.get_nowait()
-        except queue.Empty:
-            return
-
-
-def acted_on(plan: core.Plan) -> tuple[int | None, int | None]:
-    """The step and epoch a plan's write is about, for its log line: those of the
-    event it records (a plan that records none, a re-save, gives its current step)."""
-    if plan.doc is None:
-        return None, None
-    history = plan.doc.get("history") or [{}]
-    step = history[-1].get("step", plan.doc.get("step"))
-    return step, history[-1].get("epoch")

@@ -9,13 +9,126 @@ from __future__ import annotations
 
 import copy
 import secrets
+from collections.abc import Mapping
 from enum import IntEnum
-from typing import Any
+from typing import Any, Literal, NotRequired, TypedDict, cast
 
 from .clock import utc_now
 
-Doc = dict[str, Any]
+Doc = dict[str, Any]  # any JSON document as read or written: nothing about it is sure
+Leaf = Mapping[str, Any]  # a job's revision as stored, or normalised: a reader takes either
 StepKey = tuple[str, int]  # (job id, step index): what a booking or a run is for
+
+JobStatus = Literal["success", "failed", "cancelled"]
+RunStatus = Literal["running", "finished", "failed"]  # a step's (step_status), a sub-run's
+
+
+# --- the normalised job document (docs/job-document.md), as `normalise` returns it -------
+#
+# What validate_doc_update.js accepts, with every field that has a default present
+# (JOB_DEFAULTS and the others, below); the optional fields without a default are
+# NotRequired. Only `normalise` makes a Job of a document: a revision read from the
+# server that was not normalised is a `Doc` (or a `Leaf`), and may lack any field.
+
+class Output(TypedDict):
+    stdout: str
+    stderr: str
+
+
+class Progress(TypedDict):
+    """What the running command last reported (`JOBDIST_PROGRESS 0.4 copying`)."""
+
+    fraction: float
+    message: str
+    at: str
+
+
+class RetryStrategy(TypedDict):
+    max_retries: int
+    max_time: float | None
+    sleep: float | None
+    sleep_factor: float | None
+    sleep_max: float | None
+
+
+class RunRecord(TypedDict):
+    """What an execution records, on its step or on its broadcast sub-run."""
+
+    executioner: str | None
+    exec_time: float | None
+    start_time: str | None
+    finish_time: str | None
+    lease_until: str | None
+    attempts: int
+    exit_code: int | None
+    output: Output | None
+    progress: Progress | None
+
+
+class SubRun(RunRecord):
+    """One site's part of a broadcast step; `epoch` and site are its fencing token."""
+
+    epoch: int
+    status: RunStatus | None
+
+
+class Step(RunRecord):
+    target: str | list[str]
+    do: str
+    alt_do: str | None
+    timeout: float | None
+    retry_strategy: RetryStrategy
+    epoch: int
+    claimed_by: str | None
+    winner: str | None
+    step_status: RunStatus | None
+    # Broadcast steps only (docs/job-document.md, "Broadcast steps").
+    each: NotRequired[bool]
+    each_policy: NotRequired[str]
+    runs: NotRequired[dict[str, SubRun] | None]
+    dropped: NotRequired[list[str]]
+
+
+class Event(TypedDict):
+    """A history event: `event` is one of HISTORY_EVENTS."""
+
+    event: str
+    step: int
+    site: str
+    worker: str | None
+    epoch: int
+    at: str
+    detail: str | None
+
+
+class Tick(TypedDict):
+    """The schedule a job was made by, and the tick it is for."""
+
+    name: str
+    tick: str
+
+
+class Job(TypedDict):
+    _id: str
+    _rev: NotRequired[str]  # every revision read from the server has one
+    _conflicts: NotRequired[list[str]]
+    _deleted: NotRequired[bool]
+    type: str
+    creator: str
+    priority: int
+    created_at: str | None
+    updated_at: str | None
+    step: int
+    job_status: JobStatus | None
+    job: list[Step]
+    history: list[Event]
+    keepalive_at: NotRequired[str]
+    meta: NotRequired[dict[str, Any]]
+    schedule: NotRequired[Tick]
+    after: NotRequired[list[str]]
+    after_policy: NotRequired[str]
+    not_before: NotRequired[str | None]
+
 
 ANY = "any"
 ALL = "all"  # a broadcast step's target: every site the creator knows when it opens the step
@@ -111,7 +224,7 @@ RETRY_DEFAULTS: dict[str, Any] = {
 EVENT_DEFAULTS: dict[str, Any] = {"worker": None, "epoch": 0, "detail": None}
 
 
-def normalise(doc: Doc) -> Doc:
+def normalise(doc: Leaf) -> Job:
     """The job with every field it leaves out at its default: what every reader sees.
 
     Applied where a job enters the decision core (core.usable_leaves, core.merge,
@@ -126,10 +239,12 @@ def normalise(doc: Doc) -> Doc:
             done = [fill(item) if isinstance(item, dict) else item for item in items]
             if any(new is not old for new, old in zip(done, items, strict=True)):
                 filled = {**filled, name: done}
-    return filled
+    # (A malformed document is no Job, whatever the type says: the decision core
+    # only normalises documents that validate_job accepts.)
+    return cast(Job, filled)
 
 
-def normalise_step(step: Doc) -> Doc:
+def normalise_step(step: Leaf) -> Leaf:
     filled = with_defaults(step, STEP_DEFAULTS)
     strategy = filled["retry_strategy"]
     if isinstance(strategy, dict) and (full := with_defaults(strategy, RETRY_DEFAULTS)) \
@@ -138,11 +253,11 @@ def normalise_step(step: Doc) -> Doc:
     return filled
 
 
-def normalise_event(entry: Doc) -> Doc:
+def normalise_event(entry: Leaf) -> Leaf:
     return with_defaults(entry, EVENT_DEFAULTS)
 
 
-def with_defaults(obj: Doc, defaults: Doc) -> Doc:
+def with_defaults(obj: Leaf, defaults: Doc) -> Leaf:
     """`obj`, or a copy of it with the fields it lacks set to their defaults."""
     missing = [name for name in defaults if name not in obj]
     if not missing:
@@ -150,7 +265,13 @@ def with_defaults(obj: Doc, defaults: Doc) -> Doc:
     return {**obj, **{name: copy.deepcopy(defaults[name]) for name in missing}}
 
 
-def is_accepted(doc: Doc) -> bool:
+def as_doc(job: Job) -> Doc:
+    """A job where any document goes (the readers outside the decision core: the CLI,
+    retention): the same dict, its fields no longer checked."""
+    return cast(Doc, job)
+
+
+def is_accepted(doc: Leaf) -> bool:
     """Has the creator accepted the job (stamped its creation time)? A job written
     over HTTP without one waits for its creator: see core.plan."""
     return doc.get("created_at") is not None
@@ -158,7 +279,7 @@ def is_accepted(doc: Doc) -> bool:
 
 def initial_step(step: Doc) -> Doc:
     """A submitted step with every field it lacks set to its default."""
-    return normalise_step(copy.deepcopy(step))
+    return cast(Doc, normalise_step(copy.deepcopy(step)))  # the copy, or a copy of it
 
 
 def new_job(
@@ -210,18 +331,18 @@ def job_from_submission(submission: Doc, creator: str) -> Doc:
 WAIT_FIELDS = ("after", "after_policy", "not_before")
 
 
-def awaited(doc: Doc) -> list[str]:
+def awaited(doc: Leaf) -> list[str]:
     """The ids of the jobs this one waits for (`after`; absent: none)."""
     after = doc.get("after")
     return list(after) if isinstance(after, list) else []
 
 
-def after_policy(doc: Doc) -> str:
+def after_policy(doc: Leaf) -> str:
     """`success` (the default): every awaited job must succeed; `always`: they must end."""
     return str(doc.get("after_policy") or AFTER_POLICIES[0])
 
 
-def is_held(doc: Doc) -> bool:
+def is_held(doc: Leaf) -> bool:
     """Does the job wait, not claimable by anyone, for its creator to release it?
 
     It waits when it names jobs to wait for or a time not to start before, until
@@ -246,7 +367,7 @@ def event(
     worker: str | None = None,
     epoch: int = 0,
     detail: str | None = None,
-) -> Doc:
+) -> Event:
     return {
         "event": name, "step": step, "site": site, "worker": worker,
         "epoch": epoch, "at": at, "detail": detail,
@@ -263,7 +384,7 @@ class Phase(IntEnum):
     DONE = 4      # finished or failed
 
 
-def step_phase(step: Doc) -> Phase:
+def step_phase(step: Leaf) -> Phase:
     status = step.get("step_status")
     if status in ("finished", "failed"):
         return Phase.DONE
@@ -276,26 +397,26 @@ def step_phase(step: Doc) -> Phase:
     return Phase.OPEN
 
 
-def is_live(doc: Doc) -> bool:
+def is_live(doc: Leaf) -> bool:
     return doc.get("job_status") is None and doc["step"] < len(doc["job"])
 
 
-def current_step(doc: Doc) -> Doc | None:
+def current_step(doc: Leaf) -> Doc | None:
     return doc["job"][doc["step"]] if is_live(doc) else None
 
 
-def targets(step: Doc) -> list[str]:
+def targets(step: Leaf) -> list[str]:
     target = step["target"]
     return list(target) if isinstance(target, list) else [target]
 
 
-def allows(step: Doc, site: str) -> bool:
+def allows(step: Leaf, site: str) -> bool:
     """May `site` run this step?"""
     wanted = targets(step)
     return ANY in wanted or ALL in wanted or site in wanted
 
 
-def sole_target(step: Doc) -> str | None:
+def sole_target(step: Leaf) -> str | None:
     """The one site a step may run on, when there is exactly one."""
     wanted = targets(step)
     return wanted[0] if len(wanted) == 1 and wanted[0] != ANY else None
@@ -307,16 +428,16 @@ EACH_POLICIES = ("all", "any")  # all: every site must succeed; any: one site is
 RUN_STATUSES = (None, "running", "finished", "failed")
 
 
-def is_broadcast(step: Doc) -> bool:
+def is_broadcast(step: Leaf) -> bool:
     """Does the step run once at each of its sites (target "all", or a list with `each`)?"""
     return step.get("target") == ALL or step.get("each") is True
 
 
-def each_policy(step: Doc) -> str:
+def each_policy(step: Leaf) -> str:
     return step.get("each_policy") or "all"
 
 
-def new_sub_run() -> Doc:
+def new_sub_run() -> SubRun:
     """One site's part of a broadcast step, as the creator opens it: not started."""
     return {
         "epoch": 0, "status": None, "executioner": None, "start_time": None,
@@ -325,24 +446,24 @@ def new_sub_run() -> Doc:
     }
 
 
-def sub_runs(step: Doc) -> dict[str, Doc]:
+def sub_runs(step: Leaf) -> dict[str, SubRun]:
     """The step's sub-runs by site ({} until the creator opens it)."""
     runs = step.get("runs")
     return runs if isinstance(runs, dict) else {}
 
 
-def dropped_sites(step: Doc) -> list[str]:
+def dropped_sites(step: Leaf) -> list[str]:
     """The sites an operator removed from the step's set (`jobdist drop-site`)."""
     return list(step.get("dropped") or [])
 
 
-def counting_runs(step: Doc) -> dict[str, Doc]:
+def counting_runs(step: Leaf) -> dict[str, SubRun]:
     """The sub-runs the step waits for: every site's but the dropped ones'."""
     dropped = set(dropped_sites(step))
     return {site: run for site, run in sub_runs(step).items() if site not in dropped}
 
 
-def fan_out(step: Doc) -> tuple[int, int] | None:
+def fan_out(step: Leaf) -> tuple[int, int] | None:
     """(sites done, sites counted) of an opened broadcast step; None for any other step."""
     if not is_broadcast(step) or step.get("runs") is None:
         return None

@@ -23,6 +23,7 @@ from jobdist.config import SiteConfig
 from jobdist.couch import CouchError, NotFound, Unavailable
 from jobdist.model import (
     Doc,
+    Leaf,
     Phase,
     after_policy,
     dropped_sites,
@@ -101,7 +102,7 @@ def step_state(doc: Doc, index: int) -> str:
             Phase.RUNNING: "running"}[phase]
 
 
-def progress_text(step: Doc) -> str:
+def progress_text(step: Leaf) -> str:
     """A step's last progress report as `40% copying volume 3`; "" when it has none."""
     report = step.get("progress")
     if not isinstance(report, dict) or not isinstance(report.get("fraction"), int | float):
@@ -204,7 +205,7 @@ def sub_run_rows(step: Doc) -> list[list[Cell]]:
     """A broadcast step's sub-runs, a row per site under the step's own row."""
     rows: list[list[Cell]] = []
     for site, run in sorted(sub_runs(step).items()):
-        status = "dropped" if site in dropped_sites(step) else run.get("status") or "open"
+        status: str = "dropped" if site in dropped_sites(step) else run.get("status") or "open"
         if status == "running" and progress_text(run):
             status += " " + progress_text(run).split(" ", 1)[0]
         rows.append(["", status, plain(f"at {site}"), plain(run.get("executioner")),
@@ -212,7 +213,7 @@ def sub_run_rows(step: Doc) -> list[list[Cell]]:
     return rows
 
 
-def execution_cells(record: Doc) -> list[Cell]:
+def execution_cells(record: Leaf) -> list[Cell]:
     """TRIES, EXIT, STARTED, FINISHED and TOOK of a step or a sub-run."""
     took = record.get("exec_time")
     return [str(record.get("attempts", 0)), plain(record.get("exit_code")),

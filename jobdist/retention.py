@@ -32,7 +32,7 @@ from .clock import format_time
 from .core import merge
 from .couch import Conflict, Database, Rejected, Saved
 from .design import DDOC
-from .model import FINAL_STATUSES, Doc
+from .model import FINAL_STATUSES, Doc, as_doc
 from .periodic import Periodic
 
 log = logging.getLogger("jobdist.retention")
@@ -112,7 +112,7 @@ def _load(db: Database, ids: list[str], cutoff: str) -> list[Expired]:
         leaves = [leaf for leaf in leaves if leaf.get("type") == "job"]
         if not leaves:
             continue
-        merged = merge(leaves)
+        merged = as_doc(merge(leaves))
         if is_expired(merged, cutoff):
             merged.pop("_conflicts", None)
             expired.append(Expired(merged["_id"], merged,

@@ -19,7 +19,7 @@ from typing import Protocol
 from . import keepalive, listener, status
 from .couch import Conflict, Database, Rejected, Saved
 from .design import DDOC
-from .model import Doc
+from .model import Doc, Leaf
 
 Written = Saved | Conflict | Rejected
 
@@ -43,7 +43,7 @@ class JobStore(Protocol):
         """Every id's live leaf revisions ([] when it has none); raises CouchError."""
         ...
 
-    def write(self, docs: Sequence[Doc]) -> list[Written]:
+    def write(self, docs: Sequence[Leaf]) -> list[Written]:
         """Write revisions (each on its `_rev`); one result per document, in order."""
         ...
 
@@ -97,7 +97,7 @@ class CouchStore:
     def read(self, ids: Iterable[str]) -> dict[str, list[Doc]]:
         return self.db.leaves_many(ids)
 
-    def write(self, docs: Sequence[Doc]) -> list[Written]:
+    def write(self, docs: Sequence[Leaf]) -> list[Written]:
         return self.db.bulk_docs(list(docs))
 
     def claimable(self, target: str, limit: int) -> list[Open]:

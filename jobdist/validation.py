@@ -18,7 +18,7 @@ import json
 import math
 import operator
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -628,7 +628,7 @@ def too_deep(doc: dict[str, Any]) -> bool:
 
 
 
-def json_size(doc: dict[str, Any]) -> int:
+def json_size(doc: Mapping[str, Any]) -> int:
     """Length of the document's JSON text as JavaScript would write it."""
     measured = {key: value for key, value in doc.items() if key not in UNMEASURED_FIELDS}
     return json_length(measured)

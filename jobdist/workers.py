@@ -26,7 +26,7 @@ from typing import IO, Any
 
 from .clock import utc_now
 from .logs import EventLog
-from .model import StepKey
+from .model import Progress, StepKey
 from .processes import group_has_live_members, signal_group
 from .validation import MAX_PROGRESS_MESSAGE, text_length
 
@@ -37,7 +37,7 @@ READER_JOIN_SECONDS = 2.0  # how long to wait for EOF once the process group is 
 _READ_CHUNK = 65536
 
 RetryCallback = Callable[[int, str], None]
-Report = dict[str, Any]  # a progress report: {fraction, message, at}, as the step holds it
+Report = Progress  # a progress report: {fraction, message, at}, as the step holds it
 ProgressCallback = Callable[[Report], None]
 PROGRESS_MARK = b"JOBDIST_PROGRESS"  # a stdout line `JOBDIST_PROGRESS 0.4 copying volume 3`
 MAX_PROGRESS_LINE = 1024  # bytes: a longer line is no progress report, and is not kept

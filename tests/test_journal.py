@@ -119,7 +119,7 @@ def test_a_step_that_ends_while_couchdb_is_down_is_recorded_once_it_is_back(
     try:
         for _ in range(3):  # the outage goes on: the result stays held, the step is not freed
             manager.serve_once(timeout=0.05)
-        assert (job_id, 0) in manager.executions
+        assert (job_id, 0) in manager.runner.executions
         server.start()
         db = Couch(server.url).database("jobs")
         serve_until(manager, lambda: db.get(job_id)["job_status"] == "success",

@@ -25,8 +25,9 @@ from jobdist.config import CouchSettings, DaemonSettings, SiteConfig, Succession
 from jobdist.couch import Unavailable
 from jobdist.journal import Journal
 from jobdist.listener import Changed
-from jobdist.manager import PROGRESS_INTERVAL, Manager
+from jobdist.manager import Manager
 from jobdist.model import Doc, new_job, new_step, sub_runs
+from jobdist.periodic_work import PROGRESS_INTERVAL
 from jobdist.store import Written
 
 from .helpers import wait_for
@@ -103,7 +104,7 @@ class World:
                                       for live in replica.live_leaves(doc_id))]
                     winner = {**winner, **({"_conflicts": others} if others else {})}
                 self.seq += 1
-                self.managers[name].inbox.put(
+                self.managers[name].mailbox.inbox.put(
                     Changed(doc_id, winner["_rev"] if winner else "", self.seq, winner))
 
     def run(self, ids: list[str], timeout: float = 60.0) -> dict[str, Doc]:
@@ -196,7 +197,7 @@ def test_a_worker_booked_in_a_batch_is_not_taken_by_a_later_decision(tmp_path: P
             won["job"][0].update(claimed_by="reg_a", winner="reg_a", epoch=1,
                                  lease_until="2999-01-01T00:00:00.000000Z")
         assert all(store.write([claimed, first, second]))
-        manager.apply(core.Book((claimed["_id"], 0), "reg_a/w1"))  # our claim's worker
+        manager.runner.apply(core.Book((claimed["_id"], 0), "reg_a/w1"))  # our claim's worker
         manager.settle([manager.decide_task(first["_id"]), manager.decide_task(second["_id"])])
         assert manager.counts["handler_errors"] == 0
         assert manager.counts["steps_started"] == 1
@@ -250,7 +251,7 @@ def test_a_creator_whose_own_booking_expires_assigns_the_waiting_claim(tmp_path:
         job = new_job("global", [new_step("true")])
         job["job"][0]["claimed_by"] = "reg_a"
         assert all(store.write([job]))
-        manager.apply(core.Book((job["_id"], 0), "global/w1"))
+        manager.runner.apply(core.Book((job["_id"], 0), "global/w1"))
         time.sleep(0.02)
         manager.process(job["_id"])
         step = store.replica.winner(job["_id"])["job"][0]
@@ -541,7 +542,7 @@ def quiet_scans(world: World) -> None:
     """No periodic re-check of waiting jobs during the test: only the feed (a job that
     ended) and the timer (not_before) may wake them."""
     for manager in world.managers.values():
-        manager.last_waiting_scan = time.monotonic()
+        manager.periodic.last_waiting_scan = time.monotonic()
 
 
 def events_named(doc: Doc, name: str) -> list[Doc]:
@@ -592,7 +593,7 @@ def test_a_delayed_job_starts_at_its_time_woken_by_the_timer(world: World) -> No
     docs = world.run([waiter["_id"]], timeout=30)
     (start,) = events_named(docs[waiter["_id"]], "started")
     assert start["at"] >= not_before
-    assert world.managers["global"].wake_due == {}
+    assert world.managers["global"].waiting.wake_due == {}
 
 
 def test_a_job_waiting_for_a_job_not_there_yet_starts_once_it_arrives_and_ends(
@@ -632,5 +633,5 @@ def test_a_job_past_its_time_still_waiting_for_a_job_is_not_decided_again_and_ag
         world.serve()
         time.sleep(0.05)
     assert world.stores["global"].calls["reads"] == reads
-    assert world.managers["global"].wake_heap == []
+    assert world.managers["global"].waiting.wake_heap == []
     assert world.stores["global"].replica.winner(waiter["_id"])["job_status"] is None

@@ -12,13 +12,25 @@ import re
 import shutil
 import subprocess
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NotRequired, get_origin, get_type_hints
 
 import pytest
 import requests
 
 from jobdist.design import load_design_docs
-from jobdist.model import EVENT_DEFAULTS, JOB_DEFAULTS, RETRY_DEFAULTS, STEP_DEFAULTS, normalise
+from jobdist.model import (
+    EVENT_DEFAULTS,
+    JOB_DEFAULTS,
+    RETRY_DEFAULTS,
+    STEP_DEFAULTS,
+    Event,
+    Job,
+    RetryStrategy,
+    Step,
+    SubRun,
+    new_sub_run,
+    normalise,
+)
 from jobdist.validation import (
     MAX_DOC_SIZE,
     SCHEDULE_DEFAULTS,
@@ -484,6 +496,24 @@ def test_normalise_fills_every_default_and_changes_nothing_else() -> None:
     # The defaults are copies: filling one document never shares a list with another.
     filled["history"].append({})
     assert normalise(HTTP_JOB)["history"] == []
+
+
+def required_fields(typed: type) -> set[str]:
+    """The fields a TypedDict of jobdist.model requires (its annotations are strings, so
+    the class's own __required_keys__ cannot tell NotRequired ones)."""
+    hints = get_type_hints(typed, include_extras=True)
+    return {name for name, hint in hints.items() if get_origin(hint) is not NotRequired}
+
+
+def test_the_typed_documents_require_what_normalise_makes_sure_of() -> None:
+    """model.Job and its parts (what the decision core is typed in): a field with a
+    default is required, since normalise fills it in; so are the fields every document
+    must have; the optional fields without a default are NotRequired."""
+    assert required_fields(Job) == {*JOB_DEFAULTS, "_id", "type", "creator", "job"}
+    assert required_fields(Step) == {*STEP_DEFAULTS, "do"}
+    assert required_fields(RetryStrategy) == set(RETRY_DEFAULTS)
+    assert required_fields(Event) == {*EVENT_DEFAULTS, "event", "step", "site", "at"}
+    assert required_fields(SubRun) == set(new_sub_run())
 
 
 def test_normalise_tolerates_malformed_documents() -> None:

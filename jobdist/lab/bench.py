@@ -35,7 +35,7 @@ from ..clock import seconds_between, utc_now
 from ..config import CouchSettings
 from ..couch import Couch, Database
 from ..design import load_design_docs
-from ..model import Doc, new_job, new_step
+from ..model import Doc, new_job, new_step, normalise
 from ..setup import admin_couch_of
 from ..status import status_id
 from ..workers import StepResult
@@ -919,9 +919,10 @@ def finished_job(creator: str, steps: int) -> Doc:
     outcome = StepResult(ok=True, used_alt=False, exit_code=0, attempts=1, exec_time=0.01,
                          start_time=now, finish_time=now, stdout="", stderr="",
                          reason="exit 0")
+    job = normalise(doc)  # a new job is complete: `doc` itself
     for _ in range(steps):
-        core.start(ctx, f"{creator}/w0", assign=True)(doc)
-        core.record_outcome(ctx, f"{creator}/w0", outcome)(doc)
+        core.start(ctx, f"{creator}/w0", assign=True)(job)
+        core.record_outcome(ctx, f"{creator}/w0", outcome)(job)
     return doc
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from ..config import load_sites
 from ..couch import CouchError, Database
-from ..model import ANY, Doc, allows, counting_runs, is_broadcast, new_job, new_step
+from ..model import ANY, Doc, Leaf, allows, counting_runs, is_broadcast, new_job, new_step
 from ..setup import couch_of
 from .cluster import LocalCluster
 from .localserver import free_port
@@ -443,10 +443,10 @@ class JobRuns:
             self.ends[(step, epoch, site)] = line
 
 
-def counted(doc: Doc) -> dict[Run, Doc]:
+def counted(doc: Doc) -> dict[Run, Leaf]:
     """The executions whose result the job kept: each ended step's, by its winner; for a
     broadcast step, each site's ended sub-run (a dropped site's counts for nothing)."""
-    kept: dict[Run, Doc] = {}
+    kept: dict[Run, Leaf] = {}
     for index, step in enumerate(doc["job"]):
         if is_broadcast(step):
             kept.update({(index, run["epoch"], site): run
@@ -495,7 +495,7 @@ def _counted_in_order(doc: Doc, runs: JobRuns) -> list[str]:
     """Each ended step has its run (a broadcast step, one per site), started after the
     runs of the step before ended."""
     problems, previous_end = [], -1
-    by_step: dict[int, list[tuple[Run, Doc]]] = collections.defaultdict(list)
+    by_step: dict[int, list[tuple[Run, Leaf]]] = collections.defaultdict(list)
     for run, record in sorted(counted(doc).items()):
         by_step[run[0]].append((run, record))
     for index in sorted(by_step):
@@ -543,7 +543,7 @@ def why_superseded(history: list[Doc], run: Run) -> str | None:
     return _after_superseded_finish(history, run, min(started, default=None))
 
 
-def outranked_by_success(doc: Doc, run: Run, kept: Mapping[Run, Doc]) -> str | None:
+def outranked_by_success(doc: Doc, run: Run, kept: Mapping[Run, Leaf]) -> str | None:
     """A run in a later epoch than the step's counted run, which the history shows
     revoked: the revoked run finished anyway, and the leaf where the job succeeded
     outranks the branch of the release and this run (core.succeeded; protocol.md)."""

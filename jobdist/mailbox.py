@@ -1,0 +1,78 @@
+"""What the listener and the workers hand the work manager, and the event that wakes it.
+
+The daemon builds the mailbox first: the worker pool reports into it
+(`finished` is the pool's `on_done`), the listener puts the feed's changes in
+its inbox, and the manager, built last, takes both the pool and the mailbox.
+Everything here is thread-safe; the manager alone takes things out.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from itertools import islice
+from typing import Any
+
+from .listener import Changed
+from .model import StepKey
+from .workers import Execution, StepResult
+
+INBOX_SIZE = 1_000  # changes waiting: a burst pushes back on the feed, not on memory
+
+
+@dataclass(frozen=True)
+class Finished:
+    execution: Execution
+    result: StepResult
+
+
+@dataclass(frozen=True)
+class Retried:
+    key: StepKey
+    epoch: int
+    worker: str
+    detail: str
+
+
+class Mailbox:
+    def __init__(self) -> None:
+        # From the listener; bounded so a burst pushes back on the feed, not on memory.
+        self.inbox: queue.Queue[object] = queue.Queue(maxsize=INBOX_SIZE)
+        # Workers report here, and are served first in every batch: a finished
+        # step must not wait behind a burst of replicated changes.
+        self.reports: queue.Queue[Finished | Retried] = queue.Queue()
+        self.wake = threading.Event()  # set by the listener and the workers
+
+    def finished(self, execution: Execution, result: StepResult) -> None:
+        # Called from the worker's thread: hand over, decide in the manager's.
+        self.reports.put(Finished(execution, result))
+        self.wake.set()
+
+    def retry_reporter(self, key: StepKey, epoch: int, worker: str) -> Callable[[int, str], None]:
+        """What a step's run calls before each retry (workers.run_step's on_retry)."""
+        def report(attempt: int, detail: str) -> None:
+            self.reports.put(Retried(key, epoch, worker, f"attempt {attempt}: {detail}"))
+            self.wake.set()
+        return report
+
+    def next_changes(self, timeout: float, limit: int) -> list[Changed]:
+        """At most `limit` changes, after waiting up to `timeout` seconds for anything
+        to arrive (a change or a report) when nothing waits already."""
+        if self.inbox.empty() and self.reports.empty():
+            self.wake.wait(timeout)
+        self.wake.clear()  # anything arriving from now on sets it again
+        return list(islice(drain(self.inbox), limit))
+
+    def reports_now(self) -> Iterable[Finished | Retried]:
+        return drain(self.reports)
+
+
+def drain(source: queue.Queue[Any]) -> Iterable[Any]:
+    """What the queue holds now, without waiting."""
+    while True:
+        try:
+            yield source.get_nowait()
+        except queue.Empty:
+            return

@@ -1,0 +1,294 @@
+"""The work manager's periodic work: what comes due with time rather than with a change.
+
+Scans for jobs to decide about (open steps a free worker may claim, open
+steps of ours for sites with room, leases past due, jobs of silent creators
+of our succession lines, our waiting jobs), the heartbeat's lease renewals,
+our status document and the feed checkpoint. Each `..._due` method answers
+the jobs to decide about now (or [] when it is not time yet); the manager
+decides, in its rounds. Also here: how long this site has seen each lease,
+and each job of our lines, unchanged (core.Context's lease_silence and
+unchanged_for), which the lease and succession rules time by our own clock.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
+
+from . import core, status
+from .clock import later, utc_now
+from .config import SiteConfig
+from .couch import CouchError, Saved
+from .logs import EventLog
+from .model import Doc, Job, Progress, StepKey, is_live
+from .store import JobStore
+from .workers import WorkerPool
+
+SCAN_INTERVAL = 2.0  # seconds between claimable scans while workers stay free
+CHECKPOINT_INTERVAL = 2.0
+PROGRESS_INTERVAL = 3.0  # seconds between two progress writes of one step, at least
+MAX_LEASES_SEEN = 100_000  # jobs whose leases we time; the least recently seen go first
+WAITING_SCAN_INTERVAL = 30.0  # seconds between re-checks of the jobs we created that wait
+
+
+class PeriodicWork:
+    def __init__(self, config: SiteConfig, store: JobStore, pool: WorkerPool,
+                 board: status.Board, skipped: OrderedDict[str, str], own_revs: deque[str],
+                 log: EventLog) -> None:
+        self.config = config
+        self.site = config.name
+        self.store = store
+        self.pool = pool
+        self.board = board  # the other sites' room (status documents)
+        self.skipped = skipped  # the manager's: jobs no scan brings back until they change
+        self.own_revs = own_revs
+        self.log = log
+        self.last_scan = 0.0
+        self.scan_due = True
+        self.assign_scan_due = False
+        self.last_checkpoint = time.monotonic()
+        self.last_heartbeat = time.monotonic()
+        self.seq: object = None
+        self.saved_seq: object = None
+        # The progress report last sent for each running step, and when (see renewals_due).
+        self.progress_sent: dict[StepKey, tuple[float, Progress]] = {}
+        self.last_lease_scan = 0.0
+        # When this daemon first saw each live lease (job -> lease_until ->
+        # monotonic time): see core.Context.lease_silence.
+        self.leases_seen: dict[str, dict[str, float]] = {}
+        # When to publish our status.
+        self.publisher = status.Publisher(status.refresh_for(config.succession.creator_timeout))
+        self.last_succession_scan = time.monotonic()
+        # Jobs of our succession lines: their leaves, and since when we see them so.
+        self.jobs_seen: dict[str, tuple[frozenset[str], float]] = {}
+        # The sites whose jobs may become ours, or be taken from us, by succession.
+        lines = [(creator, *line) for creator, line in config.succession.successors.items()]
+        self.line_sites = frozenset(
+            name for line in lines if self.site in line for name in line) - {self.site}
+        self.last_waiting_scan = 0.0
+
+    # --- open steps: for our free workers, and for the other sites' room ------------------
+
+    def scan_soon(self) -> None:
+        """A worker may be free for other work now: the next claimable scan is due at once."""
+        self.scan_due = True
+
+    def claimable_due(self, free_workers: Callable[[], tuple[str, ...]],
+                      draining: bool) -> list[str]:
+        """Claim open steps that arrived while every worker was busy."""
+        if draining or not free_workers():
+            return []
+        now = time.monotonic()
+        if not self.scan_due and now - self.last_scan < SCAN_INTERVAL:
+            return []
+        self.last_scan, self.scan_due = now, False
+        return self.claimable(limit=4 * len(free_workers()))
+
+    def claimable(self, limit: int) -> list[str]:
+        """Open steps this site may run, in line order (core.claim_rank)."""
+        # Skipped jobs may sort first (a hostile priority): read past them, or they
+        # would fill the window on every scan and starve everything behind them.
+        extra = min(len(self.skipped), 1000)
+        try:
+            rows = [row for target in (self.site, "any")
+                    for row in self.store.claimable(target, limit + extra)]
+        except CouchError as error:
+            self.log.warning("claimable scan failed", error=error)
+            return []
+        rows = sorted((row for row in rows if row.job_id not in self.skipped),
+                      key=lambda row: (row.rank, row.created_at))
+        window = list(dict.fromkeys(row.job_id for row in rows))[:limit]
+        rank = {row.job_id: row.rank for row in rows}
+        return sorted(window, key=lambda doc_id: (rank[doc_id], core.spread(self.site, doc_id)))
+
+    def open_for_room_due(self) -> list[str]:
+        """As creator: a site has more room than we knew: give it our open steps."""
+        if not self.assign_scan_due:
+            return []
+        self.assign_scan_due = False
+        room = sum(max(free, 0) for free in self.board.room(time.monotonic()).values())
+        if room <= 0:
+            return []
+        try:
+            open_ids = self.store.open_created(self.site, 2 * room + min(len(self.skipped), 1000))
+        except CouchError as error:
+            self.log.warning("open-step scan failed", error=error)
+            return []
+        return [doc_id for doc_id in open_ids if doc_id not in self.skipped]
+
+    # --- leases: renewing ours, revoking those past due ------------------------------------
+
+    def renewals_due(self, executions: dict[StepKey, core.Running],
+                     ) -> list[tuple[StepKey, int, Progress | None]]:
+        """Renew the lease of every step we run, so the creator knows we are alive, and
+        write the progress a step reported: at most one write per step every
+        PROGRESS_INTERVAL, the lease renewed in it (so a heartbeat then has nothing
+        to write), never a write per line. (Step, epoch, progress report or None.)"""
+        now = time.monotonic()
+        heartbeat = now - self.last_heartbeat >= self.config.daemon.heartbeat
+        if heartbeat:
+            self.last_heartbeat = now
+        for key in self.progress_sent.keys() - executions.keys():
+            del self.progress_sent[key]
+        due = []
+        for key, running in list(executions.items()):
+            report = self._progress_due(key, now)
+            if heartbeat or report is not None:
+                due.append((key, running.epoch, report))
+        return due
+
+    def _progress_due(self, key: StepKey, now: float) -> Progress | None:
+        """The step's latest progress report, if it is new and the last went out long enough
+        ago."""
+        report = self.pool.progress_of(key)
+        sent_at, sent = self.progress_sent.get(key, (-PROGRESS_INTERVAL, None))
+        if report is None or report is sent or now - sent_at < PROGRESS_INTERVAL:
+            return None
+        self.progress_sent[key] = (now, report)
+        return report
+
+    def leases_due(self) -> list[str]:
+        """As creator: the jobs whose winner stopped renewing its lease, to take back."""
+        now = time.monotonic()
+        if now - self.last_lease_scan < self.config.daemon.heartbeat / 2:
+            return []
+        self.last_lease_scan = now
+        cutoff = later(utc_now(), -self.config.daemon.clock_skew_margin)
+        try:
+            due = self.store.leases_due(self.site, cutoff)
+        except CouchError as error:
+            self.log.warning("lease scan failed", error=error)
+            self.leases_seen.clear()  # renewals go unseen meanwhile: count afresh after
+            return []
+        return [doc_id for doc_id in due if doc_id not in self.skipped]
+
+    def lease_silence(self, doc_id: str, leaves: list[Job]) -> dict[str, float]:
+        """Note the job's current leases (a broadcast step's, one per site); how long each
+        has been seen unchanged.
+
+        Every site notes them (a site may become the creator by adoption); only
+        the creator acts on them. A job whose step holds no lease is forgotten.
+        """
+        now = time.monotonic()
+        before = self.leases_seen.pop(doc_id, {})
+        seen = {lease: before.get(lease, now) for leaf in leaves
+                for lease in core.current_leases(leaf)}
+        if seen:
+            self.leases_seen[doc_id] = seen  # re-inserted: the dict stays oldest first
+        while len(self.leases_seen) > MAX_LEASES_SEEN:  # forgetting only delays a revocation
+            del self.leases_seen[next(iter(self.leases_seen))]
+        return {lease: now - since for lease, since in seen.items()}
+
+    # --- succession: the jobs of silent creators of our lines --------------------------
+
+    def successions_due(self) -> list[str]:
+        """The live jobs of silent creators of our lines: the core says whether it is our
+        turn to take them over (core.succeeds)."""
+        now = time.monotonic()
+        if not self.line_sites or \
+                now - self.last_succession_scan < self.config.succession.creator_timeout / 4:
+            return []
+        self.last_succession_scan = now
+        ids: list[str] = []
+        try:
+            for site in sorted(self.silent(now)):
+                ids += self.store.involving(site)
+        except CouchError as error:
+            self.log.warning("succession scan failed", error=error)
+            self.board.restart_silence(now)  # we heard nothing meanwhile: count afresh
+            return []
+        return [doc_id for doc_id in dict.fromkeys(ids) if doc_id not in self.skipped]
+
+    def unchanged_for(self, doc_id: str, leaves: list[Job]) -> float:
+        """How long we have seen the job's leaves as they are now (0: first sight, or
+        a job no succession line of ours may take over: not tracked)."""
+        now = time.monotonic()
+        revs = frozenset(leaf["_rev"] for leaf in leaves)
+        before = self.jobs_seen.pop(doc_id, None)
+        if not any(leaf.get("creator") in self.line_sites and is_live(leaf) for leaf in leaves):
+            return 0.0
+        since = before[1] if before is not None and before[0] == revs else now
+        self.jobs_seen[doc_id] = (revs, since)  # re-inserted: the dict stays oldest first
+        while len(self.jobs_seen) > MAX_LEASES_SEEN:  # forgetting only delays a takeover
+            del self.jobs_seen[next(iter(self.jobs_seen))]
+        return now - since
+
+    def silent(self, now: float) -> frozenset[str]:
+        """The sites of our succession lines silent for creator_timeout, by our clock."""
+        return self.board.silent(self.line_sites, now, self.config.succession.creator_timeout)
+
+    # --- our waiting jobs ----------------------------------------------------------------
+
+    def waiting_due(self) -> list[str]:
+        """Every WAITING_SCAN_INTERVAL, re-check each waiting job we created: catches the
+        ends the feed did not bring (a restart, a job that replicated in late)."""
+        now = time.monotonic()
+        if now - self.last_waiting_scan < WAITING_SCAN_INTERVAL:
+            return []
+        self.last_waiting_scan = now
+        try:
+            ids = self.store.waiting(self.site)
+        except CouchError as error:
+            self.log.warning("waiting scan failed", error=error)
+            return []
+        return [doc_id for doc_id in ids if doc_id not in self.skipped]
+
+    # --- site status -------------------------------------------------------------------
+
+    def hear_status(self, doc: Doc | None) -> None:
+        if self.board.hear(doc, time.monotonic()):
+            self.assign_scan_due = True
+
+    def hear_all_statuses(self) -> None:
+        try:
+            for doc in self.store.statuses():
+                self.hear_status(doc)
+        except CouchError as error:  # the feed brings them as they are renewed
+            self.log.warning("cannot read site statuses", error=error)
+
+    def expecting_assignments(self, now: float, restricted: bool) -> frozenset[str]:
+        """The creators that may assign steps to us: those that assign, unless our last
+        status said we had no room (then they will not: claim at once), or we have an
+        allow-list (never assigned to)."""
+        published = self.publisher.last
+        if restricted or published is None or published.room <= 0:
+            return frozenset()
+        return self.board.assigning(now)
+
+    def publish_status_if_due(self, mine: status.SiteStatus) -> None:
+        now = time.monotonic()
+        if not self.publisher.due(mine, now):
+            return
+        doc = mine.as_doc()
+        try:
+            if self.publisher.rev is None:  # after a start: on top of what we wrote before
+                current = self.store.read([doc["_id"]])[doc["_id"]]
+                self.publisher.rev = max(current, key=core.couch_order)["_rev"] if current \
+                    else ""
+            if self.publisher.rev:
+                doc["_rev"] = self.publisher.rev
+            (result,) = self.store.write([doc])
+        except CouchError as error:
+            self.log.warning("status not published", error=error)
+            return
+        if isinstance(result, Saved):
+            self.own_revs.append(result.rev)
+            self.publisher.published(mine, result.rev, now)
+        else:  # someone wrote it meanwhile (an older daemon of ours): read it next time
+            self.publisher.rev = None
+            self.log.warning("status not published", result=result)
+
+    # --- the feed checkpoint ---------------------------------------------------------------
+
+    def checkpoint_if_due(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if self.seq is None or self.seq == self.saved_seq:
+            return
+        if not force and now - self.last_checkpoint < CHECKPOINT_INTERVAL:
+            return
+        try:
+            self.store.save_checkpoint(self.site, self.seq)
+            self.saved_seq, self.last_checkpoint = self.seq, now
+        except CouchError as error:
+            self.log.warning("checkpoint not saved", error=error)

@@ -1,0 +1,181 @@
+"""Carrying out the manager's plans on this site: the local side of its decisions.
+
+Once a plan's revision is written, the plan runner deletes the losing leaves,
+then carries out the plan's effects: books and releases workers, launches
+and kills steps, counts assignments against the other sites' room. It also
+keeps what the manager knows of its own workers (bookings and when they were
+made, executions whose end is not recorded yet, launches under way), the
+view the decision core decides on (`pool_view`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+from . import core, status
+from .config import SiteConfig
+from .couch import CouchError, Saved
+from .logs import EventLog
+from .mailbox import Mailbox
+from .model import Job, StepKey
+from .periodic_work import PeriodicWork
+from .store import JobStore
+from .workers import WorkerPool
+
+
+class PlanRunner:
+    def __init__(self, config: SiteConfig, store: JobStore, pool: WorkerPool, mailbox: Mailbox,
+                 board: status.Board, periodic: PeriodicWork, counts: Counter[str],
+                 log: EventLog) -> None:
+        self.config = config
+        self.site = config.name
+        self.store = store
+        self.pool = pool
+        self.mailbox = mailbox
+        self.board = board
+        self.periodic = periodic
+        self.counts = counts
+        self.log = log
+        self.booked_at: dict[StepKey, float] = {}
+        # Steps this batch decided to start, launched once their revision is saved:
+        # to the next plans they already run (their worker is no undecided claim's).
+        self.launching: dict[StepKey, core.Running] = {}
+        # Executions whose end is not recorded yet: running, or ended with the result
+        # held (manager.hold). Both count as running here, so no decision releases them.
+        self.executions: dict[StepKey, core.Running] = {}
+
+    # --- what the core sees of our workers ------------------------------------------
+
+    def pool_view(self, draining: bool) -> core.PoolView:
+        running = {**self.executions, **self.launching}
+        if draining:
+            return core.PoolView(running=running)
+        now = time.monotonic()
+        return core.PoolView(
+            free_workers=self.free_workers(),
+            booked={key: core.Booking(worker, now - self.booked_at.get(key, now))
+                    for key, worker in self.pool.bookings().items()
+                    if key not in self.launching},
+            running=running,
+        )
+
+    def free_workers(self) -> tuple[str, ...]:
+        # A worker whose result we have not recorded yet is not free for new work.
+        unreported = {running.worker for running in self.executions.values()}
+        return tuple(w for w in self.pool.free_workers() if w not in unreported)
+
+    def plan_made(self, plan: core.Plan) -> None:
+        """A plan of the batch, before the write: book its worker, so that the next plan
+        is made on the pool as it will be (launches under way count as running)."""
+        for effect in plan.before:
+            self.apply(effect)
+        self.launching.update((launch.key, core.Running(launch.worker, launch.epoch))
+                              for launch in plan.after if isinstance(launch, core.Launch))
+
+    def batch_done(self) -> None:
+        self.launching.clear()  # launched, or their revision was not saved
+
+    # --- after the write ----------------------------------------------------------------
+
+    def delete_losers(self, written: list[tuple[str, core.Plan, str]]) -> None:
+        """Only after the merge is saved: never delete progress we failed to keep."""
+        losers = [{"_id": doc_id, "_rev": rev, "_deleted": True}
+                  for doc_id, plan, _ in written for rev in plan.deletions]
+        if not losers:
+            return
+        try:
+            results = self.store.write(losers)
+        except CouchError as error:  # the creator deletes them on its next decision
+            self.log.warning("losing revisions not deleted", count=len(losers), error=error)
+            return
+        self.counts["conflicts_resolved"] += sum(isinstance(r, Saved) for r in results)
+
+    def carried_out(self, doc_id: str, plan: core.Plan, rev: str) -> None:
+        """The plan's revision is saved: count and log it, and carry out what follows."""
+        self.counts[f"action_{plan.action}"] += 1
+        if plan.detail.startswith(core.WON_CLAIM):
+            self.counts["claims_won"] += 1
+        step, epoch = acted_on(plan)
+        self.log.info(plan.action, job=doc_id, step=step, epoch=epoch, rev=rev,
+                      detail=plan.detail or None)
+        for effect in plan.after:
+            self.apply(effect, plan.doc)
+
+    def refused(self, plan: core.Plan) -> None:
+        """The server refused the plan's write for good: a worker booked for a write that
+        never happens is lost unless given back."""
+        for effect in plan.before:
+            if isinstance(effect, core.Book):
+                self.apply(core.Unbook(effect.key))
+
+    # --- local effects ------------------------------------------------------------------
+
+    def apply(self, effect: core.Effect, doc: Job | None = None) -> None:
+        if isinstance(effect, core.Book):
+            if self.pool.book(effect.key, effect.worker) is not None:
+                self.booked_at.setdefault(effect.key, time.monotonic())
+        elif isinstance(effect, core.Unbook):
+            self.pool.unbook(effect.key)
+            self.booked_at.pop(effect.key, None)
+            self.periodic.scan_soon()  # a lost claim: look for other work at once
+        elif isinstance(effect, core.Kill):
+            self.log.info("killing", job=effect.key[0], step=effect.key[1], reason=effect.reason)
+            self.pool.cancel(effect.key)
+        elif isinstance(effect, core.Launch):
+            assert doc is not None
+            self.launch(effect, doc)
+        elif isinstance(effect, core.Assign):
+            self.board.note_assigned(effect.key, effect.site, time.monotonic())
+        elif isinstance(effect, core.Revoke):
+            self.board.forget(effect.site)
+
+    def launch(self, effect: core.Launch, doc: Job) -> None:
+        job_id, index = effect.key
+        if effect.key in self.executions:  # the core never asks this; never run a step twice
+            self.log.error("not launching a step already running here", job=job_id, step=index)
+            return
+        env = {
+            "JOBDIST_JOB_ID": job_id,
+            "JOBDIST_STEP": str(index),
+            "JOBDIST_SITE": self.site,
+            "JOBDIST_EPOCH": str(effect.epoch),
+            "JOBDIST_COUCH": self.store.url,  # with JOBDIST_SITE: finds orphans after a crash
+        }
+        self.booked_at.pop(effect.key, None)
+        execution = self.pool.start(
+            effect.key, effect.epoch, doc["job"][index], env,
+            on_retry=self.mailbox.retry_reporter(effect.key, effect.epoch, effect.worker))
+        self.executions[effect.key] = core.Running(execution.worker, effect.epoch)
+        self.counts["steps_started"] += 1
+
+    # --- bookings past their timeout ------------------------------------------------------
+
+    def expired_bookings(self) -> list[str]:
+        """The jobs of bookings held past their timeout: to decide about again."""
+        now = time.monotonic()
+        return [key[0] for key, since in list(self.booked_at.items())
+                if now - since >= self.config.daemon.booking_timeout]
+
+    def unbook_expired(self) -> None:
+        """Bookings still held past their timeout once decided: their job is gone."""
+        now = time.monotonic()
+        for key, since in list(self.booked_at.items()):
+            if now - since >= self.config.daemon.booking_timeout and self.pool.is_booked(key):
+                self.apply(core.Unbook(key))
+
+    def release_bookings(self) -> None:
+        """Give back every booked worker (a graceful stop claims nothing more)."""
+        for key in list(self.pool.bookings()):
+            self.apply(core.Unbook(key))
+
+
+def acted_on(plan: core.Plan) -> tuple[int | None, int | None]:
+    """The step and epoch a plan's write is about, for its log line: those of the
+    event it records (a plan that records none, a re-save, gives its current step)."""
+    if plan.doc is None:
+        return None, None
+    history = plan.doc["history"]
+    if not history:
+        return plan.doc["step"], None
+    return history[-1].get("step", plan.doc["step"]), history[-1].get("epoch")
