@@ -56,6 +56,7 @@ HELD_RETRY_MAX = 2.0  # short beside any lease: a result is written soon after t
 RETRY_DECISION = 1.0  # seconds before a decision whose read or write failed is taken again
 BATCH = 200  # jobs decided together: one read and one write a round for all of them
 MAX_ROUNDS = 8  # fresh reads of one job in one batch before it is left for later
+MAX_KNOWN = 1_000  # jobs running here whose newest revision we keep (Task.known)
 Found = tuple[list[Job], list[core.Unusable]]  # a job's usable leaves, and the others
 Planner = Callable[[list[Job], list[core.Unusable]], core.Plan]
 
@@ -67,11 +68,18 @@ class Task:
     `seen` is a revision that may show there is nothing to do without a read
     (what the feed delivered, or what we just wrote). It may be older than
     what we did since, so when it suggests an action, the job is read afresh.
+
+    `known` is the newest revision this site knows of a job that runs here (its
+    own last write, or the feed's since): a step's end or heartbeat is planned
+    on it and written with its `_rev`, without a read. A 409 says it was not the
+    newest, and the job is read then. (A conflicting leaf that arrived unseen is
+    merged by the creator, as one that arrives between a read and a write is.)
     """
 
     doc_id: str
     plan: Planner
     seen: Doc | None = None
+    known: Doc | None = None
     retry_conflicts: bool = False  # a 409: read again now (else the feed brings the news)
     then_decide: bool = False  # once written, decide about the job as usual
     end_on_refusal: bool = True  # a refused write makes the creator end the job
@@ -128,6 +136,7 @@ class Manager:
         # for the batch being decided (core.Context.ended).
         self.waiting = WaitingJobs(self.site, store, self.skipped, self._errors, self.log)
         self.ended: dict[str, str] = {}
+        self.newest: OrderedDict[str, Doc] = OrderedDict()  # see Task.known
 
     @property
     def seq(self) -> object:
@@ -183,6 +192,7 @@ class Manager:
             [item.doc_id for item in latest.values()
              if (item.doc or {}).get("job_status") in FINAL_STATUSES]))
         for item in sorted(latest.values(), key=self._claim_order):
+            self._heard_newer(item)
             if status.is_status_id(item.doc_id):
                 self.periodic.hear_status(item.doc)
                 continue
@@ -238,7 +248,8 @@ class Manager:
             self.runner.executions.pop(held.key, None)
             return core.plan_finish(leaves, self.context(), self.pool_view(), held.key,
                                     held.epoch, held.worker, held.result)
-        return Task(held.job_id, plan, retry_conflicts=True, then_decide=True, held=held)
+        return Task(held.job_id, plan, known=self.newest.get(held.job_id),
+                    retry_conflicts=True, then_decide=True, held=held)
 
     def retry_note_task(self, item: Retried) -> Task:
         def plan(leaves: list[Job], rejected: list[core.Unusable]) -> core.Plan:
@@ -256,7 +267,8 @@ class Manager:
                                    renew_below=daemon.lease - daemon.heartbeat,
                                    report=report)
         # Refused: the lease lapses, and the finish will say what happened.
-        return Task(key[0], plan, retry_conflicts=True, end_on_refusal=False)
+        return Task(key[0], plan, known=self.newest.get(key[0]), retry_conflicts=True,
+                    end_on_refusal=False)
 
     # --- carrying out tasks in batches ---------------------------------------------
 
@@ -293,12 +305,14 @@ class Manager:
             self._settle_from_seen(pending)
             if not pending:
                 return
-            leaves = self._read_all(list(pending))
+            known = self._known_leaves(pending)
+            unknown = [doc_id for doc_id in pending if doc_id not in known]
+            leaves = self._read_all(unknown) if unknown else {}
             if leaves is None:
                 for task in pending.values():
                     self._not_recorded(task)
                 return
-            plans = self._plan_all(pending, leaves)
+            plans = self._plan_all(pending, leaves | known)
             if plans:
                 self._write_all(pending, plans)
         for doc_id, task in pending.items():
@@ -322,6 +336,31 @@ class Manager:
             elif plan.action == core.IGNORE:
                 self._skip(doc_id, plan.detail)
                 del pending[doc_id]
+
+    def _known_leaves(self, pending: dict[str, Task]) -> dict[str, list[Doc]]:
+        """The tasks to plan on the newest revision we know, each once (Task.known)."""
+        known = {}
+        for doc_id, task in pending.items():
+            doc, task.known = task.known, None
+            if doc is not None and not doc.get("_conflicts"):
+                known[doc_id] = [doc]
+        return known
+
+    def _heard_newer(self, item: Changed) -> None:
+        """Keep the feed's revision of a job that runs here, unless ours is newer."""
+        known = self.newest.get(item.doc_id)
+        if known is not None and item.doc is not None and \
+                _generation(item.rev) >= _generation(known["_rev"]):
+            self.newest[item.doc_id] = item.doc
+
+    def _remember_newest(self, doc_id: str, doc: Doc) -> None:
+        if not self.runner.runs(doc_id):
+            self.newest.pop(doc_id, None)
+            return
+        self.newest[doc_id] = doc
+        self.newest.move_to_end(doc_id)
+        while len(self.newest) > MAX_KNOWN:
+            self.newest.popitem(last=False)
 
     def _read_all(self, ids: list[str]) -> dict[str, list[Doc]] | None:
         """The jobs' live leaves; None when the server does not answer."""
@@ -411,6 +450,8 @@ class Manager:
         if rev:
             self.own_revs.append(rev)
         self._recorded(task)
+        if plan.doc is not None and rev:
+            self._remember_newest(task.doc_id, {**plan.doc, "_rev": rev})
         if task.then_decide and plan.doc is not None and rev:
             # What we just wrote is the state (a later conflict comes through the
             # feed): it can say "nothing to do" without another read.
@@ -630,3 +671,9 @@ class Manager:
         return {"held": len(held), "on_disk": len(self.journal),
                 "oldest_seconds": None if oldest is None else round(time.time() - oldest, 3),
                 "directory": str(self.journal.directory)}
+
+
+def _generation(rev: str) -> int:
+    """A revision's number: how many edits deep it is ("3-abc" -> 3)."""
+    head = rev.partition("-")[0]
+    return int(head) if head.isdigit() else 0

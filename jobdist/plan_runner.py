@@ -73,6 +73,10 @@ class PlanRunner:
         self.launching.update((launch.key, core.Running(launch.worker, launch.epoch))
                               for launch in plan.after if isinstance(launch, core.Launch))
 
+    def runs(self, job_id: str) -> bool:
+        """Does a step of this job run here, or is one about to be launched?"""
+        return any(key[0] == job_id for key in (*self.executions, *self.launching))
+
     def batch_done(self) -> None:
         self.launching.clear()  # launched, or their revision was not saved
 
