@@ -66,14 +66,14 @@ class Task:
     """One job to decide about in a batch, and how.
 
     `seen` is a revision that may show there is nothing to do without a read
-    (what the feed delivered, or what we just wrote). It may be older than
-    what we did since, so when it suggests an action, the job is read afresh.
+    (what the feed delivered, or what we just wrote).
 
-    `known` is the newest revision this site knows of a job that runs here (its
-    own last write, or the feed's since): a step's end or heartbeat is planned
-    on it and written with its `_rev`, without a read. A 409 says it was not the
-    newest, and the job is read then. (A conflicting leaf that arrived unseen is
-    merged by the creator, as one that arrives between a read and a write is.)
+    `known` is the newest revision this site knows of the job: `seen` when it
+    calls for an action, or, for a step that runs here, its own last write or
+    the feed's since. The plan is made on it and written with its `_rev`,
+    without a read. A 409 says it was not the newest, and the job is read then.
+    (A conflicting leaf that arrived unseen is merged by the creator, as one
+    that arrives between a read and a write always could be.)
     """
 
     doc_id: str
@@ -320,7 +320,8 @@ class Manager:
             self._not_recorded(task)
 
     def _settle_from_seen(self, pending: dict[str, Task]) -> None:
-        """Drop the tasks whose `seen` revision shows there is nothing to do."""
+        """Drop the tasks whose `seen` revision shows there is nothing to do; the others
+        are planned on it (Task.known)."""
         seen_docs = {doc_id: task.seen for doc_id, task in pending.items()
                      if task.seen is not None and not task.seen.get("_conflicts")}
         self.ended = self.waiting.awaited_ended({doc_id: [doc]
@@ -336,6 +337,8 @@ class Manager:
             elif plan.action == core.IGNORE:
                 self._skip(doc_id, plan.detail)
                 del pending[doc_id]
+            else:
+                task.known = seen  # act on it; a 409 says there is newer, and a read follows
 
     def _known_leaves(self, pending: dict[str, Task]) -> dict[str, list[Doc]]:
         """The tasks to plan on the newest revision we know, each once (Task.known)."""
