@@ -238,7 +238,7 @@ def test_setup_sites_creates_everything_once(two_servers: dict[str, LocalServer]
         peer = next(other for other in two_servers if other != name)
         replication = couch.database("_replicator").get(f"jobdist-{name}-to-{peer}")
         assert replication is not None
-        assert replication["source"] == f"{server.url}/jobs"
+        assert replication["source"] == "jobs"  # pouchdb-server: by name, read in process
         assert replication["target"] == f"{two_servers[peer].url}/jobs"
         assert replication["filter"] == "jobdist/jobs" and replication["continuous"] is True
     assert setup_sites(sites) == 0  # idempotent
