@@ -43,11 +43,13 @@ class CountingStore(SimStore):
     def __init__(self, replica: Replica, name: str) -> None:
         super().__init__(replica, name)
         self.calls: Counter[str] = Counter()
+        self.reads_of: Counter[str] = Counter()  # by document
 
     def read(self, ids: Iterable[str]) -> dict[str, list[Doc]]:
         ids = list(ids)
         self.calls["reads"] += 1
         self.calls["docs_read"] += len(ids)
+        self.reads_of.update(ids)
         return super().read(ids)
 
     def write(self, docs: Sequence[Doc]) -> list[Written]:
@@ -238,6 +240,50 @@ def test_a_decision_a_failed_read_lost_is_taken_again(tmp_path: Path) -> None:
         assert manager.counts["steps_started"] == 0 and job["_id"] in manager.retry_at
         wait_for(lambda: manager.serve_once(timeout=0.05) or manager.counts["steps_started"],
                  timeout=5, what="the decision taken again")
+    finally:
+        manager.pool.shutdown(1.0)
+
+
+def serve_until(manager: Manager, done: Any, what: str) -> None:
+    wait_for(lambda: manager.serve_once(timeout=0.05) or done(), timeout=10, what=what)
+
+
+def test_a_step_that_runs_here_ends_without_a_read_of_its_job(tmp_path: Path) -> None:
+    store = CountingStore(Replica(), "global")
+    manager = creator_alone(tmp_path, store)
+    try:
+        job = new_job("global", [new_step("true"), new_step("true")])
+        assert all(store.write([job]))
+        manager.process(job["_id"])  # read once, started on the revision read
+        assert store.reads_of[job["_id"]] == 1 and manager.counts["steps_started"] == 1
+        serve_until(manager, lambda: store.replica.winner(job["_id"])["job_status"],
+                    "the job's end")
+        # Each end (and the next start with it) was written on our own last revision.
+        assert store.reads_of[job["_id"]] == 1, store.reads_of
+        assert store.replica.winner(job["_id"])["job_status"] == "success"
+    finally:
+        manager.pool.shutdown(1.0)
+
+
+def test_an_end_written_on_a_revision_that_is_no_longer_newest_is_read_and_kept(
+        tmp_path: Path) -> None:
+    store = CountingStore(Replica(), "global")
+    manager = creator_alone(tmp_path, store)
+    try:
+        job = new_job("global", [new_step("sleep 0.5")])
+        assert all(store.write([job]))
+        manager.process(job["_id"])
+        assert manager.counts["steps_started"] == 1
+        # Someone writes after our start, unknown to us (no feed here): a new revision
+        # on the same branch, so the end's write on ours is refused with a 409.
+        later = store.replica.winner(job["_id"])
+        later["meta"] = {"note": "written elsewhere"}
+        assert all(store.write([later]))
+        serve_until(manager, lambda: store.replica.winner(job["_id"])["job_status"],
+                    "the job's end")
+        assert manager.counts["write_conflicts"] == 1 and store.reads_of[job["_id"]] == 2
+        ended = store.replica.winner(job["_id"])
+        assert ended["job_status"] == "success" and ended["meta"] == {"note": "written elsewhere"}
     finally:
         manager.pool.shutdown(1.0)
 
