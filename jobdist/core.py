@@ -448,25 +448,35 @@ def plan(leaves: list[Doc], ctx: Context, pool: PoolView,
     merged = merge(leaves)
     decision = decide(merged, ctx, pool)
     if decision == STAY and left_live_by_a_silent_creator(leaves, merged, ctx):
-        decision = adopt(merged, ctx, f"{silence(merged, ctx)} (automatic succession: the "
-                         "job ended, but its winning revision still shows it live)")
+        decision = adopt(merged, ctx, f"{silence(merged, ctx)} (automatic succession: "
+                         f"{SHOWN_LIVE})")
         merged = {**merged, "creator": ctx.site}  # we clean its conflicts now (finalize)
     if ctx.site == merged["creator"] and not is_accepted(merged):
         decision = accepting(decision, ctx)
     return finalize(leaves, merged, decision, ctx, rejected)
 
 
+SHOWN_LIVE = "the job ended, but its winning revision still shows it live"
+
+
+def shown_live_after_end(leaves: list[Doc], merged: Doc) -> bool:
+    """Has the job ended (the merge) while CouchDB's winning leaf still says it is live?
+
+    Only the creator cleans conflicts (finalize), and views read the winning leaf:
+    if the creator is gone, such a job shows live forever, and a live winner is
+    never written again (every site's merge says the job ended).
+    """
+    return not is_live(merged) and is_live(normalise(max(leaves, key=couch_order)))
+
+
 def left_live_by_a_silent_creator(leaves: list[Doc], merged: Doc, ctx: Context) -> bool:
     """Has the job ended while CouchDB's winning leaf still says it is live, its creator
     silent, and is it our turn to take it over (succeeds)?
 
-    Only the creator cleans conflicts (finalize). A creator that ended the job on its
-    branch and died before it deleted a longer live branch (its predecessor's, which
-    renewed a lease meanwhile) leaves a job every view shows live forever, since
-    views read the winning leaf and a live winner is never written again.
+    A creator that ended the job on its branch and died before it deleted a longer
+    live branch (its predecessor's, which renewed a lease meanwhile) leaves it so.
     """
-    return (not is_live(merged) and is_live(normalise(max(leaves, key=couch_order)))
-            and succeeds(merged, ctx))
+    return shown_live_after_end(leaves, merged) and succeeds(merged, ctx)
 
 
 def accepting(decision: Decision, ctx: Context) -> Decision:
@@ -1248,13 +1258,24 @@ def plan_event(leaves: list[Doc], ctx: Context, key: StepKey, epoch: int, worker
 
 def plan_adopt(leaves: list[Doc], ctx: Context, gone: str, reason: str) -> Plan:
     """An operator makes this site the creator of a live job whose creator `gone` is
-    gone for good (`jobdist adopt`): see `adopt`."""
+    gone for good (`jobdist adopt`): see `adopt`.
+
+    Also of a job that ended while its winning revision still shows it live
+    (shown_live_after_end): `gone` died before it cleaned the conflict, and only
+    a creator cleans. The adopter writes the merge on the winner and deletes the
+    other leaves, as `gone` would have; nothing runs.
+    """
     if not leaves:
         return NOTHING
     merged = merge(leaves)
-    if merged["creator"] != gone or gone == ctx.site or not is_live(merged):
+    if merged["creator"] != gone or gone == ctx.site:
         return NOTHING
-    return finalize(leaves, merged, adopt(merged, ctx, reason), ctx)
+    if is_live(merged):
+        return finalize(leaves, merged, adopt(merged, ctx, reason), ctx)
+    if not shown_live_after_end(leaves, merged):
+        return NOTHING
+    decision = adopt(merged, ctx, f"{reason} ({SHOWN_LIVE})")
+    return finalize(leaves, {**merged, "creator": ctx.site}, decision, ctx)
 
 
 def adopt(doc: Doc, ctx: Context, reason: str) -> Decision:

@@ -743,6 +743,31 @@ def test_adoption_is_only_for_live_jobs_of_the_gone_creator():
     assert adopt([job()], site=CREATOR).action == "none"
 
 
+def test_adoption_cleans_a_job_that_ended_while_its_winning_revision_shows_it_live():
+    """global revoked reg_a's lease while reg_a's run ended the job on its branch, and
+    re-saved the reopened step; global died before it saw reg_a's branch. Its branch,
+    longer, is CouchDB's winner and live: every view shows the job live, and only a
+    creator cleans. The operator's adoption takes it and cleans (found by
+    test_core_sim's dead-site simulation)."""
+    ended = running(job(rev="3-a"), "reg_a")
+    step(ended, step_status="finished")
+    ended.update(step=1, job_status="success")
+    reopened = step(job(rev="4-f"), epoch=2, keepalive_at=at(40))  # released, re-saved
+    assert core.merge([ended, reopened])["job_status"] == "success"
+
+    plan = adopt([ended, reopened], site="reg_b")
+    assert plan.action == "adopt" and plan.doc is not None
+    assert plan.doc["_rev"] == "4-f" and plan.deletions == ("3-a",)
+    assert (plan.doc["job_status"], plan.doc["creator"]) == ("success", "reg_b")
+    adopted = plan.doc["history"][-1]
+    assert (adopted["event"], adopted["site"], adopted["epoch"]) == ("adopted", "reg_b", 1)
+    assert adopted["detail"].endswith("global burned down (the job ended, but its winning "
+                                      "revision still shows it live)")
+    # Nothing to do when the ended leaf is the winner: every view shows the job ended.
+    ended["_rev"] = "5-a"
+    assert adopt([ended, reopened], site="reg_b") == core.NOTHING
+
+
 def test_merge_keeps_the_adopter_against_late_writes_of_the_gone_creator():
     adopted = adopt([job()]).doc
     assert adopted is not None
