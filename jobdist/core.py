@@ -618,8 +618,9 @@ def settle_local_work(doc: Doc, ctx: Context, pool: PoolView) -> Decision | None
     """Drop bookings and executions for this job that the document no longer backs.
 
     Only a document that has moved past our work ends it. One that is behind it
-    (an older revision, delivered late by the feed) proves nothing: a job never
-    goes back to an earlier step or epoch.
+    (an older revision delivered late by the feed, or a job that went back a step:
+    a revocation outranks a branch that went on) leaves an execution running, its
+    report fenced anyway, and a booking only until the booking timeout (backs_booking).
     """
     job_id = doc["_id"]
     for key, run in pool.running.items():
@@ -657,7 +658,11 @@ def moved_past_execution(doc: Doc, key: StepKey, epoch: int, site: str) -> bool:
 
 def backs_booking(doc: Doc, key: StepKey, booking: Booking, ctx: Context) -> bool:
     if behind(doc, key, 0, ctx.site):
-        return True  # an old view: keep the booking until a current one says otherwise
+        # An old view, or the job really went back a step: a revocation at an earlier
+        # step (a higher epoch) outranks the branch where we claimed. Either way the
+        # claim is undecided: keep the worker no longer than for any such claim, or
+        # the step the job went back to may wait for this very worker for ever.
+        return booking.age < ctx.booking_timeout
     if not is_live(doc) or doc["step"] != key[1]:
         return False
     step = doc["job"][key[1]]

@@ -514,6 +514,22 @@ def test_a_booking_waits_for_the_creator_until_the_booking_timeout():
     assert decide(doc, "reg_a", old, timeout=61.0) == core.NOTHING
 
 
+def test_a_booking_for_a_later_step_is_kept_no_longer_than_the_booking_timeout():
+    """We claimed step 1; the job is at step 0 again: an old view, or a revocation of
+    step 0 (a higher epoch) outranked the branch where we claimed. Step 0, for us
+    alone, needs this very worker: kept for ever, the job would never end (found by
+    test_core_sim)."""
+    back = step(job("reg_a", "any"), 0, epoch=2)  # released: lease of reg_a expired
+    later = (JOB, 1)
+    young = pool(booked={later: Booking("reg_a/w1", 59.0)})
+    assert decide(back, "reg_a", young) == core.NOTHING
+    old = pool(booked={later: Booking("reg_a/w1", 60.0)})
+    plan = decide(back, "reg_a", old)
+    assert (plan.action, plan.before, plan.doc) == ("free", (Unbook(later),), None)
+    # Freed, the worker starts step 0 (its sole target) in the next decision.
+    assert decide(back, "reg_a", pool("reg_a/w1")).action == "start"
+
+
 # --- finishing an execution --------------------------------------------------------------------
 
 def finish(doc: Doc | list[Doc], site: str = "reg_a", the_pool: PoolView | None = None, *,
