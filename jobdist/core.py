@@ -457,25 +457,35 @@ def plan(leaves: Sequence[Leaf], ctx: Context, pool: PoolView,
     merged = merge(leaves)
     decision = decide(merged, ctx, pool)
     if decision == STAY and left_live_by_a_silent_creator(leaves, merged, ctx):
-        decision = adopt(merged, ctx, f"{silence(merged, ctx)} (automatic succession: the "
-                         "job ended, but its winning revision still shows it live)")
+        decision = adopt(merged, ctx, f"{silence(merged, ctx)} (automatic succession: "
+                         f"{SHOWN_LIVE})")
         merged = {**merged, "creator": ctx.site}  # we clean its conflicts now (finalize)
     if ctx.site == merged["creator"] and not is_accepted(merged):
         decision = accepting(decision, ctx)
     return finalize(leaves, merged, decision, ctx, rejected)
 
 
+SHOWN_LIVE = "the job ended, but its winning revision still shows it live"
+
+
+def shown_live_after_end(leaves: Sequence[Leaf], merged: Job) -> bool:
+    """Has the job ended (the merge) while CouchDB's winning leaf still says it is live?
+
+    Only the creator cleans conflicts (finalize), and views read the winning leaf:
+    if the creator is gone, such a job shows live forever, and a live winner is
+    never written again (every site's merge says the job ended).
+    """
+    return not is_live(merged) and is_live(normalise(max(leaves, key=couch_order)))
+
+
 def left_live_by_a_silent_creator(leaves: Sequence[Leaf], merged: Job, ctx: Context) -> bool:
     """Has the job ended while CouchDB's winning leaf still says it is live, its creator
     silent, and is it our turn to take it over (succeeds)?
 
-    Only the creator cleans conflicts (finalize). A creator that ended the job on its
-    branch and died before it deleted a longer live branch (its predecessor's, which
-    renewed a lease meanwhile) leaves a job every view shows live forever, since
-    views read the winning leaf and a live winner is never written again.
+    A creator that ended the job on its branch and died before it deleted a longer
+    live branch (its predecessor's, which renewed a lease meanwhile) leaves it so.
     """
-    return (not is_live(merged) and is_live(normalise(max(leaves, key=couch_order)))
-            and succeeds(merged, ctx))
+    return shown_live_after_end(leaves, merged) and succeeds(merged, ctx)
 
 
 def accepting(decision: Decision, ctx: Context) -> Decision:
@@ -617,8 +627,9 @@ def settle_local_work(doc: Job, ctx: Context, pool: PoolView) -> Decision | None
     """Drop bookings and executions for this job that the document no longer backs.
 
     Only a document that has moved past our work ends it. One that is behind it
-    (an older revision, delivered late by the feed) proves nothing: a job never
-    goes back to an earlier step or epoch.
+    (an older revision delivered late by the feed, or a job that went back a step:
+    a revocation outranks a branch that went on) leaves an execution running, its
+    report fenced anyway, and a booking only until the booking timeout (backs_booking).
     """
     job_id = doc["_id"]
     for key, run in pool.running.items():
@@ -656,7 +667,11 @@ def moved_past_execution(doc: Job, key: StepKey, epoch: int, site: str) -> bool:
 
 def backs_booking(doc: Job, key: StepKey, booking: Booking, ctx: Context) -> bool:
     if behind(doc, key, 0, ctx.site):
-        return True  # an old view: keep the booking until a current one says otherwise
+        # An old view, or the job really went back a step: a revocation at an earlier
+        # step (a higher epoch) outranks the branch where we claimed. Either way the
+        # claim is undecided: keep the worker no longer than for any such claim, or
+        # the step the job went back to may wait for this very worker for ever.
+        return booking.age < ctx.booking_timeout
     if not is_live(doc) or doc["step"] != key[1]:
         return False
     step = doc["job"][key[1]]
@@ -1275,13 +1290,24 @@ def plan_event(leaves: Sequence[Leaf], ctx: Context, key: StepKey, epoch: int, w
 
 def plan_adopt(leaves: Sequence[Leaf], ctx: Context, gone: str, reason: str) -> Plan:
     """An operator makes this site the creator of a live job whose creator `gone` is
-    gone for good (`jobdist adopt`): see `adopt`."""
+    gone for good (`jobdist adopt`): see `adopt`.
+
+    Also of a job that ended while its winning revision still shows it live
+    (shown_live_after_end): `gone` died before it cleaned the conflict, and only
+    a creator cleans. The adopter writes the merge on the winner and deletes the
+    other leaves, as `gone` would have; nothing runs.
+    """
     if not leaves:
         return NOTHING
     merged = merge(leaves)
-    if merged["creator"] != gone or gone == ctx.site or not is_live(merged):
+    if merged["creator"] != gone or gone == ctx.site:
         return NOTHING
-    return finalize(leaves, merged, adopt(merged, ctx, reason), ctx)
+    if is_live(merged):
+        return finalize(leaves, merged, adopt(merged, ctx, reason), ctx)
+    if not shown_live_after_end(leaves, merged):
+        return NOTHING
+    decision = adopt(merged, ctx, f"{reason} ({SHOWN_LIVE})")
+    return finalize(leaves, {**merged, "creator": ctx.site}, decision, ctx)
 
 
 def adopt(doc: Job, ctx: Context, reason: str) -> Decision:

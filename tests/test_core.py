@@ -514,6 +514,22 @@ def test_a_booking_waits_for_the_creator_until_the_booking_timeout():
     assert decide(doc, "reg_a", old, timeout=61.0) == core.NOTHING
 
 
+def test_a_booking_for_a_later_step_is_kept_no_longer_than_the_booking_timeout():
+    """We claimed step 1; the job is at step 0 again: an old view, or a revocation of
+    step 0 (a higher epoch) outranked the branch where we claimed. Step 0, for us
+    alone, needs this very worker: kept for ever, the job would never end (found by
+    test_core_sim)."""
+    back = step(job("reg_a", "any"), 0, epoch=2)  # released: lease of reg_a expired
+    later = (JOB, 1)
+    young = pool(booked={later: Booking("reg_a/w1", 59.0)})
+    assert decide(back, "reg_a", young) == core.NOTHING
+    old = pool(booked={later: Booking("reg_a/w1", 60.0)})
+    plan = decide(back, "reg_a", old)
+    assert (plan.action, plan.before, plan.doc) == ("free", (Unbook(later),), None)
+    # Freed, the worker starts step 0 (its sole target) in the next decision.
+    assert decide(back, "reg_a", pool("reg_a/w1")).action == "start"
+
+
 # --- finishing an execution --------------------------------------------------------------------
 
 def finish(doc: Doc | list[Doc], site: str = "reg_a", the_pool: PoolView | None = None, *,
@@ -741,6 +757,31 @@ def test_adoption_is_only_for_live_jobs_of_the_gone_creator():
     assert adopt([done]).action == "none"
     assert adopt([job(creator="reg_b")]).action == "none"
     assert adopt([job()], site=CREATOR).action == "none"
+
+
+def test_adoption_cleans_a_job_that_ended_while_its_winning_revision_shows_it_live():
+    """global revoked reg_a's lease while reg_a's run ended the job on its branch, and
+    re-saved the reopened step; global died before it saw reg_a's branch. Its branch,
+    longer, is CouchDB's winner and live: every view shows the job live, and only a
+    creator cleans. The operator's adoption takes it and cleans (found by
+    test_core_sim's dead-site simulation)."""
+    ended = running(job(rev="3-a"), "reg_a")
+    step(ended, step_status="finished")
+    ended.update(step=1, job_status="success")
+    reopened = step(job(rev="4-f"), epoch=2, keepalive_at=at(40))  # released, re-saved
+    assert core.merge([ended, reopened])["job_status"] == "success"
+
+    plan = adopt([ended, reopened], site="reg_b")
+    assert plan.action == "adopt" and plan.doc is not None
+    assert plan.doc["_rev"] == "4-f" and plan.deletions == ("3-a",)
+    assert (plan.doc["job_status"], plan.doc["creator"]) == ("success", "reg_b")
+    adopted = plan.doc["history"][-1]
+    assert (adopted["event"], adopted["site"], adopted["epoch"]) == ("adopted", "reg_b", 1)
+    assert adopted["detail"].endswith("global burned down (the job ended, but its winning "
+                                      "revision still shows it live)")
+    # Nothing to do when the ended leaf is the winner: every view shows the job ended.
+    ended["_rev"] = "5-a"
+    assert adopt([ended, reopened], site="reg_b") == core.NOTHING
 
 
 def test_merge_keeps_the_adopter_against_late_writes_of_the_gone_creator():

@@ -443,6 +443,49 @@ def test_a_job_ended_by_a_dead_successor_under_a_live_winning_leaf_is_cleaned(
         world.stop()
 
 
+def test_an_adopted_job_that_ended_under_a_live_winning_leaf_is_cleaned(tmp_path: Path) -> None:
+    """reg_b, the creator, revoked global's lease and re-saved the reopened step while
+    global's run ended the job on its branch; reg_b died before it saw that branch. The
+    operator adopts at global as `jobdist adopt` does (it writes the plan's revision
+    only): every view shows the job ended, and global's manager, now the creator,
+    deletes the other leaf. Nothing runs again."""
+    clock, ledger = Clock(), list[Execution]()
+    sims = {name: SimSite(name, 1, clock, ledger, frozenset(SITES), lease=15.0)
+            for name in ("global", "reg_b")}
+    job = new_job("reg_b", [new_step("true", target="global")], created_at=clock.now())
+    doc_id = job["_id"]
+    assert sims["reg_b"].replica.write(job)
+    sims["global"].replica.pull(sims["reg_b"].replica, doc_id)
+    sims["global"].process(doc_id)  # the step's one target starts it
+    sims["reg_b"].replica.pull(sims["global"].replica, doc_id)
+    sims["global"].finish((doc_id, 0))  # the job succeeds on global's branch
+    clock.seconds += 22.0
+    assert sims["reg_b"].process(doc_id) == "revoke"
+    clock.seconds += 10.0
+    resaved = core.keepalive(sims["reg_b"].replica.live_leaves(doc_id), sims["reg_b"].ctx(),
+                             stale_after=5.0)
+    assert resaved is not None and sims["reg_b"].replica.write(resaved)
+
+    world = World(tmp_path, seed=7)
+    try:
+        replica = world.stores["global"].replica
+        for sim in sims.values():
+            for alive in (replica, world.stores["reg_a"].replica):
+                alive.pull(sim.replica, doc_id)
+        assert replica.winner(doc_id)["job_status"] is None  # reg_b's branch
+        plan = core.plan_adopt(replica.live_leaves(doc_id),
+                               core.Context("global", format_time(datetime.now(UTC))),
+                               "reg_b", "reg_b is gone")
+        assert plan.doc is not None and world.stores["global"].write([plan.doc])
+        world.dead = {"reg_b"}
+        doc = world.run([doc_id], timeout=30.0)[doc_id]
+        assert (doc["job_status"], doc["creator"]) == ("success", "global")
+        assert len(replica.live_leaves(doc_id)) == 1  # global deleted the other leaf
+        assert started(doc) == [(0, 1, "global")]
+    finally:
+        world.stop()
+
+
 def test_a_creator_back_stays_out_of_adopted_jobs_and_keeps_its_new_ones(tmp_path: Path) -> None:
     world = World(tmp_path, seed=5, **SUCCESSION)
     try:
