@@ -453,12 +453,13 @@ class Manager:
         if rev:
             self.own_revs.append(rev)
         self._recorded(task)
-        if plan.doc is not None and rev:
-            self._remember_newest(task.doc_id, {**plan.doc, "_rev": rev})
-        if task.then_decide and plan.doc is not None and rev:
+        written = {**plan.doc, "_rev": rev} if plan.doc is not None and rev else None
+        if written is not None:
+            self._remember_newest(task.doc_id, written)
+        if task.then_decide and written is not None:
             # What we just wrote is the state (a later conflict comes through the
             # feed): it can say "nothing to do" without another read.
-            pending[task.doc_id] = self.decide_task(task.doc_id, {**plan.doc, "_rev": rev})
+            pending[task.doc_id] = self.decide_task(task.doc_id, written)
         elif task.then_decide and any(isinstance(e, core.Unbook) for e in plan.before):
             # A booking given back: what it waited for may be ours to do now (the
             # creator's own booking freed, a claim of another site to assign).

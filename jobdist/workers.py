@@ -293,7 +293,10 @@ def _exit_watch(proc: subprocess.Popen[bytes]) -> Iterator[Callable[[float], boo
     try:
         def exits_within(seconds: float) -> bool:
             readable, _, _ = select.select([pidfd], [], [], seconds)
-            return bool(readable) and proc.wait() is not None
+            if not readable:
+                return False
+            proc.wait()  # it exited: reap it, which sets its returncode
+            return True
         yield exits_within
     finally:
         os.close(pidfd)

@@ -521,6 +521,11 @@ def run_throughput(jobs: int, sites: int, workers: int, raw_docs: int,
     )
 
 
+def percentiles_ms(spread: dict[str, float]) -> str:
+    """A summary's p50/p95/p99 in milliseconds, as the tables show it."""
+    return "/".join(f"{spread[p] * 1000:.0f}" for p in ("p50", "p95", "p99")) + " ms"
+
+
 def submit_to_start(doc: Doc) -> float:
     return seconds_between(doc["created_at"], doc["job"][0]["start_time"])
 
@@ -543,13 +548,10 @@ def throughput_table(r: Throughput) -> Table:
         ("steps/s (until all seen done at global)", f"{r.steps_per_s:.1f}"),
         ("steps/s (first creation to last step end)",
          f"{r.jobs / r.execution_window:.1f}"),
-        ("submit-to-start p50/p95/p99", "/".join(
-            f"{r.latency[p] * ms:.0f}" for p in ("p50", "p95", "p99")) + " ms"),
-        ("  of steps run away from global", "/".join(
-            f"{r.remote_latency[p] * ms:.0f}" for p in ("p50", "p95", "p99")) + " ms"
-         if r.remote_latency else "none"),
-        ("scheduling overhead p50/p95/p99", "/".join(
-            f"{r.overhead[p] * ms:.0f}" for p in ("p50", "p95", "p99")) + " ms"),
+        ("submit-to-start p50/p95/p99", percentiles_ms(r.latency)),
+        ("  of steps run away from global",
+         percentiles_ms(r.remote_latency) if r.remote_latency else "none"),
+        ("scheduling overhead p50/p95/p99", percentiles_ms(r.overhead)),
         ("writes per step (after submission)", f"{r.revisions_per_step:.2f}"),
         ("conflict leaves (all jobs)", str(r.conflict_leaves)),
         ("writes/s caused by the jobs", f"{r.writes_per_s:.1f}"),
@@ -1184,10 +1186,11 @@ def latency_targets(r: Throughput) -> list[Target]:
 
 def burst_targets(r: Throughput, census: Throughput) -> list[Target]:
     requests = sum(census.requests.values()) / census.jobs
-    daemon_ms = r.cpu["daemon"] / r.jobs * 1000
     ms = 1000.0
+    daemon_ms = r.cpu["daemon"] / r.jobs * ms
     return [
-        Target(f"throughput, {r.jobs} `true` jobs, {r.sites} sites x {r.workers} workers",
+        Target(f"throughput, {r.jobs} `{r.command}` jobs, {r.sites} sites x {r.workers} "
+               "workers",
                ">= 100 steps/s",
                f"{r.steps_per_s:.1f} steps/s (raw single PUTs {r.raw.single_put_per_s:.0f}/s)",
                r.steps_per_s >= 100),
@@ -1195,8 +1198,8 @@ def burst_targets(r: Throughput, census: Throughput) -> list[Target]:
                f"{requests:.1f}", requests <= 10),
         Target("daemon CPU a step (all daemons)", "<= 5 ms", f"{daemon_ms:.1f} ms "
                f"(servers {r.cpu['server'] / r.jobs * ms:.0f} ms)", daemon_ms <= 5),
-        Target("submit to start under the burst, p50/p95/p99", "(reported)", "/".join(
-            f"{r.latency[p] * ms:.0f}" for p in ("p50", "p95", "p99")) + " ms", True),
+        Target("submit to start under the burst, p50/p95/p99", "(reported)",
+               percentiles_ms(r.latency), True),
     ]
 
 
@@ -1212,10 +1215,13 @@ def busy_targets(r: Throughput) -> list[Target]:
     ]
 
 
+MB_PER_MIB = 1.048576
+
+
 def memory_target(m: Memory) -> Target:
+    peak, settled = m.peak_mib * MB_PER_MIB, m.rss_mib * MB_PER_MIB
     return Target(f"daemon peak RSS with {m.jobs} jobs in its database", "< 150 MB",
-                  f"{m.peak_mib * 1.048576:.1f} MB (settled {m.rss_mib * 1.048576:.1f} MB)",
-                  m.peak_mib * 1.048576 < 150)
+                  f"{peak:.1f} MB (settled {settled:.1f} MB)", peak < 150)
 
 
 def targets_table(targets: list[Target]) -> Table:
