@@ -193,6 +193,30 @@ def test_a_run_outranked_by_a_revoked_run_that_finished_the_job_is_explained() -
     assert "history says nothing" in audit_run(ledger, {"j2": doc}, ["j2"], None).problems[0]
 
 
+def test_a_run_chained_on_a_run_outranked_by_success_is_explained_too() -> None:
+    """The cut-off creator ran step 0 again and chained step 1 on its finish, in one
+    revision, while the other side's revoked run of step 0 went on and finished the
+    job: the whole branch lost, so step 1's run is explained by step 0's."""
+    doc = one_step_job("j3", 1, "reg_b", [
+        event("started", 0, 1, "reg_b"), event("finished", 0, 1, "reg_b"),
+        event("started", 1, 1, "reg_b"), event("finished", 1, 1, "reg_b"),
+        event("released", 0, 2, "global", "lease of reg_b expired at ..."),
+        event("started", 0, 3, "global"), event("finished", 0, 3, "global"),
+        event("started", 1, 1, "global"), event("finished", 1, 1, "global")])
+    doc["job"].append({"step_status": "finished", "epoch": 1, "winner": "reg_b",
+                       "target": "any"})
+    ledger: list[LedgerRow] = [(kind, "j3", step, site, epoch)
+                               for step, epoch, site in ((0, 1, "reg_b"), (1, 1, "reg_b"),
+                                                         (0, 3, "global"), (1, 1, "global"))
+                               for kind in ("start", "end")]
+    audit = audit_run(ledger, {"j3": doc}, ["j3"])
+    assert audit.problems == []
+    assert audit.extra_runs == [("j3", (0, 3, "global")), ("j3", (1, 1, "global"))]
+    assert audit.duplicates[1].startswith(
+        "j3 step 1 epoch 1 on global: chained on step 0 epoch 3, step 0 epoch 1 on reg_b "
+        "finished though revoked")
+
+
 def test_an_outage_of_replication_lasts_until_the_replicator_tries_again() -> None:
     # Healed 8 s before the run began: past the lease and the replicator's next try.
     outage = fault("CouchDB SIGKILL", ("reg_a",), 10.0 - LEASE - 8.0 - 9.0, 9.0)

@@ -464,9 +464,13 @@ def _audit_job(doc: Doc, rows: list[tuple[int, LedgerRow]], audit: Audit,
         runs.add(line, row)
     audit.problems += _misplaced(doc, runs) + _counted_in_order(doc, runs)
     kept = counted(doc)
+
+    def explain(run: Run) -> str | None:
+        return why_superseded(doc["history"], run, explain) or outranked_by_success(doc, run, kept)
+
     for run in sorted(set(runs.starts) - set(kept)):
         where = f"{doc['_id']} step {run[0]} epoch {run[1]} on {run[2]}"
-        reason = why_superseded(doc["history"], run) or outranked_by_success(doc, run, kept)
+        reason = explain(run)
         if reason is None and run[2] in killed:
             reason = f"{run[2]} was killed for good: its record of the run died with it"
         takeovers = adoptions(doc["history"])
@@ -516,14 +520,22 @@ def _counted_in_order(doc: Doc, runs: JobRuns) -> list[str]:
     return problems
 
 
-def why_superseded(history: list[Doc], run: Run) -> str | None:
+def why_superseded(history: list[Doc], run: Run,
+                   explain_before: Callable[[Run], str | None] | None = None) -> str | None:
     """What the history records about a run that did not count: its stale finish, a
     cancellation in its epoch, a release that ended its epoch (a release moves the
     step to the next epoch) written by its site or naming it (a revoked lease), or
     a finish of the step before that it was chained on, in the same revision by the
     same site, itself superseded; or, in a job taken over by another creator, its own
     end on a branch the merge left: two creators arbitrated it for a while (the old
-    one cut off, or back before it saw the adoption), each branch fenced."""
+    one cut off, or back before it saw the adoption), each branch fenced.
+
+    `explain_before` explains the run of the step before that this one followed (by
+    default, this function): the audit also counts a run outranked by success there.
+    """
+    if explain_before is None:
+        def explain_before(before: Run) -> str | None:
+            return why_superseded(history, before)
     step, epoch, site = run
     for entry in history:
         if entry["step"] == step and _ends_epoch(entry, epoch, site):
@@ -537,10 +549,10 @@ def why_superseded(history: list[Doc], run: Run) -> str | None:
     for entry in history:
         if (entry["event"], entry["step"], entry["site"]) == ("finished", step - 1, site) and \
                 entry["at"] in started:
-            reason = why_superseded(history, (step - 1, entry["epoch"], site))
+            reason = explain_before((step - 1, entry["epoch"], site))
             if reason is not None:
                 return f"chained on step {step - 1} epoch {entry['epoch']}, {reason}"
-    return _after_superseded_finish(history, run, min(started, default=None))
+    return _after_superseded_finish(history, run, min(started, default=None), explain_before)
 
 
 def outranked_by_success(doc: Doc, run: Run, kept: Mapping[Run, Leaf]) -> str | None:
@@ -558,7 +570,8 @@ def outranked_by_success(doc: Doc, run: Run, kept: Mapping[Run, Leaf]) -> str | 
     return None
 
 
-def _after_superseded_finish(history: list[Doc], run: Run, started: str | None) -> str | None:
+def _after_superseded_finish(history: list[Doc], run: Run, started: str | None,
+                             explain_before: Callable[[Run], str | None]) -> str | None:
     """A run started on another site's finish of the step before, the last one recorded
     before it, which was itself superseded: its branch was a cut-off side's (a creator
     cut off revoked that finish's lease and ran the step again on its own side)."""
@@ -568,7 +581,7 @@ def _after_superseded_finish(history: list[Doc], run: Run, started: str | None) 
     if not before:
         return None
     last = before[-1]
-    reason = why_superseded(history, (step - 1, last["epoch"], last["site"]))
+    reason = explain_before((step - 1, last["epoch"], last["site"]))
     if reason is None:
         return None
     return f"ran after step {step - 1} epoch {last['epoch']} on {last['site']}, {reason}"
