@@ -339,7 +339,7 @@ def merge(leaves: Sequence[Leaf]) -> Job:
     # issued at the current step and later ones only; a step that ended keeps the
     # epoch of the run that counted. A broadcast step keeps the highest epoch its
     # sub-runs had on any leaf: a branch that went back to an earlier step drops
-    # them, and the sub-runs of the step reopened start above it (open_broadcast).
+    # them, and a sub-run's next epoch is issued above it (next_sub_run_epoch).
     for index, step in enumerate(merged["job"][merged["step"]:], start=merged["step"]):
         step["epoch"] = max(issued_epoch(leaf["job"][index]) for leaf in jobs)
     for index, step in enumerate(merged["job"]):
@@ -1526,10 +1526,7 @@ def open_broadcast(doc: Job, step: Step, ctx: Context, pool: PoolView) -> Decisi
 
     def edit(new: Job) -> None:
         opened = _current(new)
-        runs = {site: new_sub_run() for site in sites}
-        for run in runs.values():
-            run["epoch"] = opened.get("epoch", 0)  # above any epoch issued before (merge)
-        opened.update({"runs": runs,
+        opened.update({"runs": {site: new_sub_run() for site in sites},
                        "step_status": "running", "start_time": ctx.now})
         _log(new, "opened", ctx, detail=detail)
 
@@ -1537,7 +1534,7 @@ def open_broadcast(doc: Job, step: Step, ctx: Context, pool: PoolView) -> Decisi
     worker = pool.worker_for((doc["_id"], doc["step"]))
     if ctx.site not in sites or worker is None:
         return opening
-    return in_turn(opening, start_sub_run_decision(doc, step.get("epoch", 0), ctx, worker))
+    return in_turn(opening, start_sub_run_decision(doc, ctx, worker))
 
 
 def on_own_sub_run(doc: Job, step: Step, ctx: Context, pool: PoolView) -> Decision:
@@ -1552,16 +1549,25 @@ def on_own_sub_run(doc: Job, step: Step, ctx: Context, pool: PoolView) -> Decisi
         worker = pool.worker_for(key)
         if worker is None:
             return STAY  # a free worker's scan (the claimable view) brings it back
-        return start_sub_run_decision(doc, run.get("epoch", 0), ctx, worker)
+        return start_sub_run_decision(doc, ctx, worker)
     if run.get("status") == "running" and key not in pool.running:
         return Decision("release", release_sub_run(ctx, ctx.site, "worker lost (site restarted)"))
     return STAY
 
 
-def start_sub_run_decision(doc: Job, epoch: int, ctx: Context, worker: str) -> Decision:
+def start_sub_run_decision(doc: Job, ctx: Context, worker: str) -> Decision:
     key = (doc["_id"], doc["step"])
+    step = _current(doc)
+    run = sub_runs(step).get(ctx.site) or new_sub_run()  # (opened in the same revision)
     return Decision("start", start_sub_run(ctx, worker), before=(Book(key, worker),),
-                    after=(Launch(key, epoch + 1, worker),))
+                    after=(Launch(key, next_sub_run_epoch(step, run), worker),))
+
+
+def next_sub_run_epoch(step: Step, run: SubRun) -> int:
+    """The epoch a start or a release of a sub-run issues: above the run's, and above
+    the step's own epoch, where the merge keeps every epoch a leaf's sub-runs issued
+    (a branch that went back to an earlier step drops them: see merge)."""
+    return max(run.get("epoch", 0), step.get("epoch", 0)) + 1
 
 
 def log_sub_run(doc: Job, name: str, ctx: Context, run: SubRun, *, worker: str | None = None,
@@ -1573,8 +1579,9 @@ def log_sub_run(doc: Job, name: str, ctx: Context, run: SubRun, *, worker: str |
 
 def start_sub_run(ctx: Context, worker: str) -> Edit:
     def edit(doc: Job) -> None:
-        run = sub_runs(_current(doc))[ctx.site]
-        epoch = run.get("epoch", 0) + 1
+        step = _current(doc)
+        run = sub_runs(step)[ctx.site]
+        epoch = next_sub_run_epoch(step, run)
         run.update(new_sub_run())
         run.update({"epoch": epoch, "status": "running", "executioner": worker,
                     "start_time": ctx.now, "lease_until": later(ctx.now, ctx.lease)})
@@ -1585,8 +1592,9 @@ def start_sub_run(ctx: Context, worker: str) -> Edit:
 def release_sub_run(ctx: Context, site: str, reason: str) -> Edit:
     """Give a sub-run back to its site: a new epoch fences off what ran in the old one."""
     def edit(doc: Job) -> None:
-        run = sub_runs(_current(doc))[site]
-        epoch = run.get("epoch", 0) + 1
+        step = _current(doc)
+        run = sub_runs(step)[site]
+        epoch = next_sub_run_epoch(step, run)
         run.update(new_sub_run())
         run["epoch"] = epoch
         log_sub_run(doc, "released", ctx, run, detail=reason)
