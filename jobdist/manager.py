@@ -197,6 +197,7 @@ class Manager:
                 self.periodic.hear_status(item.doc)
                 continue
             self.skipped.pop(item.doc_id, None)  # a new revision: worth a new look
+            self.periodic.backlog.saw(item.doc_id, item.doc)
             # Our own write needs no decision, unless a conflict came back with it:
             # then it is the creator's to clean up.
             if item.rev not in self.own_revs or (item.doc or {}).get("_conflicts"):
@@ -392,6 +393,7 @@ class Manager:
         self.ended = self.waiting.awaited_ended(leaves)
         for doc_id, task in list(pending.items()):
             found = self._valid(doc_id, leaves.get(doc_id, []))
+            self._update_backlog(doc_id, found)
             plan = None if found is None else self._plan_one(task, found)
             if plan is None or plan.action == "none":
                 del pending[doc_id]
@@ -405,6 +407,12 @@ class Manager:
             assert found is not None
             plans[doc_id] = (plan, found[0])
         return plans
+
+    def _update_backlog(self, doc_id: str, found: Found | None) -> None:
+        """A job of the backlog read: its merged leaves say whether it is still open."""
+        if doc_id in self.periodic.backlog.open:
+            leaves = found[0] if found is not None else []
+            self.periodic.backlog.saw(doc_id, core.merge(leaves) if leaves else None)
 
     def _plan_one(self, task: Task, found: Found) -> core.Plan | None:
         try:
@@ -456,6 +464,7 @@ class Manager:
         written = {**plan.doc, "_rev": rev} if plan.doc is not None and rev else None
         if written is not None:
             self._remember_newest(task.doc_id, written)
+            self.periodic.backlog.saw(task.doc_id, written)
         if task.then_decide and written is not None:
             # What we just wrote is the state (a later conflict comes through the
             # feed): it can say "nothing to do" without another read.

@@ -17,15 +17,17 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 
 from . import core, status
+from .backlog import Backlog
 from .clock import later, utc_now
 from .config import SiteConfig
 from .couch import CouchError, Saved
 from .logs import EventLog
 from .model import Doc, Job, Progress, StepKey, is_live
-from .store import JobStore
+from .store import JobStore, Open
 from .workers import WorkerPool
 
 SCAN_INTERVAL = 2.0  # seconds between claimable scans while workers stay free
+VIEW_SCAN_INTERVAL = 10.0  # seconds between `claimable` view queries while the backlog has work
 CHECKPOINT_INTERVAL = 2.0
 PROGRESS_INTERVAL = 3.0  # seconds between two progress writes of one step, at least
 MAX_LEASES_SEEN = 100_000  # jobs whose leases we time; the least recently seen go first
@@ -46,6 +48,8 @@ class PeriodicWork:
         self.log = log
         self.last_scan = 0.0
         self.scan_due = True
+        self.backlog = Backlog(self.site)  # open steps the feed showed us
+        self.last_view_scan = -VIEW_SCAN_INTERVAL  # the first scan asks the view
         self.assign_scan_due = False
         self.last_checkpoint = time.monotonic()
         self.last_heartbeat = time.monotonic()
@@ -76,28 +80,39 @@ class PeriodicWork:
 
     def claimable_due(self, free_workers: Callable[[], tuple[str, ...]],
                       draining: bool) -> list[str]:
-        """Claim open steps that arrived while every worker was busy."""
+        """Open steps for our free workers, in line order: the backlog's (no request);
+        the `claimable` view's too when the backlog has none (at most every
+        SCAN_INTERVAL) or every VIEW_SCAN_INTERVAL (what the feed never showed us)."""
         if draining or not free_workers():
             return []
         now = time.monotonic()
         if not self.scan_due and now - self.last_scan < SCAN_INTERVAL:
             return []
         self.last_scan, self.scan_due = now, False
-        return self.claimable(limit=4 * len(free_workers()))
+        limit = 4 * len(free_workers())
+        rows = self.backlog.first(limit, self.skipped)
+        since_view = now - self.last_view_scan
+        if (not rows and since_view >= SCAN_INTERVAL) or since_view >= VIEW_SCAN_INTERVAL:
+            self.last_view_scan = now
+            rows += self.claimable(limit)
+        return self.in_line(rows, limit)
 
-    def claimable(self, limit: int) -> list[str]:
-        """Open steps this site may run, in line order (core.claim_rank)."""
+    def claimable(self, limit: int) -> list[Open]:
+        """Open steps this site may run, as the `claimable` view has them."""
         # Skipped jobs may sort first (a hostile priority): read past them, or they
         # would fill the window on every scan and starve everything behind them.
         extra = min(len(self.skipped), 1000)
         try:
-            rows = [row for target in (self.site, "any")
-                    for row in self.store.claimable(target, limit + extra)]
+            return [row for target in (self.site, "any")
+                    for row in self.store.claimable(target, limit + extra)
+                    if row.job_id not in self.skipped]
         except CouchError as error:
             self.log.warning("claimable scan failed", error=error)
             return []
-        rows = sorted((row for row in rows if row.job_id not in self.skipped),
-                      key=lambda row: (row.rank, row.created_at))
+
+    def in_line(self, rows: list[Open], limit: int) -> list[str]:
+        """The first `limit` jobs in line (core.claim_rank), sites spread among equals."""
+        rows = sorted(rows, key=lambda row: (row.rank, row.created_at))
         window = list(dict.fromkeys(row.job_id for row in rows))[:limit]
         rank = {row.job_id: row.rank for row in rows}
         return sorted(window, key=lambda doc_id: (rank[doc_id], core.spread(self.site, doc_id)))

@@ -1,0 +1,77 @@
+"""The open steps this site may take, as the changes feed and its own writes show them.
+
+A freed worker finds its next step here, in line order (core.claim_rank), without
+asking the server. Before, every freed worker cost two `claimable` view queries,
+and under a burst the manager spent 40 % of its time waiting for them
+(docs/performance.md). The `claimable` view stays the safety net for what the
+feed did not show (a daemon that just started, a change it never decoded): the
+manager queries it when the backlog has nothing to offer, at most every
+SCAN_INTERVAL while workers stay free.
+
+An entry is a hint, never a decision: the job is read (or known) and decided as
+any other. The newest revision the site looked at keeps each entry true: a change
+from the feed, a revision we wrote, the merge of the leaves a decision read.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Any
+
+from . import core
+from .model import ALL, ANY, Leaf, is_held
+from .store import Open
+
+TARGET_FIELDS = ("claimed_by", "winner", "step_status")
+
+
+def open_targets(doc: Leaf) -> list[str]:
+    """The targets whose rows the `claimable` view has for this document (its map
+    function, couch_design/jobdist/views/claimable/map.js, in Python): the sites
+    whose part of an opened broadcast step waits, or an open plain step's targets."""
+    jobs = doc.get("job")
+    index = 0 if doc.get("step") is None else doc["step"]
+    if doc.get("type") != "job" or doc.get("job_status") is not None or doc.get("_deleted") \
+            or not isinstance(jobs, list) or not isinstance(index, int) \
+            or not 0 <= index < len(jobs) or not isinstance(jobs[index], dict) or is_held(doc):
+        return []
+    step: dict[str, Any] = jobs[index]
+    runs = step.get("runs")
+    if isinstance(runs, dict) and step.get("step_status") == "running":
+        dropped = step.get("dropped")
+        dropped = dropped if isinstance(dropped, list) else []
+        return [site for site, run in runs.items()
+                if isinstance(run, dict) and run.get("status") is None and site not in dropped]
+    if any(step.get(name) is not None for name in TARGET_FIELDS) \
+            or step.get("target") == ALL or step.get("each") is True:
+        return []
+    target = ANY if step.get("target") is None else step["target"]
+    return [str(name) for name in target] if isinstance(target, list) else [str(target)]
+
+
+class Backlog:
+    """Open steps that name this site or "any", each with its place in line."""
+
+    def __init__(self, site: str) -> None:
+        self.site = site
+        self.open: dict[str, Open] = {}
+
+    def __len__(self) -> int:
+        return len(self.open)
+
+    def saw(self, doc_id: str, doc: Leaf | None) -> None:
+        """The newest revision we looked at: open here, or not (None: unreadable)."""
+        wanted = open_targets(doc) if doc is not None else []
+        if self.site not in wanted and ANY not in wanted:
+            self.open.pop(doc_id, None)
+            return
+        assert doc is not None
+        created = doc.get("created_at")
+        self.open[doc_id] = Open(doc_id, core.doc_rank(doc),
+                                 created if isinstance(created, str) else "")
+
+    def first(self, limit: int, passed: set[str] | dict[str, Any]) -> list[Open]:
+        """The `limit` first in line, leaving out the jobs in `passed`."""
+        return heapq.nsmallest(limit, (row for doc_id, row in self.open.items()
+                                       if doc_id not in passed),
+                               key=lambda row: (row.rank, row.created_at))

@@ -1,0 +1,105 @@
+"""The backlog: open steps as the feed showed them, the `claimable` view's rows in
+Python, so that a freed worker finds its next step without a request."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from jobdist.backlog import Backlog, open_targets
+from jobdist.core import claim_rank
+from jobdist.listener import Changed
+from jobdist.manager import Manager
+from jobdist.model import Doc, event, new_job, new_step, new_sub_run
+from jobdist.store import Open
+
+from .sim import Replica, SimStore
+from .test_design import BROADCAST, HTTP_DOCS, UNOPENED, run_design_functions, t
+from .test_manager import creator_alone, serve_until
+
+
+def job(*steps: Doc, **fields: object) -> Doc:
+    return {"type": "job", "creator": "alpha", "created_at": t(1), "job": list(steps),
+            **fields}
+
+
+HELD = job({"do": "make"}, after=["other"])
+CORPUS: list[Doc] = [
+    *HTTP_DOCS, BROADCAST, UNOPENED, HELD,
+    {**HELD, "history": [event("ready", step=0, site="alpha", at=t(2))]},
+    job({"do": "make", "target": ["beta", "gamma"]}, priority=4),
+    job({"do": "make", "target": "all"}),
+    job({"do": "make", "winner": "beta"}),
+    job({"do": "make", "step_status": "finished"}, {"do": "next", "target": "gamma"}, step=1),
+    job({"do": "make"}, step=1),  # past its last step
+    job({"do": "make", "target": "gamma", "step_status": "running", "each": True,
+         "runs": {"gamma": new_sub_run(), "beta": {**new_sub_run(), "status": "running"}}}),
+    {**job({"do": "make", "target": None}), "step": None},
+    {"type": "schedule", "job": [{"do": "make"}]},
+    {**job({"do": "make"}), "_deleted": True},
+]
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="needs node")
+def test_open_targets_are_the_claimable_views_rows_for_every_kind_of_document() -> None:
+    rows = run_design_functions(CORPUS, "claimable")["claimable"]
+    for doc, emitted in zip(CORPUS, rows, strict=True):
+        if doc.get("_deleted"):
+            emitted = []  # a server indexes no deleted document
+        assert open_targets(doc) == [key[0] for key, _ in emitted], doc
+
+
+def test_the_first_in_line_by_rank_then_creation_leaving_out_the_passed() -> None:
+    backlog = Backlog("beta")
+    docs = {"old": job({"do": "a"}, created_at=t(1)),
+            "urgent": job({"do": "b"}, created_at=t(2), priority=9),  # 6 levels younger
+            "new": job({"do": "c"}, created_at=t(3)),
+            "elsewhere": job({"do": "d", "target": "gamma"}, created_at=t(0))}
+    for doc_id, doc in docs.items():
+        backlog.saw(doc_id, doc)
+    assert set(backlog.open) == {"old", "urgent", "new"}  # gamma's alone is not ours
+    assert [row.job_id for row in backlog.first(3, set())] == ["urgent", "old", "new"]
+    assert backlog.first(1, {"urgent"}) == [Open("old", claim_rank(0, t(1)), t(1))]
+    backlog.saw("urgent", {**docs["urgent"], "job": [{"do": "b", "claimed_by": "gamma"}]})
+    backlog.saw("new", None)  # unreadable: the view's scan will tell
+    assert [row.job_id for row in backlog.first(5, set())] == ["old"]
+
+
+class ViewCountingStore(SimStore):
+    def __init__(self, replica: Replica, name: str) -> None:
+        super().__init__(replica, name)
+        self.view_scans = 0
+
+    def claimable(self, target: str, limit: int) -> list[Open]:
+        self.view_scans += 1
+        return super().claimable(target, limit)
+
+
+def test_a_freed_worker_takes_the_next_step_from_the_backlog_without_a_view_query(
+        tmp_path: Path) -> None:
+    store = ViewCountingStore(Replica(), "global")
+    manager = creator_alone(tmp_path, store)  # one worker
+    try:
+        serve_until(manager, lambda: store.view_scans > 0, "the first scan, at start")
+        scans = store.view_scans
+        jobs = [new_job("global", [new_step("true")]) for _ in range(4)]
+        assert all(store.write(jobs))
+        feed(manager, store, jobs)  # one start; the others wait for the worker
+        serve_until(manager, lambda: all(
+            store.replica.winner(job["_id"])["job_status"] == "success" for job in jobs),
+            "every job ended")
+        assert store.view_scans == scans
+        assert not manager.periodic.backlog.open
+    finally:
+        manager.pool.shutdown(1.0)
+
+
+def feed(manager: Manager, store: SimStore, docs: Sequence[Doc]) -> None:
+    """What the listener hands the manager: each job's winner, once written."""
+    for seq, doc in enumerate(docs):
+        winner = store.replica.winner(doc["_id"])
+        assert winner is not None
+        manager.mailbox.inbox.put(Changed(doc["_id"], winner["_rev"], seq, winner))
