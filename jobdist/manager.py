@@ -285,6 +285,8 @@ class Manager:
                     batch[task.doc_id] = task
                 elif current is None or not task.repeats(current):
                     later_tasks.append(task)  # one task a job in a batch
+                elif current.repeats(task) and current.seen is None and task.seen is not None:
+                    batch[task.doc_id] = task  # the same decision, on the feed's revision: no read
             waiting = later_tasks
             try:
                 self._run_batch(batch)

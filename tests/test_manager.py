@@ -265,6 +265,22 @@ def test_a_step_that_runs_here_ends_without_a_read_of_its_job(tmp_path: Path) ->
         manager.pool.shutdown(1.0)
 
 
+def test_a_scan_and_the_feed_deciding_about_one_job_take_the_feeds_revision(
+        tmp_path: Path) -> None:
+    """A freed worker's scan and the feed's change name the same job in one batch: one
+    decision, on the revision the feed brought, with no read."""
+    store = CountingStore(Replica(), "global")
+    manager = creator_alone(tmp_path, store)
+    try:
+        job = new_job("global", [new_step("true")])
+        assert all(store.write([job]))
+        manager.settle([manager.decide_task(job["_id"]),
+                        manager.decide_task(job["_id"], store.replica.winner(job["_id"]))])
+        assert manager.counts["steps_started"] == 1 and store.calls["reads"] == 0
+    finally:
+        manager.pool.shutdown(1.0)
+
+
 def test_an_end_written_on_a_revision_that_is_no_longer_newest_is_read_and_kept(
         tmp_path: Path) -> None:
     store = CountingStore(Replica(), "global")
