@@ -411,10 +411,13 @@ class Manager:
         return plans
 
     def _update_backlog(self, doc_id: str, found: Found | None) -> None:
-        """A job of the backlog read: its merged leaves say whether it is still open."""
-        if doc_id in self.periodic.backlog.open:
-            leaves = found[0] if found is not None else []
-            self.periodic.backlog.saw(doc_id, core.merge(leaves) if leaves else None)
+        """A job read: its merged leaves say whether it is open here (a scan of the view
+        found it, or the feed showed a conflicted winner)."""
+        leaves = found[0] if found is not None else []
+        if len(leaves) > 1:
+            self.periodic.backlog.saw(doc_id, core.merge(leaves))
+        else:
+            self.periodic.backlog.saw(doc_id, leaves[0] if leaves else None)
 
     def _plan_one(self, task: Task, found: Found) -> core.Plan | None:
         try:

@@ -103,3 +103,17 @@ def feed(manager: Manager, store: SimStore, docs: Sequence[Doc]) -> None:
         winner = store.replica.winner(doc["_id"])
         assert winner is not None
         manager.mailbox.inbox.put(Changed(doc["_id"], winner["_rev"], seq, winner))
+
+
+def test_open_steps_a_view_scan_found_and_left_wait_in_the_backlog(tmp_path: Path) -> None:
+    store = ViewCountingStore(Replica(), "global")
+    manager = creator_alone(tmp_path, store)  # one worker
+    try:
+        jobs = [new_job("global", [new_step("sleep 5")]) for _ in range(3)]
+        assert all(store.write(jobs))  # the feed never shows them: only the view does
+        serve_until(manager, lambda: manager.counts["steps_started"] == 1, "one start")
+        started = {job["_id"] for job in jobs
+                   if store.replica.winner(job["_id"])["job"][0]["step_status"] == "running"}
+        assert set(manager.periodic.backlog.open) == {job["_id"] for job in jobs} - started
+    finally:
+        manager.pool.shutdown(1.0)
