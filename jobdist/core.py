@@ -338,8 +338,9 @@ def merge(leaves: Sequence[Leaf]) -> Job:
     # otherwise two executions of one step could share a fencing token. Epochs are
     # issued at the current step and later ones only; a step that ended keeps the
     # epoch of the run that counted. A broadcast step keeps the highest epoch its
-    # sub-runs had on any leaf: a branch that went back to an earlier step drops
-    # them, and a sub-run's next epoch is issued above it (next_sub_run_epoch).
+    # sub-runs had on any leaf as its own: a branch that went back to an earlier
+    # step drops them, and a sub-run not started yet waits at that floor, so its
+    # next start issues an epoch above every one issued (merge_sub_runs).
     for index, step in enumerate(merged["job"][merged["step"]:], start=merged["step"]):
         step["epoch"] = max(issued_epoch(leaf["job"][index]) for leaf in jobs)
     for index, step in enumerate(merged["job"]):
@@ -1447,6 +1448,8 @@ def merge_sub_runs(merged: Job, leaves: list[Job]) -> None:
     for site in runs:
         runs[site] = copy.deepcopy(max(
             (other[site] for other in peer_runs if site in other), key=sub_run_rank))
+        if runs[site].get("status") is None:  # raised to the floor (see merge)
+            runs[site]["epoch"] = max(runs[site].get("epoch", 0), step.get("epoch", 0))
     dropped = {site for peer in peers for site in dropped_sites(peer)}
     if dropped:
         step["dropped"] = sorted(dropped & set(runs))
@@ -1526,7 +1529,10 @@ def open_broadcast(doc: Job, step: Step, ctx: Context, pool: PoolView) -> Decisi
 
     def edit(new: Job) -> None:
         opened = _current(new)
-        opened.update({"runs": {site: new_sub_run() for site in sites},
+        runs = {site: new_sub_run() for site in sites}
+        for run in runs.values():
+            run["epoch"] = opened.get("epoch", 0)  # the floor: see merge
+        opened.update({"runs": runs,
                        "step_status": "running", "start_time": ctx.now})
         _log(new, "opened", ctx, detail=detail)
 
@@ -1534,7 +1540,7 @@ def open_broadcast(doc: Job, step: Step, ctx: Context, pool: PoolView) -> Decisi
     worker = pool.worker_for((doc["_id"], doc["step"]))
     if ctx.site not in sites or worker is None:
         return opening
-    return in_turn(opening, start_sub_run_decision(doc, ctx, worker))
+    return in_turn(opening, start_sub_run_decision(doc, step.get("epoch", 0), ctx, worker))
 
 
 def on_own_sub_run(doc: Job, step: Step, ctx: Context, pool: PoolView) -> Decision:
@@ -1549,25 +1555,16 @@ def on_own_sub_run(doc: Job, step: Step, ctx: Context, pool: PoolView) -> Decisi
         worker = pool.worker_for(key)
         if worker is None:
             return STAY  # a free worker's scan (the claimable view) brings it back
-        return start_sub_run_decision(doc, ctx, worker)
+        return start_sub_run_decision(doc, run.get("epoch", 0), ctx, worker)
     if run.get("status") == "running" and key not in pool.running:
         return Decision("release", release_sub_run(ctx, ctx.site, "worker lost (site restarted)"))
     return STAY
 
 
-def start_sub_run_decision(doc: Job, ctx: Context, worker: str) -> Decision:
+def start_sub_run_decision(doc: Job, epoch: int, ctx: Context, worker: str) -> Decision:
     key = (doc["_id"], doc["step"])
-    step = _current(doc)
-    run = sub_runs(step).get(ctx.site) or new_sub_run()  # (opened in the same revision)
     return Decision("start", start_sub_run(ctx, worker), before=(Book(key, worker),),
-                    after=(Launch(key, next_sub_run_epoch(step, run), worker),))
-
-
-def next_sub_run_epoch(step: Step, run: SubRun) -> int:
-    """The epoch a start or a release of a sub-run issues: above the run's, and above
-    the step's own epoch, where the merge keeps every epoch a leaf's sub-runs issued
-    (a branch that went back to an earlier step drops them: see merge)."""
-    return max(run.get("epoch", 0), step.get("epoch", 0)) + 1
+                    after=(Launch(key, epoch + 1, worker),))
 
 
 def log_sub_run(doc: Job, name: str, ctx: Context, run: SubRun, *, worker: str | None = None,
@@ -1579,9 +1576,8 @@ def log_sub_run(doc: Job, name: str, ctx: Context, run: SubRun, *, worker: str |
 
 def start_sub_run(ctx: Context, worker: str) -> Edit:
     def edit(doc: Job) -> None:
-        step = _current(doc)
-        run = sub_runs(step)[ctx.site]
-        epoch = next_sub_run_epoch(step, run)
+        run = sub_runs(_current(doc))[ctx.site]
+        epoch = run.get("epoch", 0) + 1
         run.update(new_sub_run())
         run.update({"epoch": epoch, "status": "running", "executioner": worker,
                     "start_time": ctx.now, "lease_until": later(ctx.now, ctx.lease)})
@@ -1592,9 +1588,8 @@ def start_sub_run(ctx: Context, worker: str) -> Edit:
 def release_sub_run(ctx: Context, site: str, reason: str) -> Edit:
     """Give a sub-run back to its site: a new epoch fences off what ran in the old one."""
     def edit(doc: Job) -> None:
-        step = _current(doc)
-        run = sub_runs(step)[site]
-        epoch = next_sub_run_epoch(step, run)
+        run = sub_runs(_current(doc))[site]
+        epoch = run.get("epoch", 0) + 1
         run.update(new_sub_run())
         run["epoch"] = epoch
         log_sub_run(doc, "released", ctx, run, detail=reason)
