@@ -282,19 +282,7 @@ def couch_order(doc: Leaf) -> tuple[int, str]:
 
 
 def progress(doc: Job) -> tuple[tuple[int, int], ...]:
-    """How far a leaf went: each step's epoch and phase. A broadcast step's own epoch is
-    only the floor of its sub-runs' epochs (see merge), never a rank."""
-    return tuple((0 if is_broadcast(step) else step.get("epoch", 0), int(step_phase(step)))
-                 for step in doc["job"])
-
-
-def issued_epoch(step: Step) -> int:
-    """The highest epoch issued at a step: its own, or any of its sub-runs'."""
-    runs = step.get("runs")
-    own = step.get("epoch", 0)
-    if not isinstance(runs, dict):
-        return own
-    return max([own, *(run.get("epoch", 0) for run in runs.values() if isinstance(run, dict))])
+    return tuple((step.get("epoch", 0), int(step_phase(step))) for step in doc["job"])
 
 
 def term(doc: Job) -> int:
@@ -337,12 +325,9 @@ def merge(leaves: Sequence[Leaf]) -> Job:
     # issued it loses (a step chained on top of a finish that was revoked):
     # otherwise two executions of one step could share a fencing token. Epochs are
     # issued at the current step and later ones only; a step that ended keeps the
-    # epoch of the run that counted. A broadcast step keeps the highest epoch its
-    # sub-runs had on any leaf as its own: a branch that went back to an earlier
-    # step drops them, and a sub-run not started yet waits at that floor, so its
-    # next start issues an epoch above every one issued (merge_sub_runs).
+    # epoch of the run that counted.
     for index, step in enumerate(merged["job"][merged["step"]:], start=merged["step"]):
-        step["epoch"] = max(issued_epoch(leaf["job"][index]) for leaf in jobs)
+        step["epoch"] = max(leaf["job"][index].get("epoch", 0) for leaf in jobs)
     for index, step in enumerate(merged["job"]):
         step["progress"] = latest_progress(jobs, index, step)
     merge_sub_runs(merged, jobs)
@@ -1448,8 +1433,6 @@ def merge_sub_runs(merged: Job, leaves: list[Job]) -> None:
     for site in runs:
         runs[site] = copy.deepcopy(max(
             (other[site] for other in peer_runs if site in other), key=sub_run_rank))
-        if runs[site].get("status") is None:  # raised to the floor (see merge)
-            runs[site]["epoch"] = max(runs[site].get("epoch", 0), step.get("epoch", 0))
     dropped = {site for peer in peers for site in dropped_sites(peer)}
     if dropped:
         step["dropped"] = sorted(dropped & set(runs))
@@ -1529,10 +1512,7 @@ def open_broadcast(doc: Job, step: Step, ctx: Context, pool: PoolView) -> Decisi
 
     def edit(new: Job) -> None:
         opened = _current(new)
-        runs = {site: new_sub_run() for site in sites}
-        for run in runs.values():
-            run["epoch"] = opened.get("epoch", 0)  # the floor: see merge
-        opened.update({"runs": runs,
+        opened.update({"runs": {site: new_sub_run() for site in sites},
                        "step_status": "running", "start_time": ctx.now})
         _log(new, "opened", ctx, detail=detail)
 
@@ -1540,7 +1520,7 @@ def open_broadcast(doc: Job, step: Step, ctx: Context, pool: PoolView) -> Decisi
     worker = pool.worker_for((doc["_id"], doc["step"]))
     if ctx.site not in sites or worker is None:
         return opening
-    return in_turn(opening, start_sub_run_decision(doc, step.get("epoch", 0), ctx, worker))
+    return in_turn(opening, start_sub_run_decision(doc, 0, ctx, worker))
 
 
 def on_own_sub_run(doc: Job, step: Step, ctx: Context, pool: PoolView) -> Decision:

@@ -18,10 +18,11 @@ which jobs come due with time, publishes our status and saves the feed
 checkpoint (periodic_work.py), the `WaitingJobs` that says which of our
 waiting jobs to wake (waiting.py), and the worker pool, which the daemon builds.
 
-Beyond the thesis: when a worker frees up, the manager asks the `claimable`
-view for open steps this site may run (in line: core.claim_rank), so a
-job that arrived while every worker was busy is not forgotten until the next
-keep-alive re-save.
+Beyond the thesis: when a worker frees up, the manager takes the next open
+steps this site may run (in line: core.claim_rank) from its backlog of what
+the feed showed (backlog.py), and asks the `claimable` view when the backlog
+is empty, so a job that arrived while every worker was busy is not forgotten
+until the next keep-alive re-save.
 """
 
 from __future__ import annotations

@@ -1532,46 +1532,6 @@ def test_merge_combines_sub_runs_site_by_site_whatever_the_leaf_order():
     assert current(core.merge([revoked, c]))["runs"]["reg_b"]["epoch"] == 2  # never reissued
 
 
-def finished_step(doc: Doc, site: str, epoch: int) -> Doc:
-    """The current (plain) step ended on `site` in `epoch`; the job moves to the next."""
-    step(doc, step_status="finished", claimed_by=site, winner=site, epoch=epoch,
-         executioner=f"{site}/w1", start_time=at(2), finish_time=at(3), exit_code=0,
-         attempts=1)
-    doc["step"] += 1
-    return doc
-
-
-def test_a_broadcast_reopened_after_the_job_went_back_never_reissues_a_sub_run_epoch():
-    """One branch opened the broadcast step 1 and reg_b ran its part in epoch 3; the
-    other revoked step 0 (epoch 2) and wins the merge, which has step 1 unopened. The
-    merge keeps epoch 3 as the step's own, and a sub-run not started yet waits at it,
-    on any branch: its next start is above every epoch issued, never one reissued."""
-    ahead = job("any", "all", rev="4-b")
-    finished_step(ahead, "reg_a", 1)
-    opened(ahead)
-    sub(ahead, "reg_b", status="running", epoch=3, executioner="reg_b/w1")
-    went_back = step(job("any", "all", rev="3-a"), epoch=2)
-    merged = core.merge([ahead, went_back])
-    assert merged["step"] == 0 and merged["job"][1]["epoch"] == 3
-    assert core.progress(merged) == core.progress(went_back)  # a floor, not a rank
-    reopened = apply(core.plan([finished_step(merged, "global", 2)], ctx(known=SITES3),
-                               pool()))
-    assert {run["epoch"] for run in current(reopened)["runs"].values()} == {3}  # the floor
-    started = decide(reopened, "reg_b", pool("reg_b/w1"), known=SITES3)
-    assert current(apply(started))["runs"]["reg_b"]["epoch"] == 4
-    assert started.after == (Launch((JOB, 1), 4, "reg_b/w1"),)
-    # A branch that finished step 0 in epoch 2 and opened step 1 without the floor,
-    # merged with the floor's: its sub-runs not started are raised to the floor too.
-    opened_blind = opened(finished_step(step(job("any", "all", rev="5-c"), epoch=2), "global", 2))
-    sub(opened_blind, "global", status="running", epoch=1, executioner="global/w1")
-    both = core.merge([opened_blind, merged])
-    assert both["step"] == 1 and current(both)["epoch"] == 3
-    assert {site: run["epoch"] for site, run in current(both)["runs"].items()} == {
-        "global": 1, "reg_a": 3, "reg_b": 3}  # a run under way keeps its token
-    started = decide(both, "reg_b", pool("reg_b/w1"), known=SITES3)
-    assert started.after == (Launch((JOB, 1), 4, "reg_b/w1"),)
-
-
 def test_a_drop_survives_any_concurrent_write_and_lets_the_step_end():
     base = done(done(opened(broadcast()), "global"), "reg_a")
     dropped = apply(core.plan_drop([base], ctx(), "reg_b", "lost"))
