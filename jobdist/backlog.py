@@ -5,8 +5,8 @@ asking the server. Before, every freed worker cost two `claimable` view queries,
 and under a burst the manager spent 40 % of its time waiting for them
 (docs/performance.md). The `claimable` view stays the safety net for what the
 feed did not show (a daemon that just started, a change it never decoded): the
-manager queries it when the backlog has nothing to offer, at most every
-SCAN_INTERVAL while workers stay free.
+manager queries it when the backlog has nothing to offer (at most every
+SCAN_INTERVAL while workers stay free), and every VIEW_SCAN_INTERVAL besides.
 
 An entry is a hint, never a decision: the job is read (or known) and decided as
 any other. The newest revision the site looked at keeps each entry true: a change
@@ -16,13 +16,14 @@ from the feed, a revision we wrote, the merge of the leaves a decision read.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Container
 from typing import Any
 
 from . import core
 from .model import ALL, ANY, Leaf, is_held
 from .store import Open
 
-TARGET_FIELDS = ("claimed_by", "winner", "step_status")
+TAKEN_FIELDS = ("claimed_by", "winner", "step_status")  # any of them set: not open
 
 
 def open_targets(doc: Leaf) -> list[str]:
@@ -42,7 +43,7 @@ def open_targets(doc: Leaf) -> list[str]:
         dropped = dropped if isinstance(dropped, list) else []
         return [site for site, run in runs.items()
                 if isinstance(run, dict) and run.get("status") is None and site not in dropped]
-    if any(step.get(name) is not None for name in TARGET_FIELDS) \
+    if any(step.get(name) is not None for name in TAKEN_FIELDS) \
             or step.get("target") == ALL or step.get("each") is True:
         return []
     target = ANY if step.get("target") is None else step["target"]
@@ -56,9 +57,6 @@ class Backlog:
         self.site = site
         self.open: dict[str, Open] = {}
 
-    def __len__(self) -> int:
-        return len(self.open)
-
     def saw(self, doc_id: str, doc: Leaf | None) -> None:
         """The newest revision we looked at: open here, or not (None: unreadable)."""
         wanted = open_targets(doc) if doc is not None else []
@@ -70,7 +68,7 @@ class Backlog:
         self.open[doc_id] = Open(doc_id, core.doc_rank(doc),
                                  created if isinstance(created, str) else "")
 
-    def first(self, limit: int, passed: set[str] | dict[str, Any]) -> list[Open]:
+    def first(self, limit: int, passed: Container[str]) -> list[Open]:
         """The `limit` first in line, leaving out the jobs in `passed`."""
         return heapq.nsmallest(limit, (row for doc_id, row in self.open.items()
                                        if doc_id not in passed),
