@@ -96,6 +96,11 @@ class PoolView:
     free_workers: tuple[str, ...] = ()
     booked: Mapping[StepKey, Booking] = field(default_factory=dict)
     running: Mapping[StepKey, Running] = field(default_factory=dict)
+    # Steps won here that wait for a worker, and how long each has waited by this
+    # site's clock (see queues); at most `queue_limit` (0: a win no worker is free
+    # for is released at once, as in the thesis).
+    queued: Mapping[StepKey, float] = field(default_factory=dict)
+    queue_limit: int = 0
 
     def worker_for(self, key: StepKey) -> str | None:
         """The worker booked for key, else a free one, else None."""
@@ -252,7 +257,14 @@ class Revoke:
     site: str
 
 
-Effect = Book | Unbook | Launch | Kill | Assign | Revoke
+@dataclass(frozen=True)
+class Queue:
+    """A step won here with no worker free: hold it, and start it when one frees."""
+
+    key: StepKey
+
+
+Effect = Book | Unbook | Launch | Kill | Assign | Revoke | Queue
 
 
 @dataclass(frozen=True)
@@ -870,8 +882,10 @@ def on_won(doc: Job, step: Step, ctx: Context, pool: PoolView) -> Decision:
     if worker is not None:
         return start_decision(doc, step, ctx, worker, assign=False)
     taken = pool.oldest_undecided()
+    if taken is None and queues(key, pool, ctx):
+        return Decision(QUEUED, before=(Queue(key),), detail="won; waits for a worker here")
     if taken is None:
-        return Decision("release", release(ctx, "won but no worker is free"))
+        return Decision("release", release(ctx, no_worker_reason(key, pool, ctx)))
     # A decided win beats an undecided claim: without this, a site whose claims
     # outlive its bookings wins steps it can never start, and releases them forever.
     other, worker = taken
@@ -879,6 +893,34 @@ def on_won(doc: Job, step: Step, ctx: Context, pool: PoolView) -> Decision:
     return Decision(decision.action, decision.edit, (Unbook(other), *decision.before),
                     decision.after,
                     f"{WON_CLAIM}; worker taken from the claim on {other[0]} step {other[1]}")
+
+
+QUEUED = "queue"  # an action: a win held here until a worker frees (no write)
+# Why a winner gives a step back unstarted: the creator stops queueing steps at a
+# site that says so, for a while (status.Board.saw_job).
+NO_WORKER = "won but no worker is free"  # and holds no wins (a daemon before queues did not)
+NO_WORKER_IN_TIME = "won, but no worker freed within half the start-by lease"
+QUEUE_FULL = "won but no worker is free, and the queue is full"
+
+
+def no_worker_reason(key: StepKey, pool: PoolView, ctx: Context) -> str:
+    if pool.queued.get(key, 0.0) >= ctx.lease / 2:
+        return NO_WORKER_IN_TIME
+    return QUEUE_FULL if pool.queue_limit else NO_WORKER
+
+
+def queues(key: StepKey, pool: PoolView, ctx: Context) -> bool:
+    """Does this site hold a win no worker is free for, rather than release it?
+
+    Held, it starts on the next worker that frees, with no replication hop:
+    released, it goes back to the creator and comes back by a claim and a win.
+    At most `pool.queue_limit` are held, each for at most half the start-by
+    lease by our own clock (whatever the clocks say, the creator revokes only a
+    lease silent for longer than the whole lease): its start, or its release,
+    reaches the creator long before the creator may take it back.
+    """
+    held_elsewhere = sum(1 for other in pool.queued if other != key)
+    return held_elsewhere < pool.queue_limit and pool.queued.get(key, 0.0) < ctx.lease / 2
 
 
 def on_running(doc: Job, step: Step, ctx: Context, pool: PoolView) -> Decision:

@@ -32,7 +32,7 @@ import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from . import core, status
 from .clock import utc_now
@@ -148,7 +148,11 @@ class Manager:
 
     def serve_once(self, timeout: float) -> None:
         changes = self._next_changes(timeout)
-        self.settle([*self._report_tasks(), *self._held_tasks_due()])
+        reports = self._report_tasks()
+        # A worker that ends its step takes the win held longest here in the same write
+        # as the end: a finish plans before the start, with its worker free.
+        freeing = sum(task.held is not None for task in reports)
+        self.settle([*reports, *self._held_tasks_due(), *self._held_win_tasks(freeing)])
         arrivals = self._change_tasks(changes)  # (hears the sites' statuses too)
         # Workers and room just freed go to the open steps first in line (core.claim_rank),
         # and only then to what just arrived: a constant stream of new jobs must not
@@ -159,6 +163,7 @@ class Manager:
             self.periodic.seq = changes[-1].seq  # feed order: the checkpoint never goes back
         self.settle([*self._report_tasks(), *self._decisions(self.runner.expired_bookings()),
                      *self._renewal_tasks_due(), *self._decisions(self.periodic.leases_due()),
+                     *self._decisions(self.runner.queued_due(self.config.daemon.lease / 2)),
                      *self._decisions(self.periodic.successions_due()),
                      *self._decisions(self.waiting.woken()),
                      *self._decisions(self.periodic.waiting_due())])
@@ -175,8 +180,21 @@ class Manager:
         return [self.decide_task(doc_id) for doc_id in doc_ids]
 
     def _scan_tasks_due(self) -> list[Task]:
-        return self._decisions(self.periodic.claimable_due(self.runner.free_workers,
-                                                           self.draining))
+        """Free workers go to the wins held here first (they cost no hop), then to the
+        open steps in line."""
+        held = self._held_win_tasks()
+        open_steps = self.periodic.claimable_due(self.runner.free_workers, self.draining)
+        return [*held, *self._decisions(doc_id for doc_id in open_steps
+                                        if doc_id not in {task.doc_id for task in held})]
+
+    def _held_win_tasks(self, freeing: int = 0) -> list[Task]:
+        """The wins held longest, one for each free worker and each `freeing`, decided on
+        the revision that was held (no read; a 409 says it changed)."""
+        if self.draining:
+            return []
+        count = len(self.runner.free_workers()) + freeing
+        return [self.decide_task(doc_id, known=self.newest.get(doc_id))
+                for doc_id in self.runner.queued_first(count)]
 
     def _assign_tasks_due(self) -> list[Task]:
         return self._decisions(self.periodic.open_for_room_due())
@@ -198,7 +216,7 @@ class Manager:
                 self.periodic.hear_status(item.doc)
                 continue
             self.skipped.pop(item.doc_id, None)  # a new revision: worth a new look
-            self.periodic.backlog.saw(item.doc_id, item.doc)
+            self.periodic.saw_job(item.doc_id, item.doc)
             # Our own write needs no decision, unless a conflict came back with it:
             # then it is the creator's to clean up.
             if item.rev not in self.own_revs or (item.doc or {}).get("_conflicts"):
@@ -218,14 +236,16 @@ class Manager:
 
     # --- tasks: what each kind of decision plans ----------------------------------
 
-    def decide_task(self, doc_id: str, seen: Doc | None = None) -> Task:
-        """Decide about a job until there is nothing more to do right now."""
+    def decide_task(self, doc_id: str, seen: Doc | None = None,
+                    known: Doc | None = None) -> Task:
+        """Decide about a job until there is nothing more to do right now (Task: `seen`,
+        `known`)."""
         def plan(leaves: list[Job], rejected: list[core.Unusable]) -> core.Plan:
             context = self.context(self.periodic.lease_silence(doc_id, leaves),
                                    self.periodic.unchanged_for(doc_id, leaves))
             self.waiting.note(doc_id, leaves)
             return core.plan(leaves, context, self.pool_view(), rejected)
-        return Task(doc_id, plan, seen=seen, then_decide=True)
+        return Task(doc_id, plan, seen=seen, known=known, then_decide=True)
 
     def process(self, doc_id: str, seen: Doc | None = None) -> None:
         """Decide about one job now (see decide_task)."""
@@ -409,6 +429,8 @@ class Manager:
             self.runner.plan_made(plan)
             assert found is not None
             plans[doc_id] = (plan, found[0])
+            if plan.action == core.QUEUED and len(found[0]) == 1:
+                self._remember_newest(doc_id, cast(Doc, found[0][0]))  # the start is made on it
         return plans
 
     def _update_backlog(self, doc_id: str, found: Found | None) -> None:
@@ -416,17 +438,19 @@ class Manager:
         found it, or the feed showed a conflicted winner)."""
         leaves = found[0] if found is not None else []
         if len(leaves) > 1:
-            self.periodic.backlog.saw(doc_id, core.merge(leaves))
+            self.periodic.saw_job(doc_id, core.merge(leaves))
         else:
-            self.periodic.backlog.saw(doc_id, leaves[0] if leaves else None)
+            self.periodic.saw_job(doc_id, leaves[0] if leaves else None)
 
     def _plan_one(self, task: Task, found: Found) -> core.Plan | None:
         try:
-            return task.plan(*found)
+            plan = task.plan(*found)
         except Exception:  # a document the core chokes on: logged, the batch goes on
             self.counts["handler_errors"] += 1
             self.log.exception("error while deciding", job=task.doc_id)
             return None
+        self.runner.decided(task.doc_id, plan)
+        return plan
 
     def _write_all(self, pending: dict[str, Task],
                    plans: dict[str, tuple[core.Plan, list[Job]]]) -> None:
@@ -470,7 +494,7 @@ class Manager:
         written = {**plan.doc, "_rev": rev} if plan.doc is not None and rev else None
         if written is not None:
             self._remember_newest(task.doc_id, written)
-            self.periodic.backlog.saw(task.doc_id, written)
+            self.periodic.saw_job(task.doc_id, written)
         if task.then_decide and written is not None:
             # What we just wrote is the state (a later conflict comes through the
             # feed): it can say "nothing to do" without another read.
@@ -677,6 +701,7 @@ class Manager:
         """Graceful stop: claim nothing more, let running steps end or stop them, release."""
         self.draining = True
         self.runner.release_bookings()
+        self.settle(self._decisions(self.runner.queued_first(len(self.runner.queued))))
         stopped = self.pool.shutdown(grace)
         if stopped:
             self.log.info("stopped running steps", count=len(stopped))

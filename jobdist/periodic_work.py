@@ -22,7 +22,7 @@ from .clock import later, utc_now
 from .config import SiteConfig
 from .couch import CouchError, Saved
 from .logs import EventLog
-from .model import Doc, Job, Progress, StepKey, is_live
+from .model import Doc, Job, Leaf, Progress, StepKey, is_live
 from .store import JobStore, Open
 from .workers import WorkerPool
 
@@ -73,6 +73,13 @@ class PeriodicWork:
         self.last_waiting_scan = 0.0
 
     # --- open steps: for our free workers, and for the other sites' room ------------------
+
+    def saw_job(self, doc_id: str, doc: Leaf | None) -> None:
+        """The newest revision of a job we looked at (None: unreadable): is its step open
+        to us (the backlog), does a site hold a step of ours unstarted (the board)?"""
+        self.backlog.saw(doc_id, doc)
+        if self.board.saw_job(doc_id, doc, time.monotonic()):
+            self.assign_scan_due = True  # a site's queue has room again
 
     def scan_soon(self) -> None:
         """A worker may be free for other work now: the next claimable scan is due at once."""

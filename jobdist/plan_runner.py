@@ -44,6 +44,8 @@ class PlanRunner:
         # Executions whose end is not recorded yet: running, or ended with the result
         # held (manager.hold). Both count as running here, so no decision releases them.
         self.executions: dict[StepKey, core.Running] = {}
+        # Steps won here that wait for a worker (core.queues), and since when (monotonic).
+        self.queued: dict[StepKey, float] = {}
 
     # --- what the core sees of our workers ------------------------------------------
 
@@ -58,6 +60,8 @@ class PlanRunner:
                     for key, worker in self.pool.bookings().items()
                     if key not in self.launching},
             running=running,
+            queued={key: now - since for key, since in self.queued.items()},
+            queue_limit=self.config.workers,
         )
 
     def free_workers(self) -> tuple[str, ...]:
@@ -73,9 +77,26 @@ class PlanRunner:
         self.launching.update((launch.key, core.Running(launch.worker, launch.epoch))
                               for launch in plan.after if isinstance(launch, core.Launch))
 
+    def decided(self, doc_id: str, plan: core.Plan) -> None:
+        """Every plan made about a job: a win of it held here stays held only while the
+        core keeps holding it."""
+        held = {effect.key for effect in plan.before if isinstance(effect, core.Queue)}
+        for key in [key for key in self.queued if key[0] == doc_id and key not in held]:
+            del self.queued[key]
+
+    def queued_first(self, count: int) -> list[str]:
+        """The jobs of the `count` wins held longest: first in line for freed workers."""
+        return [key[0] for key in list(self.queued)[:count]]
+
+    def queued_due(self, held_at_most: float) -> list[str]:
+        """The jobs of wins held for `held_at_most` seconds: to start or give back now."""
+        now = time.monotonic()
+        return [key[0] for key, since in self.queued.items() if now - since >= held_at_most]
+
     def runs(self, job_id: str) -> bool:
-        """Does a step of this job run here, or is one about to be launched?"""
-        return any(key[0] == job_id for key in (*self.executions, *self.launching))
+        """Does a step of this job run here, is one about to be launched, or held?"""
+        return any(key[0] == job_id
+                   for key in (*self.executions, *self.launching, *self.queued))
 
     def batch_done(self) -> None:
         self.launching.clear()  # launched, or their revision was not saved
@@ -133,6 +154,8 @@ class PlanRunner:
             self.board.note_assigned(effect.key, effect.site, time.monotonic())
         elif isinstance(effect, core.Revoke):
             self.board.forget(effect.site)
+        elif isinstance(effect, core.Queue) and effect.key not in self.queued:
+            self.queued[effect.key] = time.monotonic()
 
     def launch(self, effect: core.Launch, doc: Job) -> None:
         job_id, index = effect.key

@@ -9,8 +9,12 @@ after it is submitted instead of three (docs/protocol.md, "Assignment by
 room"). Sites read their creators' status to know a claim would mostly lose to
 such an assignment, and hold it back for a moment.
 
-The knowledge is always a little stale, which costs time, never safety: a site
-assigned a step with no worker free releases it as after any claim, and the
+A site's room is its free workers and its queue: as many wins as it has
+workers, held until a worker frees (core.queues), so that a busy site's next
+start costs no hop. The creator counts what it gave each site and the site has
+not started from the job documents themselves (Board.saw_job). The knowledge
+is always a little stale, which costs time, never safety: a site assigned a
+step it can neither start nor hold releases it as after any claim, and the
 creator still alone picks winners. Publishing is bounded: a changed room at
 most once a second, an unchanged one every `REFRESH` seconds (sooner when
 succession needs it) so that others can tell a silent site from a busy one.
@@ -28,7 +32,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .model import Doc, StepKey
+from . import core
+from .model import Doc, Leaf, Phase, StepKey, step_phase
 from .validation import validate_site_status
 
 log = logging.getLogger("jobdist.status")
@@ -38,7 +43,10 @@ MIN_INTERVAL = 1.0  # seconds between two publications of a changed room
 REFRESH = 30.0  # an unchanged status is published again this often
 STALE_AFTER = 3 * REFRESH  # a status not renewed for this long (our clock) is ignored
 ASSIGNED_FOR = 3.0  # seconds an assignment counts against a room its site has not re-published
-
+QUEUE_BACKOFF = 30.0  # seconds a site that holds no wins, or not long enough, is queued nothing
+MAX_WON = 10_000  # our steps won elsewhere and not started that we keep count of
+# (A full queue is no reason: more claims than room were won there, for a moment.)
+NO_ROOM_RELEASES = frozenset({core.NO_WORKER, core.NO_WORKER_IN_TIME})
 
 
 def refresh_for(creator_timeout: float) -> float:
@@ -73,6 +81,11 @@ class SiteStatus:
     def room(self) -> int:
         return 0 if self.draining or self.restricted else self.free_workers
 
+    @property
+    def queue(self) -> int:
+        """Wins it may hold beyond its free workers, to start as they free (core.queues)."""
+        return 0 if self.draining or self.restricted else self.workers
+
     @classmethod
     def parse(cls, doc: Any) -> SiteStatus | None:
         """The status a document holds, or None when it is not a well-formed one."""
@@ -92,6 +105,9 @@ class Board:
         # from there, or from `started` for a site we never heard.
         self.news: dict[str, tuple[str, float]] = {}
         self.started = started
+        # Our jobs whose step another site won and has not started: job -> (step, site).
+        self.won: dict[str, tuple[StepKey, str]] = {}
+        self.no_queue: dict[str, float] = {}  # site -> when it last gave a win back unstarted
 
     def hear(self, doc: Any, now: float) -> bool:
         """Take in a status document; True when that site has more room than we knew."""
@@ -124,23 +140,80 @@ class Board:
         self.news = {site: (updated_at, now) for site, (updated_at, _) in self.news.items()}
 
     def note_assigned(self, key: StepKey, site: str, now: float) -> None:
+        """We give `site` a step (before the write: the next decision of the batch counts
+        it): unstarted until the job shows otherwise (saw_job)."""
         self.assigned[key] = (site, now)
+        self.won[key[0]] = (key, site)
 
     def room(self, now: float) -> dict[str, int]:
-        """Steps each site with a fresh status may still be given, less our assignments."""
+        """Steps each site with a fresh status may still be given: its free workers less
+        what we gave it that started since (what its status may not count yet), and its
+        queue, less what we gave it that it has not started."""
         self.assigned = {key: (site, at) for key, (site, at) in self.assigned.items()
                          if now - at < ASSIGNED_FOR}
-        taken: dict[str, int] = {}
-        for site, _ in self.assigned.values():
-            taken[site] = taken.get(site, 0) + 1
-        return {site: status.room - taken.get(site, 0)
-                for site, (status, heard) in self.statuses.items()
-                if now - heard < STALE_AFTER}
+        room = {}
+        for site, (status, heard) in self.statuses.items():
+            if now - heard >= STALE_AFTER:
+                continue
+            unstarted = {key for key, winner in self.won.values() if winner == site}
+            started = {key for key, (to, _) in self.assigned.items() if to == site} - unstarted
+            # A start beyond its free workers took a worker freed since: not a free one.
+            free = max(0, status.room - len(started))
+            room[site] = free + self.queue(site, status, now) - len(unstarted)
+        return room
+
+    def queue(self, site: str, status: SiteStatus, now: float) -> int:
+        gave_back = self.no_queue.get(site)
+        return 0 if gave_back is not None and now - gave_back < QUEUE_BACKOFF else status.queue
+
+    def saw_job(self, doc_id: str, doc: Leaf | None, now: float) -> bool:
+        """One of our jobs as we last saw it (None: gone). A step another site won and
+        has not started waits in its queue; a win it gave back unstarted because it
+        holds none (a daemon from before queues) or none long enough (its workers run
+        long steps) says to queue it nothing for a while. True when a site's queue has
+        room again."""
+        before = self.won.pop(doc_id, None)
+        won = _won_elsewhere(doc_id, doc, self.site)
+        if won is not None:
+            self.won[doc_id] = won
+            while len(self.won) > MAX_WON:
+                del self.won[next(iter(self.won))]
+        elif doc is not None:
+            gave_back = _gave_back_unstarted(doc)
+            if gave_back is not None:
+                self.no_queue[gave_back] = now
+        return before is not None and won is None
 
     def assigning(self, now: float) -> frozenset[str]:
         """Creators whose fresh status says they assign open steps."""
         return frozenset(site for site, (status, heard) in self.statuses.items()
                          if status.assigns and now - heard < STALE_AFTER)
+
+
+def _won_elsewhere(doc_id: str, doc: Leaf | None, site: str) -> tuple[StepKey, str] | None:
+    """(step, winner) when `site` created the job and another site won its step and has
+    not started it. The document comes straight from the feed: nothing is assumed of it."""
+    if not isinstance(doc, dict) or doc.get("creator") != site or doc.get("type") != "job" \
+            or doc.get("job_status") is not None or doc.get("_deleted"):
+        return None
+    index, steps = doc.get("step"), doc.get("job")
+    if not isinstance(index, int) or not isinstance(steps, list) or \
+            not 0 <= index < len(steps) or not isinstance(steps[index], dict):
+        return None
+    winner = steps[index].get("winner")
+    if not isinstance(winner, str) or winner == site or step_phase(steps[index]) != Phase.WON:
+        return None
+    return (doc_id, index), winner
+
+
+def _gave_back_unstarted(doc: Leaf) -> str | None:
+    """The site whose release, for want of a worker, is the job's last event."""
+    history = doc.get("history")
+    last = history[-1] if isinstance(history, list) and history else None
+    if isinstance(last, dict) and last.get("event") == "released" and \
+            last.get("detail") in NO_ROOM_RELEASES and isinstance(last.get("site"), str):
+        return str(last["site"])
+    return None
 
 
 class Publisher:

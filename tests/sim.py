@@ -140,6 +140,8 @@ class SimSite:
         self.known_sites = known_sites
         self.booked: dict[StepKey, tuple[str, float]] = {}
         self.running: dict[StepKey, Execution] = {}
+        self.queued: dict[StepKey, float] = {}  # wins held for a worker (core.queues), since
+        self.queue_limit = workers  # 0: a site that releases a win no worker is free for
         self.killed: list[Execution] = []
         self.dying: list[Execution] = []  # killed, their cancelled result not yet reported
         self.crashed: list[Execution] = []  # running or dying when the site restarted
@@ -157,6 +159,7 @@ class SimSite:
         self.crashed += [*self.running.values(), *self.dying]
         self.booked.clear()
         self.running.clear()
+        self.queued.clear()
         self.dying.clear()
 
     def report_killed(self) -> None:
@@ -206,6 +209,8 @@ class SimSite:
             booked={k: core.Booking(w, self.clock.seconds - t)
                     for k, (w, t) in self.booked.items()},
             running={k: core.Running(e.worker, e.epoch) for k, e in self.running.items()},
+            queued={k: self.clock.seconds - t for k, t in self.queued.items()},
+            queue_limit=self.queue_limit,
         )
 
     def process(self, doc_id: str) -> str:
@@ -214,9 +219,12 @@ class SimSite:
         for _ in range(10):
             plan = core.plan(self.replica.live_leaves(doc_id), self.ctx(), self.pool())
             if plan.action == "none":
+                self.decided(doc_id, plan)
                 return action
             self.execute(doc_id, plan)
             action = plan.action
+            if action == core.QUEUED:  # held, with no write: nothing more until a worker frees
+                return action
         raise AssertionError(f"{self.name} does not settle on {doc_id}")
 
     def process_stale(self, doc_id: str, pick: int) -> None:
@@ -242,7 +250,15 @@ class SimSite:
         )
         self.execute(key[0], plan)
 
+    def decided(self, doc_id: str, plan: core.Plan) -> None:
+        """As the manager's PlanRunner.decided: a held win stays held only while the core
+        keeps holding it."""
+        held = {e.key for e in plan.before if isinstance(e, core.Queue)}
+        for key in [key for key in self.queued if key[0] == doc_id and key not in held]:
+            del self.queued[key]
+
     def execute(self, doc_id: str, plan: core.Plan) -> None:
+        self.decided(doc_id, plan)
         for effect in plan.before:
             self.apply(effect)
         if plan.doc is not None:
@@ -270,6 +286,8 @@ class SimSite:
             self.room[effect.site] = self.room.get(effect.site, 0) - 1  # as the Board counts
         elif isinstance(effect, core.Revoke) and self.room is not None:
             self.room.pop(effect.site, None)  # as the Board forgets a revoked site
+        elif isinstance(effect, core.Queue):
+            self.queued.setdefault(effect.key, self.clock.seconds)
         elif isinstance(effect, core.Kill):
             execution = self.running.pop(effect.key)
             self.killed.append(execution)

@@ -402,6 +402,24 @@ def test_winner_with_no_worker_at_all_releases_with_a_new_epoch():
         "released", 2, "won but no worker is free")
 
 
+def test_a_win_no_worker_is_free_for_is_held_within_the_queue_limit():
+    other = ("job-x", 0)
+    held = decide(won(job(), "reg_a"), "reg_a", PoolView(queue_limit=1))
+    assert (held.action, held.doc, held.before) == (core.QUEUED, None, (core.Queue(KEY),))
+    # Held already: held again (the limit counts the others), until half the lease.
+    again = PoolView(queued={KEY: 29.0, other: 1.0}, queue_limit=2)
+    assert decide(won(job(), "reg_a"), "reg_a", again).action == core.QUEUED
+    full = PoolView(queued={other: 1.0}, queue_limit=1)
+    assert decide(won(job(), "reg_a"), "reg_a", full).doc["history"][-1]["detail"] == \
+        core.QUEUE_FULL
+    late = PoolView(queued={KEY: 30.0}, queue_limit=1)  # ctx's lease: 60 s
+    assert decide(won(job(), "reg_a"), "reg_a", late).doc["history"][-1]["detail"] == \
+        core.NO_WORKER_IN_TIME
+    # A worker free: it starts, held or not.
+    free = PoolView(("reg_a/w1",), queued={KEY: 10.0}, queue_limit=1)
+    assert decide(won(job(), "reg_a"), "reg_a", free).action == "start"
+
+
 @pytest.mark.parametrize("site", [CREATOR, "reg_b"])
 def test_others_leave_a_won_step_alone(site):
     assert decide(won(job(), "reg_a"), site, pool(f"{site}/w1")) == core.NOTHING
@@ -1061,6 +1079,7 @@ def test_hazard_a_winners_release_concurrent_with_the_creators_stale_write():
         world["reg_a"].restart()  # between `won` and `started`
         world.deliver(CREATOR, "reg_a", "busy")
         assert world["reg_a"].process("busy") == "start"
+        world["reg_a"].queue_limit = 0  # its queue is full: it gives the win back
         assert world["reg_a"].process(job_id) == "release"
         world.deliver("reg_b", CREATOR, job_id)  # reg_b's stale claim reaches the creator
         assert world[CREATOR].process(job_id) == "resolve"
@@ -1087,9 +1106,10 @@ def test_hazard_a_winners_release_concurrent_with_the_creators_stale_write():
     assert all(len(sites) == 1 for sites in winners_by_epoch(final).values())
 
 
-@pytest.mark.parametrize("free_worker", [True, False])
-def test_hazard_a_site_restarting_between_won_and_started(free_worker):
-    """Hazard 2 and 6: start with a free worker, else release; the step runs once."""
+@pytest.mark.parametrize("worker", ["free", "busy", "busy, queue full"])
+def test_hazard_a_site_restarting_between_won_and_started(worker):
+    """Hazard 2 and 6: start with a free worker; else hold the win until one frees, or
+    release it when the queue is full; the step runs once."""
     world = World(**{CREATOR: 0, "reg_a": 1})
     job_id = world.create(JOB, ["reg_a", "reg_b"])
     world.create("busy", "reg_a")
@@ -1100,17 +1120,19 @@ def test_hazard_a_site_restarting_between_won_and_started(free_worker):
     world.deliver(CREATOR, "reg_a", job_id)
     world["reg_a"].restart()
     assert not world["reg_a"].booked
-    if not free_worker:
+    if worker != "free":
         world.deliver(CREATOR, "reg_a", "busy")
         assert world["reg_a"].process("busy") == "start"
+    if worker == "busy, queue full":
+        world["reg_a"].queue_limit = 0
 
     action = world["reg_a"].process(job_id)
-    assert action == ("start" if free_worker else "release")
-    assert world.runs(job_id) == ([("reg_a", 1)] if free_worker else [])
+    assert action == {"free": "start", "busy": "queue", "busy, queue full": "release"}[worker]
+    assert world.runs(job_id) == ([("reg_a", 1)] if worker == "free" else [])
 
     world.settle(job_id, "busy")
     check_no_double_execution(world.ledger)
-    assert world.runs(job_id) == [("reg_a", 1 if free_worker else 3)]
+    assert world.runs(job_id) == [("reg_a", 3 if worker == "busy, queue full" else 1)]
     assert merged(world[CREATOR], job_id)["job_status"] == "success"
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import requests
 
-from jobdist import status
+from jobdist import core, status
 from jobdist.couch import Couch, Database, Forbidden
 from jobdist.design import load_design_docs
 from jobdist.lab.cluster import LocalCluster
@@ -54,19 +54,30 @@ def test_a_malformed_status_is_refused_and_ignored(change: dict[str, Any], error
     assert not Board("global").hear(doc, 0.0)
 
 
+QUEUE = 4  # site_status's workers: the wins a site may hold beyond its free workers
+
+
 def test_room_counts_fresh_statuses_less_what_we_assigned():
     board = Board("global")
     assert board.hear(site_status("reg_a", 2).as_doc(), now=0.0)  # news: more room
     assert board.hear(site_status("reg_b", 1, draining=True).as_doc(), now=0.0)
     board.hear(site_status("global", 4).as_doc(), now=0.0)  # our own: not counted
-    assert board.room(0.0) == {"reg_a": 2, "reg_b": 0}
+    assert board.room(0.0) == {"reg_a": 2 + QUEUE, "reg_b": 0}
     board.note_assigned(("job-1", 0), "reg_a", now=0.5)
-    assert board.room(1.0)["reg_a"] == 1
-    # An assignment stops counting once it is old, or the site published since.
-    assert board.room(0.5 + status.ASSIGNED_FOR)["reg_a"] == 2
+    assert board.room(1.0)["reg_a"] == 1 + QUEUE
+    # Started: it took a free worker, until the site's status counts it, or for a while.
+    board.saw_job("job-1", won_by("reg_a", started=True), now=1.0)
+    assert board.room(1.0)["reg_a"] == 1 + QUEUE
+    assert board.room(0.5 + status.ASSIGNED_FOR)["reg_a"] == 2 + QUEUE
     board.note_assigned(("job-2", 0), "reg_a", now=10.0)
+    board.saw_job("job-2", won_by("reg_a", started=True), now=10.5)
     assert not board.hear(site_status("reg_a", 1).as_doc(), now=12.0)  # less room: no news
-    assert board.room(12.0)["reg_a"] == 1
+    assert board.room(12.0)["reg_a"] == 1 + QUEUE
+    # A start beyond the free workers took a worker freed since: the queue is not touched.
+    for n in range(3, 6):
+        board.note_assigned((f"job-{n}", 0), "reg_a", now=12.0)
+        board.saw_job(f"job-{n}", won_by("reg_a", started=True), now=12.0)
+    assert board.room(12.0)["reg_a"] == QUEUE
     # A status not renewed for long is ignored: the site may be gone.
     assert "reg_a" not in board.room(12.0 + status.STALE_AFTER)
 
@@ -77,16 +88,61 @@ def test_a_forgotten_site_gets_no_room_until_it_publishes_again():
     board.forget("reg_a")  # its lease was revoked: dead, or cut off
     assert board.room(1.0) == {}
     assert board.hear(site_status("reg_a", 2).as_doc(), now=2.0)  # back: news
-    assert board.room(2.0) == {"reg_a": 2}
+    assert board.room(2.0) == {"reg_a": 2 + QUEUE}
 
 
 def test_restricted_sites_get_no_room_and_assigning_creators_are_known():
     board = Board("reg_a")
     board.hear(site_status("global", 3, restricted=True).as_doc(), now=0.0)
     board.hear(site_status("reg_b", 3, assigns=False).as_doc(), now=0.0)
-    assert board.room(1.0) == {"global": 0, "reg_b": 3}
+    assert board.room(1.0) == {"global": 0, "reg_b": 3 + QUEUE}
     assert board.assigning(1.0) == {"global"}
     assert board.assigning(status.STALE_AFTER + 1.0) == frozenset()
+
+
+def won_by(site: str | None, started: bool = False, creator: str = "global") -> dict[str, Any]:
+    doc = new_job(creator, [new_step("true")], created_at=NOW, job_id="job-1")
+    doc["job"][0].update(claimed_by=site, winner=site, epoch=1,
+                         step_status="running" if started else None)
+    return doc
+
+
+def test_a_win_not_started_counts_against_its_sites_room_until_it_starts():
+    board = Board("global")
+    board.hear(site_status("reg_a", free=0).as_doc(), now=0.0)
+    assert board.room(0.0) == {"reg_a": QUEUE}
+    assert not board.saw_job("job-1", won_by("reg_a"), now=1.0)
+    assert board.room(1.0) == {"reg_a": QUEUE - 1}
+    # However long it takes (no timer): until the job shows it started, or went away.
+    assert board.room(status.STALE_AFTER - 1.0) == {"reg_a": QUEUE - 1}
+    assert board.saw_job("job-1", won_by("reg_a", started=True), now=2.0)  # room again
+    assert board.room(2.0) == {"reg_a": QUEUE}
+    board.saw_job("job-1", won_by("reg_a"), now=3.0)
+    assert board.saw_job("job-1", None, now=4.0)
+    # Only our own jobs, only wins of other sites, only what a well-formed job says.
+    for doc in (won_by("reg_a", creator="reg_b"), won_by("global"), won_by(None),
+                {"type": "job", "creator": "global", "step": 3, "job": []},
+                {"type": "job", "creator": "global", "step": 0, "job": ["x"]}):
+        assert not board.saw_job("job-2", doc, now=5.0)
+    assert board.room(5.0) == {"reg_a": QUEUE}
+
+
+def test_a_site_that_gave_a_win_back_for_want_of_a_worker_is_queued_nothing_for_a_while():
+    """A daemon from before queues, or a queue other creators filled: it releases what it
+    cannot start, and queueing more would only send steps back and forth."""
+    board = Board("global")
+    board.hear(site_status("reg_a", free=1).as_doc(), now=0.0)
+    released = won_by(None)
+    released["history"].append({"event": "released", "step": 0, "site": "reg_a", "at": NOW,
+                                "detail": core.NO_WORKER})
+    board.saw_job("job-1", released, now=1.0)
+    assert board.room(1.0) == {"reg_a": 1}
+    assert board.room(1.0 + status.QUEUE_BACKOFF) == {"reg_a": 1 + QUEUE}
+    # Not for want of room, or a queue full for a moment (more claims won than room).
+    for detail in ("worker lost (site restarted)", core.QUEUE_FULL):
+        released["history"][-1]["detail"] = detail
+        board.saw_job("job-1", released, now=50.0)
+        assert board.room(50.0) == {"reg_a": 1 + QUEUE}
 
 
 def test_the_publisher_sends_a_changed_room_soon_and_the_same_one_rarely():
