@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Container
-from typing import Any
+from typing import Any, cast
 
 from . import core
-from .model import ALL, ANY, Leaf, is_held
+from .model import ALL, ANY, Doc, Leaf, is_held
 from .store import Open
 
 TAKEN_FIELDS = ("claimed_by", "winner", "step_status")  # any of them set: not open
@@ -50,16 +50,24 @@ def open_targets(doc: Leaf) -> list[str]:
     return [str(name) for name in target] if isinstance(target, list) else [str(target)]
 
 
+MAX_KEPT = 1_000  # revisions kept for a start with no read: a few KB each
+
+
 class Backlog:
-    """Open steps that name this site or "any", each with its place in line."""
+    """Open steps that name this site or "any", each with its place in line, and for up
+    to MAX_KEPT of them the revision that showed it open: a freed worker's decision
+    made on it needs no read (manager.Task.known; a 409 says it changed)."""
 
     def __init__(self, site: str) -> None:
         self.site = site
         self.open: dict[str, Open] = {}
+        self.kept: dict[str, Doc] = {}
 
-    def saw(self, doc_id: str, doc: Leaf | None) -> None:
-        """The newest revision we looked at: open here, or not (None: unreadable)."""
+    def saw(self, doc_id: str, doc: Leaf | None, whole: bool = True) -> None:
+        """The newest revision we looked at: open here, or not (None: unreadable).
+        `whole`: one leaf as stored (not a merge of several), which a write may extend."""
         wanted = open_targets(doc) if doc is not None else []
+        self.kept.pop(doc_id, None)
         if self.site not in wanted and ANY not in wanted:
             self.open.pop(doc_id, None)
             return
@@ -67,6 +75,17 @@ class Backlog:
         created = doc.get("created_at")
         self.open[doc_id] = Open(doc_id, core.doc_rank(doc),
                                  created if isinstance(created, str) else "")
+        if whole and not doc.get("_conflicts") and len(self.kept) < MAX_KEPT:
+            self.kept[doc_id] = cast(Doc, doc)
+
+    def created_here(self, limit: int, passed: Container[str]) -> list[tuple[str, Doc]]:
+        """Of the open steps whose revision we kept, the `limit` first in line of the jobs
+        this site created, with that revision: what a creator gives sites with room."""
+        rows = heapq.nsmallest(limit, (self.open[doc_id] for doc_id, doc in self.kept.items()
+                                       if doc.get("creator") == self.site
+                                       and doc_id not in passed),
+                               key=lambda row: (row.rank, row.created_at))
+        return [(row.job_id, self.kept[row.job_id]) for row in rows]
 
     def first(self, limit: int, passed: Container[str]) -> list[Open]:
         """The `limit` first in line, leaving out the jobs in `passed`."""

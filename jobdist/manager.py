@@ -27,10 +27,11 @@ until the next keep-alive re-save.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections import Counter, OrderedDict, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -148,11 +149,7 @@ class Manager:
 
     def serve_once(self, timeout: float) -> None:
         changes = self._next_changes(timeout)
-        reports = self._report_tasks()
-        # A worker that ends its step takes the win held longest here in the same write
-        # as the end: a finish plans before the start, with its worker free.
-        freeing = sum(task.held is not None for task in reports)
-        self.settle([*reports, *self._held_tasks_due(), *self._held_win_tasks(freeing)])
+        self.settle([*self._ends_and_next_work(), *self._held_tasks_due()])
         arrivals = self._change_tasks(changes)  # (hears the sites' statuses too)
         # Workers and room just freed go to the open steps first in line (core.claim_rank),
         # and only then to what just arrived: a constant stream of new jobs must not
@@ -161,14 +158,14 @@ class Manager:
                      *self._retry_tasks_due()])
         if changes:
             self.periodic.seq = changes[-1].seq  # feed order: the checkpoint never goes back
-        self.settle([*self._report_tasks(), *self._decisions(self.runner.expired_bookings()),
+        self.settle([*self._ends_and_next_work(), *self._decisions(self.runner.expired_bookings()),
                      *self._renewal_tasks_due(), *self._decisions(self.periodic.leases_due()),
                      *self._decisions(self.runner.queued_due(self.config.daemon.lease / 2)),
                      *self._decisions(self.periodic.successions_due()),
                      *self._decisions(self.waiting.woken()),
                      *self._decisions(self.periodic.waiting_due())])
         self.runner.unbook_expired()
-        self.settle([*self._report_tasks(), *self._scan_tasks_due(),
+        self.settle([*self._ends_and_next_work(), *self._scan_tasks_due(),
                      *self._assign_tasks_due()])
         self.periodic.publish_status_if_due(self.own_status())
         self.periodic.checkpoint_if_due()
@@ -196,8 +193,27 @@ class Manager:
         return [self.decide_task(doc_id, known=self.newest.get(doc_id))
                 for doc_id in self.runner.queued_first(count)]
 
+    def _ends_and_next_work(self) -> list[Task]:
+        """What the workers reported, and the next work of each worker a step end frees,
+        in the same batch, so in the same write as the ends: the wins held here, then the
+        open steps in line whose revision the backlog kept (no read). Each end is planned
+        first, with its worker free; a chained next step of the same job takes the worker
+        before these."""
+        reports = self._report_tasks()
+        freeing = sum(task.held is not None for task in reports)
+        if not freeing or self.draining:
+            return reports
+        held = self._held_win_tasks(freeing)
+        taken = {task.doc_id for task in [*reports, *held]}
+        backlog = self.periodic.backlog
+        line = [row.job_id for row in backlog.first(freeing, _Either(self.skipped, taken))]
+        kept = list(itertools.takewhile(backlog.kept.__contains__, line))  # in line order
+        return [*reports, *held,
+                *(self.decide_task(doc_id, known=backlog.kept[doc_id]) for doc_id in kept)]
+
     def _assign_tasks_due(self) -> list[Task]:
-        return self._decisions(self.periodic.open_for_room_due())
+        return [self.decide_task(doc_id, known=doc)
+                for doc_id, doc in self.periodic.open_for_room_due()]
 
     def _renewal_tasks_due(self) -> list[Task]:
         return [self.renew_task(key, epoch, report)
@@ -438,9 +454,10 @@ class Manager:
         found it, or the feed showed a conflicted winner)."""
         leaves = found[0] if found is not None else []
         if len(leaves) > 1:
-            self.periodic.saw_job(doc_id, core.merge(leaves))
+            self.periodic.saw_job(doc_id, core.merge(leaves), whole=False)
         else:
-            self.periodic.saw_job(doc_id, leaves[0] if leaves else None)
+            whole = found is not None and not found[1]  # no invalid leaf for the creator
+            self.periodic.saw_job(doc_id, leaves[0] if leaves else None, whole=whole)
 
     def _plan_one(self, task: Task, found: Found) -> core.Plan | None:
         try:
@@ -715,6 +732,17 @@ class Manager:
         return {"held": len(held), "on_disk": len(self.journal),
                 "oldest_seconds": None if oldest is None else round(time.time() - oldest, 3),
                 "directory": str(self.journal.directory)}
+
+
+@dataclass(frozen=True)
+class _Either:
+    """In one container or the other (no copy of either)."""
+
+    first: Container[str]
+    second: Container[str]
+
+    def __contains__(self, item: object) -> bool:
+        return item in self.first or item in self.second
 
 
 def _generation(rev: str) -> int:

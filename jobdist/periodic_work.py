@@ -51,6 +51,8 @@ class PeriodicWork:
         self.backlog = Backlog(self.site)  # open steps the feed showed us
         self.last_view_scan = -VIEW_SCAN_INTERVAL  # the first scan asks the view
         self.assign_scan_due = False
+        # (The start's recovery reads every job of ours: the backlog has the open ones.)
+        self.last_assign_view_scan = time.monotonic()
         self.last_checkpoint = time.monotonic()
         self.last_heartbeat = time.monotonic()
         self.seq: object = None
@@ -74,10 +76,11 @@ class PeriodicWork:
 
     # --- open steps: for our free workers, and for the other sites' room ------------------
 
-    def saw_job(self, doc_id: str, doc: Leaf | None) -> None:
-        """The newest revision of a job we looked at (None: unreadable): is its step open
-        to us (the backlog), does a site hold a step of ours unstarted (the board)?"""
-        self.backlog.saw(doc_id, doc)
+    def saw_job(self, doc_id: str, doc: Leaf | None, whole: bool = True) -> None:
+        """The newest revision of a job we looked at (None: unreadable; `whole`: see
+        Backlog.saw): is its step open to us (the backlog), does a site hold a step of
+        ours unstarted (the board)?"""
+        self.backlog.saw(doc_id, doc, whole)
         if self.board.saw_job(doc_id, doc, time.monotonic()):
             self.assign_scan_due = True  # a site's queue has room again
 
@@ -124,20 +127,33 @@ class PeriodicWork:
         rank = {row.job_id: row.rank for row in rows}
         return sorted(window, key=lambda doc_id: (rank[doc_id], core.spread(self.site, doc_id)))
 
-    def open_for_room_due(self) -> list[str]:
-        """As creator: a site has more room than we knew: give it our open steps."""
+    def open_for_room_due(self) -> list[tuple[str, Doc | None]]:
+        """As creator: a site has room: give it our open steps, first in line, each with
+        the revision to decide on (None: read it). The backlog's, on the revision it kept
+        (no request); the `stale_open` view's too when the backlog has none of ours (at
+        most every SCAN_INTERVAL) or every VIEW_SCAN_INTERVAL: our steps that do not
+        name us are in no backlog of ours. (A view query and a read for every start at
+        a site with a queue were a fifth of the creator's time under a burst.)"""
         if not self.assign_scan_due:
             return []
         self.assign_scan_due = False
         room = sum(max(free, 0) for free in self.board.room(time.monotonic()).values())
         if room <= 0:
             return []
+        mine: list[tuple[str, Doc | None]] = [*self.backlog.created_here(2 * room, self.skipped)]
+        now = time.monotonic()
+        since_view = now - self.last_assign_view_scan
+        if (mine or since_view < SCAN_INTERVAL) and since_view < VIEW_SCAN_INTERVAL:
+            return mine
+        self.last_assign_view_scan = now
         try:
             open_ids = self.store.open_created(self.site, 2 * room + min(len(self.skipped), 1000))
         except CouchError as error:
             self.log.warning("open-step scan failed", error=error)
-            return []
-        return [doc_id for doc_id in open_ids if doc_id not in self.skipped]
+            return mine
+        known = {doc_id for doc_id, _ in mine}
+        return [*mine, *((doc_id, None) for doc_id in open_ids
+                         if doc_id not in self.skipped and doc_id not in known)]
 
     # --- leases: renewing ours, revoking those past due ------------------------------------
 

@@ -4,17 +4,20 @@ Python, so that a freed worker finds its next step without a request."""
 from __future__ import annotations
 
 import shutil
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import pytest
 
 from jobdist.backlog import Backlog, open_targets
+from jobdist.clock import utc_now
 from jobdist.core import claim_rank
 from jobdist.listener import Changed
 from jobdist.manager import Manager
 from jobdist.model import Doc, event, new_job, new_step, new_sub_run
-from jobdist.store import Open
+from jobdist.status import SiteStatus
+from jobdist.store import Open, Written
 
 from .sim import Replica, SimStore
 from .test_design import BROADCAST, HTTP_DOCS, UNOPENED, run_design_functions, t
@@ -72,10 +75,25 @@ class ViewCountingStore(SimStore):
     def __init__(self, replica: Replica, name: str) -> None:
         super().__init__(replica, name)
         self.view_scans = 0
+        self.reads_of: Counter[str] = Counter()
+        self.writes: list[list[str]] = []  # the documents of each write
 
     def claimable(self, target: str, limit: int) -> list[Open]:
         self.view_scans += 1
         return super().claimable(target, limit)
+
+    def read(self, ids: Iterable[str]) -> dict[str, list[Doc]]:
+        ids = list(ids)
+        self.reads_of.update(ids)
+        return super().read(ids)
+
+    def open_created(self, creator: str, limit: int) -> list[str]:
+        self.view_scans += 1
+        return super().open_created(creator, limit)
+
+    def write(self, docs: Sequence[Doc]) -> list[Written]:
+        self.writes.append([doc["_id"] for doc in docs])
+        return super().write(docs)
 
 
 def test_a_freed_worker_takes_the_next_step_from_the_backlog_without_a_view_query(
@@ -93,6 +111,56 @@ def test_a_freed_worker_takes_the_next_step_from_the_backlog_without_a_view_quer
             "every job ended")
         assert store.view_scans == scans
         assert not manager.periodic.backlog.open
+    finally:
+        manager.pool.shutdown(1.0)
+
+
+def test_a_step_end_and_the_next_start_are_one_write_with_no_read(tmp_path: Path) -> None:
+    """The worker a step frees starts the next open step in line in the same `_bulk_docs`
+    as the end, on the revision the feed showed (the backlog kept it)."""
+    store = ViewCountingStore(Replica(), "global")
+    manager = creator_alone(tmp_path, store)  # one worker
+    try:
+        jobs = [new_job("global", [new_step("true")]) for _ in range(4)]
+        assert all(store.write(jobs))
+        store.writes.clear()
+        feed(manager, store, jobs)
+        serve_until(manager, lambda: all(
+            store.replica.winner(job["_id"])["job_status"] == "success" for job in jobs),
+            "every job ended")
+        ids = [job["_id"] for job in jobs]
+        first = next(doc_id for doc_id in ids if [doc_id] in store.writes)  # started alone
+        waited = [doc_id for doc_id in ids if doc_id != first]
+        assert sum(len(write) == 2 for write in store.writes) == 3  # an end and a start
+        assert not any(store.reads_of[doc_id] for doc_id in waited)
+    finally:
+        manager.pool.shutdown(1.0)
+
+
+def test_a_creator_gives_a_site_with_room_its_open_steps_from_the_backlog(
+        tmp_path: Path) -> None:
+    """Room announced: the open steps the feed showed go to the site on the revisions it
+    showed, with no view query and no read."""
+    store = ViewCountingStore(Replica(), "global")
+    manager = creator_alone(tmp_path, store)  # one worker
+    try:
+        serve_until(manager, lambda: store.view_scans > 0, "the first scans, at start")
+        jobs = [new_job("global", [new_step("sleep 5")]) for _ in range(3)]
+        assert all(store.write(jobs))
+        feed(manager, store, jobs)  # one start; no room known: the others wait
+        serve_until(manager, lambda: manager.counts["steps_started"] == 1, "one start")
+        scans, store.reads_of = store.view_scans, Counter()
+        status = SiteStatus("reg_a", workers=1, free_workers=1, draining=False, assigns=True,
+                            restricted=False, updated_at=utc_now()).as_doc()
+        assert all(store.write([status]))
+        feed(manager, store, [status])
+        waiting = [job["_id"] for job in jobs if store.replica.winner(job["_id"])["job"][0]
+                   .get("step_status") is None]
+        serve_until(manager, lambda: all(store.replica.winner(doc_id)["job"][0]["winner"]
+                                         == "reg_a" for doc_id in waiting),
+                    "both given to reg_a: a free worker and a queue of one")
+        assert store.view_scans == scans
+        assert not any(store.reads_of[doc_id] for doc_id in waiting)
     finally:
         manager.pool.shutdown(1.0)
 
