@@ -145,6 +145,8 @@ class Context:
     # the sites' status documents less what we assigned since (None: unknown, so
     # open steps wait for claims, as in the thesis).
     room: Mapping[str, int] | None = None
+    # Of that room, how many workers each site had free (the rest is its queue).
+    idle: Mapping[str, int] = field(default_factory=dict)
     # For the other sites: creators whose fresh status says they assign open steps
     # to sites with room. Their steps are claimed only once open for `claim_delay`
     # seconds: a claim would mostly lose to the assignment, and book a worker meanwhile.
@@ -732,13 +734,16 @@ def assign_to_room(doc: Job, step: Step, ctx: Context) -> Decision:
 
 
 def site_with_room(doc: Job, step: Step, ctx: Context) -> str | None:
-    """The target site with the most room (ties spread by job), or None."""
+    """The target site with the most room (ties spread by job), or None: a site with a
+    free worker first, which starts it at once; a site's queue starts it when a worker
+    frees there."""
     room = ctx.room or {}
     fits = [site for site, free in room.items()
             if free > 0 and site != ctx.site and known(site, ctx) and allows(step, site)]
     if not fits:
         return None
-    return max(fits, key=lambda site: (room[site], spread(site, doc["_id"])))
+    return max(fits, key=lambda site: (ctx.idle.get(site, 0) > 0, room[site],
+                                       spread(site, doc["_id"])))
 
 
 # --- waiting: for other jobs to end, for a time ------------------------------------
@@ -882,10 +887,10 @@ def on_won(doc: Job, step: Step, ctx: Context, pool: PoolView) -> Decision:
     if worker is not None:
         return start_decision(doc, step, ctx, worker, assign=False)
     taken = pool.oldest_undecided()
-    if taken is None and queues(key, pool, ctx):
+    if taken is None and queues(doc, key, pool, ctx):
         return Decision(QUEUED, before=(Queue(key),), detail="won; waits for a worker here")
     if taken is None:
-        return Decision("release", release(ctx, no_worker_reason(key, pool, ctx)))
+        return Decision("release", release(ctx, no_worker_reason(doc, key, pool, ctx)))
     # A decided win beats an undecided claim: without this, a site whose claims
     # outlive its bookings wins steps it can never start, and releases them forever.
     other, worker = taken
@@ -903,24 +908,40 @@ NO_WORKER_IN_TIME = "won, but no worker freed within half the start-by lease"
 QUEUE_FULL = "won but no worker is free, and the queue is full"
 
 
-def no_worker_reason(key: StepKey, pool: PoolView, ctx: Context) -> str:
-    if pool.queued.get(key, 0.0) >= ctx.lease / 2:
+def no_worker_reason(doc: Job, key: StepKey, pool: PoolView, ctx: Context) -> str:
+    if held_too_long(doc, key, pool, ctx):
         return NO_WORKER_IN_TIME
     return QUEUE_FULL if pool.queue_limit else NO_WORKER
 
 
-def queues(key: StepKey, pool: PoolView, ctx: Context) -> bool:
+def queues(doc: Job, key: StepKey, pool: PoolView, ctx: Context) -> bool:
     """Does this site hold a win no worker is free for, rather than release it?
 
     Held, it starts on the next worker that frees, with no replication hop:
     released, it goes back to the creator and comes back by a claim and a win.
-    At most `pool.queue_limit` are held, each for at most half the start-by
-    lease by our own clock (whatever the clocks say, the creator revokes only a
-    lease silent for longer than the whole lease): its start, or its release,
-    reaches the creator long before the creator may take it back.
+    At most `pool.queue_limit` are held, none for half its start-by lease or
+    more (held_too_long): the creator revokes only a lease silent for the whole
+    lease and the skew margin, so the start, or the release, reaches it first.
     """
     held_elsewhere = sum(1 for other in pool.queued if other != key)
-    return held_elsewhere < pool.queue_limit and pool.queued.get(key, 0.0) < ctx.lease / 2
+    return held_elsewhere < pool.queue_limit and not held_too_long(doc, key, pool, ctx)
+
+
+def held_too_long(doc: Job, key: StepKey, pool: PoolView, ctx: Context) -> bool:
+    """Is half the win's start-by lease gone, by our own count of how long we hold it, or
+    by the win's own times (its `won` event and its `lease_until`, both the creator's
+    clock, against ours)? Our count restarts with the daemon; the win's times do not,
+    as far as the clocks agree."""
+    if pool.queued.get(key, 0.0) >= ctx.lease / 2:
+        return True
+    step = _current(doc)
+    won_at = next((entry.get("at") for entry in reversed(doc["history"])
+                   if entry.get("event") == "won" and entry.get("step") == key[1]
+                   and entry.get("epoch", 0) == step.get("epoch", 0)), None)
+    deadline = step.get("lease_until")
+    if not won_at or not deadline:
+        return False  # (its `won` event shed from a full history: our own count alone)
+    return seconds_between(won_at, ctx.now) >= seconds_between(won_at, deadline) / 2
 
 
 def on_running(doc: Job, step: Step, ctx: Context, pool: PoolView) -> Decision:

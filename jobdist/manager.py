@@ -71,9 +71,11 @@ class Task:
     (what the feed delivered, or what we just wrote).
 
     `known` is the newest revision this site knows of the job: `seen` when it
-    calls for an action, or, for a step that runs here, its own last write or
-    the feed's since. The plan is made on it and written with its `_rev`,
-    without a read. A 409 says it was not the newest, and the job is read then.
+    calls for an action; for a step that runs here or a win held here, its own
+    last write or the feed's since; for an open step, the revision the backlog
+    kept. The plan is made on it and written with its `_rev`, without a read. A
+    409 says it was not the newest: the job is read then (`retry_conflicts`), or
+    decided again when the feed brings the newer revision.
     (A conflicting leaf that arrived unseen is merged by the creator, as one
     that arrives between a read and a write always could be.)
     """
@@ -371,7 +373,7 @@ class Manager:
             if seen is None or seen.get("_conflicts"):
                 continue
             found = self._valid(doc_id, [seen])
-            plan = None if found is None else self._plan_one(task, found)
+            plan = self._plan_one(task, found)
             if plan is None or plan.action == "none":
                 del pending[doc_id]
             elif plan.action == core.IGNORE:
@@ -433,7 +435,7 @@ class Manager:
         for doc_id, task in list(pending.items()):
             found = self._valid(doc_id, leaves.get(doc_id, []))
             self._update_backlog(doc_id, found)
-            plan = None if found is None else self._plan_one(task, found)
+            plan = self._plan_one(task, found)
             if plan is None or plan.action == "none":
                 del pending[doc_id]
                 self._recorded(task)  # nothing left to record it in, or nothing to do
@@ -459,14 +461,15 @@ class Manager:
             whole = found is not None and not found[1]  # no invalid leaf for the creator
             self.periodic.saw_job(doc_id, leaves[0] if leaves else None, whole=whole)
 
-    def _plan_one(self, task: Task, found: Found) -> core.Plan | None:
+    def _plan_one(self, task: Task, found: Found | None) -> core.Plan | None:
+        """The task's plan on the job's usable leaves (None: none, or the core choked)."""
+        plan = None
         try:
-            plan = task.plan(*found)
+            plan = None if found is None else task.plan(*found)
         except Exception:  # a document the core chokes on: logged, the batch goes on
             self.counts["handler_errors"] += 1
             self.log.exception("error while deciding", job=task.doc_id)
-            return None
-        self.runner.decided(task.doc_id, plan)
+        self.runner.decided(task.doc_id, plan or core.NOTHING)  # a win held stays so if planned
         return plan
 
     def _write_all(self, pending: dict[str, Task],
@@ -667,13 +670,14 @@ class Manager:
     def context(self, lease_silence: dict[str, float] | None = None,
                 unchanged_for: float = 0.0) -> core.Context:
         now = time.monotonic()
+        room, idle = self.board.rooms(now)
         return core.Context(self.site, utc_now(), self.known_sites,
                             booking_timeout=self.config.daemon.booking_timeout,
                             lease=self.config.daemon.lease,
                             skew_margin=self.config.daemon.clock_skew_margin,
                             runs=self.config.commands.allows,
                             lease_silence=lease_silence,
-                            room=self.board.room(now),
+                            room=room, idle=idle,
                             assigning=self.periodic.expecting_assignments(now, self.restricted),
                             successors=self.config.succession.successors,
                             silent=self.periodic.silent(now),
@@ -717,6 +721,8 @@ class Manager:
     def drain(self, grace: float) -> None:
         """Graceful stop: claim nothing more, let running steps end or stop them, release."""
         self.draining = True
+        # Creators assign and queue us nothing more, and get back the wins we hold.
+        self.periodic.publish_status_if_due(self.own_status(), force=True)
         self.runner.release_bookings()
         self.settle(self._decisions(self.runner.queued_first(len(self.runner.queued))))
         stopped = self.pool.shutdown(grace)

@@ -11,8 +11,8 @@ such an assignment, and hold it back for a moment.
 
 A site's room is its free workers and its queue: as many wins as it has
 workers, held until a worker frees (core.queues), so that a busy site's next
-start costs no hop. The creator counts what it gave each site and the site has
-not started from the job documents themselves (Board.saw_job). The knowledge
+start costs no hop. The creator counts the wins each site has not started (any
+creator's) from the job documents themselves (Board.saw_job). The knowledge
 is always a little stale, which costs time, never safety: a site assigned a
 step it can neither start nor hold releases it as after any claim, and the
 creator still alone picks winners. Publishing is bounded: a changed room at
@@ -43,10 +43,11 @@ MIN_INTERVAL = 1.0  # seconds between two publications of a changed room
 REFRESH = 30.0  # an unchanged status is published again this often
 STALE_AFTER = 3 * REFRESH  # a status not renewed for this long (our clock) is ignored
 ASSIGNED_FOR = 3.0  # seconds an assignment counts against a room its site has not re-published
-QUEUE_BACKOFF = 30.0  # seconds a site that holds no wins, or not long enough, is queued nothing
-MAX_WON = 10_000  # our steps won elsewhere and not started that we keep count of
-# (A full queue is no reason: more claims than room were won there, for a moment.)
-NO_ROOM_RELEASES = frozenset({core.NO_WORKER, core.NO_WORKER_IN_TIME})
+MAX_WON = 10_000  # steps won at other sites and not started that we keep count of
+# How long a site is queued nothing after it gave a win back unstarted, by its reason:
+# it holds none (a daemon from before queues), or none long enough (long steps run
+# there); its queue was full (creators' counts lag one another: a moment).
+QUEUE_BACKOFF = {core.NO_WORKER: 30.0, core.NO_WORKER_IN_TIME: 30.0, core.QUEUE_FULL: 3.0}
 
 
 def refresh_for(creator_timeout: float) -> float:
@@ -106,8 +107,9 @@ class Board:
         self.news: dict[str, tuple[str, float]] = {}
         self.started = started
         # Our jobs whose step another site won and has not started: job -> (step, site).
+        # Jobs whose step a site other than us won and has not started: job -> (step, site).
         self.won: dict[str, tuple[StepKey, str]] = {}
-        self.no_queue: dict[str, float] = {}  # site -> when it last gave a win back unstarted
+        self.no_queue: dict[str, float] = {}  # site -> until when it is queued nothing
 
     def hear(self, doc: Any, now: float) -> bool:
         """Take in a status document; True when that site has more room than we knew."""
@@ -146,42 +148,49 @@ class Board:
         self.won[key[0]] = (key, site)
 
     def room(self, now: float) -> dict[str, int]:
-        """Steps each site with a fresh status may still be given: its free workers less
-        what we gave it that started since (what its status may not count yet), and its
-        queue, less what we gave it that it has not started."""
+        return self.rooms(now)[0]
+
+    def rooms(self, now: float) -> tuple[dict[str, int], dict[str, int]]:
+        """Steps each site with a fresh status may still be given, and how many of those
+        its free workers would start at once. Its room: its free workers less what we
+        gave it that started since (what its status may not count yet), and its queue,
+        less the wins (any creator's) it has not started."""
         self.assigned = {key: (site, at) for key, (site, at) in self.assigned.items()
                          if now - at < ASSIGNED_FOR}
-        room = {}
+        unstarted: dict[str, set[StepKey]] = {}
+        for key, winner in self.won.values():
+            unstarted.setdefault(winner, set()).add(key)
+        started: dict[str, int] = {}
+        for key, (site, _) in self.assigned.items():
+            if key not in unstarted.get(site, ()):
+                started[site] = started.get(site, 0) + 1
+        room, idle = {}, {}
         for site, (status, heard) in self.statuses.items():
             if now - heard >= STALE_AFTER:
                 continue
-            unstarted = {key for key, winner in self.won.values() if winner == site}
-            started = {key for key, (to, _) in self.assigned.items() if to == site} - unstarted
             # A start beyond its free workers took a worker freed since: not a free one.
-            free = max(0, status.room - len(started))
-            room[site] = free + self.queue(site, status, now) - len(unstarted)
-        return room
-
-    def queue(self, site: str, status: SiteStatus, now: float) -> int:
-        gave_back = self.no_queue.get(site)
-        return 0 if gave_back is not None and now - gave_back < QUEUE_BACKOFF else status.queue
+            idle[site] = max(0, status.room - started.get(site, 0))
+            queue = 0 if now < self.no_queue.get(site, 0.0) else status.queue
+            room[site] = idle[site] + queue - len(unstarted.get(site, ()))
+        return room, idle
 
     def saw_job(self, doc_id: str, doc: Leaf | None, now: float) -> bool:
-        """One of our jobs as we last saw it (None: gone). A step another site won and
-        has not started waits in its queue; a win it gave back unstarted because it
-        holds none (a daemon from before queues) or none long enough (its workers run
-        long steps) says to queue it nothing for a while. True when a site's queue has
-        room again."""
+        """A job as we last saw it (None: gone). A step another site won and has not
+        started waits in that site's queue, whoever created it; a win a site gave back
+        unstarted says to queue it nothing for a while (QUEUE_BACKOFF). True when a
+        site's queue has room again."""
         before = self.won.pop(doc_id, None)
         won = _won_elsewhere(doc_id, doc, self.site)
         if won is not None:
             self.won[doc_id] = won
             while len(self.won) > MAX_WON:
                 del self.won[next(iter(self.won))]
-        elif doc is not None:
+        elif doc is not None and before is not None:  # the release itself, seen once
             gave_back = _gave_back_unstarted(doc)
             if gave_back is not None:
-                self.no_queue[gave_back] = now
+                site, reason = gave_back
+                self.no_queue[site] = max(self.no_queue.get(site, 0.0),
+                                          now + QUEUE_BACKOFF[reason])
         return before is not None and won is None
 
     def assigning(self, now: float) -> frozenset[str]:
@@ -191,9 +200,9 @@ class Board:
 
 
 def _won_elsewhere(doc_id: str, doc: Leaf | None, site: str) -> tuple[StepKey, str] | None:
-    """(step, winner) when `site` created the job and another site won its step and has
-    not started it. The document comes straight from the feed: nothing is assumed of it."""
-    if not isinstance(doc, dict) or doc.get("creator") != site or doc.get("type") != "job" \
+    """(step, winner) when a site other than `site` won the job's step and has not started
+    it. The document comes straight from the feed: nothing is assumed of it."""
+    if not isinstance(doc, dict) or doc.get("type") != "job" \
             or doc.get("job_status") is not None or doc.get("_deleted"):
         return None
     index, steps = doc.get("step"), doc.get("job")
@@ -206,13 +215,14 @@ def _won_elsewhere(doc_id: str, doc: Leaf | None, site: str) -> tuple[StepKey, s
     return (doc_id, index), winner
 
 
-def _gave_back_unstarted(doc: Leaf) -> str | None:
-    """The site whose release, for want of a worker, is the job's last event."""
+def _gave_back_unstarted(doc: Leaf) -> tuple[str, str] | None:
+    """(site, reason) when the job's last event is a site's release of a win it could
+    neither start nor hold."""
     history = doc.get("history")
     last = history[-1] if isinstance(history, list) and history else None
     if isinstance(last, dict) and last.get("event") == "released" and \
-            last.get("detail") in NO_ROOM_RELEASES and isinstance(last.get("site"), str):
-        return str(last["site"])
+            last.get("detail") in QUEUE_BACKOFF and isinstance(last.get("site"), str):
+        return str(last["site"]), str(last["detail"])
     return None
 
 

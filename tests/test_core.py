@@ -420,6 +420,20 @@ def test_a_win_no_worker_is_free_for_is_held_within_the_queue_limit():
     assert decide(won(job(), "reg_a"), "reg_a", free).action == "start"
 
 
+def test_a_win_held_across_a_restart_goes_back_by_its_own_times():
+    """Our count of how long we hold a win restarts with the daemon; its `won` event and
+    its start-by lease (the creator's clock) do not."""
+    doc = logged(step(won(job(), "reg_a"), lease_until=at(560)), "won", CREATOR, 500,
+                 epoch=1, detail="winner reg_a (it has room)")
+    fresh = PoolView(queue_limit=1)  # just restarted: held for 0 s by our count
+    assert core.plan([doc], ctx("reg_a", now=at(529)), fresh).action == core.QUEUED
+    late = core.plan([doc], ctx("reg_a", now=at(530)), fresh)
+    assert late.doc["history"][-1]["detail"] == core.NO_WORKER_IN_TIME
+    # An older epoch's `won` says nothing of this one's times.
+    doc["history"][-1]["epoch"] = 0
+    assert core.plan([doc], ctx("reg_a", now=at(530)), fresh).action == core.QUEUED
+
+
 @pytest.mark.parametrize("site", [CREATOR, "reg_b"])
 def test_others_leave_a_won_step_alone(site):
     assert decide(won(job(), "reg_a"), site, pool(f"{site}/w1")) == core.NOTHING
@@ -1285,6 +1299,13 @@ def test_assignment_follows_the_target_and_needs_room():
     assert core.plan([job("reg_a")], room_ctx(room={"reg_a": 2}), pool()).action == "none"
     # An unknown site's room is no reason to give it anything.
     assert core.plan([job("any")], room_ctx(room={"reg_z": 4}), pool()).action == "none"
+
+
+def test_a_free_worker_elsewhere_beats_a_bigger_queue():
+    """A free worker starts the step at once; a queue only when one of its workers frees."""
+    ctx = dataclasses.replace(room_ctx(room={"reg_a": 8, "reg_b": 3}),
+                              idle={"reg_a": 0, "reg_b": 1})
+    assert current(core.plan([job("any")], ctx, pool()).doc)["winner"] == "reg_b"
 
 
 def test_equal_rooms_are_shared_out_by_job():

@@ -223,18 +223,26 @@ def won_here(site: str, command: str) -> Doc:
     return doc
 
 
+def holding_a_win(tmp_path: Path, store: SimStore, busy_command: str = "sleep 5",
+                  **daemon: Any) -> tuple[Manager, Doc, Doc]:
+    """reg_a with one worker: a win it started (running `busy_command`), and one it holds."""
+    config = SiteConfig("reg_a", CouchSettings(store.url), workers=1,
+                        daemon=DaemonSettings(**daemon))
+    manager = Manager(config, store, SITES, Journal(tmp_path / "journal"))
+    busy, held = won_here("reg_a", busy_command), won_here("reg_a", "true")
+    assert all(store.write([busy, held]))
+    manager.settle([manager.decide_task(busy["_id"]), manager.decide_task(held["_id"])])
+    assert list(manager.runner.queued) == [(held["_id"], 0)]
+    return manager, busy, held
+
+
 def test_a_held_win_starts_on_the_next_freed_worker_without_asking_anyone(
         tmp_path: Path) -> None:
     """The queue: a win that finds every worker busy waits here, and the worker that frees
     starts it in one write, with no claim, no read of a view, no replication hop."""
     store = CountingStore(Replica(), "reg_a")
-    manager = Manager(SiteConfig("reg_a", CouchSettings(store.url), workers=1), store, SITES,
-                      Journal(tmp_path / "journal"))
+    manager, first, second = holding_a_win(tmp_path, store, "sleep 0.3")
     try:
-        first, second = won_here("reg_a", "sleep 0.3"), won_here("reg_a", "true")
-        assert all(store.write([first, second]))
-        manager.settle([manager.decide_task(first["_id"]), manager.decide_task(second["_id"])])
-        assert list(manager.runner.queued) == [(second["_id"], 0)]
         assert manager.counts["action_queue"] == 1
         store.calls.clear()
         store.reads_of.clear()
@@ -255,20 +263,37 @@ def test_a_win_held_for_half_its_start_by_lease_is_given_back(tmp_path: Path) ->
     """Its start, or its release, must reach the creator long before the creator may take
     it back: a win no worker took within half the lease goes back (core.queues)."""
     store = SimStore(Replica(), "reg_a")
-    config = SiteConfig("reg_a", CouchSettings(store.url), workers=1,
-                        daemon=DaemonSettings(lease=1.0, heartbeat=0.5))
-    manager = Manager(config, store, SITES, Journal(tmp_path / "journal"))
+    manager, _, held = holding_a_win(tmp_path, store, lease=1.0, heartbeat=0.5)
     try:
-        busy, held = won_here("reg_a", "sleep 5"), won_here("reg_a", "true")
-        assert all(store.write([busy, held]))
-        manager.settle([manager.decide_task(busy["_id"]), manager.decide_task(held["_id"])])
-        assert manager.runner.queued
         wait_for(lambda: manager.serve_once(timeout=0.05) or not manager.runner.queued,
                  timeout=5, what="the held win to be given back")
         step = store.replica.winner(held["_id"])["job"][0]
         assert (step["winner"], step["epoch"]) == (None, 2)
         assert store.replica.winner(held["_id"])["history"][-1]["detail"] == \
             core.NO_WORKER_IN_TIME
+    finally:
+        manager.pool.shutdown(1.0)
+
+
+def test_a_draining_site_says_so_and_gives_its_held_wins_back(tmp_path: Path) -> None:
+    store = SimStore(Replica(), "reg_a")
+    manager, _, held = holding_a_win(tmp_path, store)
+    manager.drain(grace=0.5)
+    assert not manager.runner.queued
+    step = store.replica.winner(held["_id"])["job"][0]
+    assert (step["winner"], step["epoch"]) == (None, 2)
+    status = store.replica.winner("site-reg_a")
+    assert (status["draining"], status["free_workers"]) == (True, 0)
+
+
+def test_a_held_win_whose_job_is_gone_frees_its_place(tmp_path: Path) -> None:
+    store = SimStore(Replica(), "reg_a")
+    manager, _, held = holding_a_win(tmp_path, store)
+    try:
+        rev = store.replica.winner(held["_id"])["_rev"]
+        assert store.write([{"_id": held["_id"], "_rev": rev, "_deleted": True}])
+        manager.process(held["_id"])
+        assert not manager.runner.queued
     finally:
         manager.pool.shutdown(1.0)
 

@@ -119,12 +119,23 @@ def test_a_win_not_started_counts_against_its_sites_room_until_it_starts():
     assert board.room(2.0) == {"reg_a": QUEUE}
     board.saw_job("job-1", won_by("reg_a"), now=3.0)
     assert board.saw_job("job-1", None, now=4.0)
-    # Only our own jobs, only wins of other sites, only what a well-formed job says.
-    for doc in (won_by("reg_a", creator="reg_b"), won_by("global"), won_by(None),
+    # Another creator's win counts too: it fills the same queue.
+    board.saw_job("job-2", won_by("reg_a", creator="reg_b"), now=5.0)
+    assert board.room(5.0) == {"reg_a": QUEUE - 1}
+    assert board.saw_job("job-2", None, now=5.0)
+    # Only wins of other sites, only what a well-formed job says.
+    for doc in (won_by("global"), won_by(None),
                 {"type": "job", "creator": "global", "step": 3, "job": []},
                 {"type": "job", "creator": "global", "step": 0, "job": ["x"]}):
-        assert not board.saw_job("job-2", doc, now=5.0)
+        assert not board.saw_job("job-3", doc, now=5.0)
     assert board.room(5.0) == {"reg_a": QUEUE}
+
+
+def test_a_site_with_a_free_worker_is_told_apart_from_a_queue():
+    board = Board("global")
+    board.hear(site_status("reg_a", free=0).as_doc(), now=0.0)
+    board.hear(site_status("reg_b", free=1).as_doc(), now=0.0)
+    assert board.rooms(0.0) == ({"reg_a": QUEUE, "reg_b": 1 + QUEUE}, {"reg_a": 0, "reg_b": 1})
 
 
 def test_a_site_that_gave_a_win_back_for_want_of_a_worker_is_queued_nothing_for_a_while():
@@ -135,14 +146,21 @@ def test_a_site_that_gave_a_win_back_for_want_of_a_worker_is_queued_nothing_for_
     released = won_by(None)
     released["history"].append({"event": "released", "step": 0, "site": "reg_a", "at": NOW,
                                 "detail": core.NO_WORKER})
+    board.saw_job("job-1", won_by("reg_a"), now=1.0)
     board.saw_job("job-1", released, now=1.0)
     assert board.room(1.0) == {"reg_a": 1}
-    assert board.room(1.0 + status.QUEUE_BACKOFF) == {"reg_a": 1 + QUEUE}
-    # Not for want of room, or a queue full for a moment (more claims won than room).
-    for detail in ("worker lost (site restarted)", core.QUEUE_FULL):
+    board.saw_job("job-1", released, now=20.0)  # the same release seen again: no news
+    assert board.room(1.0 + status.QUEUE_BACKOFF[core.NO_WORKER]) == {"reg_a": 1 + QUEUE}
+    # A full queue (other creators' counts lag ours): a moment. Any other reason: none.
+    for now, detail, backoff in (
+            (50.0, core.QUEUE_FULL, status.QUEUE_BACKOFF[core.QUEUE_FULL]),
+            (60.0, "worker lost (site restarted)", 0.0)):
         released["history"][-1]["detail"] = detail
-        board.saw_job("job-1", released, now=50.0)
-        assert board.room(50.0) == {"reg_a": 1 + QUEUE}
+        board.saw_job("job-1", won_by("reg_a"), now=now)
+        board.saw_job("job-1", released, now=now)
+        assert board.room(now + backoff) == {"reg_a": 1 + QUEUE}
+        if backoff:
+            assert board.room(now) == {"reg_a": 1}
 
 
 def test_the_publisher_sends_a_changed_room_soon_and_the_same_one_rarely():
