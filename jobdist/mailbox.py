@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from itertools import islice
@@ -20,6 +21,8 @@ from .model import StepKey
 from .workers import Execution, StepResult
 
 INBOX_SIZE = 1_000  # changes waiting: a burst pushes back on the feed, not on memory
+GATHER_QUIET = 0.002  # seconds without a new change that end a burst (see gather)
+GATHER_MAX = 0.02  # seconds a burst is gathered at most
 
 
 @dataclass(frozen=True)
@@ -62,8 +65,23 @@ class Mailbox:
         to arrive (a change or a report) when nothing waits already."""
         if self.inbox.empty() and self.reports.empty():
             self.wake.wait(timeout)
+            self.gather(limit)
         self.wake.clear()  # anything arriving from now on sets it again
         return list(islice(drain(self.inbox), limit))
+
+    def gather(self, limit: int) -> None:
+        """Woken from idleness by a change: let the rest of its burst arrive (the feed
+        streams a `_bulk_docs` of many jobs a line at a time), so that the burst is
+        decided and written in one batch, not its first job alone and the others
+        behind that write. Waits while the inbox grows, GATHER_QUIET at a time, up to
+        GATHER_MAX; a worker's report ends the wait."""
+        deadline = time.monotonic() + GATHER_MAX
+        size = self.inbox.qsize()
+        while 0 < size < limit and self.reports.empty() and time.monotonic() < deadline:
+            time.sleep(GATHER_QUIET)
+            before, size = size, self.inbox.qsize()
+            if size == before:
+                return
 
     def reports_now(self) -> Iterable[Finished | Retried]:
         return drain(self.reports)

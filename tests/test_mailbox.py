@@ -1,0 +1,78 @@
+"""The mailbox: what the listener and the workers hand the manager, and how it waits."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from jobdist import mailbox as mailbox_module
+from jobdist.listener import Changed
+from jobdist.mailbox import GATHER_MAX, GATHER_QUIET, Mailbox, Retried
+
+
+def change(n: int) -> Changed:
+    return Changed(f"job-{n}", f"1-{n}", n)
+
+
+class FeedWhileWaiting:
+    """The mailbox's clock: each of its sleeps passes that much time, during which the
+    listener hands over what `arriving` says (no real waiting, no timing in the test)."""
+
+    def __init__(self, mailbox: Mailbox, arriving: Callable[[int], list[object]]) -> None:
+        self.mailbox = mailbox
+        self.arriving = arriving  # sleep number -> what arrives meanwhile
+        self.now = 0.0
+        self.sleeps = 0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        for item in self.arriving(self.sleeps):
+            queue = self.mailbox.reports if isinstance(item, Retried) else self.mailbox.inbox
+            queue.put(item)  # type: ignore[arg-type]
+        self.sleeps += 1
+
+
+def woken_by(mailbox: Mailbox, first: Changed) -> None:
+    """The manager waited, idle; the listener hands over a burst's first change."""
+    mailbox.inbox.put(first)
+    mailbox.wake.set()
+
+
+def test_a_burst_after_idleness_is_taken_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rest of the burst streams in behind the change that woke the manager: it is
+    decided in the same batch, not behind the first job's write."""
+    mailbox = Mailbox()
+    clock = FeedWhileWaiting(mailbox, lambda n: [change(n + 1)] if n < 4 else [])
+    monkeypatch.setattr(mailbox_module, "time", clock)
+    woken_by(mailbox, change(0))
+    mailbox.gather(limit=100)
+    assert mailbox.inbox.qsize() == 5  # gathered until one quiet sleep
+    assert clock.now == pytest.approx(5 * GATHER_QUIET)
+
+
+def test_the_wait_for_a_burst_is_bounded_and_a_report_ends_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    mailbox = Mailbox()
+    clock = FeedWhileWaiting(mailbox, lambda n: [change(n + 1)])  # a stream that never pauses
+    monkeypatch.setattr(mailbox_module, "time", clock)
+    woken_by(mailbox, change(0))
+    mailbox.gather(limit=1000)
+    assert clock.now == pytest.approx(GATHER_MAX, abs=GATHER_QUIET)
+    # A step ended meanwhile: its report is not kept waiting for the burst.
+    mailbox = Mailbox()
+    clock = FeedWhileWaiting(mailbox, lambda n: [change(n + 1), Retried(("j", 0), 1, "w", "")])
+    monkeypatch.setattr(mailbox_module, "time", clock)
+    woken_by(mailbox, change(0))
+    mailbox.gather(limit=1000)
+    assert clock.sleeps == 1
+    # Nor is a full batch.
+    mailbox = Mailbox()
+    clock = FeedWhileWaiting(mailbox, lambda n: [change(n + 1)])
+    monkeypatch.setattr(mailbox_module, "time", clock)
+    woken_by(mailbox, change(0))
+    mailbox.gather(limit=3)
+    assert mailbox.inbox.qsize() == 3
