@@ -149,8 +149,10 @@ def test_creator_down_longer_than_the_lease_then_back(
                               *run.steps(1)]])
         wait_for(lambda: run.runs() > 0, 30, "reg_b to start the held step")
         sole = run.submit([run.steps(2, (0.5, 1.0), targets=("reg_a",)) for _ in range(6)])
+        # More shared jobs than the other two sites' workers and queues hold (2 free and
+        # 2 held each): the creator assigns those before it goes, the rest must wait.
         shared = run.submit([run.steps(2, (0.5, 1.0), targets=("any", ["reg_a", "reg_b"]))
-                             for _ in range(8)])
+                             for _ in range(16)])
         wait_for(lambda: len(run.db("reg_a").bulk_get(run.ids)) == len(run.ids), 30,
                  "the jobs to reach reg_a")
         outage = creator_outage(run, held, shared)
