@@ -182,9 +182,9 @@ class Manager:
         """Free workers go to the wins held here first (they cost no hop), then to the
         open steps in line."""
         held = self._held_win_tasks()
+        taken = {task.doc_id for task in held}
         open_steps = self.periodic.claimable_due(self.runner.free_workers, self.draining)
-        return [*held, *self._decisions(doc_id for doc_id in open_steps
-                                        if doc_id not in {task.doc_id for task in held})]
+        return [*held, *self._decisions(doc_id for doc_id in open_steps if doc_id not in taken)]
 
     def _held_win_tasks(self, freeing: int = 0) -> list[Task]:
         """The wins held longest, one for each free worker and each `freeing`, decided on

@@ -106,7 +106,6 @@ class Board:
         # from there, or from `started` for a site we never heard.
         self.news: dict[str, tuple[str, float]] = {}
         self.started = started
-        # Our jobs whose step another site won and has not started: job -> (step, site).
         # Jobs whose step a site other than us won and has not started: job -> (step, site).
         self.won: dict[str, tuple[StepKey, str]] = {}
         self.no_queue: dict[str, float] = {}  # site -> until when it is queued nothing
