@@ -32,7 +32,7 @@ def format_time(moment: datetime) -> str:
 def parse_time(text: str) -> datetime:
     """Any time the rules accept: the fraction may be missing or have up to 9 digits."""
     whole, _, fraction = text.removesuffix("Z").partition(".")
-    moment = datetime.strptime(whole, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=UTC)
+    moment = datetime.fromisoformat(whole).replace(tzinfo=UTC)  # strptime: 10x slower
     return moment.replace(microsecond=int(fraction[:6].ljust(6, "0")))
 
 

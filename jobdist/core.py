@@ -416,9 +416,13 @@ def usable_leaves(leaves: list[Doc], errors_of: Callable[[Doc], list[str]] = val
     if not valid:
         return [], rejected
     reference = max(valid, key=couch_order)
-    usable = [leaf for leaf in valid if same_job(leaf, reference)]
-    rejected += [(leaf["_rev"], f"defines another job than revision {reference['_rev']}")
-                 for leaf in valid if not same_job(leaf, reference)]
+    usable: list[Job] = []
+    for leaf in valid:
+        if leaf is reference or same_job(leaf, reference):
+            usable.append(leaf)
+        else:
+            reason = f"defines another job than revision {reference['_rev']}"
+            rejected.append((leaf["_rev"], reason))
     return usable, rejected
 
 

@@ -16,6 +16,8 @@ from typing import Any, NotRequired, get_origin, get_type_hints
 
 import pytest
 import requests
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from jobdist.design import load_design_docs
 from jobdist.model import (
@@ -37,9 +39,11 @@ from jobdist.validation import (
     InvalidJob,
     check_job,
     format_errors,
+    json_length,
     json_size,
     validate_job,
     validate_submission,
+    walked_json_length,
 )
 
 Doc = dict[str, Any]
@@ -431,6 +435,31 @@ def test_json_size_is_what_javascript_measures() -> None:
         ["node", "-e", script], input=json.dumps(docs), capture_output=True, text=True, check=True
     )
     assert [json_size(doc) for doc in docs] == json.loads(node.stdout)
+
+
+# Every JSON value, and the ones only Python has (NaN, Infinity, integers past 2**53),
+# with any code point in strings and keys, lone surrogates included.
+ANY_TEXT = st.text(st.characters(exclude_categories=()), max_size=8)
+JSON_SCALARS = (st.none() | st.booleans() | st.integers(-(10**30), 10**30) | st.floats()
+                | ANY_TEXT)
+JSON_VALUES = st.recursive(
+    JSON_SCALARS,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(ANY_TEXT, inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(JSON_VALUES)
+def test_measuring_the_json_text_agrees_with_walking_the_value(value: Any) -> None:
+    """json_length measures json.dumps' text and mends what Python spells otherwise;
+    walking the value, one scalar at a time, is the slow reference it must match."""
+    assert json_length(value) == walked_json_length(value)
+
+
+def test_a_number_spelled_inside_a_string_is_not_mended() -> None:
+    assert json_length({"do": "echo a:1.0,"}) == len('{"do":"echo a:1.0,"}')
+    assert json_length([1.0, "x:1e-05]", 1e-05]) == len('[1,"x:1e-05]",0.00001]')
 
 
 def test_deep_documents_are_refused_without_measuring_them() -> None:
