@@ -417,12 +417,12 @@ def usable_leaves(leaves: list[Doc], errors_of: Callable[[Doc], list[str]] = val
         return [], rejected
     reference = max(valid, key=couch_order)
     usable: list[Job] = []
-    for leaf in valid:
-        if leaf is reference or same_job(leaf, reference):
-            usable.append(leaf)
+    for job in valid:
+        if job is reference or same_job(job, reference):
+            usable.append(job)
         else:
             reason = f"defines another job than revision {reference['_rev']}"
-            rejected.append((leaf["_rev"], reason))
+            rejected.append((job["_rev"], reason))
     return usable, rejected
 
 
