@@ -32,7 +32,7 @@ def format_time(moment: datetime) -> str:
 def parse_time(text: str) -> datetime:
     """Any time the rules accept: the fraction may be missing or have up to 9 digits."""
     whole, _, fraction = text.removesuffix("Z").partition(".")
-    moment = datetime.fromisoformat(whole).replace(tzinfo=UTC)  # strptime: 10x slower
+    moment = datetime.fromisoformat(whole).replace(tzinfo=UTC)  # 3x faster than strptime
     return moment.replace(microsecond=int(fraction[:6].ljust(6, "0")))
 
 
