@@ -22,6 +22,9 @@ from .workers import Execution, StepResult
 
 INBOX_SIZE = 1_000  # changes waiting: a burst pushes back on the feed, not on memory
 GATHER_QUIET = 0.002  # seconds without a new change that end a burst (see gather)
+# A new document may open a `_bulk_docs` of many: pouchdb-server's feed sent a burst of
+# six new jobs as one line, then, 9 ms later under load, the other five.
+SUBMISSION_QUIET = 0.010
 GATHER_MAX = 0.02  # seconds a burst is gathered at most
 
 
@@ -73,15 +76,29 @@ class Mailbox:
         """Woken from idleness by a change: let the rest of its burst arrive (the feed
         streams a `_bulk_docs` of many jobs a line at a time), so that the burst is
         decided and written in one batch, not its first job alone and the others
-        behind that write. Waits while the inbox grows, GATHER_QUIET at a time, up to
-        GATHER_MAX; a worker's report ends the wait."""
-        deadline = time.monotonic() + GATHER_MAX
+        behind that write. Waits while the inbox grows, until it has been quiet for
+        GATHER_QUIET (SUBMISSION_QUIET after a new document), GATHER_MAX at most; a
+        worker's report ends the wait."""
+        start = grew_at = time.monotonic()
+        quiet = SUBMISSION_QUIET if self._first_is_new() else GATHER_QUIET
         size = self.inbox.qsize()
-        while 0 < size < limit and self.reports.empty() and time.monotonic() < deadline:
+        while 0 < size < limit and self.reports.empty():
+            now = time.monotonic()
+            if now - grew_at >= quiet or now - start >= GATHER_MAX:
+                return
             time.sleep(GATHER_QUIET)
             before, size = size, self.inbox.qsize()
-            if size == before:
-                return
+            if size != before:
+                grew_at = time.monotonic()
+
+    def _first_is_new(self) -> bool:
+        with self.inbox.mutex:
+            first = self.inbox.queue[0] if self.inbox.queue else None
+        return isinstance(first, Changed) and first.rev.startswith("1-")
+
+    def waiting(self) -> bool:
+        """Whether changes or reports wait to be decided."""
+        return not (self.inbox.empty() and self.reports.empty())
 
     def reports_now(self) -> Iterable[Finished | Retried]:
         return drain(self.reports)

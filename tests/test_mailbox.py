@@ -8,11 +8,11 @@ import pytest
 
 from jobdist import mailbox as mailbox_module
 from jobdist.listener import Changed
-from jobdist.mailbox import GATHER_MAX, GATHER_QUIET, Mailbox, Retried
+from jobdist.mailbox import GATHER_MAX, GATHER_QUIET, SUBMISSION_QUIET, Mailbox, Retried
 
 
-def change(n: int) -> Changed:
-    return Changed(f"job-{n}", f"1-{n}", n)
+def change(n: int, generation: int = 1) -> Changed:
+    return Changed(f"job-{n}", f"{generation}-{n}", n)
 
 
 class FeedWhileWaiting:
@@ -46,12 +46,34 @@ def test_a_burst_after_idleness_is_taken_whole(monkeypatch: pytest.MonkeyPatch) 
     """The rest of the burst streams in behind the change that woke the manager: it is
     decided in the same batch, not behind the first job's write."""
     mailbox = Mailbox()
-    clock = FeedWhileWaiting(mailbox, lambda n: [change(n + 1)] if n < 4 else [])
+    clock = FeedWhileWaiting(mailbox, lambda n: [change(n + 1, 3)] if n < 4 else [])
     monkeypatch.setattr(mailbox_module, "time", clock)
-    woken_by(mailbox, change(0))
+    woken_by(mailbox, change(0, 3))
     mailbox.gather(limit=100)
     assert mailbox.inbox.qsize() == 5  # gathered until one quiet sleep
     assert clock.now == pytest.approx(5 * GATHER_QUIET)
+
+
+def test_new_documents_are_given_a_longer_quiet(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A submission's `_bulk_docs` may reach the feed in parts some milliseconds apart:
+    after a new document, a pause shorter than SUBMISSION_QUIET does not end the burst."""
+    arrivals = {0: [change(1)], 3: [change(2), change(3)]}  # a pause of 3 quiet sleeps
+    mailbox = Mailbox()
+    clock = FeedWhileWaiting(mailbox, lambda n: arrivals.get(n, []))
+    monkeypatch.setattr(mailbox_module, "time", clock)
+    woken_by(mailbox, change(0))
+    mailbox.gather(limit=100)
+    assert mailbox.inbox.qsize() == 4
+    assert 3 * GATHER_QUIET < SUBMISSION_QUIET
+    assert clock.now == pytest.approx(4 * GATHER_QUIET + SUBMISSION_QUIET)
+    assert clock.now < GATHER_MAX
+    # The same pause after a changed document ends the wait: it costs every decision.
+    mailbox = Mailbox()
+    clock = FeedWhileWaiting(mailbox, lambda n: arrivals.get(n, []))
+    monkeypatch.setattr(mailbox_module, "time", clock)
+    woken_by(mailbox, change(0, 2))
+    mailbox.gather(limit=100)
+    assert mailbox.inbox.qsize() == 2
 
 
 def test_the_wait_for_a_burst_is_bounded_and_a_report_ends_it(
