@@ -38,8 +38,8 @@ class ServerError(JobdistError, RuntimeError):
 # The pouchdb-server 4.2.0 fixes we rely on, applied at install time by `npm ci`
 # (patches/*.patch, see the reason in each): the fix, the file it changes (as a
 # package requires it) and a line it writes there. Speed, measured in the benchmarks,
-# is why the four after the first two are here; the last one keeps a site that was
-# down from waiting for its peers' documents after it is back.
+# is why the four after the first two are here, and the last two; the seventh keeps a
+# site that was down from waiting for its peers' documents after it is back.
 REQUIRED_FIXES = (
     ("replicated conflicts kept when validate_doc_update exists",
      "pouchdb-validation/lib/index.js",
@@ -62,6 +62,12 @@ REQUIRED_FIXES = (
     ("a failing replication retried at least once a second",
      "pouchdb-replication/lib/index.js",
      "// jobdist: retry at least once a second. The default doubles up to 10 minutes,"),
+    ("replication connections kept alive, no gzip",
+     "pouchdb-fetch/lib/index.js",
+     "function keptAliveFetch(url, options) {"),
+    ("CouchDB 3's `update=lazy` in view queries",
+     "express-pouchdb/lib/routes/views.js",
+     "// jobdist: CouchDB 3's `update` is PouchDB's `stale`."),
 )
 INSTALL_HINT = ("run `npm ci` in the jobdist checkout, or set JOBDIST_POUCHDB_SERVER to a "
                 "pouchdb-server that a checkout's `npm ci` installed")
