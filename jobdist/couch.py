@@ -284,7 +284,12 @@ class Couch:
         client = CloudantV1(authenticator=self._authenticator())
         client.set_service_url(self.url)
         client.set_http_config({"timeout": timeout})
-        _environment_once(client.get_http_client(), self.url)
+        session = client.get_http_client()
+        _environment_once(session, self.url)
+        # No gzip: a daemon's server is its site's own, a host or a rack away, and
+        # pouchdb-server deflated every larger answer (a tenth of its CPU under a
+        # burst, with the replicator's, which asked too); CouchDB compresses none.
+        session.headers["Accept-Encoding"] = "identity"
         return client
 
     def _authenticator(self) -> Authenticator:

@@ -204,6 +204,14 @@ def test_a_lazy_view_query_answers_from_the_index_as_it_stands(db: Database) -> 
     assert [r["id"] for r in db.view("q", "by_group")] == ["after", "before"]
 
 
+def test_answers_come_uncompressed(db: Database) -> None:
+    """We ask for no gzip (the server is the site's own): even a large answer is plain."""
+    db.bulk_docs([{"_id": f"d{n:03d}", "text": "x" * 100} for n in range(50)])
+    answer = db.couch.client.post_all_docs(db=db.name, include_docs=True)
+    assert len(answer.get_result()["rows"]) == 50
+    assert "content-encoding" not in {name.lower() for name in answer.get_headers()}
+
+
 def test_view_errors(db: Database) -> None:
     with pytest.raises(NotFound):
         db.view("nope", "nope")
