@@ -96,10 +96,6 @@ class Mailbox:
             first = self.inbox.queue[0] if self.inbox.queue else None
         return isinstance(first, Changed) and first.rev.startswith("1-")
 
-    def waiting(self) -> bool:
-        """Whether changes or reports wait to be decided."""
-        return not (self.inbox.empty() and self.reports.empty())
-
     def reports_now(self) -> Iterable[Finished | Retried]:
         return drain(self.reports)
 

@@ -169,7 +169,7 @@ class Manager:
         self.runner.unbook_expired()
         self.settle([*self._ends_and_next_work(), *self._scan_tasks_due(),
                      *self._assign_tasks_due()])
-        self.periodic.publish_status_if_due(self.own_status(), busy=self.mailbox.waiting())
+        self.periodic.publish_status_if_due(self.own_status())
         self.periodic.checkpoint_if_due()
 
     def _next_changes(self, timeout: float) -> list[Changed]:

@@ -294,10 +294,9 @@ class PeriodicWork:
             return frozenset()
         return self.board.assigning(now)
 
-    def publish_status_if_due(self, mine: status.SiteStatus, force: bool = False,
-                              busy: bool = False) -> None:
+    def publish_status_if_due(self, mine: status.SiteStatus, force: bool = False) -> None:
         now = time.monotonic()
-        if not force and not self.publisher.due(mine, now, busy):
+        if not force and not self.publisher.due(mine, now):
             return
         doc = mine.as_doc()
         try:

@@ -40,7 +40,6 @@ log = logging.getLogger("jobdist.status")
 
 PREFIX = "site-"
 MIN_INTERVAL = 1.0  # seconds between two publications of a changed room
-BUSY_DELAY = 0.5  # seconds a changed room may wait for a manager busy deciding
 REFRESH = 30.0  # an unchanged status is published again this often
 STALE_AFTER = 3 * REFRESH  # a status not renewed for this long (our clock) is ignored
 ASSIGNED_FOR = 3.0  # seconds an assignment counts against a room its site has not re-published
@@ -234,25 +233,12 @@ class Publisher:
         self.last: SiteStatus | None = None
         self.last_at = float("-inf")
         self.rev: str | None = None  # of our status document, once known
-        self.changed_at: float | None = None  # when the room first differed from `last`
 
-    def due(self, status: SiteStatus, now: float, busy: bool = False) -> bool:
-        """`busy`: decisions wait in the manager. A changed room then waits for them, up
-        to BUSY_DELAY: the write would hold up a burst's next round (a write takes 50-100
-        ms on a server busy replicating the burst), and a creator's view of our room is
-        stale by a hop anyway. The periodic refresh, which succession relies on, never
-        waits."""
+    def due(self, status: SiteStatus, now: float) -> bool:
         if self.last is None or now - self.last_at >= self.refresh:
             return True
-        if (status.room, status.workers) == (self.last.room, self.last.workers):
-            self.changed_at = None
-            return False
-        if self.changed_at is None:
-            self.changed_at = now
-        if now - self.last_at < MIN_INTERVAL:
-            return False
-        return not busy or now - self.changed_at >= BUSY_DELAY
+        changed = (status.room, status.workers) != (self.last.room, self.last.workers)
+        return changed and now - self.last_at >= MIN_INTERVAL
 
     def published(self, status: SiteStatus, rev: str, now: float) -> None:
         self.last, self.last_at, self.rev = status, now, rev
-        self.changed_at = None

@@ -173,20 +173,6 @@ def test_the_publisher_sends_a_changed_room_soon_and_the_same_one_rarely():
     assert publisher.due(site_status(free=2), status.REFRESH)
 
 
-def test_a_changed_room_waits_for_a_busy_manager_for_a_moment_and_a_refresh_never():
-    publisher = Publisher()
-    publisher.published(site_status(free=2), "1-a", 0.0)
-    changed = status.MIN_INTERVAL + 1.0
-    assert not publisher.due(site_status(free=1), changed, busy=True)
-    assert publisher.due(site_status(free=1), changed + 0.1)  # the decisions are done
-    assert not publisher.due(site_status(free=1), changed + status.BUSY_DELAY / 2, busy=True)
-    assert publisher.due(site_status(free=1), changed + status.BUSY_DELAY, busy=True)
-    # Back to what was published: nothing to send, and the delay counts afresh.
-    assert not publisher.due(site_status(free=2), changed + 2.0, busy=True)
-    assert not publisher.due(site_status(free=0), changed + 2.1, busy=True)
-    assert publisher.due(site_status(free=2), status.REFRESH, busy=True)
-
-
 # --- the server's rules are the same ----------------------------------------------------
 
 
