@@ -84,6 +84,14 @@ class JobStore(Protocol):
         ...
 
 
+# The periodic scans read a view's index as it stands and let the server bring it up
+# to date afterwards: they are a safety net for what the feed did not bring, acted on
+# only after a fresh read, and a scan that came just after a burst of new jobs
+# otherwise waited for the whole burst to be indexed (2 s for 500 jobs on a loaded
+# pouchdb-server), the manager with it.
+SCAN_INDEX = "lazy"
+
+
 class CouchStore:
     """A JobStore on a site's CouchDB database."""
 
@@ -100,20 +108,14 @@ class CouchStore:
     def write(self, docs: Sequence[Leaf]) -> list[Written]:
         return self.db.bulk_docs(list(docs))
 
-    # The periodic scans read each view as it stands and let the server bring it up to
-    # date afterwards (`update=lazy`): they are a safety net for what the feed did not
-    # bring, acted on only after a fresh read, and a scan that came just after a burst
-    # of new jobs otherwise waited for the whole burst to be indexed (2 s for 500 jobs
-    # on a loaded pouchdb-server), the manager with it.
-
     def claimable(self, target: str, limit: int) -> list[Open]:
         rows = self.db.view(DDOC, "claimable", startkey=[target], endkey=[target, {}],
-                            limit=limit, update="lazy")
+                            limit=limit, update=SCAN_INDEX)
         return [Open(row["id"], row["key"][1], row["key"][2]) for row in rows]
 
     def leases_due(self, creator: str, cutoff: str) -> list[str]:
         rows = self.db.view(DDOC, "leases", startkey=[creator], endkey=[creator, cutoff],
-                            update="lazy")
+                            update=SCAN_INDEX)
         return [row["id"] for row in rows]
 
     def involving(self, site: str) -> Iterator[str]:
@@ -121,7 +123,7 @@ class CouchStore:
 
     def open_created(self, creator: str, limit: int) -> list[str]:
         rows = self.db.view(DDOC, "stale_open", startkey=[creator], endkey=[creator, {}],
-                            limit=limit, update="lazy")
+                            limit=limit, update=SCAN_INDEX)
         return [row["id"] for row in sorted(rows, key=keepalive.row_rank)]
 
     def statuses(self) -> list[Doc]:
