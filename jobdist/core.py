@@ -101,6 +101,9 @@ class PoolView:
     # for is released at once, as in the thesis).
     queued: Mapping[StepKey, float] = field(default_factory=dict)
     queue_limit: int = 0
+    # Of `running`, the executions launched ahead of their start whose start is not
+    # written yet (see record_late_start).
+    ahead: Mapping[StepKey, Running] = field(default_factory=dict)
 
     def worker_for(self, key: StepKey) -> str | None:
         """The worker booked for key, else a free one, else None."""
@@ -593,6 +596,9 @@ def decide(doc: Job, ctx: Context, pool: PoolView) -> Decision:
         # No site of ours will ever start, run or finish it: give it back at once.
         detail = f"held by {holder!r}, which is not a known site"
         return Decision("release", release(ctx, detail), detail=detail)
+    late = record_late_start(doc, step, ctx, pool)
+    if late is not None:
+        return late
     match step_phase(step):
         case Phase.OPEN:
             return on_open(doc, step, ctx, pool)
@@ -985,6 +991,65 @@ def start_decision(doc: Job, step: Step, ctx: Context, worker: str, *, assign: b
     )
 
 
+# --- a start launched ahead of its write ----------------------------------------
+
+# The manager launches a step as soon as it has planned its start, and writes the
+# start meanwhile (docs/protocol.md, "Launch ahead"). If that write is lost (a 409:
+# a newer revision came in between; the server did not answer), the start is
+# written on the revision that came in between, when that one still lets it be.
+LATE_START = "launched ahead; its start written late"
+
+
+def late_start(doc: Job, key: StepKey, epoch: int, ctx: Context) -> bool:
+    """Does the document still call for the start of an execution (key, epoch) this
+    site launched ahead of its start, whose start is not written?
+
+    So it does when the start is still the one start_decision writes: in a win of
+    ours of that very epoch; or, for an open or merely claimed step of which we are
+    the creator or the only target, in the next epoch (the creator alone picks
+    winners, and a claim does not move the epoch).
+    """
+    if doc["_id"] != key[0] or not is_live(doc) or doc["step"] != key[1]:
+        return False
+    step = _current(doc)
+    if is_broadcast(step):
+        return False  # (never launched ahead: PlanRunner.launches_ahead)
+    phase = step_phase(step)
+    if phase == Phase.WON:
+        return step.get("winner") == ctx.site and step.get("epoch", 0) == epoch
+    ours = ctx.site == doc["creator"] or sole_target(step) == ctx.site
+    return phase < Phase.WON and ours and step.get("epoch", 0) + 1 == epoch
+
+
+def record_late_start(doc: Job, step: Step, ctx: Context, pool: PoolView) -> Decision | None:
+    """The start of a step launched here ahead of it, whose write was lost (late_start),
+    with no worker to book and nothing to launch; None when there is none."""
+    key = (doc["_id"], doc["step"])
+    running = pool.ahead.get(key)
+    if running is None or not late_start(doc, key, running.epoch, ctx):
+        return None
+    begin = start(ctx, running.worker, assign=step_phase(step) < Phase.WON)
+    return Decision("start", begin, detail=LATE_START)
+
+
+def records_start(doc: Job | None, key: StepKey, epoch: int, site: str) -> bool:
+    """Does this revision show the execution (key, epoch) started at `site`?"""
+    return doc is not None and doc["_id"] == key[0] and backs_execution(doc, key, epoch, site) \
+        and step_phase(doc["job"][key[1]]) == Phase.RUNNING
+
+
+def after_edit(first: Edit, then: Decision) -> Decision:
+    """`then`, its revision written on top of `first`'s edit."""
+    second = then.edit
+
+    def both(doc: Job) -> None:
+        first(doc)
+        if second is not None:
+            second(doc)
+
+    return dataclasses.replace(then, edit=both)
+
+
 # --- edits: how each decision changes the document ----------------------------
 
 def _current(doc: Job) -> Step:
@@ -1157,26 +1222,38 @@ def plan_finish(
     `pool` must already show the execution's worker as free. When the step
     succeeded and this site may run the next one, it starts it in the same
     revision: nobody else writes to a running step, so nobody can compete.
+    An execution launched ahead of its start whose start was never written
+    (late_start) gets its start and its end in one revision.
     """
     merged = merge(leaves)
+    if not late_start(merged, key, epoch, ctx):
+        return finalize(leaves, merged, finish_decision(merged, ctx, pool, key, epoch, worker,
+                                                        outcome), ctx)
+    begin = start(ctx, worker, assign=step_phase(_current(merged)) < Phase.WON)
+    started = copy.deepcopy(merged)
+    begin(started)
+    then = finish_decision(started, ctx, pool, key, epoch, worker, outcome)
+    return finalize(leaves, merged, after_edit(begin, then), ctx)
+
+
+def finish_decision(merged: Job, ctx: Context, pool: PoolView, key: StepKey, epoch: int,
+                    worker: str, outcome: StepOutcome) -> Decision:
     if not backs_execution(merged, key, epoch, ctx.site):
         if outcome.cancelled and merged["job_status"] == "cancelled":
-            return finalize(leaves, merged, Decision("cancelled", record_cancelled(
-                merged, ctx, key, worker, epoch, outcome)), ctx)
+            return Decision("cancelled", record_cancelled(merged, ctx, key, worker, epoch,
+                                                          outcome))
         detail = f"epoch {epoch} is no longer current: {outcome.reason}"
-        return finalize(leaves, merged, Decision("stale_finish", note(
-            ctx, "stale_finish", key, worker, epoch, detail)), ctx)
+        return Decision("stale_finish", note(ctx, "stale_finish", key, worker, epoch, detail))
     if outcome.cancelled:
         stopped = f"stopped on this site: {outcome.reason}"
-        return finalize(leaves, merged, Decision("release", release_sub_run(ctx, ctx.site, stopped)
-                        if is_broadcast(_current(merged)) else release(ctx, stopped)), ctx)
+        return Decision("release", release_sub_run(ctx, ctx.site, stopped)
+                        if is_broadcast(_current(merged)) else release(ctx, stopped))
     if is_broadcast(_current(merged)):
-        return finalize(leaves, merged, finish_sub_run(merged, ctx, pool, worker, outcome), ctx)
-    decision = Decision("finish", record_outcome(ctx, worker, outcome),
-                        detail=outcome.reason)
+        return finish_sub_run(merged, ctx, pool, worker, outcome)
+    decision = Decision("finish", record_outcome(ctx, worker, outcome), detail=outcome.reason)
     if outcome.ok:
         decision = chain_next(merged, decision, ctx, pool)
-    return finalize(leaves, merged, decision, ctx)
+    return decision
 
 
 def note(ctx: Context, name: str, key: StepKey, worker: str, epoch: int, detail: str) -> Edit:

@@ -685,6 +685,74 @@ def test_plan_event_ignores_a_stale_execution():
     assert core.plan_event([doc], ctx("reg_a"), KEY, 2, "reg_a/w1", "retried", "x") is core.NOTHING
 
 
+# --- a start launched ahead of its write (docs/protocol.md, "Launch ahead") --------------
+
+def ahead(site: str, epoch: int = 1) -> PoolView:
+    """A pool running step 0 on w1, launched ahead of a start whose write was lost."""
+    run = Running(f"{site}/w1", epoch)
+    return PoolView((f"{site}/w2",), running={KEY: run}, ahead={KEY: run})
+
+
+def test_a_winner_writes_a_lost_start_again_on_a_newer_revision_of_its_win():
+    doc = logged(won(job(rev="4-b"), "reg_a"), "keepalive", CREATOR, 20)  # came in between
+    plan = decide(doc, "reg_a", ahead("reg_a"))
+    assert (plan.action, plan.detail) == ("start", core.LATE_START)
+    assert plan.before == () and plan.after == ()  # it runs already: nothing to book or launch
+    assert current(plan.doc)["step_status"] == "running"
+    assert current(plan.doc)["epoch"] == 1 and current(plan.doc)["executioner"] == "reg_a/w1"
+
+
+def test_a_creator_writes_its_lost_start_over_a_claim_that_came_in_between():
+    doc = claimed(job(rev="2-c"), "reg_b")
+    plan = decide(doc, CREATOR, ahead(CREATOR))
+    assert (plan.action, plan.detail, plan.after) == ("start", core.LATE_START, ())
+    assert current(plan.doc)["winner"] == CREATOR and current(plan.doc)["epoch"] == 1
+    # Not the creator, nor the only target: its launch ahead is never recorded so.
+    assert decide(copy.deepcopy(doc), "reg_a", ahead("reg_a")).detail != core.LATE_START
+
+
+def test_a_lost_start_is_not_written_where_the_job_moved_on():
+    moved = [won(job(), "reg_b"),                      # the creator chose another site
+             won(job(), "reg_a", epoch=2),             # a newer epoch of ours: not this run
+             running(job(), "reg_a"),                  # recorded already
+             step(job(), job_status="cancelled")]      # cancelled meanwhile
+    moved[3]["job_status"] = "cancelled"
+    for doc in moved:
+        assert decide(doc, "reg_a", ahead("reg_a")).detail != core.LATE_START, doc["job"][0]
+    # Where it moved past the run, the run is stopped.
+    assert decide(moved[0], "reg_a", ahead("reg_a")).before == (Kill(KEY, "execution superseded"),)
+
+
+def test_a_run_whose_start_was_never_written_records_start_and_end_in_one_revision():
+    plan = finish(won(job("any", "any"), "reg_a"), "reg_a", pool("reg_a/w1"),
+                  start_time=at(30), finish_time=at(31))
+    assert plan.action == "finish"
+    done = plan.doc["job"][0]
+    assert done["step_status"] == "finished" and done["executioner"] == "reg_a/w1"
+    assert done["start_time"] == at(30)  # the run's own start, not the time of the write
+    # Its start, its end, and the next step chained here, as after any finish.
+    assert events(plan.doc) == ["created", "started", "finished", "started"]
+    assert plan.after == (Launch((JOB, 1), 1, "reg_a/w1"),)
+    # The creator's own run of an open step: started in the next epoch, then ended.
+    own = core.plan_finish([job()], ctx(CREATOR), pool(), KEY, 1, f"{CREATOR}/w1", Outcome())
+    assert own.action == "finish" and own.doc["job_status"] == "success"
+    assert own.doc["job"][0]["epoch"] == 1 and own.doc["job"][0]["winner"] == CREATOR
+
+
+def test_a_lost_start_of_a_step_given_elsewhere_is_a_stale_finish():
+    plan = finish(won(job(), "reg_b"), "reg_a", pool("reg_a/w1"))
+    assert plan.action == "stale_finish"
+
+
+def test_records_start_names_one_job_one_execution():
+    doc = running(job(), "reg_a")
+    assert core.records_start(doc, KEY, 1, "reg_a")
+    assert not core.records_start(doc, ("job-2", 0), 1, "reg_a")
+    assert not core.records_start(doc, KEY, 2, "reg_a")
+    assert not core.records_start(won(job(), "reg_a"), KEY, 1, "reg_a")
+    assert not core.records_start(None, KEY, 1, "reg_a")
+
+
 # --- a site's command allow-list ----------------------------------------------------------
 
 def only_echo(command: str) -> bool:
