@@ -63,6 +63,8 @@ COUNTERS = (
                                    "(another site won, or the job moved on)."),
     ("conflicts_resolved", "conflicts_resolved", "Losing revisions this site deleted."),
     ("write_conflicts", "write_conflicts", "Writes refused with 409 and decided again."),
+    ("launches_stopped", "launches_stopped", "Steps launched ahead of their start whose start "
+                                             "could not be written, stopped."),
     ("invalid_documents", "invalid_documents", "Job revisions skipped as invalid."),
     ("writes_refused", "writes_refused", "Writes CouchDB refused (403), e.g. a job past the "
                                          "size limit."),

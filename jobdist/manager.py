@@ -59,6 +59,7 @@ RETRY_DECISION = 1.0  # seconds before a decision whose read or write failed is 
 BATCH = 200  # jobs decided together: one read and one write a round for all of them
 MAX_ROUNDS = 8  # fresh reads of one job in one batch before it is left for later
 MAX_KNOWN = 1_000  # jobs running here whose newest revision we keep (Task.known)
+MAX_DEPTHS = 100_000  # jobs whose deepest revision seen we remember (Manager.depth)
 Found = tuple[list[Job], list[core.Unusable]]  # a job's usable leaves, and the others
 Planner = Callable[[list[Job], list[core.Unusable]], core.Plan]
 
@@ -141,6 +142,9 @@ class Manager:
         self.waiting = WaitingJobs(self.site, store, self.skipped, self._errors, self.log)
         self.ended: dict[str, str] = {}
         self.newest: OrderedDict[str, Doc] = OrderedDict()  # see Task.known
+        # The deepest revision of each job this site has seen (feed, reads, own writes):
+        # a start planned on an older one is not launched ahead of its write.
+        self.depth: OrderedDict[str, int] = OrderedDict()
 
     @property
     def seq(self) -> object:
@@ -230,6 +234,7 @@ class Manager:
              if (item.doc or {}).get("job_status") in FINAL_STATUSES]))
         for item in sorted(latest.values(), key=self._claim_order):
             self._heard_newer(item)
+            self._saw_revision(item.doc_id, item.rev)
             if status.is_status_id(item.doc_id):
                 self.periodic.hear_status(item.doc)
                 continue
@@ -407,10 +412,28 @@ class Manager:
         while len(self.newest) > MAX_KNOWN:
             self.newest.popitem(last=False)
 
+    def _saw_revision(self, doc_id: str, rev: str) -> None:
+        depth = _generation(rev)
+        if depth > self.depth.get(doc_id, 0):
+            self.depth[doc_id] = depth
+        self.depth.move_to_end(doc_id)
+        while len(self.depth) > MAX_DEPTHS:
+            self.depth.popitem(last=False)
+
+    def _on_newest(self, doc: Job | None) -> bool:
+        """Is this plan's revision made on the deepest revision of its job we have seen?
+        (A change the feed delivered may be older than what we wrote since.)"""
+        return doc is not None and _generation(doc.get("_rev") or "") >= \
+            self.depth.get(doc["_id"], 0)
+
     def _read_all(self, ids: list[str]) -> dict[str, list[Doc]] | None:
         """The jobs' live leaves; None when the server does not answer."""
         try:
-            return self.store.read(ids)
+            leaves = self.store.read(ids)
+            for doc_id, found in leaves.items():
+                for leaf in found:
+                    self._saw_revision(doc_id, leaf.get("_rev") or "")
+            return leaves
         except (Undecodable, RecursionError):
             # One job nested too deeply for Python's JSON parser spoils the batch:
             # read each alone, and skip the unreadable one.
@@ -444,7 +467,7 @@ class Manager:
                 del pending[doc_id]
                 self._skip(doc_id, plan.detail)
                 continue
-            self.runner.plan_made(plan)
+            self.runner.plan_made(plan, on_newest=self._on_newest(plan.doc))
             assert found is not None
             plans[doc_id] = (plan, found[0])
             if plan.action == core.QUEUED and len(found[0]) == 1:
@@ -493,7 +516,7 @@ class Manager:
                 self._after_write(pending, task, plan, result.rev)
             elif isinstance(result, Conflict):
                 self.counts["write_conflicts"] += 1
-                if not task.retry_conflicts:
+                if not task.retry_conflicts and not self.runner.launched_ahead(doc_id):
                     del pending[doc_id]  # the conflicting revision comes through the feed
             else:
                 del pending[doc_id]
@@ -510,6 +533,7 @@ class Manager:
                      rev: str) -> None:
         if rev:
             self.own_revs.append(rev)
+            self._saw_revision(task.doc_id, rev)
         self._recorded(task)
         written = {**plan.doc, "_rev": rev} if plan.doc is not None and rev else None
         if written is not None:

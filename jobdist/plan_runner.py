@@ -11,17 +11,19 @@ view the decision core decides on (`pool_view`).
 from __future__ import annotations
 
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 
 from . import core, status
 from .config import SiteConfig
 from .couch import CouchError, Saved
 from .logs import EventLog
 from .mailbox import Mailbox
-from .model import Job, StepKey
+from .model import Job, StepKey, is_broadcast
 from .periodic_work import PeriodicWork
 from .store import JobStore
 from .workers import WorkerPool
+
+MAX_LAUNCHED = 10_000  # (step, epoch) pairs remembered as launched here (PlanRunner.launched)
 
 
 class PlanRunner:
@@ -46,6 +48,12 @@ class PlanRunner:
         self.executions: dict[StepKey, core.Running] = {}
         # Steps won here that wait for a worker (core.queues), and since when (monotonic).
         self.queued: dict[StepKey, float] = {}
+        # Executions launched ahead of their start's write, that write not saved yet:
+        # never past the batch (batch_done stops those whose start was not written).
+        self.ahead: dict[StepKey, core.Running] = {}
+        # Every (step, epoch) launched here lately: a start decided on a stale view
+        # never launches ahead an execution this site has run already.
+        self.launched: OrderedDict[tuple[StepKey, int], None] = OrderedDict()
 
     # --- what the core sees of our workers ------------------------------------------
 
@@ -62,6 +70,7 @@ class PlanRunner:
             running=running,
             queued={key: now - since for key, since in self.queued.items()},
             queue_limit=self.config.workers,
+            ahead=dict(self.ahead),
         )
 
     def free_workers(self) -> tuple[str, ...]:
@@ -69,13 +78,39 @@ class PlanRunner:
         unreported = {running.worker for running in self.executions.values()}
         return tuple(w for w in self.pool.free_workers() if w not in unreported)
 
-    def plan_made(self, plan: core.Plan) -> None:
+    def plan_made(self, plan: core.Plan, on_newest: bool = False) -> None:
         """A plan of the batch, before the write: book its worker, so that the next plan
-        is made on the pool as it will be (launches under way count as running)."""
+        is made on the pool as it will be (launches under way count as running); and,
+        made on the newest revision this site has seen of its job, launch its steps
+        ahead of the write (launches_ahead)."""
         for effect in plan.before:
             self.apply(effect)
+        launches = [launch for launch in plan.after if isinstance(launch, core.Launch)]
         self.launching.update((launch.key, core.Running(launch.worker, launch.epoch))
-                              for launch in plan.after if isinstance(launch, core.Launch))
+                              for launch in launches)
+        for launch in launches:
+            if not on_newest or plan.doc is None or not self.launches_ahead(plan, launch, plan.doc):
+                continue
+            try:
+                self.launch(launch, plan.doc)
+            except Exception:  # e.g. the pool refuses: tried again once the write is saved
+                self.log.exception("cannot launch ahead", job=launch.key[0], step=launch.key[1])
+                continue
+            self.ahead[launch.key] = core.Running(launch.worker, launch.epoch)
+
+    def launched_ahead(self, job_id: str) -> bool:
+        """Does a step of this job run here, its start not written yet?"""
+        return any(key[0] == job_id for key in self.ahead)
+
+    def launches_ahead(self, plan: core.Plan, launch: core.Launch, doc: Job) -> bool:
+        """Does this start launch before its revision is saved? (docs/protocol.md,
+        "Launch ahead") A start alone, not the next step chained onto an end (whose
+        end, if the server does not take it, is held in the journal: the chained run
+        would have to outlive the outage too); not a broadcast's sub-run; and never
+        an execution launched here before."""
+        return plan.action == "start" and not is_broadcast(doc["job"][launch.key[1]]) \
+            and (launch.key, launch.epoch) not in self.launched \
+            and launch.key not in self.executions
 
     def decided(self, doc_id: str, plan: core.Plan) -> None:
         """Every plan made about a job: a win of it held here stays held only while the
@@ -99,7 +134,16 @@ class PlanRunner:
                    for key in (*self.executions, *self.launching, *self.queued))
 
     def batch_done(self) -> None:
+        """Stop what was launched ahead of a start the batch did not write (refused, the
+        server gone, or a newer revision that no longer calls for it): it runs on
+        nothing. Its report says how far it got (core.plan_finish, late_start)."""
         self.launching.clear()  # launched, or their revision was not saved
+        for key, running in self.ahead.items():
+            self.log.warning("start not written: stopping the step launched ahead",
+                             job=key[0], step=key[1], epoch=running.epoch)
+            self.counts["launches_stopped"] += 1
+            self.pool.cancel(key)
+        self.ahead.clear()
 
     # --- after the write ----------------------------------------------------------------
 
@@ -119,6 +163,9 @@ class PlanRunner:
     def carried_out(self, doc_id: str, plan: core.Plan, rev: str) -> None:
         """The plan's revision is saved: count and log it, and carry out what follows."""
         self.counts[f"action_{plan.action}"] += 1
+        for key, running in list(self.ahead.items()):
+            if key[0] == doc_id and core.records_start(plan.doc, key, running.epoch, self.site):
+                del self.ahead[key]
         if plan.detail.startswith(core.WON_CLAIM):
             self.counts["claims_won"] += 1
         step, epoch = acted_on(plan)
@@ -146,6 +193,7 @@ class PlanRunner:
             self.periodic.scan_soon()  # a lost claim: look for other work at once
         elif isinstance(effect, core.Kill):
             self.log.info("killing", job=effect.key[0], step=effect.key[1], reason=effect.reason)
+            self.ahead.pop(effect.key, None)
             self.pool.cancel(effect.key)
         elif isinstance(effect, core.Launch):
             assert doc is not None
@@ -159,6 +207,8 @@ class PlanRunner:
 
     def launch(self, effect: core.Launch, doc: Job) -> None:
         job_id, index = effect.key
+        if self.executions.get(effect.key) == core.Running(effect.worker, effect.epoch):
+            return  # launched ahead of this very write (plan_made)
         if effect.key in self.executions:  # the core never asks this; never run a step twice
             self.log.error("not launching a step already running here", job=job_id, step=index)
             return
@@ -174,6 +224,9 @@ class PlanRunner:
             effect.key, effect.epoch, doc["job"][index], env,
             on_retry=self.mailbox.retry_reporter(effect.key, effect.epoch, effect.worker))
         self.executions[effect.key] = core.Running(execution.worker, effect.epoch)
+        self.launched[(effect.key, effect.epoch)] = None
+        while len(self.launched) > MAX_LAUNCHED:
+            self.launched.popitem(last=False)
         self.counts["steps_started"] += 1
 
     # --- bookings past their timeout ------------------------------------------------------

@@ -391,6 +391,89 @@ def test_an_end_written_on_a_revision_that_is_no_longer_newest_is_read_and_kept(
         manager.pool.shutdown(1.0)
 
 
+class InterposedStore(CountingStore):
+    """A CountingStore where, just before the first write that starts a step, another
+    site's revision lands on the same branch (`interpose`), or the server fails."""
+
+    def __init__(self, replica: Replica, name: str) -> None:
+        super().__init__(replica, name)
+        self.interpose: Any = None  # edit(doc) of the revision that comes in between
+        self.fail = False  # or: that write fails as a server that does not answer
+
+    def write(self, docs: Sequence[Doc]) -> list[Written]:
+        starts = [doc for doc in docs if any(
+            s.get("step_status") == "running" for s in doc.get("job", []))]
+        if starts and self.fail:
+            self.fail = False
+            raise Unavailable("write failed: ConnectionError: refused")
+        if starts and self.interpose is not None:
+            between = self.replica.winner(starts[0]["_id"])
+            self.interpose(between)
+            self.interpose = None
+            assert all(super().write([between]))
+        return super().write(docs)
+
+
+def test_a_step_launched_ahead_whose_start_meets_a_newer_revision_runs_once(
+        tmp_path: Path) -> None:
+    """The start is written on the revision that came in between; the run goes on."""
+    store = InterposedStore(Replica(), "global")
+    manager = creator_alone(tmp_path, store)
+    try:
+        job = new_job("global", [new_step("true")])
+        assert all(store.write([job]))
+        store.interpose = lambda doc: doc.update(meta={"note": "written elsewhere"})
+        manager.process(job["_id"])  # launched ahead; the start's write meets a 409
+        assert manager.counts["write_conflicts"] == 1
+        serve_until(manager, lambda: store.replica.winner(job["_id"])["job_status"],
+                    "the job's end")
+        ended = store.replica.winner(job["_id"])
+        assert ended["job_status"] == "success" and ended["meta"] == {"note": "written elsewhere"}
+        assert manager.counts["steps_started"] == 1 and not manager.counts["launches_stopped"]
+        assert [e["event"] for e in ended["history"]] == ["created", "started", "finished"]
+    finally:
+        manager.pool.shutdown(1.0)
+
+
+def test_a_step_launched_ahead_of_a_start_that_cannot_be_written_is_stopped(
+        tmp_path: Path) -> None:
+    """The server does not take the start: the run is stopped at once (nothing shows it
+    running), its stop recorded, and the step runs again once the server answers."""
+    store = InterposedStore(Replica(), "global")
+    manager = creator_alone(tmp_path, store)
+    try:
+        job = new_job("global", [new_step("sleep 30")])
+        assert all(store.write([job]))
+        store.fail = True
+        manager.process(job["_id"])
+        assert manager.counts["launches_stopped"] == 1
+        serve_until(manager, lambda: manager.counts["steps_started"] == 2, "the step again")
+        history = store.replica.winner(job["_id"])["history"]
+        assert [e["event"] for e in history] == ["created", "started", "released", "started"]
+        assert [e["epoch"] for e in history[1:]] == [1, 2, 3]  # the stopped run: fenced off
+    finally:
+        manager.pool.shutdown(1.0)
+
+
+def test_a_start_decided_on_a_revision_older_than_one_seen_is_not_launched_ahead(
+        tmp_path: Path) -> None:
+    store = CountingStore(Replica(), "global")
+    manager = creator_alone(tmp_path, store)
+    try:
+        job = new_job("global", [new_step("true")])
+        assert all(store.write([job]))
+        old = store.replica.winner(job["_id"])
+        newer = {**old, "meta": {"note": "written elsewhere"}}
+        assert all(store.write([newer]))
+        manager.depth[job["_id"]] = 2  # as the feed showed it
+        manager.settle([manager.decide_task(job["_id"], known=old)])
+        # Written first (a 409), never launched on the old revision; then decided again.
+        assert manager.counts["write_conflicts"] == 1
+        assert not manager.counts["launches_stopped"]
+    finally:
+        manager.pool.shutdown(1.0)
+
+
 def test_a_creator_whose_own_booking_expires_assigns_the_waiting_claim(tmp_path: Path) -> None:
     """Its direct start lost to another site's claim; once the booking is given back the
     creator decides again at once: the claim must not wait for a change that never comes."""
