@@ -237,6 +237,7 @@ class Launch:
     key: StepKey
     epoch: int
     worker: str
+    ahead: bool = field(default=False, compare=False)  # may run before its start is written
 
 
 @dataclass(frozen=True)
@@ -986,7 +987,7 @@ def start_decision(doc: Job, step: Step, ctx: Context, worker: str, *, assign: b
         "start",
         start(ctx, worker, assign=assign),
         before=(Book(key, worker),),
-        after=(Launch(key, epoch, worker),),
+        after=(Launch(key, epoch, worker, ahead=assign or fresh_win(step, ctx)),),
         detail="" if assign else WON_CLAIM,
     )
 
@@ -1019,6 +1020,14 @@ def late_start(doc: Job, key: StepKey, epoch: int, ctx: Context) -> bool:
         return step.get("winner") == ctx.site and step.get("epoch", 0) == epoch
     ours = ctx.site == doc["creator"] or sole_target(step) == ctx.site
     return phase < Phase.WON and ours and step.get("epoch", 0) + 1 == epoch
+
+
+def fresh_win(step: Step, ctx: Context) -> bool:
+    """Has our win at least half its start-by lease left, by our clock? Only then is it
+    launched ahead: the creator revokes a win only past its lease (and the skew margin),
+    so a newer revision that revoked it cannot be waiting unseen in our database."""
+    deadline = step.get("lease_until")
+    return deadline is not None and seconds_between(ctx.now, deadline) >= ctx.lease / 2
 
 
 def record_late_start(doc: Job, step: Step, ctx: Context, pool: PoolView) -> Decision | None:

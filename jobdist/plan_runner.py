@@ -108,7 +108,8 @@ class PlanRunner:
         end, if the server does not take it, is held in the journal: the chained run
         would have to outlive the outage too); not a broadcast's sub-run; and never
         an execution launched here before."""
-        return plan.action == "start" and not is_broadcast(doc["job"][launch.key[1]]) \
+        return launch.ahead and plan.action == "start" \
+            and not is_broadcast(doc["job"][launch.key[1]]) \
             and (launch.key, launch.epoch) not in self.launched \
             and launch.key not in self.executions
 
