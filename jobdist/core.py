@@ -600,6 +600,11 @@ def decide(doc: Job, ctx: Context, pool: PoolView) -> Decision:
     late = record_late_start(doc, step, ctx, pool)
     if late is not None:
         return late
+    if (doc["_id"], doc["step"]) in pool.running and step_phase(step) < Phase.RUNNING:
+        # A run of ours this revision does not show started: launched ahead and stopped,
+        # or this view is behind. Its report says what it did (plan_finish, late_start);
+        # starting the step again first would give two runs one epoch.
+        return STAY
     match step_phase(step):
         case Phase.OPEN:
             return on_open(doc, step, ctx, pool)
@@ -980,14 +985,19 @@ def revoke_if_expired(doc: Job, step: Step, ctx: Context) -> Decision:
     return Decision("revoke", release(ctx, detail), before=silent, detail=detail)
 
 
-def start_decision(doc: Job, step: Step, ctx: Context, worker: str, *, assign: bool) -> Decision:
+def start_decision(doc: Job, step: Step, ctx: Context, worker: str, *, assign: bool,
+                   chained: bool = False) -> Decision:
+    """Start the step on `worker`; launched ahead of its write unless it is chained onto
+    an end (whose write, if lost, is held in the journal: the run would have to outlive
+    the outage too) or a win near its start-by deadline (fresh_win)."""
     key = (doc["_id"], doc["step"])
     epoch = step.get("epoch", 0) + (1 if assign else 0)
+    ahead = not chained and (assign or fresh_win(step, ctx))
     return Decision(
         "start",
         start(ctx, worker, assign=assign),
         before=(Book(key, worker),),
-        after=(Launch(key, epoch, worker, ahead=assign or fresh_win(step, ctx)),),
+        after=(Launch(key, epoch, worker, ahead=ahead),),
         detail="" if assign else WON_CLAIM,
     )
 
@@ -1014,7 +1024,7 @@ def late_start(doc: Job, key: StepKey, epoch: int, ctx: Context) -> bool:
         return False
     step = _current(doc)
     if is_broadcast(step):
-        return False  # (never launched ahead: PlanRunner.launches_ahead)
+        return False  # (its sub-runs are never launched ahead: start_sub_run_decision)
     phase = step_phase(step)
     if phase == Phase.WON:
         return step.get("winner") == ctx.site and step.get("epoch", 0) == epoch
@@ -1037,8 +1047,12 @@ def record_late_start(doc: Job, step: Step, ctx: Context, pool: PoolView) -> Dec
     running = pool.ahead.get(key)
     if running is None or not late_start(doc, key, running.epoch, ctx):
         return None
-    begin = start(ctx, running.worker, assign=step_phase(step) < Phase.WON)
-    return Decision("start", begin, detail=LATE_START)
+    return Decision("start", late_start_edit(step, ctx, running.worker), detail=LATE_START)
+
+
+def late_start_edit(step: Step, ctx: Context, worker: str) -> Edit:
+    """The start late_start calls for: in the win's epoch, or ours in the next."""
+    return start(ctx, worker, assign=step_phase(step) < Phase.WON)
 
 
 def records_start(doc: Job | None, key: StepKey, epoch: int, site: str) -> bool:
@@ -1238,7 +1252,7 @@ def plan_finish(
     if not late_start(merged, key, epoch, ctx):
         return finalize(leaves, merged, finish_decision(merged, ctx, pool, key, epoch, worker,
                                                         outcome), ctx)
-    begin = start(ctx, worker, assign=step_phase(_current(merged)) < Phase.WON)
+    begin = late_start_edit(_current(merged), ctx, worker)
     started = copy.deepcopy(merged)
     begin(started)
     then = finish_decision(started, ctx, pool, key, epoch, worker, outcome)
@@ -1360,7 +1374,8 @@ def chain_next(merged: Job, decision: Decision, ctx: Context, pool: PoolView) ->
         # (A run of that step still here is a stale one, chained onto a finish
         # that was revoked: it is killed first, once the document shows why.)
         return decision
-    return in_turn(decision, start_decision(after_finish, step, ctx, worker, assign=True))
+    return in_turn(decision, start_decision(after_finish, step, ctx, worker, assign=True,
+                                            chained=True))
 
 
 def in_turn(decision: Decision, follow: Decision) -> Decision:

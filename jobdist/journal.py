@@ -9,6 +9,13 @@ no longer current is recorded as `stale_finish`, never as progress). A daemon
 restarted during the outage reads the journal back before it re-decides
 anything, so it does not release the steps whose results it holds.
 
+The journal also holds each step launched ahead of its start (docs/protocol.md,
+"Launch ahead") until the start is written: as the result "stopped before its
+start was written" (`unwritten_start`). A daemon that dies in between comes
+back to it and records the run as stopped, its start included, so the step
+runs again in a new epoch, never twice in one. The run's own result, held or
+written, takes the entry's place.
+
 One file an entry, written to a temporary name, fsynced, renamed and the
 directory fsynced: a crash leaves either the whole entry or none, never half a
 line of a shared log to repair. Entries are few (at most one per worker that
@@ -22,10 +29,12 @@ import hashlib
 import json
 import logging
 import os
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from .clock import utc_now
 from .workers import StepResult
 
 log = logging.getLogger("jobdist.journal")
@@ -69,6 +78,19 @@ class Held:
                    since=float(data["since"]))
 
 
+STOPPED_UNWRITTEN = "the site stopped before this start was written"
+
+
+def unwritten_start(job_id: str, step: int, epoch: int, worker: str) -> Held:
+    """The entry of a step launched ahead of its start: what to record if the daemon
+    dies before the start is written (a stopped run)."""
+    now = utc_now()
+    result = StepResult(ok=False, used_alt=False, exit_code=None, attempts=0, exec_time=0.0,
+                        start_time=now, finish_time=now, stdout="", stderr="",
+                        reason=STOPPED_UNWRITTEN, cancelled=True)
+    return Held(job_id, step, epoch, worker, result, time.time())
+
+
 class Journal:
     """A directory of held results; `keep` returns once the entry is on disk."""
 
@@ -97,7 +119,9 @@ class Journal:
         self._names.add(held.name)
 
     def forget(self, held: Held) -> None:
-        """The result is written (or no longer needed): drop its entry."""
+        """The result is written (or no longer needed): drop its entry, if there is one."""
+        if held.name not in self._names:
+            return
         with contextlib.suppress(FileNotFoundError):
             (self.directory / held.name).unlink()
         self._names.discard(held.name)

@@ -125,10 +125,10 @@ class Manager:
         self.board = status.Board(self.site, time.monotonic())
         self.periodic = PeriodicWork(config, store, self.pool, self.board, self.skipped,
                                      self.own_revs, self.log)
-        self.runner = PlanRunner(config, store, self.pool, self.mailbox, self.board,
-                                 self.periodic, self.counts, self.log)
         # Results the server did not take yet, kept in the journal until it does.
         self.journal = journal
+        self.runner = PlanRunner(config, store, self.pool, self.mailbox, self.board,
+                                 self.periodic, journal, self.counts, self.log)
         self.held: dict[StepKey, Held] = {}
         self.held_retry: dict[StepKey, tuple[float, float]] = {}  # key -> (due, delay)
         for held in journal.load():
@@ -588,10 +588,12 @@ class Manager:
         """The task's step result is written (or there is nothing left to write it in)."""
         task.recorded = True
         held = task.held
-        if held is None or held.key not in self.held:
+        if held is None:
+            return
+        self.journal.forget(held)  # (or the entry of its launch ahead: unwritten_start)
+        if held.key not in self.held:
             return
         del self.held[held.key], self.held_retry[held.key]
-        self.journal.forget(held)
         self.counts["results_replayed"] += 1
         self.log.info("held result written", job=held.job_id, step=held.step, epoch=held.epoch,
                       held_for=time.time() - held.since)

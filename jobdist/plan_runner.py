@@ -16,9 +16,10 @@ from collections import Counter, OrderedDict
 from . import core, status
 from .config import SiteConfig
 from .couch import CouchError, Saved
+from .journal import Held, Journal, JournalFull, unwritten_start
 from .logs import EventLog
 from .mailbox import Mailbox
-from .model import Job, StepKey, is_broadcast
+from .model import Job, StepKey
 from .periodic_work import PeriodicWork
 from .store import JobStore
 from .workers import WorkerPool
@@ -28,9 +29,10 @@ MAX_LAUNCHED = 10_000  # (step, epoch) pairs remembered as launched here (PlanRu
 
 class PlanRunner:
     def __init__(self, config: SiteConfig, store: JobStore, pool: WorkerPool, mailbox: Mailbox,
-                 board: status.Board, periodic: PeriodicWork, counts: Counter[str],
-                 log: EventLog) -> None:
+                 board: status.Board, periodic: PeriodicWork, journal: Journal,
+                 counts: Counter[str], log: EventLog) -> None:
         self.config = config
+        self.journal = journal
         self.site = config.name
         self.store = store
         self.pool = pool
@@ -48,9 +50,10 @@ class PlanRunner:
         self.executions: dict[StepKey, core.Running] = {}
         # Steps won here that wait for a worker (core.queues), and since when (monotonic).
         self.queued: dict[StepKey, float] = {}
-        # Executions launched ahead of their start's write, that write not saved yet:
-        # never past the batch (batch_done stops those whose start was not written).
-        self.ahead: dict[StepKey, core.Running] = {}
+        # Executions launched ahead of their start's write, that write not saved yet,
+        # with their journal entry (journal.unwritten_start): never past the batch
+        # (batch_done stops those whose start was not written).
+        self.ahead: dict[StepKey, Held] = {}
         # Every (step, epoch) launched here lately: a start decided on a stale view
         # never launches ahead an execution this site has run already.
         self.launched: OrderedDict[tuple[StepKey, int], None] = OrderedDict()
@@ -70,7 +73,8 @@ class PlanRunner:
             running=running,
             queued={key: now - since for key, since in self.queued.items()},
             queue_limit=self.config.workers,
-            ahead=dict(self.ahead),
+            ahead={key: core.Running(entry.worker, entry.epoch)
+                   for key, entry in self.ahead.items()},
         )
 
     def free_workers(self) -> tuple[str, ...]:
@@ -89,28 +93,36 @@ class PlanRunner:
         self.launching.update((launch.key, core.Running(launch.worker, launch.epoch))
                               for launch in launches)
         for launch in launches:
-            if not on_newest or plan.doc is None or not self.launches_ahead(plan, launch, plan.doc):
-                continue
-            try:
-                self.launch(launch, plan.doc)
-            except Exception:  # e.g. the pool refuses: tried again once the write is saved
-                self.log.exception("cannot launch ahead", job=launch.key[0], step=launch.key[1])
-                continue
-            self.ahead[launch.key] = core.Running(launch.worker, launch.epoch)
+            if on_newest and plan.doc is not None and self.launches_ahead(launch):
+                self.launch_ahead(launch, plan.doc)
+
+    def launch_ahead(self, launch: core.Launch, doc: Job) -> None:
+        """Launch now, the journal entry on disk first (journal.unwritten_start); when
+        either fails, the step is launched once its start is written, as any other."""
+        entry = unwritten_start(launch.key[0], launch.key[1], launch.epoch, launch.worker)
+        try:
+            self.journal.keep(entry)
+        except (OSError, JournalFull) as error:
+            self.log.warning("not launched ahead: the journal cannot keep it",
+                             job=launch.key[0], step=launch.key[1], error=error)
+            return
+        try:
+            self.launch(launch, doc)
+        except Exception:  # e.g. the pool refuses: tried again once the write is saved
+            self.journal.forget(entry)
+            self.log.exception("cannot launch ahead", job=launch.key[0], step=launch.key[1])
+            return
+        self.ahead[launch.key] = entry
 
     def launched_ahead(self, job_id: str) -> bool:
         """Does a step of this job run here, its start not written yet?"""
         return any(key[0] == job_id for key in self.ahead)
 
-    def launches_ahead(self, plan: core.Plan, launch: core.Launch, doc: Job) -> bool:
+    def launches_ahead(self, launch: core.Launch) -> bool:
         """Does this start launch before its revision is saved? (docs/protocol.md,
-        "Launch ahead") A start alone, not the next step chained onto an end (whose
-        end, if the server does not take it, is held in the journal: the chained run
-        would have to outlive the outage too); not a broadcast's sub-run; and never
-        an execution launched here before."""
-        return launch.ahead and plan.action == "start" \
-            and not is_broadcast(doc["job"][launch.key[1]]) \
-            and (launch.key, launch.epoch) not in self.launched \
+        "Launch ahead") When the core allows it (Launch.ahead), and never an execution
+        launched here before."""
+        return launch.ahead and (launch.key, launch.epoch) not in self.launched \
             and launch.key not in self.executions
 
     def decided(self, doc_id: str, plan: core.Plan) -> None:
@@ -139,9 +151,9 @@ class PlanRunner:
         server gone, or a newer revision that no longer calls for it): it runs on
         nothing. Its report says how far it got (core.plan_finish, late_start)."""
         self.launching.clear()  # launched, or their revision was not saved
-        for key, running in self.ahead.items():
+        for key, entry in self.ahead.items():  # (its entry stays until its report is recorded)
             self.log.warning("start not written: stopping the step launched ahead",
-                             job=key[0], step=key[1], epoch=running.epoch)
+                             job=key[0], step=key[1], epoch=entry.epoch)
             self.counts["launches_stopped"] += 1
             self.pool.cancel(key)
         self.ahead.clear()
@@ -164,9 +176,9 @@ class PlanRunner:
     def carried_out(self, doc_id: str, plan: core.Plan, rev: str) -> None:
         """The plan's revision is saved: count and log it, and carry out what follows."""
         self.counts[f"action_{plan.action}"] += 1
-        for key, running in list(self.ahead.items()):
-            if key[0] == doc_id and core.records_start(plan.doc, key, running.epoch, self.site):
-                del self.ahead[key]
+        for key, entry in list(self.ahead.items()):
+            if key[0] == doc_id and core.records_start(plan.doc, key, entry.epoch, self.site):
+                self.journal.forget(self.ahead.pop(key))
         if plan.detail.startswith(core.WON_CLAIM):
             self.counts["claims_won"] += 1
         step, epoch = acted_on(plan)

@@ -744,6 +744,26 @@ def test_a_lost_start_of_a_step_given_elsewhere_is_a_stale_finish():
     assert plan.action == "stale_finish"
 
 
+def test_a_run_of_ours_the_revision_does_not_show_waits_for_its_report():
+    """Launched ahead and stopped, its report not recorded yet: starting the step again
+    now would give two runs one epoch."""
+    stopped = PoolView((f"{CREATOR}/w2",), running={KEY: Running(f"{CREATOR}/w1", 1)})
+    assert decide(job(), CREATOR, stopped).action == "none"
+    assert decide(won(job(), "reg_a"), "reg_a", PoolView(
+        ("reg_a/w2",), running={KEY: Running("reg_a/w1", 1)})).action == "none"
+
+
+def test_which_starts_launch_ahead():
+    assert decide(job(), CREATOR, pool(f"{CREATOR}/w1")).after[0].ahead  # ours: no one revokes
+    fresh = step(won(job(), "reg_a"), lease_until=at(600 + 60))
+    assert decide(fresh, "reg_a", pool("reg_a/w1")).after[0].ahead
+    old = step(won(job(), "reg_a"), lease_until=at(600 + 20))  # under half the lease left
+    assert not decide(old, "reg_a", pool("reg_a/w1")).after[0].ahead
+    chained = finish(step(running(job("any", "any"), "reg_a"), 1, epoch=3), "reg_a",
+                     pool("reg_a/w1"))
+    assert chained.after == (Launch((JOB, 1), 4, "reg_a/w1"),) and not chained.after[0].ahead
+
+
 def test_records_start_names_one_job_one_execution():
     doc = running(job(), "reg_a")
     assert core.records_start(doc, KEY, 1, "reg_a")

@@ -431,6 +431,7 @@ def test_a_step_launched_ahead_whose_start_meets_a_newer_revision_runs_once(
         assert ended["job_status"] == "success" and ended["meta"] == {"note": "written elsewhere"}
         assert manager.counts["steps_started"] == 1 and not manager.counts["launches_stopped"]
         assert [e["event"] for e in ended["history"]] == ["created", "started", "finished"]
+        assert len(manager.journal) == 0  # its entry went with the start's write
     finally:
         manager.pool.shutdown(1.0)
 
@@ -451,8 +452,33 @@ def test_a_step_launched_ahead_of_a_start_that_cannot_be_written_is_stopped(
         history = store.replica.winner(job["_id"])["history"]
         assert [e["event"] for e in history] == ["created", "started", "released", "started"]
         assert [e["epoch"] for e in history[1:]] == [1, 2, 3]  # the stopped run: fenced off
+        assert len(manager.journal) == 0  # its entry went with its report
     finally:
         manager.pool.shutdown(1.0)
+
+
+def test_a_daemon_dead_before_a_start_launched_ahead_is_written_never_reuses_its_epoch(
+        tmp_path: Path) -> None:
+    """The journal holds the launch until its start is written: a successor records the
+    run as stopped (its start included) and starts the step in a new epoch."""
+    store = InterposedStore(Replica(), "global")
+    manager = creator_alone(tmp_path, store)
+    job = new_job("global", [new_step("sleep 30")])
+    assert all(store.write([job]))
+    store.fail = True
+    manager.process(job["_id"])  # launched; the start's write fails ...
+    manager.pool.shutdown(1.0)  # ... and the daemon dies before its report is recorded
+    successor = creator_alone(tmp_path, store)  # the same journal
+    try:
+        assert (job["_id"], 0) in successor.held
+        successor.recover()
+        serve_until(successor, lambda: successor.counts["steps_started"] == 1, "a new start")
+        history = store.replica.winner(job["_id"])["history"]
+        assert [e["event"] for e in history] == ["created", "started", "released", "started"]
+        assert [e["epoch"] for e in history[1:]] == [1, 2, 3]
+        assert "stopped before this start was written" in history[2]["detail"]
+    finally:
+        successor.pool.shutdown(1.0)
 
 
 def test_a_start_decided_on_a_revision_older_than_one_seen_is_not_launched_ahead(
