@@ -14,7 +14,11 @@ The journal also holds each step launched ahead of its start (docs/protocol.md,
 start was written" (`unwritten_start`). A daemon that dies in between comes
 back to it and records the run as stopped, its start included, so the step
 runs again in a new epoch, never twice in one. The run's own result, held or
-written, takes the entry's place.
+written, takes the entry's place. Such an entry is not fsynced: it guards
+against the daemon's death, and the page cache outlives that; a machine that
+dies takes the run with it, and a run gone with no report left anywhere
+needs no fence (fsyncing each launch cost a fifth of the throughput under a
+burst: docs/performance.md).
 
 One file an entry, written to a temporary name, fsynced, renamed and the
 directory fsynced: a crash leaves either the whole entry or none, never half a
@@ -105,17 +109,20 @@ class Journal:
     def __len__(self) -> int:
         return len(self._names)
 
-    def keep(self, held: Held) -> None:
-        """Write the entry durably (fsync of the file and of the directory)."""
+    def keep(self, held: Held, *, durable: bool = True) -> None:
+        """Write the entry, durably (fsync of the file and of the directory) unless
+        `durable` is False: then it outlives the daemon's death, not the machine's."""
         if held.name not in self._names and len(self._names) >= self.limit:
             raise JournalFull(f"the journal {self.directory} holds {self.limit} results")
         temporary = self.directory / f".{held.name}.tmp"
         with open(temporary, "w", encoding="utf-8") as file:
             json.dump(held.to_json(), file)
-            file.flush()
-            os.fsync(file.fileno())
+            if durable:
+                file.flush()
+                os.fsync(file.fileno())
         os.replace(temporary, self.directory / held.name)
-        _sync_directory(self.directory)
+        if durable:
+            _sync_directory(self.directory)
         self._names.add(held.name)
 
     def forget(self, held: Held) -> None:

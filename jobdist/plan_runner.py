@@ -101,7 +101,7 @@ class PlanRunner:
         either fails, the step is launched once its start is written, as any other."""
         entry = unwritten_start(launch.key[0], launch.key[1], launch.epoch, launch.worker)
         try:
-            self.journal.keep(entry)
+            self.journal.keep(entry, durable=False)  # (why: journal.py)
         except (OSError, JournalFull) as error:
             self.log.warning("not launched ahead: the journal cannot keep it",
                              job=launch.key[0], step=launch.key[1], error=error)
