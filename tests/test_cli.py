@@ -493,11 +493,18 @@ def test_a_broadcast_shows_each_site_and_its_fan_out_then_drop_site(
                                          for site in ("global", "reg_a"))
 
     wait_for(parts_done, timeout=30, what="global and reg_a done, reg_b running")
-    # (--creator: not the 30 live jobs "created in 2030" an earlier test leaves.)
-    listed = jobdist("list", "--status", "live", "--creator", "global")
-    assert listed.exit_code == 0, listed.output
-    rows = [line for line in listed.stdout.splitlines() if job_id in line]
-    assert rows and "1/1 (2/3 sites)" in rows[0], listed.output
+
+    def listed_row() -> str | None:
+        # (--creator: not the 30 live jobs "created in 2030" an earlier test leaves.)
+        listed = jobdist("list", "--status", "live", "--creator", "global")
+        assert listed.exit_code == 0, listed.output
+        return next((line for line in listed.stdout.splitlines() if job_id in line), None)
+
+    # The views index the winning revision only: a run replicated in as a conflict
+    # shows once the creator has merged it, a moment after `parts_done` saw it.
+    row = wait_for(lambda: next((r for r in [listed_row()] if r and "(2/3 sites)" in r), None),
+                   timeout=10, what="the list shows two of three sites done")
+    assert "1/1 (2/3 sites)" in row
     shown = jobdist("show", job_id)
     lines = shown.stdout.splitlines()
     assert "2/3 sites" in next(line for line in lines if line.lstrip().startswith("0 "))
