@@ -286,10 +286,12 @@ class Couch:
         client.set_http_config({"timeout": timeout})
         session = client.get_http_client()
         _environment_once(session, self.url)
-        # No gzip: a daemon's server is its site's own, a host or a rack away, and
-        # pouchdb-server deflated every larger answer (a tenth of its CPU under a
-        # burst, with the replicator's, which asked too); CouchDB compresses none.
+        # No gzip either way: a daemon's server is its site's own, a host or a rack
+        # away. pouchdb-server deflated every larger answer (a tenth of its CPU under
+        # a burst, with the replicator's, which asked too; CouchDB compresses none),
+        # and the SDK gzips every request body, which the server then inflates.
         session.headers["Accept-Encoding"] = "identity"
+        client.set_enable_gzip_compression(False)
         return client
 
     def _authenticator(self) -> Authenticator:

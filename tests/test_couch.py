@@ -212,6 +212,20 @@ def test_answers_come_uncompressed(db: Database) -> None:
     assert "content-encoding" not in {name.lower() for name in answer.get_headers()}
 
 
+def test_request_bodies_go_uncompressed(db: Database) -> None:
+    """The SDK gzips request bodies unless told not to; the server would inflate each."""
+    encodings: list[str | None] = []
+    session = db.couch.client.get_http_client()
+    hook = lambda response, *args, **kwargs: encodings.append(  # noqa: E731
+        response.request.headers.get("Content-Encoding"))
+    session.hooks["response"].append(hook)
+    try:
+        db.bulk_docs([{"_id": f"e{n:03d}", "text": "x" * 100} for n in range(50)])
+    finally:
+        session.hooks["response"].remove(hook)
+    assert encodings == [None]
+
+
 def test_view_errors(db: Database) -> None:
     with pytest.raises(NotFound):
         db.view("nope", "nope")
