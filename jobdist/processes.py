@@ -15,12 +15,14 @@ def group_has_live_members(pgid: int) -> bool:
     Zombies are skipped because orphans re-parented to an init that never reaps
     (common in containers) would otherwise make every group look alive forever.
     """
+    try:  # the common case, asked of the kernel: an empty group (every step's end asks)
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # a member we may not signal: it is there
     proc = Path("/proc")
-    if not proc.is_dir():  # not Linux: fall back to the kernel's answer, zombies included
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return False
+    if not proc.is_dir():  # not Linux: the kernel's answer, zombies included
         return True
     for stat_file in proc.glob("[0-9]*/stat"):
         try:
