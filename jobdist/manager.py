@@ -534,6 +534,9 @@ class Manager:
         if rev:
             self.own_revs.append(rev)
             self._saw_revision(task.doc_id, rev)
+            # The server took it through validate_doc_update: not judged again when
+            # the next decision is made on it (_errors).
+            self._remember_verdict((task.doc_id, rev), [])
         self._recorded(task)
         written = {**plan.doc, "_rev": rev} if plan.doc is not None and rev else None
         if written is not None:
@@ -671,10 +674,13 @@ class Manager:
         errors = self.verdicts.get(key)
         if errors is None:
             errors = validate_job(leaf)
-            self.verdicts[key] = errors
-            while len(self.verdicts) > MAX_VERDICTS:
-                self.verdicts.popitem(last=False)
+            self._remember_verdict(key, errors)
         return errors
+
+    def _remember_verdict(self, key: tuple[Any, Any], errors: list[str]) -> None:
+        self.verdicts[key] = errors
+        while len(self.verdicts) > MAX_VERDICTS:
+            self.verdicts.popitem(last=False)
 
     def _report_invalid(self, doc_id: str, rev: str, reason: str) -> None:
         if rev in self.own_revs:
