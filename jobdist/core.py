@@ -55,6 +55,7 @@ from .model import (
     is_broadcast,
     is_held,
     is_live,
+    json_copy,
     new_sub_run,
     normalise,
     sole_target,
@@ -331,7 +332,7 @@ def merge(leaves: Sequence[Leaf]) -> Job:
     jobs = [normalise(leaf) for leaf in leaves]
     winner = max(jobs, key=couch_order)
     furthest = max(jobs, key=lambda leaf: (succeeded(leaf), progress(leaf), couch_order(leaf)))
-    merged = copy.deepcopy(furthest)
+    merged = json_copy(furthest)
     merged["_rev"] = winner["_rev"]
     if len(jobs) == 1:
         return merged
@@ -536,7 +537,7 @@ def finalize(leaves: Sequence[Leaf], merged: Job, decision: Decision, ctx: Conte
     """Turn a decision into the revision to write; the creator also cleans conflicts."""
     doc = None
     if decision.edit is not None:
-        doc = copy.deepcopy(merged)
+        doc = json_copy(merged)
         decision.edit(doc)
         doc["updated_at"] = ctx.now
     deletions: tuple[str, ...] = ()
@@ -547,7 +548,7 @@ def finalize(leaves: Sequence[Leaf], merged: Job, decision: Decision, ctx: Conte
             doc = merged  # the winning leaf alone would lose progress: write the merge
     if ctx.site == merged["creator"] and rejected:
         if doc is None:
-            doc = copy.deepcopy(merged)
+            doc = json_copy(merged)
             doc["updated_at"] = ctx.now
         record_rejected(doc, ctx, rejected)
         deletions += tuple(rev for rev, _ in rejected)
@@ -822,7 +823,7 @@ def released_from_wait(doc: Job, ctx: Context, pool: PoolView) -> Decision:
         new["history"].append(event("ready", step=new["step"], site=ctx.site, at=ctx.now,
                                     detail=detail))
 
-    ready = copy.deepcopy(doc)
+    ready = json_copy(doc)
     mark(ready)
     then = decide(ready, ctx, pool)
     follow = then.edit
@@ -1253,7 +1254,7 @@ def plan_finish(
         return finalize(leaves, merged, finish_decision(merged, ctx, pool, key, epoch, worker,
                                                         outcome), ctx)
     begin = late_start_edit(_current(merged), ctx, worker)
-    started = copy.deepcopy(merged)
+    started = json_copy(merged)
     begin(started)
     then = finish_decision(started, ctx, pool, key, epoch, worker, outcome)
     return finalize(leaves, merged, after_edit(begin, then), ctx)
@@ -1357,7 +1358,7 @@ def end_current_step(doc: Job, ok: bool) -> None:
 
 def chain_next(merged: Job, decision: Decision, ctx: Context, pool: PoolView) -> Decision:
     """Finish, and start the next step here in the same write when we may."""
-    after_finish = copy.deepcopy(merged)
+    after_finish = json_copy(merged)
     assert decision.edit is not None
     decision.edit(after_finish)
     if not is_live(after_finish):
@@ -1413,7 +1414,7 @@ def keepalive(leaves: list[Doc], ctx: Context, stale_after: float) -> Job | None
     last = max(doc["updated_at"] or doc["created_at"] or "", doc.get("keepalive_at") or "")
     if (parse_time(ctx.now) - parse_time(last)).total_seconds() < stale_after:
         return None
-    touched = copy.deepcopy(doc)
+    touched = json_copy(doc)
     touched["keepalive_at"] = ctx.now
     return touched
 
@@ -1599,7 +1600,7 @@ def merge_sub_runs(merged: Job, leaves: list[Job]) -> None:
              if leaf["step"] == index and isinstance(leaf["job"][index].get("runs"), dict)]
     peer_runs = [sub_runs(peer) for peer in peers]  # each peer's `runs` itself
     for site in runs:
-        runs[site] = copy.deepcopy(max(
+        runs[site] = json_copy(max(
             (other[site] for other in peer_runs if site in other), key=sub_run_rank))
     dropped = {site for peer in peers for site in dropped_sites(peer)}
     if dropped:
@@ -1757,7 +1758,7 @@ def finish_sub_run(merged: Job, ctx: Context, pool: PoolView, worker: str,
     decision = Decision("finish", edit, detail=outcome.reason)
     if ctx.site != merged["creator"]:
         return decision
-    after = copy.deepcopy(merged)
+    after = json_copy(merged)
     edit(after)
     ending = broadcast_end(_current(after))
     return decision if ending is None else in_turn(

@@ -29,7 +29,7 @@ from jobdist.core import (
     Running,
     Unbook,
 )
-from jobdist.model import Doc, event, is_live, new_job, new_step, new_sub_run
+from jobdist.model import Doc, event, is_live, json_copy, new_job, new_step, new_sub_run
 from jobdist.validation import validate_job
 
 from .sim import Clock, Execution, Outcome, SimSite, check_no_double_execution
@@ -140,6 +140,19 @@ def test_merge_of_a_single_leaf_is_a_copy_of_it():
     assert merged == doc
     merged["job"][0]["winner"] = "reg_b"
     assert doc["job"][0]["winner"] == "reg_a"
+
+
+def test_json_copy_shares_nothing_a_decision_could_change():
+    doc = logged(won(job(), "reg_a"), "won", "global", 3)
+    doc["meta"] = {"nested": [{"deep": [1, 2.5, None, True]}], "pair": ("a", {"b": 1})}
+    copied = json_copy(doc)
+    assert copied == {**doc, "meta": {**doc["meta"], "pair": ["a", {"b": 1}]}}
+    copied["job"][0]["winner"] = "reg_b"
+    copied["history"][-1]["site"] = "reg_b"
+    copied["meta"]["nested"][0]["deep"].append(3)
+    copied["meta"]["pair"][1]["b"] = 2
+    assert doc["job"][0]["winner"] == "reg_a" and doc["history"][-1]["site"] == "global"
+    assert doc["meta"] == {"nested": [{"deep": [1, 2.5, None, True]}], "pair": ("a", {"b": 1})}
 
 
 def test_merge_takes_the_furthest_leaf_but_keeps_couchs_winning_rev():
