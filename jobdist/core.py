@@ -91,6 +91,16 @@ class Running:
 
 
 @dataclass(frozen=True)
+class Rider:
+    """A run chained onto the end (in `end_epoch`) of the step before, neither of them
+    written yet: the end's record starts it (chain_next), nothing else does."""
+
+    worker: str
+    epoch: int
+    end_epoch: int
+
+
+@dataclass(frozen=True)
 class PoolView:
     """What the site's workers are doing, as the manager knows it."""
 
@@ -103,8 +113,9 @@ class PoolView:
     queued: Mapping[StepKey, float] = field(default_factory=dict)
     queue_limit: int = 0
     # Of `running`, the executions launched ahead of their start whose start is not
-    # written yet (see record_late_start).
+    # written yet (see record_late_start); those chained onto an end are `riding`.
     ahead: Mapping[StepKey, Running] = field(default_factory=dict)
+    riding: Mapping[StepKey, Rider] = field(default_factory=dict)
 
     def worker_for(self, key: StepKey) -> str | None:
         """The worker booked for key, else a free one, else None."""
@@ -239,6 +250,9 @@ class Launch:
     epoch: int
     worker: str
     ahead: bool = field(default=False, compare=False)  # may run before its start is written
+    # Chained onto the end of the step before (the end's epoch), in the same revision:
+    # if that write is lost, the run rides on the held end (PlanRunner.riding).
+    chained_on: int | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -987,18 +1001,19 @@ def revoke_if_expired(doc: Job, step: Step, ctx: Context) -> Decision:
 
 
 def start_decision(doc: Job, step: Step, ctx: Context, worker: str, *, assign: bool,
-                   chained: bool = False) -> Decision:
-    """Start the step on `worker`; launched ahead of its write unless it is chained onto
-    an end (whose write, if lost, is held in the journal: the run would have to outlive
-    the outage too) or a win near its start-by deadline (fresh_win)."""
+                   chained_on: int | None = None) -> Decision:
+    """Start the step on `worker`; launched ahead of its write unless it is a win near
+    its start-by deadline (fresh_win). A start chained onto an end is launched ahead
+    too: if the end's write is lost, the end is held and the run goes on, its start
+    written with the held end (chain_next, PlanRunner.riding)."""
     key = (doc["_id"], doc["step"])
     epoch = step.get("epoch", 0) + (1 if assign else 0)
-    ahead = not chained and (assign or fresh_win(step, ctx))
+    ahead = assign or fresh_win(step, ctx)
     return Decision(
         "start",
         start(ctx, worker, assign=assign),
         before=(Book(key, worker),),
-        after=(Launch(key, epoch, worker, ahead=ahead),),
+        after=(Launch(key, epoch, worker, ahead=ahead, chained_on=chained_on),),
         detail="" if assign else WON_CLAIM,
     )
 
@@ -1240,6 +1255,8 @@ def plan_finish(
     epoch: int,
     worker: str,
     outcome: StepOutcome,
+    *,
+    chained: bool = False,
 ) -> Plan:
     """Record what an execution did; only a current execution advances the job.
 
@@ -1247,10 +1264,12 @@ def plan_finish(
     succeeded and this site may run the next one, it starts it in the same
     revision: nobody else writes to a running step, so nobody can compete.
     An execution launched ahead of its start whose start was never written
-    (late_start) gets its start and its end in one revision.
+    (late_start) gets its start and its end in one revision, unless it was
+    `chained` onto an end: only that end's record may start it (chain_next);
+    one that did not ran on an end that no longer counts (a stale finish).
     """
     merged = merge(leaves)
-    if not late_start(merged, key, epoch, ctx):
+    if chained or not late_start(merged, key, epoch, ctx):
         return finalize(leaves, merged, finish_decision(merged, ctx, pool, key, epoch, worker,
                                                         outcome), ctx)
     begin = late_start_edit(_current(merged), ctx, worker)
@@ -1267,7 +1286,14 @@ def finish_decision(merged: Job, ctx: Context, pool: PoolView, key: StepKey, epo
             return Decision("cancelled", record_cancelled(merged, ctx, key, worker, epoch,
                                                           outcome))
         detail = f"epoch {epoch} is no longer current: {outcome.reason}"
-        return Decision("stale_finish", note(ctx, "stale_finish", key, worker, epoch, detail))
+        noted = note(ctx, "stale_finish", key, worker, epoch, detail)
+        if not burns_epoch(merged, key, epoch):
+            return Decision("stale_finish", noted)
+
+        def burned(doc: Job) -> None:
+            noted(doc)
+            doc["job"][key[1]]["epoch"] = epoch
+        return Decision("stale_finish", burned)
     if outcome.cancelled:
         stopped = f"stopped on this site: {outcome.reason}"
         return Decision("release", release_sub_run(ctx, ctx.site, stopped)
@@ -1278,6 +1304,18 @@ def finish_decision(merged: Job, ctx: Context, pool: PoolView, key: StepKey, epo
     if outcome.ok:
         decision = chain_next(merged, decision, ctx, pool)
     return decision
+
+
+def burns_epoch(merged: Job, key: StepKey, epoch: int) -> bool:
+    """Is this a run of ours that no revision showed started (launched ahead, its start
+    never written: a chained run whose end turned out stale), of a step that is still
+    to start in an earlier epoch? Then its stale finish moves that step's epoch up to
+    the run's, so no later start here issues the same fencing token again."""
+    if not is_live(merged) or not merged["step"] <= key[1] < len(merged["job"]):
+        return False
+    step = merged["job"][key[1]]
+    to_start = key[1] > merged["step"] or step_phase(step) < Phase.WON
+    return to_start and not is_broadcast(step) and step.get("epoch", 0) < epoch
 
 
 def note(ctx: Context, name: str, key: StepKey, worker: str, epoch: int, detail: str) -> Edit:
@@ -1369,6 +1407,14 @@ def chain_next(merged: Job, decision: Decision, ctx: Context, pool: PoolView) ->
             return decision
         return in_turn(decision, open_broadcast(after_finish, step, ctx, pool))
     key = (after_finish["_id"], after_finish["step"])
+    ending = _current(merged).get("epoch", 0)
+    rider = pool.riding.get(key)
+    if rider is not None and (rider.epoch, rider.end_epoch) == (step.get("epoch", 0) + 1, ending) \
+            and allows(step, ctx.site):
+        # Our run of it, chained onto an earlier write of this very end that was lost
+        # (a 409, or the server down: the end was held): its start is this one.
+        return in_turn(decision, start_decision(after_finish, step, ctx, rider.worker,
+                                                assign=True, chained_on=ending))
     worker = pool.worker_for(key)
     if worker is None or not (allows(step, ctx.site) and willing(step, ctx)) \
             or key in pool.running:
@@ -1376,7 +1422,7 @@ def chain_next(merged: Job, decision: Decision, ctx: Context, pool: PoolView) ->
         # that was revoked: it is killed first, once the document shows why.)
         return decision
     return in_turn(decision, start_decision(after_finish, step, ctx, worker, assign=True,
-                                            chained=True))
+                                            chained_on=ending))
 
 
 def in_turn(decision: Decision, follow: Decision) -> Decision:

@@ -133,6 +133,7 @@ class Manager:
         self.held_retry: dict[StepKey, tuple[float, float]] = {}  # key -> (due, delay)
         for held in journal.load():
             self._hold_in_memory(held)
+        self._ride_replayed()
         self.retry_at: OrderedDict[str, float] = OrderedDict()  # decisions a failure lost
         self.verdicts: OrderedDict[tuple[Any, Any], list[str]] = OrderedDict()
         self.draining = False
@@ -292,7 +293,8 @@ class Manager:
             # The worker is free now: the core may chain the next step onto it.
             self.runner.executions.pop(held.key, None)
             return core.plan_finish(leaves, self.context(), self.pool_view(), held.key,
-                                    held.epoch, held.worker, held.result)
+                                    held.epoch, held.worker, held.result,
+                                    chained=(held.key, held.epoch) in self.runner.chained_runs)
         return Task(held.job_id, plan, known=self.newest.get(held.job_id),
                     retry_conflicts=True, then_decide=True, held=held)
 
@@ -342,10 +344,30 @@ class Manager:
                         self._not_recorded(task)
 
     def _run_batch(self, pending: dict[str, Task]) -> None:
+        for doc_id, task in list(pending.items()):
+            if task.held is not None and self._after_held(task.held.key):
+                del pending[doc_id]  # a job's results are written in step order
+                self._not_recorded(task)
         try:
             self._run_rounds(pending)
         finally:
             self.runner.batch_done()
+
+    def _after_held(self, key: StepKey) -> bool:
+        """Is the result of an earlier step of the job held here? (A chained run ends
+        while the end it is chained onto waits for the server: core.chain_next.)"""
+        return any(job_id == key[0] and step < key[1] for job_id, step in self.held)
+
+    def _ride_replayed(self) -> None:
+        """Replayed from the journal: the run of a step whose step before has its end held
+        too was chained onto that end, and neither was written (a start chained onto an
+        end is written with it). It rides on the end again (PlanRunner.riding): the end's
+        record starts it in its epoch, then its own result is recorded (or its stop)."""
+        for key, held in self.held.items():
+            end = self.held.get((key[0], key[1] - 1))
+            if end is not None:
+                self.runner.riding[key] = (held, end.epoch)
+                self.runner.note_chained(key, held.epoch)
 
     def _run_rounds(self, pending: dict[str, Task]) -> None:
         for _ in range(MAX_ROUNDS):
@@ -593,10 +615,14 @@ class Manager:
         held = task.held
         if held is None:
             return
+        self.runner.forget_rider(held.key, held.epoch)
         self.journal.forget(held)  # (or the entry of its launch ahead: unwritten_start)
         if held.key not in self.held:
             return
         del self.held[held.key], self.held_retry[held.key]
+        for key, (_, delay) in self.held_retry.items():  # the job's next results: due now
+            if key[0] == held.job_id:
+                self.held_retry[key] = (time.monotonic(), delay)
         self.counts["results_replayed"] += 1
         self.log.info("held result written", job=held.job_id, step=held.step, epoch=held.epoch,
                       held_for=time.time() - held.since)

@@ -54,6 +54,16 @@ class PlanRunner:
         # with their journal entry (journal.unwritten_start): never past the batch
         # (batch_done stops those whose start was not written).
         self.ahead: dict[StepKey, Held] = {}
+        # Of `ahead`, the starts chained onto an end: the end's epoch.
+        self.chained_ahead: dict[StepKey, int] = {}
+        # Chained runs launched ahead whose end's write the server did not take: the end
+        # is held (Manager.hold), and the run goes on; its start is written with the held
+        # end (core.chain_next), and it is stopped if that end no longer calls for it.
+        # Each with the epoch of the end it rides on.
+        self.riding: dict[StepKey, tuple[Held, int]] = {}
+        # Every (step, epoch) launched here chained onto an end, lately: only that end's
+        # record may start it (core.plan_finish, `chained`).
+        self.chained_runs: OrderedDict[tuple[StepKey, int], None] = OrderedDict()
         # Every (step, epoch) launched here lately: a start decided on a stale view
         # never launches ahead an execution this site has run already.
         self.launched: OrderedDict[tuple[StepKey, int], None] = OrderedDict()
@@ -74,7 +84,9 @@ class PlanRunner:
             queued={key: now - since for key, since in self.queued.items()},
             queue_limit=self.config.workers,
             ahead={key: core.Running(entry.worker, entry.epoch)
-                   for key, entry in self.ahead.items()},
+                   for key, entry in self.ahead.items() if key not in self.chained_ahead},
+            riding={key: core.Rider(entry.worker, entry.epoch, end)
+                    for key, (entry, end) in (*self.riding.items(), *self.chained())},
         )
 
     def free_workers(self) -> tuple[str, ...]:
@@ -113,6 +125,18 @@ class PlanRunner:
             self.log.exception("cannot launch ahead", job=launch.key[0], step=launch.key[1])
             return
         self.ahead[launch.key] = entry
+        if launch.chained_on is not None:
+            self.chained_ahead[launch.key] = launch.chained_on
+            self.note_chained(launch.key, launch.epoch)
+
+    def chained(self) -> list[tuple[StepKey, tuple[Held, int]]]:
+        """The chained launches of this batch, as `riding` holds its runs."""
+        return [(key, (self.ahead[key], end)) for key, end in self.chained_ahead.items()]
+
+    def note_chained(self, key: StepKey, epoch: int) -> None:
+        self.chained_runs[(key, epoch)] = None
+        while len(self.chained_runs) > MAX_LAUNCHED:
+            self.chained_runs.popitem(last=False)
 
     def launched_ahead(self, job_id: str) -> bool:
         """Does a step of this job run here, its start not written yet?"""
@@ -149,14 +173,54 @@ class PlanRunner:
     def batch_done(self) -> None:
         """Stop what was launched ahead of a start the batch did not write (refused, the
         server gone, or a newer revision that no longer calls for it): it runs on
-        nothing. Its report says how far it got (core.plan_finish, late_start)."""
+        nothing. Its report says how far it got (core.plan_finish, late_start). A run
+        chained onto an end that is held rides on it instead (`riding`), and is stopped
+        once that end is written without its start."""
         self.launching.clear()  # launched, or their revision was not saved
         for key, entry in self.ahead.items():  # (its entry stays until its report is recorded)
-            self.log.warning("start not written: stopping the step launched ahead",
-                             job=key[0], step=key[1], epoch=entry.epoch)
-            self.counts["launches_stopped"] += 1
-            self.pool.cancel(key)
+            end = self.chained_ahead.get(key)
+            if end is not None and self.end_held(key, end) and self.keep_riding(entry):
+                self.log.info("end not written: the step chained onto it goes on",
+                              job=key[0], step=key[1], epoch=entry.epoch)
+                self.riding[key] = (entry, end)
+            else:
+                self.stop_unwritten(key, entry)
         self.ahead.clear()
+        self.chained_ahead.clear()
+        for key, (entry, end) in list(self.riding.items()):
+            if not self.end_held(key, end):
+                del self.riding[key]
+                self.stop_unwritten(key, entry)
+
+    def end_held(self, key: StepKey, end_epoch: int) -> bool:
+        """Is the end (in `end_epoch`) of the step before `key` still to be written?"""
+        end = self.executions.get((key[0], key[1] - 1))
+        return end is not None and end.epoch == end_epoch
+
+    def keep_riding(self, entry: Held) -> bool:
+        """The run's journal entry, made durable: it now lasts the outage, not a batch."""
+        try:
+            self.journal.keep(entry)
+        except (OSError, JournalFull) as error:
+            self.log.warning("cannot keep the step chained onto a held end: stopping it",
+                             job=entry.job_id, step=entry.step, error=error)
+            return False
+        return True
+
+    def stop_unwritten(self, key: StepKey, entry: Held) -> None:
+        running = self.executions.get(key)
+        if running is None or running.epoch != entry.epoch:
+            return  # reported already: its report says it was never started
+        self.log.warning("start not written: stopping the step launched ahead",
+                         job=key[0], step=key[1], epoch=entry.epoch)
+        self.counts["launches_stopped"] += 1
+        self.pool.cancel(key)
+
+    def forget_rider(self, key: StepKey, epoch: int) -> None:
+        """The rider's own result is recorded: nothing more rides on its end."""
+        riding = self.riding.get(key)
+        if riding is not None and riding[0].epoch == epoch:
+            del self.riding[key]
 
     # --- after the write ----------------------------------------------------------------
 
@@ -179,6 +243,11 @@ class PlanRunner:
         for key, entry in list(self.ahead.items()):
             if key[0] == doc_id and core.records_start(plan.doc, key, entry.epoch, self.site):
                 self.journal.forget(self.ahead.pop(key))
+        for key, (entry, _) in list(self.riding.items()):
+            if key[0] == doc_id and core.records_start(plan.doc, key, entry.epoch, self.site):
+                del self.riding[key]
+                if self.pool.is_busy(key):  # (ended: its result has taken the entry's place)
+                    self.journal.forget(entry)
         if plan.detail.startswith(core.WON_CLAIM):
             self.counts["claims_won"] += 1
         step, epoch = acted_on(plan)
@@ -198,6 +267,8 @@ class PlanRunner:
 
     def apply(self, effect: core.Effect, doc: Job | None = None) -> None:
         if isinstance(effect, core.Book):
+            if effect.key in self.executions:
+                return  # a run of ours already: its start, written late (core.chain_next)
             if self.pool.book(effect.key, effect.worker) is not None:
                 self.booked_at.setdefault(effect.key, time.monotonic())
         elif isinstance(effect, core.Unbook):
@@ -207,6 +278,7 @@ class PlanRunner:
         elif isinstance(effect, core.Kill):
             self.log.info("killing", job=effect.key[0], step=effect.key[1], reason=effect.reason)
             self.ahead.pop(effect.key, None)
+            self.riding.pop(effect.key, None)
             self.pool.cancel(effect.key)
         elif isinstance(effect, core.Launch):
             assert doc is not None
@@ -224,6 +296,13 @@ class PlanRunner:
             return  # launched ahead of this very write (plan_made)
         if effect.key in self.executions:  # the core never asks this; never run a step twice
             self.log.error("not launching a step already running here", job=job_id, step=index)
+            return
+        if (effect.key, effect.epoch) in self.launched:
+            # A fencing token this site issued already (a run of ours the document never
+            # showed started): no second run in it. The start stands with no worker
+            # behind it, and the next decision releases it into a new epoch.
+            self.log.error("not launching a step again in an epoch it ran in here",
+                           job=job_id, step=index, epoch=effect.epoch)
             return
         env = {
             "JOBDIST_JOB_ID": job_id,

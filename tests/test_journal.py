@@ -15,7 +15,7 @@ import pytest
 from jobdist.config import CouchSettings, DaemonSettings, SiteConfig
 from jobdist.couch import Couch, Database
 from jobdist.design import load_design_docs
-from jobdist.journal import Held, Journal, JournalFull
+from jobdist.journal import STOPPED_UNWRITTEN, Held, Journal, JournalFull
 from jobdist.lab.localserver import LocalServer, free_port
 from jobdist.manager import Manager
 from jobdist.model import Doc, new_job, new_step
@@ -101,15 +101,19 @@ def events(doc: Doc, name: str) -> list[Doc]:
     return [entry for entry in doc["history"] if entry["event"] == name]
 
 
-def start_and_kill_server_mid_step(server: LocalServer, tmp_path: Path) -> tuple[Manager, str]:
+def start_and_kill_server_mid_step(server: LocalServer, tmp_path: Path,
+                                   second: str = "echo second") -> tuple[Manager, str]:
     manager, db = manager_for(server, tmp_path / "journal")
-    job = new_job("global", [new_step("sleep 1"), new_step("echo second")])
+    job = new_job("global", [new_step("sleep 1"), new_step(second)])
     db.save(job)
     manager.process(job["_id"])
     assert manager.pool.is_busy((job["_id"], 0)), "the creator starts its step at once"
     server.kill()  # CouchDB dies while the step runs
     serve_until(manager, lambda: manager.held, "the result to be held")
-    assert manager.journal_status()["on_disk"] == 1
+    # On disk: the end, and the start of the next step chained onto it, which runs on
+    # (PlanRunner.riding): neither is written yet.
+    assert manager.journal_status()["on_disk"] == 2
+    assert (job["_id"], 1) in manager.runner.riding
     return manager, job["_id"]
 
 
@@ -117,8 +121,9 @@ def test_a_step_that_ends_while_couchdb_is_down_is_recorded_once_it_is_back(
         server: LocalServer, tmp_path: Path) -> None:
     manager, job_id = start_and_kill_server_mid_step(server, tmp_path)
     try:
-        for _ in range(3):  # the outage goes on: the result stays held, the step is not freed
-            manager.serve_once(timeout=0.05)
+        # The outage goes on: the result stays held, the step is not freed; the next
+        # step ends meanwhile, and its result waits behind the first.
+        serve_until(manager, lambda: (job_id, 1) in manager.held, "the second result held")
         assert (job_id, 0) in manager.runner.executions
         server.start()
         db = Couch(server.url).database("jobs")
@@ -130,7 +135,8 @@ def test_a_step_that_ends_while_couchdb_is_down_is_recorded_once_it_is_back(
     assert [entry["step"] for entry in events(doc, "started")] == [0, 1]  # each once
     assert not events(doc, "released") and not events(doc, "stale_finish")
     assert doc["job"][0]["epoch"] == 1 and doc["job"][0]["output"]["stdout"] == ""
-    assert manager.counts["results_held"] == 1 and manager.counts["results_replayed"] == 1
+    assert doc["job"][1]["output"]["stdout"] == "second\n"
+    assert manager.counts["results_held"] == 2 and manager.counts["results_replayed"] == 2
     assert manager.journal_status() == {"held": 0, "on_disk": 0, "oldest_seconds": None,
                                         "directory": str(tmp_path / "journal")}
 
@@ -138,7 +144,8 @@ def test_a_step_that_ends_while_couchdb_is_down_is_recorded_once_it_is_back(
 def test_a_daemon_restarted_during_the_outage_writes_the_held_result_before_deciding(
         server: LocalServer, tmp_path: Path) -> None:
     manager, job_id = start_and_kill_server_mid_step(server, tmp_path)
-    manager.pool.shutdown(1.0)  # the daemon stops while CouchDB is still down
+    manager.drain(1.0)  # the daemon stops while CouchDB is still down
+    assert manager.journal_status()["held"] == 2  # both steps' results
     server.start()
     successor, db = manager_for(server, tmp_path / "journal")  # same journal, new process
     try:
@@ -153,6 +160,32 @@ def test_a_daemon_restarted_during_the_outage_writes_the_held_result_before_deci
     assert not events(doc, "released")
     assert [entry["epoch"] for entry in events(doc, "finished")] == [1, 1]
     assert not list((tmp_path / "journal").glob("*.json"))
+
+
+def test_a_daemon_dead_during_the_outage_runs_a_chained_step_again_in_a_new_epoch(
+        server: LocalServer, tmp_path: Path) -> None:
+    """The run chained onto the held end ended, but its report died with the daemon:
+    the end's record starts it in its epoch, its journal entry stops it there, and the
+    step runs again in the next epoch, never twice in one."""
+    manager, job_id = start_and_kill_server_mid_step(server, tmp_path, "sleep 0.5")
+    manager.pool.shutdown(0.0)  # killed: what the workers reported is lost, the journal not
+    server.start()
+    successor, db = manager_for(server, tmp_path / "journal")
+    try:
+        assert (job_id, 1) in successor.runner.riding
+        successor.recover()
+        serve_until(successor, lambda: db.get(job_id)["job_status"] == "success",
+                    "the job to end")
+    finally:
+        successor.pool.shutdown(1.0)
+    doc = db.get(job_id)
+    started = [(entry["step"], entry["epoch"]) for entry in events(doc, "started")]
+    assert started == [(0, 1), (1, 1), (1, 3)]  # (a release moves the step to epoch 2)
+    released = events(doc, "released")
+    assert [entry["step"] for entry in released] == [1]
+    assert STOPPED_UNWRITTEN in released[0]["detail"]
+    assert [(entry["step"], entry["epoch"]) for entry in events(doc, "finished")] == [
+        (0, 1), (1, 3)]
 
 
 def test_a_held_result_whose_epoch_was_revoked_is_recorded_as_stale(
@@ -172,5 +205,9 @@ def test_a_held_result_whose_epoch_was_revoked_is_recorded_as_stale(
         manager.pool.shutdown(1.0)
     doc = db.get(job_id)
     stale = events(doc, "stale_finish")
-    assert len(stale) == 1 and stale[0]["epoch"] == 1
+    assert [(entry["step"], entry["epoch"]) for entry in stale if entry["step"] == 0] == [(0, 1)]
     assert all(entry["epoch"] != 1 for entry in events(doc, "finished"))
+    # The next step, chained onto that end and run meanwhile, was never shown started:
+    # its stale finish moved the step's epoch past its run's (core.burns_epoch).
+    assert [(entry["step"], entry["epoch"]) for entry in stale if entry["step"] == 1] == [(1, 1)]
+    assert doc["step"] == 0 and doc["job"][1]["epoch"] == 1
