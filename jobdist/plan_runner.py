@@ -131,7 +131,8 @@ class PlanRunner:
 
     def chained(self) -> list[tuple[StepKey, tuple[Held, int]]]:
         """The chained launches of this batch, as `riding` holds its runs."""
-        return [(key, (self.ahead[key], end)) for key, end in self.chained_ahead.items()]
+        return [(key, (entry, self.chained_ahead[key])) for key, entry in self.ahead.items()
+                if key in self.chained_ahead]
 
     def note_chained(self, key: StepKey, epoch: int) -> None:
         self.chained_runs[(key, epoch)] = None
@@ -243,6 +244,7 @@ class PlanRunner:
         for key, entry in list(self.ahead.items()):
             if key[0] == doc_id and core.records_start(plan.doc, key, entry.epoch, self.site):
                 self.journal.forget(self.ahead.pop(key))
+                self.chained_ahead.pop(key, None)
         for key, (entry, _) in list(self.riding.items()):
             if key[0] == doc_id and core.records_start(plan.doc, key, entry.epoch, self.site):
                 del self.riding[key]
@@ -278,6 +280,7 @@ class PlanRunner:
         elif isinstance(effect, core.Kill):
             self.log.info("killing", job=effect.key[0], step=effect.key[1], reason=effect.reason)
             self.ahead.pop(effect.key, None)
+            self.chained_ahead.pop(effect.key, None)
             self.riding.pop(effect.key, None)
             self.pool.cancel(effect.key)
         elif isinstance(effect, core.Launch):

@@ -172,6 +172,8 @@ def test_every_step_runs_once_in_order_on_an_allowed_site(world: World) -> None:
         for step, _, site in runs:
             target = doc["job"][step]["target"]
             assert target == "any" or site == target or site in target
+    for manager in world.managers.values():  # (chained starts, launched ahead, included)
+        assert manager.counts["handler_errors"] == 0
 
 
 def test_a_batch_reads_and_writes_many_jobs_at_once(world: World) -> None:
