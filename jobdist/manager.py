@@ -615,7 +615,7 @@ class Manager:
         held = task.held
         if held is None:
             return
-        self.runner.forget_rider(held.key, held.epoch)
+        self.runner.result_recorded(held.key, held.epoch)
         self.journal.forget(held)  # (or the entry of its launch ahead: unwritten_start)
         if held.key not in self.held:
             return

@@ -217,11 +217,15 @@ class PlanRunner:
         self.counts["launches_stopped"] += 1
         self.pool.cancel(key)
 
-    def forget_rider(self, key: StepKey, epoch: int) -> None:
-        """The rider's own result is recorded: nothing more rides on its end."""
+    def result_recorded(self, key: StepKey, epoch: int) -> None:
+        """The run's result is written, or its job is gone: nothing more rides on its end,
+        and its worker is free (a job deleted meanwhile had no plan to free it)."""
         riding = self.riding.get(key)
         if riding is not None and riding[0].epoch == epoch:
             del self.riding[key]
+        running = self.executions.get(key)
+        if running is not None and running.epoch == epoch:
+            del self.executions[key]
 
     # --- after the write ----------------------------------------------------------------
 

@@ -188,6 +188,25 @@ def test_a_daemon_dead_during_the_outage_runs_a_chained_step_again_in_a_new_epoc
         (0, 1), (1, 3)]
 
 
+def test_a_held_result_whose_job_was_deleted_frees_its_worker(
+        server: LocalServer, tmp_path: Path) -> None:
+    """An operator deleted the job during the outage: its result has nothing left to be
+    written in, and the worker it kept busy is free again."""
+    manager, job_id = start_and_kill_server_mid_step(server, tmp_path)
+    manager.drain(1.0)
+    server.start()
+    db = Couch(server.url).database("jobs")
+    db.delete(job_id, db.get(job_id)["_rev"])
+    successor, _ = manager_for(server, tmp_path / "journal")
+    try:
+        successor.recover()
+        assert not successor.held and not successor.runner.executions
+        assert len(successor.runner.free_workers()) == 1
+        assert successor.counts["handler_errors"] == 0
+    finally:
+        successor.pool.shutdown(1.0)
+    assert not list((tmp_path / "journal").glob("*.json"))
+
 def test_a_held_result_whose_epoch_was_revoked_is_recorded_as_stale(
         server: LocalServer, tmp_path: Path) -> None:
     """Fencing still holds: a result held past a revocation never advances the job."""

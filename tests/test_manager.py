@@ -354,6 +354,29 @@ def test_a_step_that_runs_here_ends_without_a_read_of_its_job(tmp_path: Path) ->
         manager.pool.shutdown(1.0)
 
 
+def test_a_step_whose_job_is_deleted_while_it_runs_frees_its_worker(tmp_path: Path) -> None:
+    """Its end has no document left to be written in: the worker is free all the same
+    (the execution was kept as running, and the site never ran anything again)."""
+    store = SimStore(Replica(), "global")
+    manager = creator_alone(tmp_path, store)
+    try:
+        gone, after = new_job("global", [new_step("sleep 0.3")]), new_job("global",
+                                                                         [new_step("true")])
+        assert all(store.write([gone]))
+        manager.process(gone["_id"])
+        assert manager.counts["steps_started"] == 1
+        rev = store.replica.winner(gone["_id"])["_rev"]
+        assert store.write([{"_id": gone["_id"], "_rev": rev, "_deleted": True}])
+        serve_until(manager, lambda: manager.counts["steps_finished"], "the step's end")
+        assert not manager.runner.executions and len(manager.runner.free_workers()) == 1
+        assert all(store.write([after]))
+        manager.process(after["_id"])
+        serve_until(manager, lambda: store.replica.winner(after["_id"])["job_status"],
+                    "the next job's end")
+        assert manager.counts["handler_errors"] == 0
+    finally:
+        manager.pool.shutdown(1.0)
+
 def test_a_scan_and_the_feed_deciding_about_one_job_take_the_feeds_revision(
         tmp_path: Path) -> None:
     """A freed worker's scan and the feed's change name the same job in one batch: one
