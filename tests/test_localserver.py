@@ -1,4 +1,5 @@
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -80,6 +81,32 @@ def test_the_local_cluster_restarts_a_site_server_that_dies(tmp_path: Path) -> N
     assert not Path(f"/proc/{cluster.server_pid('global')}/stat").exists() or "Z" in Path(
         f"/proc/{cluster.server_pid('global')}/stat").read_text().rsplit(")", 1)[1].split()[0]
 
+
+def test_a_server_start_interrupted_leaves_no_process_behind(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Interrupted (Ctrl-C) while waiting for its first server to answer: the supervisor
+    is not in the state file yet, so `down` cannot find it; `up` stops it itself."""
+    from jobdist.lab import cluster as cluster_module
+    from jobdist.lab.cluster import LocalCluster
+    from jobdist.lab.scenarios import write_sites
+
+    def interrupted(url: str) -> bool:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cluster_module, "answers", interrupted)
+    cluster = LocalCluster(write_sites(tmp_path / "sites", 1), tmp_path / "state")
+    with pytest.raises(KeyboardInterrupt):
+        cluster.up()
+    data = str(cluster.site_dir("global"))
+    assert not [pid for pid in os.listdir("/proc") if pid.isdigit()
+                and data in _cmdline(int(pid))], "a server or its supervisor still runs"
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
 
 # --- finding pouchdb-server, and the fixes `npm ci` applies ----------------------------
 

@@ -194,12 +194,16 @@ class LocalCluster:
         # Never started: only asks who answers.
         probe = LocalServer(site.couch.port, data, host=host)
         deadline = time.monotonic() + timeout
-        while not (answers(probe.url) and probe.answering_is_us()):
-            if not supervisor.alive() or time.monotonic() > deadline:
-                supervisor.stop()
-                raise ClusterError(f"the server of site {site.name} did not start on port "
-                                   f"{site.couch.port}; see {data / 'supervisor.log'}")
-            time.sleep(0.05)
+        try:
+            while not (answers(probe.url) and probe.answering_is_us()):
+                if not supervisor.alive() or time.monotonic() > deadline:
+                    raise ClusterError(f"the server of site {site.name} did not start on "
+                                       f"port {site.couch.port}; see "
+                                       f"{data / 'supervisor.log'}")
+                time.sleep(0.05)
+        except BaseException:  # (an interrupt too) not in the state file yet: down() misses it
+            supervisor.stop()
+            raise
         return supervisor.__dict__
 
     def _forget_replications(self, site: SiteConfig) -> None:
