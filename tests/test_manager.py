@@ -14,6 +14,7 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,21 @@ class CountingStore(SimStore):
         return super().write(docs)
 
 
+class OutageStore(CountingStore):
+    """A CountingStore whose server can be down: every request fails as one that gets no
+    answer, while its daemon runs on (World.weather)."""
+
+    down = False
+
+    def __getattribute__(self, name: str) -> Any:
+        if name in REQUESTS and object.__getattribute__(self, "down"):
+            raise Unavailable(f"{name} failed: ConnectionError: refused")
+        return object.__getattribute__(self, name)
+
+
+REQUESTS = frozenset(name for name in vars(SimStore) if not name.startswith("_")) - {"url"}
+
+
 class World:
     """Three managers, their replicas, a replicator with lag and a feed for each."""
 
@@ -67,7 +83,9 @@ class World:
                  **settings: Any) -> None:
         self.rng = random.Random(seed)
         self.lag = lag  # the chance that a document misses one round of replication
-        self.stores = {name: CountingStore(Replica(), name) for name in SITES}
+        self.stores = {name: OutageStore(Replica(), name) for name in SITES}
+        self.outages_until = 0.0  # servers go down now and then until this monotonic time
+        self.back_at: dict[str, float] = {}  # a server that is down: when it answers again
         self.managers = {
             name: Manager(SiteConfig(name, CouchSettings(store.url), workers=workers, **settings),
                           store, SITES, Journal(tmp_path / name))
@@ -84,7 +102,7 @@ class World:
     def replicate(self) -> None:
         for source in SITES:
             for target in SITES:
-                if source == target or {source, target} & self.dead:
+                if source == target or {source, target} & (self.dead | set(self.back_at)):
                     continue
                 for doc_id in list(self.stores[source].replica.docs):
                     if self.rng.random() >= self.lag:
@@ -93,7 +111,7 @@ class World:
     def feed(self) -> None:
         """What `_changes` would bring each site: its winners, with their conflicts."""
         for name, store in self.stores.items():
-            if name in self.dead:
+            if name in self.dead or name in self.back_at:
                 continue
             replica = store.replica
             for doc_id in self.rng.sample(sorted(replica.docs), len(replica.docs)):
@@ -116,6 +134,7 @@ class World:
         deadline = time.monotonic() + timeout
         while not self.settled(ids):
             assert time.monotonic() < deadline, f"jobs did not end: {self.live(ids)}"
+            self.weather()
             self.replicate()
             self.feed()
             self.serve()
@@ -123,6 +142,19 @@ class World:
         alive = next(name for name in SITES if name not in self.dead)
         return {doc_id: core.merge(self.stores[alive].replica.live_leaves(doc_id))
                 for doc_id in ids}
+
+    def weather(self) -> None:
+        """A server that is down comes back on time; until `outages_until`, one goes
+        down now and then, for 50-300 ms (far less than a lease: no step is revoked)."""
+        now = time.monotonic()
+        for name, back in list(self.back_at.items()):
+            if now >= back:
+                del self.back_at[name]
+                self.stores[name].down = False
+        if now < self.outages_until and self.rng.random() < 0.15:
+            name = self.rng.choice(SITES)
+            self.back_at.setdefault(name, now + self.rng.uniform(0.05, 0.3))
+            self.stores[name].down = True
 
     def serve(self) -> None:
         for name, manager in self.managers.items():
@@ -135,7 +167,7 @@ class World:
                 if (doc := store.replica.winner(doc_id)) is None or doc["job_status"] is None]
 
     def settled(self, ids: list[str]) -> bool:
-        return not self.live(ids)
+        return not self.back_at and not self.live(ids)
 
     def stop(self) -> None:
         for manager in self.managers.values():
@@ -174,6 +206,45 @@ def test_every_step_runs_once_in_order_on_an_allowed_site(world: World) -> None:
             assert target == "any" or site == target or site in target
     for manager in world.managers.values():  # (chained starts, launched ahead, included)
         assert manager.counts["handler_errors"] == 0
+
+
+STOPPED_AHEAD = "stopped on this site: cancelled"  # (core.plan_finish; "... before start")
+
+
+@pytest.mark.parametrize("world", [1, 2, 3], indirect=True)
+def test_outages_of_a_sites_server_never_run_a_step_twice_in_one_epoch(world: World) -> None:
+    """Each site's server goes down now and then while its daemon runs on: an end is
+    held until the server is back, the step chained onto it rides on it, a start that
+    could not be written is stopped. Every run is in the job's history, no epoch runs
+    twice, each step finishes once, in order, and every job ends."""
+    rng = random.Random(11)
+    ids = world.submit([[new_step(rng.choice(["true", "sleep 0.1"]), target=rng.choice(TARGETS))
+                         for _ in range(rng.randint(1, 3))] for _ in range(30)])
+    world.outages_until = time.monotonic() + 5.0
+    docs = world.run(ids)
+    executions = sum(m.counts["steps_started"] for m in world.managers.values())
+    assert executions == sum(len(started(doc)) for doc in docs.values())  # each recorded
+    reruns = 0
+    for doc in docs.values():
+        assert doc["job_status"] == "success", doc["history"]
+        runs = [(step, epoch) for step, epoch, _ in started(doc)]
+        assert len(set(runs)) == len(runs) and runs == sorted(runs), doc["history"]
+        finished = [entry["step"] for entry in doc["history"] if entry["event"] == "finished"]
+        assert finished == list(range(len(doc["job"]))), doc["history"]
+        # A step runs again only after a run launched ahead of a start the server did
+        # not take was stopped, and its stop recorded.
+        stopped = {(entry["step"], entry["epoch"] - 1) for entry in doc["history"]  # (raised)
+                   if entry["event"] == "released" and entry["detail"].startswith(STOPPED_AHEAD)}
+        again = [run for run, later in pairwise(runs) if run[0] == later[0]]
+        assert set(again) <= stopped, doc["history"]
+        reruns += len(again)
+    counts = {name: manager.counts for name, manager in world.managers.items()}
+    assert reruns <= sum(count["launches_stopped"] for count in counts.values())
+    for manager in world.managers.values():
+        assert manager.counts["handler_errors"] == 0
+        assert not manager.held and len(manager.journal) == 0
+    assert sum(count["results_held"] for count in counts.values()), \
+        "no outage came while a step ended: the test tested nothing"
 
 
 def test_a_batch_reads_and_writes_many_jobs_at_once(world: World) -> None:
