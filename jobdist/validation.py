@@ -223,20 +223,27 @@ def text(max_length: int, *, non_empty: bool, allow_null: bool = False) -> Check
     return check
 
 
-def check_fields(obj: dict[str, Any], fields: list[Field], defaults: dict[str, Any],
-                 prefix: str, errors: list[str]) -> None:
-    """Check each field in order; one with a default may be left out; an object accepts
-    no other fields."""
-    for field in fields:
-        path = prefix + field.name
-        if field.name in obj:
-            field.check(obj[field.name], path, errors)
-        elif field.required(defaults):
-            errors.append(f"{path}: is missing")
-    known = [field.name for field in fields]
-    for name in sorted_like_javascript(key for key in obj if key not in known):
-        hint = did_you_mean(name, known) if len(errors) < MAX_HINTED_ERRORS else ""
-        errors.append(f"{prefix}{name}: unknown field{hint}")
+class Shape:
+    """An object's fields, in order, with what checking it needs worked out once."""
+
+    def __init__(self, fields: list[Field], defaults: dict[str, Any]) -> None:
+        self.fields = fields
+        self.names = [field.name for field in fields]  # in order: "did you mean" ties
+        self.known = frozenset(self.names)
+        self.required = frozenset(field.name for field in fields if field.required(defaults))
+
+    def check(self, obj: dict[str, Any], prefix: str, errors: list[str]) -> None:
+        """Check each field in order; one with a default may be left out; an object
+        accepts no other fields."""
+        for field in self.fields:
+            if field.name in obj:
+                field.check(obj[field.name], prefix + field.name, errors)
+            elif field.name in self.required:
+                errors.append(f"{prefix}{field.name}: is missing")
+        unknown = [key for key in obj if key not in self.known]
+        for name in sorted_like_javascript(unknown) if unknown else ():
+            hint = did_you_mean(name, self.names) if len(errors) < MAX_HINTED_ERRORS else ""
+            errors.append(f"{prefix}{name}: unknown field{hint}")
 
 
 def sorted_like_javascript(names: Any) -> list[str]:
@@ -246,13 +253,15 @@ def sorted_like_javascript(names: Any) -> list[str]:
 
 def object_of(fields: list[Field], reason: str, defaults: dict[str, Any] | None = None, *,
               allow_null: bool = False) -> Check:
+    shape = Shape(fields, defaults or {})
+
     def check(value: Any, path: str, errors: list[str]) -> None:
         if allow_null and value is None:
             return
         if not is_object(value):
             errors.append(f"{path}: {reason}")
             return
-        check_fields(value, fields, defaults or {}, path + ".", errors)
+        shape.check(value, path + ".", errors)
 
     return check
 
@@ -478,28 +487,35 @@ def job_fields(step_count: int | None, own_id: Any = None) -> list[Field]:
     """Top-level fields: the job's, then the user's `meta`, then CouchDB's; no others.
 
     Their order breaks ties between "did you mean" hints: the job's own come first.
+    Two depend on the document (its step count, its id); the others are built once.
     """
-    return [
-        Field("_id", simple(is_doc_id, ID_REASON), optional=True),
-        Field("type", unchecked),  # checked first, by validate_job
-        Field("creator", SITE),
-        Field("priority", simple(is_integer, "must be an integer")),
-        Field("created_at", OPTIONAL_TIME),  # null (the default) until the creator accepts
-        Field("updated_at", OPTIONAL_TIME),
-        Field("step", step_index(step_count)),
-        Field("job_status", simple(one_of(JOB_STATUSES), describe_choices(JOB_STATUSES))),
-        Field("job", check_steps),
-        Field("history", list_of(EVENT)),
-        Field("keepalive_at", TIME, optional=True),
-        Field("meta", simple(is_object, "must be an object"), optional=True),
-        Field("schedule", TICK, optional=True),
-        # Waiting (docs/job-document.md, "Waiting"): absent means none.
-        Field("after", check_after(own_id), optional=True),
-        Field("after_policy", simple(one_of(AFTER_POLICIES), describe_choices(AFTER_POLICIES)),
-              optional=True),
-        Field("not_before", OPTIONAL_TIME, optional=True),
-        *(Field(name, unchecked, optional=True) for name in COUCHDB_FIELDS),
-    ]
+    return [*JOB_FIELDS_BEFORE_STEP, Field("step", step_index(step_count)),
+            *JOB_FIELDS_BEFORE_AFTER, Field("after", check_after(own_id), optional=True),
+            *JOB_FIELDS_LAST]
+
+
+JOB_FIELDS_BEFORE_STEP = [
+    Field("_id", simple(is_doc_id, ID_REASON), optional=True),
+    Field("type", unchecked),  # checked first, by validate_job
+    Field("creator", SITE),
+    Field("priority", simple(is_integer, "must be an integer")),
+    Field("created_at", OPTIONAL_TIME),  # null (the default) until the creator accepts
+    Field("updated_at", OPTIONAL_TIME),
+]
+JOB_FIELDS_BEFORE_AFTER = [
+    Field("job_status", simple(one_of(JOB_STATUSES), describe_choices(JOB_STATUSES))),
+    Field("job", check_steps),
+    Field("history", list_of(EVENT)),
+    Field("keepalive_at", TIME, optional=True),
+    Field("meta", simple(is_object, "must be an object"), optional=True),
+    Field("schedule", TICK, optional=True),
+]
+JOB_FIELDS_LAST = [  # (`after` comes before these) Waiting: docs/job-document.md
+    Field("after_policy", simple(one_of(AFTER_POLICIES), describe_choices(AFTER_POLICIES)),
+          optional=True),
+    Field("not_before", OPTIONAL_TIME, optional=True),
+    *(Field(name, unchecked, optional=True) for name in COUCHDB_FIELDS),
+]
 
 
 def validate_job(doc: Any) -> list[str]:
@@ -515,11 +531,11 @@ def validate_job(doc: Any) -> list[str]:
     if too_deep(doc):
         errors.append(f"document: too deeply nested: more than {MAX_DEPTH} levels of objects "
                       "and lists")
-    elif json_size(doc) > MAX_DOC_SIZE:
+    elif json_size_over(doc, MAX_DOC_SIZE):
         errors.append(f"document: too large: its JSON exceeds {MAX_DOC_SIZE} characters (1 MiB)")
     steps = doc.get("job")
     step_count = len(steps) if is_list(steps) and steps else None
-    check_fields(doc, job_fields(step_count, doc.get("_id")), JOB_DEFAULTS, "", errors)
+    Shape(job_fields(step_count, doc.get("_id")), JOB_DEFAULTS).check(doc, "", errors)
     return errors
 
 
@@ -534,7 +550,7 @@ def validate_object(doc: Any, fields: Callable[[], list[Field]],
     if not is_object(doc):
         return ["document: must be a JSON object"]
     errors: list[str] = []
-    check_fields(doc, fields(), defaults, "", errors)
+    Shape(fields(), defaults).check(doc, "", errors)
     return errors
 
 
@@ -617,7 +633,7 @@ def too_deep(doc: dict[str, Any]) -> bool:
     # Level by level, containers only: iterative, so a deep document cannot exhaust the
     # stack, and a document's many scalars cost nothing.
     level = [value for key, value in doc.items()
-             if key not in UNMEASURED_FIELDS and isinstance(value, dict | list)]
+             if key not in UNMEASURED_FIELDS and isinstance(value, CONTAINERS)]
     depth = 2
     while level:
         if depth > MAX_DEPTH:
@@ -625,15 +641,36 @@ def too_deep(doc: dict[str, Any]) -> bool:
         below: list[Any] = []
         for value in level:
             children = value.values() if isinstance(value, dict) else value
-            below += [child for child in children if isinstance(child, dict | list)]
+            below += [child for child in children if isinstance(child, CONTAINERS)]
         level, depth = below, depth + 1
     return False
 
 
+CONTAINERS = (dict, list)  # (a tuple: isinstance takes it faster than `dict | list`)
+
+
 def json_size(doc: Mapping[str, Any]) -> int:
     """Length of the document's JSON text as JavaScript would write it."""
-    measured = {key: value for key, value in doc.items() if key not in UNMEASURED_FIELDS}
-    return json_length(measured)
+    return json_length(measured_part(doc))
+
+
+def json_size_over(doc: Mapping[str, Any], limit: int) -> bool:
+    """json_size(doc) > limit, measured exactly only near the limit: JavaScript's text is
+    at most JS_GROWTH times as long as Python's (a lone surrogate, 1 character in
+    Python's text, is 6 in JavaScript's; a number grows less: 1e+20 is 21 characters)."""
+    measured = measured_part(doc)
+    try:
+        text = json.dumps(measured, ensure_ascii=False, separators=(",", ":"))
+    except (TypeError, ValueError, RecursionError):
+        return walked_json_length(measured) > limit
+    return JS_GROWTH * len(text) > limit and json_length(measured) > limit
+
+
+JS_GROWTH = 6
+
+
+def measured_part(doc: Mapping[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in doc.items() if key not in UNMEASURED_FIELDS}
 
 
 def json_length(value: Any) -> int:

@@ -16,7 +16,7 @@ from typing import Any, NotRequired, get_origin, get_type_hints
 
 import pytest
 import requests
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from jobdist.design import load_design_docs
@@ -34,6 +34,7 @@ from jobdist.model import (
     normalise,
 )
 from jobdist.validation import (
+    JS_GROWTH,
     MAX_DOC_SIZE,
     SCHEDULE_DEFAULTS,
     InvalidJob,
@@ -41,6 +42,7 @@ from jobdist.validation import (
     format_errors,
     json_length,
     json_size,
+    json_size_over,
     validate_job,
     validate_submission,
     walked_json_length,
@@ -456,6 +458,21 @@ def test_measuring_the_json_text_agrees_with_walking_the_value(value: Any) -> No
     walking the value, one scalar at a time, is the slow reference it must match."""
     assert json_length(value) == walked_json_length(value)
 
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.dictionaries(ANY_TEXT, JSON_VALUES, max_size=4), st.integers(0, 400))
+@example({"a": "\ud800" * 1000}, 0)  # the most JavaScript's text grows: 5.96 times
+@example({"n": [1e20] * 100}, 0)  # a number's most: 1e+20 is 21 characters
+def test_the_size_limit_is_measured_exactly_only_near_it(doc: dict[str, Any],
+                                                         limit: int) -> None:
+    """json_size_over bounds JavaScript's text by Python's before measuring it: the
+    answer is json_size's, at the limit, next to it, and at the bound itself."""
+    size = json_size(doc)
+    text = json.dumps(doc, ensure_ascii=False, separators=(",", ":"), allow_nan=True)
+    for bound in (limit, size, size - 1, JS_GROWTH * len(text), JS_GROWTH * len(text) - 1):
+        assert json_size_over(doc, bound) == (size > bound)
+    assert size <= JS_GROWTH * len(text)
 
 def test_a_number_spelled_inside_a_string_is_not_mended() -> None:
     assert json_length({"do": "echo a:1.0,"}) == len('{"do":"echo a:1.0,"}')
