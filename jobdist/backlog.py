@@ -61,6 +61,7 @@ class Backlog:
     def __init__(self, site: str) -> None:
         self.site = site
         self.open: dict[str, Open] = {}
+        self.place: dict[str, tuple[int, int, str, int]] = {}  # of each open job: see _place
         self.kept: dict[str, Doc] = {}
 
     def saw(self, doc_id: str, doc: Leaf | None, whole: bool = True) -> None:
@@ -70,13 +71,25 @@ class Backlog:
         self.kept.pop(doc_id, None)
         if self.site not in wanted and ANY not in wanted:
             self.open.pop(doc_id, None)
+            self.place.pop(doc_id, None)
             return
         assert doc is not None
         created = doc.get("created_at")
-        self.open[doc_id] = Open(doc_id, core.doc_rank(doc),
-                                 created if isinstance(created, str) else "")
+        row = Open(doc_id, core.doc_rank(doc), created if isinstance(created, str) else "")
+        self.open[doc_id] = row
+        self.place[doc_id] = self._place(row, doc.get("creator") == self.site)
         if whole and not doc.get("_conflicts") and len(self.kept) < MAX_KEPT:
             self.kept[doc_id] = cast(Doc, doc)
+
+    def _place(self, row: Open, own: bool) -> tuple[int, int, str, int]:
+        """This site's line (docs/protocol.md, "The line"): by rank; within a rank, the
+        jobs it created first, oldest first (it starts them at once, in one revision),
+        then the others' in the `spread` order. In creation order every site's freed
+        workers went for the very steps the creator was starting or assigning: a claim
+        that lost, and a conflict to resolve, for each."""
+        if own:
+            return row.rank, 0, row.created_at, 0
+        return row.rank, 1, "", core.spread(self.site, row.job_id)
 
     def created_here(self, limit: int, passed: Container[str]) -> list[tuple[str, Doc]]:
         """Of the open steps whose revision we kept, the `limit` first in line of the jobs
@@ -84,11 +97,11 @@ class Backlog:
         rows = heapq.nsmallest(limit, (self.open[doc_id] for doc_id, doc in self.kept.items()
                                        if doc.get("creator") == self.site
                                        and doc_id not in passed),
-                               key=lambda row: (row.rank, row.created_at))
+                               key=lambda row: self.place[row.job_id])
         return [(row.job_id, self.kept[row.job_id]) for row in rows]
 
     def first(self, limit: int, passed: Container[str]) -> list[Open]:
         """The `limit` first in line, leaving out the jobs in `passed`."""
         return heapq.nsmallest(limit, (row for doc_id, row in self.open.items()
                                        if doc_id not in passed),
-                               key=lambda row: (row.rank, row.created_at))
+                               key=lambda row: self.place[row.job_id])

@@ -12,7 +12,7 @@ import pytest
 
 from jobdist.backlog import Backlog, open_targets
 from jobdist.clock import utc_now
-from jobdist.core import claim_rank
+from jobdist.core import claim_rank, spread
 from jobdist.listener import Changed
 from jobdist.manager import Manager
 from jobdist.model import Doc, event, new_job, new_step, new_sub_run
@@ -70,6 +70,30 @@ def test_the_first_in_line_by_rank_then_creation_leaving_out_the_passed() -> Non
     backlog.saw("new", None)  # unreadable: the view's scan will tell
     assert [row.job_id for row in backlog.first(5, set())] == ["old"]
 
+
+
+def test_a_site_takes_its_own_jobs_first_then_the_others_in_its_spread_order() -> None:
+    """Within a rank, the jobs a site created come first, oldest first (it starts them
+    at once), then the others' in its own `spread` order: in creation order every
+    site's freed workers went for the steps the creator was starting, a claim lost and
+    a conflict resolved for each."""
+    def second(n: int) -> str:  # of one 10-second band: one rank
+        return f"2026-11-22T00:01:0{n}.000000Z"
+
+    others = {f"alpha-{n:02d}": job({"do": "a"}, created_at=second(n % 5)) for n in range(20)}
+    own = {"beta-new": job({"do": "b"}, creator="beta", created_at=second(4)),
+           "beta-old": job({"do": "b"}, creator="beta", created_at=second(3))}
+    urgent = {"alpha-urgent": job({"do": "c"}, created_at=second(4), priority=1)}
+    lines = {}
+    for site in ("beta", "gamma"):
+        backlog = Backlog(site)
+        for doc_id, doc in {**others, **own, **urgent}.items():
+            backlog.saw(doc_id, doc)
+        lines[site] = [row.job_id for row in backlog.first(30, set())]
+        assert lines[site][0] == "alpha-urgent"  # the rank still comes first
+    spread_order = sorted(others, key=lambda doc_id: spread("beta", doc_id))
+    assert lines["beta"][1:] == ["beta-old", "beta-new", *spread_order]
+    assert lines["gamma"][1:3] != lines["beta"][3:5]  # each site its own order
 
 class ViewCountingStore(SimStore):
     def __init__(self, replica: Replica, name: str) -> None:
