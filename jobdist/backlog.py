@@ -61,7 +61,7 @@ class Backlog:
     def __init__(self, site: str) -> None:
         self.site = site
         self.open: dict[str, Open] = {}
-        self.place: dict[str, tuple[int, int, str, int]] = {}  # of each open job: see _place
+        self.place: dict[str, tuple[int, int, str, int]] = {}  # of each: core.line_place
         self.kept: dict[str, Doc] = {}
 
     def saw(self, doc_id: str, doc: Leaf | None, whole: bool = True) -> None:
@@ -77,19 +77,10 @@ class Backlog:
         created = doc.get("created_at")
         row = Open(doc_id, core.doc_rank(doc), created if isinstance(created, str) else "")
         self.open[doc_id] = row
-        self.place[doc_id] = self._place(row, doc.get("creator") == self.site)
+        self.place[doc_id] = core.line_place(self.site, doc_id, row.rank, row.created_at,
+                                             own=doc.get("creator") == self.site)
         if whole and not doc.get("_conflicts") and len(self.kept) < MAX_KEPT:
             self.kept[doc_id] = cast(Doc, doc)
-
-    def _place(self, row: Open, own: bool) -> tuple[int, int, str, int]:
-        """This site's line (docs/protocol.md, "The line"): by rank; within a rank, the
-        jobs it created first, oldest first (it starts them at once, in one revision),
-        then the others' in the `spread` order. In creation order every site's freed
-        workers went for the very steps the creator was starting or assigning: a claim
-        that lost, and a conflict to resolve, for each."""
-        if own:
-            return row.rank, 0, row.created_at, 0
-        return row.rank, 1, "", core.spread(self.site, row.job_id)
 
     def created_here(self, limit: int, passed: Container[str]) -> list[tuple[str, Doc]]:
         """Of the open steps whose revision we kept, the `limit` first in line of the jobs

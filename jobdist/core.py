@@ -879,6 +879,18 @@ def doc_rank(doc: Leaf) -> int:
     return claim_rank(doc.get("priority", 0), doc.get("created_at"))
 
 
+def line_place(site: str, doc_id: str, rank: int, created_at: str,
+               own: bool) -> tuple[int, int, str, int]:
+    """Where a job's open step stands in `site`'s line (docs/protocol.md, "The line"):
+    by rank; within a rank, the jobs the site created first, oldest first (it starts
+    them at once, in one revision), then the others' in its `spread` order, so that
+    sites do not all go for the steps the creator is starting (a claim lost, and a
+    conflict, for each)."""
+    if own:
+        return rank, 0, created_at, 0
+    return rank, 1, "", spread(site, doc_id)
+
+
 def spread(site: str, doc_id: str) -> int:
     """A stable pseudo-random order of (site, job) pairs: sites do not all claim the same
     equally urgent jobs, and equal rooms do not all go to one site."""

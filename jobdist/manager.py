@@ -773,8 +773,12 @@ class Manager:
         self.settle([self.decide_task(doc_id) for doc_id in list(self.store.involving(self.site))])
         self.periodic.scan_soon()
 
-    def _claim_order(self, item: Changed) -> tuple[int, int]:
-        return core.doc_rank(item.doc or {}), core.spread(self.site, item.doc_id)
+    def _claim_order(self, item: Changed) -> tuple[int, int, str, int]:
+        doc = item.doc or {}
+        created = doc.get("created_at")
+        return core.line_place(self.site, item.doc_id, core.doc_rank(doc),
+                               created if isinstance(created, str) else "",
+                               own=doc.get("creator") == self.site)
 
     def drain(self, grace: float) -> None:
         """Graceful stop: claim nothing more, let running steps end or stop them, release."""

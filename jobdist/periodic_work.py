@@ -121,11 +121,12 @@ class PeriodicWork:
             return []
 
     def in_line(self, rows: list[Open], limit: int) -> list[str]:
-        """The first `limit` jobs in line (core.claim_rank), sites spread among equals."""
-        rows = sorted(rows, key=lambda row: (row.rank, row.created_at))
-        window = list(dict.fromkeys(row.job_id for row in rows))[:limit]
-        rank = {row.job_id: row.rank for row in rows}
-        return sorted(window, key=lambda doc_id: (rank[doc_id], core.spread(self.site, doc_id)))
+        """The first `limit` jobs in this site's line (core.line_place); a row only the
+        view showed counts as another site's job (a view row does not name the creator)."""
+        def place(row: Open) -> tuple[int, int, str, int]:
+            return self.backlog.place.get(row.job_id) or core.line_place(
+                self.site, row.job_id, row.rank, row.created_at, own=False)
+        return list(dict.fromkeys(row.job_id for row in sorted(rows, key=place)))[:limit]
 
     def open_for_room_due(self) -> list[tuple[str, Doc | None]]:
         """As creator: a site has room: give it our open steps, first in line, each with
