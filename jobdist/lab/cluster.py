@@ -191,10 +191,10 @@ class LocalCluster:
             process = subprocess.Popen(self._on_host(site.name, args), stdin=subprocess.DEVNULL,
                                        stdout=log, stderr=log, start_new_session=True)
         supervisor = Proc.of(process.pid)
-        # Never started: only asks who answers.
-        probe = LocalServer(site.couch.port, data, host=host)
-        deadline = time.monotonic() + timeout
         try:
+            # Never started: only asks who answers.
+            probe = LocalServer(site.couch.port, data, host=host)
+            deadline = time.monotonic() + timeout
             while not (answers(probe.url) and probe.answering_is_us()):
                 if not supervisor.alive() or time.monotonic() > deadline:
                     raise ClusterError(f"the server of site {site.name} did not start on "
