@@ -63,17 +63,25 @@ class CountingStore(SimStore):
 
 class OutageStore(CountingStore):
     """A CountingStore whose server can be down: every request fails as one that gets no
-    answer, while its daemon runs on (World.weather)."""
+    answer, while its daemon runs on (World.weather). With `answers_lost`, a write the
+    server took fails all the same: its answer never came back."""
 
     down = False
+    answers_lost = False
 
     def __getattribute__(self, name: str) -> Any:
         if name in REQUESTS and object.__getattribute__(self, "down"):
             raise Unavailable(f"{name} failed: ConnectionError: refused")
+        if name == "write" and object.__getattribute__(self, "answers_lost"):
+            return object.__getattribute__(self, "_write_unanswered")
         return object.__getattribute__(self, name)
 
+    def _write_unanswered(self, docs: Sequence[Doc]) -> list[Written]:
+        super().write(docs)
+        raise Unavailable("write failed: ReadTimeout: the answer never came")
 
-REQUESTS = frozenset(name for name in vars(SimStore) if not name.startswith("_")) - {"url"}
+
+REQUESTS = frozenset(name for name in dir(SimStore) if not name.startswith("_")) - {"url"}
 
 
 class World:
@@ -150,11 +158,15 @@ class World:
         for name, back in list(self.back_at.items()):
             if now >= back:
                 del self.back_at[name]
-                self.stores[name].down = False
+                self.stores[name].down = self.stores[name].answers_lost = False
         if now < self.outages_until and self.rng.random() < 0.15:
             name = self.rng.choice(SITES)
             self.back_at.setdefault(name, now + self.rng.uniform(0.05, 0.3))
-            self.stores[name].down = True
+            # Half the outages begin with writes that are taken but never answered.
+            if self.rng.random() < 0.5 and not self.stores[name].down:
+                self.stores[name].answers_lost = True
+            else:
+                self.stores[name].down = True
 
     def serve(self) -> None:
         for name, manager in self.managers.items():
@@ -167,7 +179,10 @@ class World:
                 if (doc := store.replica.winner(doc_id)) is None or doc["job_status"] is None]
 
     def settled(self, ids: list[str]) -> bool:
-        return not self.back_at and not self.live(ids)
+        """Every job ended, every server up, no result held (a write the server took
+        whose answer was lost is tried again, and found written)."""
+        return not self.back_at and not self.live(ids) and not any(
+            manager.held for name, manager in self.managers.items() if name not in self.dead)
 
     def stop(self) -> None:
         for manager in self.managers.values():
