@@ -75,10 +75,8 @@ class Backlog:
             return
         assert doc is not None
         created = doc.get("created_at")
-        row = Open(doc_id, core.doc_rank(doc), created if isinstance(created, str) else "")
-        self.open[doc_id] = row
-        self.place[doc_id] = core.line_place(self.site, doc_id, row.rank, row.created_at,
-                                             own=doc.get("creator") == self.site)
+        place = self.place[doc_id] = core.doc_place(self.site, doc_id, doc)
+        self.open[doc_id] = Open(doc_id, place[0], created if isinstance(created, str) else "")
         if whole and not doc.get("_conflicts") and len(self.kept) < MAX_KEPT:
             self.kept[doc_id] = cast(Doc, doc)
 

@@ -891,6 +891,13 @@ def line_place(site: str, doc_id: str, rank: int, created_at: str,
     return rank, 1, "", spread(site, doc_id)
 
 
+def doc_place(site: str, doc_id: str, doc: Leaf) -> tuple[int, int, str, int]:
+    """line_place, read from the job's document (its rank first)."""
+    created = doc.get("created_at")
+    return line_place(site, doc_id, doc_rank(doc), created if isinstance(created, str) else "",
+                      own=doc.get("creator") == site)
+
+
 def spread(site: str, doc_id: str) -> int:
     """A stable pseudo-random order of (site, job) pairs: sites do not all claim the same
     equally urgent jobs, and equal rooms do not all go to one site."""

@@ -774,11 +774,7 @@ class Manager:
         self.periodic.scan_soon()
 
     def _claim_order(self, item: Changed) -> tuple[int, int, str, int]:
-        doc = item.doc or {}
-        created = doc.get("created_at")
-        return core.line_place(self.site, item.doc_id, core.doc_rank(doc),
-                               created if isinstance(created, str) else "",
-                               own=doc.get("creator") == self.site)
+        return core.doc_place(self.site, item.doc_id, item.doc or {})
 
     def drain(self, grace: float) -> None:
         """Graceful stop: claim nothing more, let running steps end or stop them, release."""

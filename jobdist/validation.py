@@ -659,11 +659,10 @@ def json_size_over(doc: Mapping[str, Any], limit: int) -> bool:
     at most JS_GROWTH times as long as Python's (a lone surrogate, 1 character in
     Python's text, is 6 in JavaScript's; a number grows less: 1e+20 is 21 characters)."""
     measured = measured_part(doc)
-    try:
-        text = json.dumps(measured, ensure_ascii=False, separators=(",", ":"))
-    except (TypeError, ValueError, RecursionError):
+    text = python_json(measured)
+    if text is None:
         return walked_json_length(measured) > limit
-    return JS_GROWTH * len(text) > limit and json_length(measured) > limit
+    return JS_GROWTH * len(text) > limit and javascript_length(text) > limit
 
 
 JS_GROWTH = 6
@@ -678,10 +677,20 @@ def json_length(value: Any) -> int:
     by value in Python was a fifth of a daemon's CPU): Python writes the same text but
     for lone surrogates, which JavaScript escapes, and some numbers, which it spells
     otherwise (1.0 as 1, 1e-05 as 1e-5, NaN as null)."""
+    text = python_json(value)
+    return walked_json_length(value) if text is None else javascript_length(text)
+
+
+def python_json(value: Any) -> str | None:
+    """json.dumps' compact text, or None: not JSON, or nested past C's stack."""
     try:
-        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-    except (TypeError, ValueError, RecursionError):  # not JSON, or nested past C's stack
-        return walked_json_length(value)
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    except (TypeError, ValueError, RecursionError):
+        return None
+
+
+def javascript_length(text: str) -> int:
+    """The length of `text` (Python's JSON) as JavaScript would write the same value."""
     total = len(text) if text.isascii() else (
         text_length(text) + 5 * len(LONE_SURROGATE.findall(text)))
     if MAYBE_RESPELLED.search(text):  # rare: tokenise to skip what is inside strings
