@@ -933,6 +933,9 @@ def on_won(doc: Job, step: Step, ctx: Context, pool: PoolView) -> Decision:
     if step["winner"] != ctx.site:
         return revoke_if_expired(doc, step, ctx)
     key = (doc["_id"], doc["step"])
+    if win_lapsed(step, ctx):
+        booked = (Unbook(key),) if key in pool.booked else ()
+        return Decision("release", release(ctx, WIN_LAPSED), before=booked, detail=WIN_LAPSED)
     worker = pool.worker_for(key)
     if worker is not None:
         return start_decision(doc, step, ctx, worker, assign=False)
@@ -948,6 +951,19 @@ def on_won(doc: Job, step: Step, ctx: Context, pool: PoolView) -> Decision:
     return Decision(decision.action, decision.edit, (Unbook(other), *decision.before),
                     decision.after,
                     f"{WON_CLAIM}; worker taken from the claim on {other[0]} step {other[1]}")
+
+
+WIN_LAPSED = "won, but its start-by lease had passed when the win reached us"
+
+
+def win_lapsed(step: Step, ctx: Context) -> bool:
+    """Has our win's start-by lease passed, by our clock? Then it is released, never
+    started: the creator may be revoking it at this very moment (revoke_if_expired),
+    and a start written concurrently with that revocation would run the step in an
+    epoch the merge overturns, and anything chained onto its end with it. Started
+    before its deadline, a start has the skew margin to reach the creator first."""
+    deadline = step.get("lease_until")
+    return deadline is not None and seconds_between(deadline, ctx.now) >= 0
 
 
 QUEUED = "queue"  # an action: a win held here until a worker frees (no write)

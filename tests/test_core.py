@@ -448,6 +448,26 @@ def test_a_win_held_across_a_restart_goes_back_by_its_own_times():
     assert core.plan([doc], ctx("reg_a", now=at(530)), fresh).action == core.QUEUED
 
 
+
+@pytest.mark.parametrize("booked", [False, True])
+def test_a_win_that_reaches_us_past_its_start_by_lease_is_released_not_started(booked):
+    """The creator may be revoking it right now: a start written beside that revocation
+    runs the step in an epoch the merge overturns (seen in the storm, seed 749098)."""
+    doc = step(won(job(), "reg_a", epoch=2), lease_until=at(560))
+    bookings = {KEY: Booking("reg_a/w1", 40.0)} if booked else None
+    the_pool = pool("reg_a/w2", booked=bookings)
+    in_time = core.plan([json_copy(doc)], ctx("reg_a", now=at(559.9)), the_pool)
+    assert in_time.action == "start"
+    for now in (at(560), at(561.7)):
+        lapsed = core.plan([json_copy(doc)], ctx("reg_a", now=now), the_pool)
+        assert (lapsed.action, lapsed.after) == ("release", ())
+        assert lapsed.before == ((Unbook(KEY),) if booked else ())
+        s = lapsed.doc["job"][0]
+        assert (s["epoch"], s["winner"], s["step_status"], s["lease_until"]) == (
+            3, None, None, None)
+        assert lapsed.doc["history"][-1]["detail"] == core.WIN_LAPSED
+        validate_job(lapsed.doc)
+
 @pytest.mark.parametrize("site", [CREATOR, "reg_b"])
 def test_others_leave_a_won_step_alone(site):
     assert decide(won(job(), "reg_a"), site, pool(f"{site}/w1")) == core.NOTHING
