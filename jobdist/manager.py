@@ -98,7 +98,8 @@ class Task:
 
 def site_pool(config: SiteConfig, mailbox: Mailbox) -> WorkerPool:
     """The site's worker pool, reporting to `mailbox`: what the daemon gives its manager."""
-    return WorkerPool(config.name, config.workers, mailbox.finished, config.commands.allows)
+    return WorkerPool(config.name, config.workers, mailbox.finished, config.commands.allows,
+                      progress_dir=config.journal_dir() / "progress")
 
 
 class Manager:

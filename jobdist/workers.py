@@ -133,12 +133,24 @@ class _ProgressScanner:
             self._report(report)
 
 
+PROGRESS_PREFIX = "jobdist-progress-"
+
+
+def clear_progress_dir(directory: Path) -> None:
+    """Make the pool's directory of progress files, and remove the ones a daemon killed
+    mid-step left behind (its steps were killed too: nobody reads them)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for leftover in directory.glob(f"{PROGRESS_PREFIX}*"):
+        with contextlib.suppress(OSError):
+            leftover.unlink()
+
+
 class ProgressFile:
     """$JOBDIST_PROGRESS_FILE: where a step may also write its progress, a line in the stdout
     form with or without the mark (`0.4 copying volume 3`); the file's last line counts."""
 
-    def __init__(self) -> None:
-        handle, name = tempfile.mkstemp(prefix="jobdist-progress-")
+    def __init__(self, directory: Path | None = None) -> None:
+        handle, name = tempfile.mkstemp(prefix=PROGRESS_PREFIX, dir=directory)
         os.close(handle)
         self.path = Path(name)
         self._seen: tuple[int, int] | None = None  # (mtime, size) when last read
@@ -602,8 +614,14 @@ class WorkerPool:
     """
 
     def __init__(self, site: str, size: int, on_done: DoneCallback,
-                 allows: Callable[[str], bool] = allow_all) -> None:
+                 allows: Callable[[str], bool] = allow_all,
+                 progress_dir: Path | None = None) -> None:
         self._site = site
+        # The steps' progress files: in the system's temporary directory unless given
+        # (the daemon gives its own, cleared at start: a killed daemon leaves files).
+        self._progress_dir = progress_dir
+        if progress_dir is not None:
+            clear_progress_dir(progress_dir)
         self._on_done = on_done
         self._allows = allows
         self._lock = threading.Lock()
@@ -704,7 +722,8 @@ class WorkerPool:
         with self._lock:
             worker = self._take_slot_for(key)
             execution = Execution(key, epoch, worker, time.monotonic(), threading.Event())
-            execution.progress_file = progress_file = _new_progress_file(self._log_of(execution))
+            execution.progress_file = progress_file = _new_progress_file(self._progress_dir,
+                                                                         self._log_of(execution))
             extra = {} if progress_file is None else {
                 "JOBDIST_PROGRESS_FILE": str(progress_file.path)}
             execution.thread = threading.Thread(
@@ -845,9 +864,9 @@ class WorkerPool:
         self._slots.sort(key=_slot_number)
 
 
-def _new_progress_file(log: EventLog) -> ProgressFile | None:
+def _new_progress_file(directory: Path | None, log: EventLog) -> ProgressFile | None:
     try:
-        return ProgressFile()
+        return ProgressFile(directory)
     except OSError as error:  # no room in the temporary directory: stdout reports still work
         log.warning("no progress file for the step", error=error)
         return None

@@ -588,6 +588,27 @@ def test_a_step_may_write_its_progress_to_the_file_the_pool_names(
     assert not Path(result.stdout.strip()).exists()  # the daemon removes the file after the step
 
 
+def test_a_pool_keeps_progress_files_in_its_own_directory_and_clears_what_a_killed_one_left(
+        done: DoneLog, tmp_path: Path) -> None:
+    directory = tmp_path / "journal" / "progress"
+    directory.mkdir(parents=True)
+    leftover = directory / f"{workers.PROGRESS_PREFIX}a-killed-daemons"
+    leftover.write_text("0.5 cut short\n")
+    unrelated = directory / "notes.txt"
+    unrelated.write_text("not ours")
+    pool = WorkerPool("alpha", 1, done, progress_dir=directory)
+    done.pool = pool
+    try:
+        assert not leftover.exists() and unrelated.exists()
+        pool.start(K1, 1, make_step('echo "$JOBDIST_PROGRESS_FILE"'), JOB_ENV)
+        done.wait_for(1)
+    finally:
+        pool.shutdown(grace=0)
+    used = Path(done.calls[0][1].stdout.strip())
+    assert used.parent == directory and used.name.startswith(workers.PROGRESS_PREFIX)
+    assert sorted(directory.iterdir()) == [unrelated]  # removed after the step
+
+
 def test_the_exit_watch_tells_a_running_process_from_one_that_exited() -> None:
     proc = subprocess.Popen(["sleep", "30"])
     try:
