@@ -176,8 +176,11 @@ class Board:
     def saw_job(self, doc_id: str, doc: Leaf | None, now: float) -> bool:
         """A job as we last saw it (None: gone). A step another site won and has not
         started waits in that site's queue, whoever created it; a win a site gave back
-        unstarted says to queue it nothing for a while (QUEUE_BACKOFF). True when a
-        site's queue has room again."""
+        unstarted says to queue it nothing for a while (QUEUE_BACKOFF); a step we gave a
+        site that has ended frees its worker there. True when a site has room again."""
+        ended = [key for key in self.assigned if key[0] == doc_id and _ended(doc, key[1])]
+        for key in ended:  # its worker is free again, whatever the site's last status says
+            del self.assigned[key]
         before = self.won.pop(doc_id, None)
         won = _won_elsewhere(doc_id, doc, self.site)
         if won is not None:
@@ -190,7 +193,7 @@ class Board:
                 site, reason = gave_back
                 self.no_queue[site] = max(self.no_queue.get(site, 0.0),
                                           now + QUEUE_BACKOFF[reason])
-        return before is not None and won is None
+        return bool(ended) or (before is not None and won is None)
 
     def assigning(self, now: float) -> frozenset[str]:
         """Creators whose fresh status says they assign open steps."""
@@ -212,6 +215,14 @@ def _won_elsewhere(doc_id: str, doc: Leaf | None, site: str) -> tuple[StepKey, s
     if not isinstance(winner, str) or winner == site or step_phase(steps[index]) != Phase.WON:
         return None
     return (doc_id, index), winner
+
+
+def _ended(doc: Leaf | None, index: int) -> bool:
+    """Has the job's step `index` ended (or the job itself, or gone away)?"""
+    if not isinstance(doc, dict) or doc.get("_deleted") or doc.get("job_status") is not None:
+        return True
+    step = doc.get("step")
+    return isinstance(step, int) and step > index
 
 
 def _gave_back_unstarted(doc: Leaf) -> tuple[str, str] | None:

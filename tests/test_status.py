@@ -82,6 +82,30 @@ def test_room_counts_fresh_statuses_less_what_we_assigned():
     assert "reg_a" not in board.room(12.0 + status.STALE_AFTER)
 
 
+def ended_by(site: str, job_id: str = "job-1") -> dict[str, Any]:
+    doc = won_by(site, started=True)
+    doc["_id"] = job_id
+    doc["job"][0]["step_status"] = "finished"
+    doc["job_status"] = "success"
+    return doc
+
+
+def test_an_assigned_step_that_ended_frees_its_worker_before_the_sites_status_says_so():
+    """A short step's end comes back sooner than the site's next status (a changed room
+    at most once a second): its worker is counted free again at once."""
+    board = Board("global")
+    board.hear(site_status("reg_a", 2).as_doc(), now=0.0)
+    board.note_assigned(("job-1", 0), "reg_a", now=0.1)
+    board.note_assigned(("job-2", 0), "reg_a", now=0.1)
+    assert board.room(0.1) == {"reg_a": QUEUE}
+    assert board.saw_job("job-1", ended_by("reg_a"), now=0.3)  # room again: assign now
+    assert board.room(0.3) == {"reg_a": 2 + QUEUE - 1}  # job-2 still waits to start
+    board.saw_job("job-2", won_by("reg_a", started=True) | {"_id": "job-2"}, now=0.4)
+    assert board.room(0.4) == {"reg_a": 1 + QUEUE}
+    assert board.saw_job("job-2", None, now=0.5)  # gone: its worker is free again too
+    assert board.room(0.5) == {"reg_a": 2 + QUEUE}
+
+
 def test_a_forgotten_site_gets_no_room_until_it_publishes_again():
     board = Board("global")
     board.hear(site_status("reg_a", 2).as_doc(), now=0.0)
