@@ -65,6 +65,8 @@ COUNTERS = (
     ("write_conflicts", "write_conflicts", "Writes refused with 409 and decided again."),
     ("launches_stopped", "launches_stopped", "Steps launched ahead of their start whose start "
                                              "could not be written, stopped."),
+    ("starts_deferred", "starts_deferred", "Steps launched with their start's write held "
+                                           "back (daemon.start_write_delay)."),
     ("invalid_documents", "invalid_documents", "Job revisions skipped as invalid."),
     ("writes_refused", "writes_refused", "Writes CouchDB refused (403), e.g. a job past the "
                                          "size limit."),

@@ -29,6 +29,8 @@
     lease = 60.0                       # a winner's promise lasts this long unless renewed
     heartbeat = 15.0                   # how often a site renews the leases of its steps
     clock_skew_margin = 10.0           # the creator waits this much past a lease
+    start_write_delay = 1.0            # a step ending sooner has its start written with its
+                                       # end, one revision (0: at once; lease / 4 at most)
     journal = "/var/lib/jobdist/journal"   # results kept while CouchDB does not answer, in
                                        # DIR/SITE (default: .jobdist/SITE/journal, from
                                        # the working directory; the start-up log says where)
@@ -204,6 +206,14 @@ class DaemonSettings:
     lease: float = core.LEASE  # a winner's promise lasts this long unless renewed
     heartbeat: float = core.HEARTBEAT  # how often a site renews the leases of its steps
     clock_skew_margin: float = core.SKEW_MARGIN  # the creator waits this much past a lease
+    # A step launched ahead that ends sooner has its start written with its end, in one
+    # revision (plan_runner.PlanRunner.defers); 0: written at once. A quarter of the lease
+    # at most, whatever is set: a start written later may meet the creator's revocation.
+    start_write_delay: float = 1.0
+
+    @property
+    def start_delay(self) -> float:
+        return min(self.start_write_delay, self.lease / 4)
     journal: Path | None = None  # results kept while CouchDB does not answer
 
 
@@ -548,6 +558,9 @@ def _check_lease(daemon: DaemonSettings) -> None:
     if not 0 < heartbeat <= lease / 2:
         raise ValueError(f"daemon.heartbeat ({heartbeat}) must be above 0 and at most half "
                          f"of daemon.lease ({lease}), so one lost heartbeat is not fatal")
+    if not daemon.start_write_delay >= 0:
+        raise ValueError(f"daemon.start_write_delay ({daemon.start_write_delay}) must be at "
+                         "least 0")
 
 
 def _describe(error: Exception) -> str:

@@ -88,6 +88,9 @@ class Booking:
 class Running:
     worker: str
     epoch: int
+    # For a run launched ahead: when it was launched (ISO), the time its start records
+    # however late it is written. Not part of a run's identity.
+    launched_at: str | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -1098,12 +1101,16 @@ def record_late_start(doc: Job, step: Step, ctx: Context, pool: PoolView) -> Dec
     running = pool.ahead.get(key)
     if running is None or not late_start(doc, key, running.epoch, ctx):
         return None
-    return Decision("start", late_start_edit(step, ctx, running.worker), detail=LATE_START)
+    if step_phase(step) == Phase.WON and win_lapsed(step, ctx):
+        return None  # never a start past the win's lease (win_lapsed): the run is stopped
+    return Decision("start", late_start_edit(step, ctx, running.worker, running.launched_at),
+                    detail=LATE_START)
 
 
-def late_start_edit(step: Step, ctx: Context, worker: str) -> Edit:
-    """The start late_start calls for: in the win's epoch, or ours in the next."""
-    return start(ctx, worker, assign=step_phase(step) < Phase.WON)
+def late_start_edit(step: Step, ctx: Context, worker: str, launched_at: str | None) -> Edit:
+    """The start late_start calls for: in the win's epoch, or ours in the next; its time
+    the launch's, where known (its lease runs from now)."""
+    return start(ctx, worker, assign=step_phase(step) < Phase.WON, at=launched_at)
 
 
 def records_start(doc: Job | None, key: StepKey, epoch: int, site: str) -> bool:
@@ -1131,11 +1138,12 @@ def _current(doc: Job) -> Step:
 
 
 def _log(doc: Job, name: str, ctx: Context, *, worker: str | None = None,
-         detail: str | None = None) -> None:
-    """A history event about the current step (call before the step index moves)."""
+         detail: str | None = None, at: str | None = None) -> None:
+    """A history event about the current step (call before the step index moves), `at`
+    now unless given."""
     index = doc["step"]
     doc.setdefault("history", []).append(
-        event(name, step=index, site=ctx.site, at=ctx.now, worker=worker,
+        event(name, step=index, site=ctx.site, at=at or ctx.now, worker=worker,
               epoch=doc["job"][index].get("epoch", 0), detail=detail)
     )
 
@@ -1161,7 +1169,8 @@ def assign(ctx: Context, site: str | None = None) -> Edit:
     return edit
 
 
-def start(ctx: Context, worker: str, *, assign: bool) -> Edit:
+def start(ctx: Context, worker: str, *, assign: bool, at: str | None = None) -> Edit:
+    """The start of an execution now, or launched `at` (a start written late)."""
     def edit(doc: Job) -> None:
         step = _current(doc)
         if assign:
@@ -1169,10 +1178,10 @@ def start(ctx: Context, worker: str, *, assign: bool) -> Edit:
             step["epoch"] = step.get("epoch", 0) + 1
         step["step_status"] = "running"
         step["executioner"] = worker
-        step["start_time"] = ctx.now
+        step["start_time"] = at or ctx.now
         step["lease_until"] = later(ctx.now, ctx.lease)
         step["progress"] = None  # a new execution has reported nothing yet
-        _log(doc, "started", ctx, worker=worker)
+        _log(doc, "started", ctx, worker=worker, at=at)
     return edit
 
 
@@ -1307,7 +1316,7 @@ def plan_finish(
     if chained or not late_start(merged, key, epoch, ctx):
         return finalize(leaves, merged, finish_decision(merged, ctx, pool, key, epoch, worker,
                                                         outcome), ctx)
-    begin = late_start_edit(_current(merged), ctx, worker)
+    begin = late_start_edit(_current(merged), ctx, worker, outcome.start_time)
     started = json_copy(merged)
     begin(started)
     then = finish_decision(started, ctx, pool, key, epoch, worker, outcome)
@@ -1529,13 +1538,20 @@ def plan_renew(leaves: Sequence[Leaf], ctx: Context, key: StepKey, epoch: int,
 
 
 def plan_event(leaves: Sequence[Leaf], ctx: Context, key: StepKey, epoch: int, worker: str,
-               name: str, detail: str) -> Plan:
-    """Append a history event for a running execution, if it is still the current one."""
+               name: str, detail: str, launched_at: str | None = None) -> Plan:
+    """Append a history event for a running execution, if it is still the current one.
+    An execution launched ahead (`launched_at`) whose start is not written yet gets its
+    start in the same revision, where late_start still calls for it."""
     merged = merge(leaves)
-    if not backs_execution(merged, key, epoch, ctx.site):
+    noted = Decision(name, note(ctx, name, key, worker, epoch, detail))
+    if backs_execution(merged, key, epoch, ctx.site):
+        return finalize(leaves, merged, noted, ctx)
+    step = _current(merged) if is_live(merged) else None
+    if launched_at is None or step is None or not late_start(merged, key, epoch, ctx) \
+            or (step_phase(step) == Phase.WON and win_lapsed(step, ctx)):
         return NOTHING
-    return finalize(leaves, merged, Decision(name, note(ctx, name, key, worker, epoch, detail)),
-                    ctx)
+    begin = late_start_edit(step, ctx, worker, launched_at)
+    return finalize(leaves, merged, after_edit(begin, noted), ctx)
 
 
 def plan_adopt(leaves: Sequence[Leaf], ctx: Context, gone: str, reason: str) -> Plan:

@@ -173,6 +173,8 @@ class Manager:
                      *self._decisions(self.waiting.woken()),
                      *self._decisions(self.periodic.waiting_due())])
         self.runner.unbook_expired()
+        self.settle([self.decide_task(doc_id, known=self.newest.get(doc_id))  # (one batch)
+                     for doc_id in self.runner.deferred_due(BATCH)])
         self.settle([*self._ends_and_next_work(), *self._scan_tasks_due(),
                      *self._assign_tasks_due()])
         self.periodic.publish_status_if_due(self.own_status())
@@ -224,8 +226,12 @@ class Manager:
                 for doc_id, doc in self.periodic.open_for_room_due()]
 
     def _renewal_tasks_due(self) -> list[Task]:
+        # (A run whose start is deferred renews nothing: its start, written within a
+        # quarter of the start-by lease, sets the lease.)
+        started = {key: running for key, running in self.runner.executions.items()
+                   if key not in self.runner.deferred}
         return [self.renew_task(key, epoch, report)
-                for key, epoch, report in self.periodic.renewals_due(self.runner.executions)]
+                for key, epoch, report in self.periodic.renewals_due(started)]
 
     def _change_tasks(self, changes: list[Changed]) -> list[Task]:
         latest: dict[str, Changed] = {}
@@ -283,6 +289,7 @@ class Manager:
             return None
         self.log.info("step ended", job=key[0], step=key[1], epoch=running.epoch,
                       worker=running.worker, ok=result.ok, reason=result.reason)
+        self.runner.run_ended(key, running.epoch)
         self.counts["steps_finished" if result.ok else "steps_failed"] += 1
         self.periodic.scan_soon()
         return self.record_task(Held(key[0], key[1], running.epoch, running.worker, result,
@@ -302,7 +309,8 @@ class Manager:
     def retry_note_task(self, item: Retried) -> Task:
         def plan(leaves: list[Job], rejected: list[core.Unusable]) -> core.Plan:
             return core.plan_event(leaves, self.context(), item.key, item.epoch, item.worker,
-                                   "retried", item.detail)
+                                   "retried", item.detail,
+                                   self.runner.launched_at(item.key, item.epoch))
         # A lost event does not matter: the finish still counts.
         return Task(item.key[0], plan, end_on_refusal=False)
 
@@ -481,6 +489,8 @@ class Manager:
         for doc_id, task in list(pending.items()):
             found = self._valid(doc_id, leaves.get(doc_id, []))
             self._update_backlog(doc_id, found)
+            if found is not None:
+                self.runner.saw_started(doc_id, found[0])
             plan = self._plan_one(task, found)
             if plan is None or plan.action == "none":
                 del pending[doc_id]
@@ -521,10 +531,14 @@ class Manager:
     def _write_all(self, pending: dict[str, Task],
                    plans: dict[str, tuple[core.Plan, list[Job]]]) -> None:
         """One `_bulk_docs` for every new revision; then the losers; then launches."""
+        for doc_id, (plan, leaves) in list(plans.items()):
+            if self.runner.defers(plan, leaves):
+                del plans[doc_id]
+                self._start_deferred(pending.pop(doc_id), plan, leaves[0])
         docs = [plan.doc for plan, _ in plans.values() if plan.doc is not None]
         try:
-            results = {doc["_id"]: result for doc, result in zip(docs, self.store.write(docs),
-                                                                    strict=True)}
+            answers = self.store.write(docs) if docs else []  # (every start held back)
+            results = {doc["_id"]: result for doc, result in zip(docs, answers, strict=True)}
         except CouchError as error:
             self.log.warning("write failed", jobs=len(docs), error=error)
             for doc_id in plans:
@@ -577,6 +591,15 @@ class Manager:
             # (Local effects alone, such as a kill, change nothing until a report
             # or a change says what came of them.)
             del pending[task.doc_id]
+
+    def _start_deferred(self, task: Task, plan: core.Plan, leaf: Job) -> None:
+        """A start launched ahead, its write held back (PlanRunner.defers): the step's end
+        is planned on the revision the start was (no read); to the backlog and the board
+        the job is started (no free worker of ours goes for it again)."""
+        self._recorded(task)
+        self._remember_newest(task.doc_id, cast(Doc, leaf))
+        if plan.doc is not None:
+            self.periodic.saw_job(task.doc_id, plan.doc)
 
     def _refused(self, task: Task, plan: core.Plan, leaves: list[Job], result: Rejected) -> None:
         """The server refuses the revision: the same write can never succeed."""
@@ -633,6 +656,7 @@ class Manager:
         taken again a moment later (no change may come to prompt it)."""
         held = task.held
         if held is None:
+            self.runner.defer_again(task.doc_id)
             if task.then_decide:
                 self.retry_at[task.doc_id] = time.monotonic() + RETRY_DECISION
                 while len(self.retry_at) > MAX_SKIPPED:

@@ -61,6 +61,12 @@ class PlanRunner:
         # end (core.chain_next), and it is stopped if that end no longer calls for it.
         # Each with the epoch of the end it rides on.
         self.riding: dict[StepKey, tuple[Held, int]] = {}
+        # Of the executions launched ahead, those whose start's write is held back on
+        # purpose (defers), with their journal entry and when the start falls due
+        # (monotonic): a short step's start is written with its end.
+        self.deferred: dict[StepKey, tuple[Held, float]] = {}
+        self.start_delay = config.daemon.start_delay
+        self.due: set[StepKey] = set()  # of `ahead`, the deferred starts due in this batch
         # Every (step, epoch) launched here chained onto an end, lately: only that end's
         # record may start it (core.plan_finish, `chained`).
         self.chained_runs: OrderedDict[tuple[StepKey, int], None] = OrderedDict()
@@ -83,8 +89,9 @@ class PlanRunner:
             running=running,
             queued={key: now - since for key, since in self.queued.items()},
             queue_limit=self.config.workers,
-            ahead={key: core.Running(entry.worker, entry.epoch)
-                   for key, entry in self.ahead.items() if key not in self.chained_ahead},
+            ahead={key: core.Running(entry.worker, entry.epoch, entry.result.start_time)
+                   for key, entry in (*self.ahead.items(), *self.unwritten())
+                   if key not in self.chained_ahead},
             riding={key: core.Rider(entry.worker, entry.epoch, end)
                     for key, (entry, end) in (*self.riding.items(), *self.chained())},
         )
@@ -129,6 +136,76 @@ class PlanRunner:
             self.chained_ahead[launch.key] = launch.chained_on
             self.note_chained(launch.key, launch.epoch)
 
+    def defers(self, plan: core.Plan, leaves: list[Job]) -> bool:
+        """Hold back the write of a plan that only starts a step launched ahead, on a job
+        with one leaf: if the step ends within `start_delay`, its start is written with its
+        end (core.plan_finish, late_start), one revision instead of two; else when due
+        (deferred_due). Any decision about the job meanwhile writes the start at once
+        (core.record_late_start). A chained start is written with its end already; a
+        plan that writes more than the start (a `ready` event, say) is written now."""
+        if self.start_delay <= 0 or plan.action != "start" or plan.deletions \
+                or len(leaves) != 1 or not only_starts(plan.doc, leaves[0]):
+            return False
+        launches = [effect for effect in plan.after if isinstance(effect, core.Launch)]
+        if len(launches) != 1 or len(plan.after) != 1:
+            return False
+        key = launches[0].key
+        entry = self.ahead.get(key)
+        if entry is None or key in self.chained_ahead or entry.epoch != launches[0].epoch:
+            return False
+        del self.ahead[key]
+        self.deferred[key] = (entry, time.monotonic() + self.start_delay)
+        self.counts["starts_deferred"] += 1
+        self.counts["action_start"] += 1  # carried out: launched
+        return True
+
+    def unwritten(self) -> list[tuple[StepKey, Held]]:
+        """The deferred runs, as `ahead` holds its runs."""
+        return [(key, entry) for key, (entry, _) in self.deferred.items()]
+
+    def deferred_due(self, limit: int) -> list[str]:
+        """The jobs of at most `limit` deferred starts now due: back among the runs launched
+        ahead, to be written by the batch that decides them, or stopped (batch_done)."""
+        now = time.monotonic()
+        due = [key for key, (_, at) in self.deferred.items() if at <= now][:limit]
+        for key in due:
+            self.ahead[key] = self.deferred.pop(key)[0]
+        self.due.update(due)
+        return [key[0] for key in due]
+
+    def defer_again(self, job_id: str) -> None:
+        """The server did not answer the batch that was to write the job's due start: the
+        run goes on, its start tried again later (a start never written is stopped only
+        once the document, read, no longer calls for it: batch_done)."""
+        for key in [key for key in self.due if key[0] == job_id and key in self.ahead]:
+            self.deferred[key] = (self.ahead.pop(key), time.monotonic() + self.start_delay)
+            self.due.discard(key)
+
+    def saw_started(self, doc_id: str, leaves: list[Job]) -> None:
+        """The job as read shows a start of ours that is unwritten here: a write the server
+        took but never answered. It is written: the run goes on."""
+        if not leaves or not any(key[0] == doc_id for key in self.ahead):
+            return
+        doc = leaves[0] if len(leaves) == 1 else core.merge(leaves)
+        for key, entry in list(self.ahead.items()):
+            if key[0] == doc_id and key not in self.chained_ahead \
+                    and core.records_start(doc, key, entry.epoch, self.site):
+                self.journal.forget(self.ahead.pop(key))
+
+    def launched_at(self, key: StepKey, epoch: int) -> str | None:
+        """When the run (key, epoch) was launched, if its start is still unwritten (not a
+        chained run: only its end's record may start it)."""
+        entry = self.ahead.get(key) or self.deferred.get(key, (None, 0.0))[0]
+        if entry is None or entry.epoch != epoch or key in self.chained_ahead:
+            return None
+        return entry.result.start_time
+
+    def run_ended(self, key: StepKey, epoch: int) -> None:
+        """A run ended: its start, if still unwritten, is written with its end."""
+        deferred = self.deferred.get(key)
+        if deferred is not None and deferred[0].epoch == epoch:
+            del self.deferred[key]
+
     def chained(self) -> list[tuple[StepKey, tuple[Held, int]]]:
         """The chained launches of this batch, as `riding` holds its runs."""
         return [(key, (entry, self.chained_ahead[key])) for key, entry in self.ahead.items()
@@ -141,7 +218,7 @@ class PlanRunner:
 
     def launched_ahead(self, job_id: str) -> bool:
         """Does a step of this job run here, its start not written yet?"""
-        return any(key[0] == job_id for key in self.ahead)
+        return any(key[0] == job_id for key in (*self.ahead, *self.deferred))
 
     def launches_ahead(self, launch: core.Launch) -> bool:
         """Does this start launch before its revision is saved? (docs/protocol.md,
@@ -178,6 +255,7 @@ class PlanRunner:
         chained onto an end that is held rides on it instead (`riding`), and is stopped
         once that end is written without its start."""
         self.launching.clear()  # launched, or their revision was not saved
+        self.due.clear()
         for key, entry in self.ahead.items():  # (its entry stays until its report is recorded)
             end = self.chained_ahead.get(key)
             if end is not None and self.end_held(key, end) and self.keep_riding(entry):
@@ -223,6 +301,9 @@ class PlanRunner:
         riding = self.riding.get(key)
         if riding is not None and riding[0].epoch == epoch:
             del self.riding[key]
+        deferred = self.deferred.get(key)
+        if deferred is not None and deferred[0].epoch == epoch:
+            del self.deferred[key]  # (its start written with its end, or its stale finish)
         running = self.executions.get(key)
         if running is not None and running.epoch == epoch:
             del self.executions[key]
@@ -244,10 +325,14 @@ class PlanRunner:
 
     def carried_out(self, doc_id: str, plan: core.Plan, rev: str) -> None:
         """The plan's revision is saved: count and log it, and carry out what follows."""
-        self.counts[f"action_{plan.action}"] += 1
-        for key, entry in list(self.ahead.items()):
+        # A start written late was counted as a start when it was launched (defers).
+        late = plan.action == "start" and plan.detail == core.LATE_START
+        self.counts["action_late_start" if late else f"action_{plan.action}"] += 1
+        for key, entry in [*self.ahead.items(), *self.unwritten()]:
             if key[0] == doc_id and core.records_start(plan.doc, key, entry.epoch, self.site):
-                self.journal.forget(self.ahead.pop(key))
+                self.journal.forget(entry)
+                self.ahead.pop(key, None)
+                self.deferred.pop(key, None)
                 self.chained_ahead.pop(key, None)
         for key, (entry, _) in list(self.riding.items()):
             if key[0] == doc_id and core.records_start(plan.doc, key, entry.epoch, self.site):
@@ -284,6 +369,7 @@ class PlanRunner:
         elif isinstance(effect, core.Kill):
             self.log.info("killing", job=effect.key[0], step=effect.key[1], reason=effect.reason)
             self.ahead.pop(effect.key, None)
+            self.deferred.pop(effect.key, None)
             self.chained_ahead.pop(effect.key, None)
             self.riding.pop(effect.key, None)
             self.pool.cancel(effect.key)
@@ -347,6 +433,14 @@ class PlanRunner:
         """Give back every booked worker (a graceful stop claims nothing more)."""
         for key in list(self.pool.bookings()):
             self.apply(core.Unbook(key))
+
+
+def only_starts(doc: Job | None, leaf: Job) -> bool:
+    """Does the revision add nothing to the leaf's history but its start?"""
+    if doc is None:
+        return False
+    added = doc["history"][len(leaf["history"]):]
+    return len(doc["history"]) == len(leaf["history"]) + 1 and added[0]["event"] == "started"
 
 
 def acted_on(plan: core.Plan) -> tuple[int | None, int | None]:

@@ -99,7 +99,7 @@ def test_metrics_parse_and_count_the_step(site: Running) -> None:
     assert values["jobdist_workers{state=busy}"] == 1
     for name in ("steps_finished", "steps_failed", "claims_made", "claims_won", "claims_lost",
                  "conflicts_resolved", "keepalive_resaves", "write_conflicts",
-                 "invalid_documents"):
+                 "invalid_documents", "starts_deferred"):
         assert values[f"jobdist_{name}_total"] >= 0
     assert values["jobdist_decisions_total{action=start}"] >= 1
     assert values["jobdist_couch_up"] == 1

@@ -261,8 +261,9 @@ def test_cancel_kills_the_running_step_everywhere(jobdist: Jobdist, cluster: Loc
     pid = int(pid)
     assert b"sleep" in Path(f"/proc/{pid}/cmdline").read_bytes()
 
-    watched = jobdist("watch", "--once")
-    assert watched.exit_code == 0, watched.output
+    # Shown running once its start is written: within [daemon] start_write_delay.
+    watched = wait_for(lambda: (w := jobdist("watch", "--once")).exit_code == 0
+                       and job_id in w.stdout and w, what="the step shown running")
     running = next(line for line in watched.stdout.splitlines() if job_id in line).split()
     assert running[0] == "reg_a" and running[1].startswith("reg_a/w")
     for site in SITES:

@@ -51,6 +51,14 @@ def test_every_unknown_setting_is_named_on_one_line(tmp_path: Path) -> None:
                                  "'admin.prot' (did you mean 'admin.port'?)")
 
 
+def test_the_start_write_delay_is_never_negative_and_at_most_a_quarter_of_the_lease(
+        tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=re.escape("daemon.start_write_delay (-1.0) must be")):
+        load_site(write_config(tmp_path, BASE + "[daemon]\nstart_write_delay = -1.0\n"))
+    site = load_site(write_config(tmp_path, BASE + "[daemon]\nlease = 2.0\nheartbeat = 1.0\n"))
+    assert (site.daemon.start_write_delay, site.daemon.start_delay) == (1.0, 0.5)
+
+
 def test_a_section_must_be_a_table(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=re.escape("daemon must be a table ([daemon]), not 5")):
         load_site(write_config(tmp_path, "daemon = 5\n" + BASE))
@@ -97,7 +105,7 @@ SAMPLES: dict[str, Any] = {
     "commands.allow": ["true"], "commands.allow_shell": True,
     "keepalive.period": 1.0, "keepalive.stale_after": 9.0,
     "daemon.booking_timeout": 7.0, "daemon.shutdown_grace": 3.0, "daemon.lease": 90.0,
-    "daemon.heartbeat": 20.0, "daemon.clock_skew_margin": 4.0,
+    "daemon.heartbeat": 20.0, "daemon.clock_skew_margin": 4.0, "daemon.start_write_delay": 0.5,
     "daemon.journal": "/var/lib/jobdist/journal",
     "retention.older_than": "30d", "retention.interval": 60.0,
     "retention.export": "/tmp/removed.jsonl",

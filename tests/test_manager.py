@@ -281,8 +281,10 @@ def test_a_worker_booked_in_a_batch_is_not_taken_by_a_later_decision(tmp_path: P
     first win takes the worker, the second is held for it (a queue of one a worker);
     nothing is started twice on one worker, nothing fails to launch."""
     store = SimStore(Replica(), "reg_a")
-    manager = Manager(SiteConfig("reg_a", CouchSettings(store.url), workers=1), store, SITES,
-                      Journal(tmp_path / "journal"))
+    # (Starts written at once, to be read here: see test_a_short_steps_start_is_written...)
+    manager = Manager(SiteConfig("reg_a", CouchSettings(store.url), workers=1,
+                                 daemon=DaemonSettings(start_write_delay=0)),
+                      store, SITES, Journal(tmp_path / "journal"))
     try:
         claimed, first, second = (new_job("global", [new_step("true")]) for _ in range(3))
         claimed["job"][0]["claimed_by"] = "reg_a"
@@ -529,7 +531,7 @@ def test_a_step_launched_ahead_whose_start_meets_a_newer_revision_runs_once(
         tmp_path: Path) -> None:
     """The start is written on the revision that came in between; the run goes on."""
     store = InterposedStore(Replica(), "global")
-    manager = creator_alone(tmp_path, store)
+    manager = creator_alone(tmp_path, store, start_write_delay=0)  # written at once
     try:
         job = new_job("global", [new_step("true")])
         assert all(store.write([job]))
@@ -552,7 +554,7 @@ def test_a_step_launched_ahead_of_a_start_that_cannot_be_written_is_stopped(
     """The server does not take the start: the run is stopped at once (nothing shows it
     running), its stop recorded, and the step runs again once the server answers."""
     store = InterposedStore(Replica(), "global")
-    manager = creator_alone(tmp_path, store)
+    manager = creator_alone(tmp_path, store, start_write_delay=0)  # written at once
     try:
         job = new_job("global", [new_step("sleep 30")])
         assert all(store.write([job]))
@@ -573,13 +575,13 @@ def test_a_daemon_dead_before_a_start_launched_ahead_is_written_never_reuses_its
     """The journal holds the launch until its start is written: a successor records the
     run as stopped (its start included) and starts the step in a new epoch."""
     store = InterposedStore(Replica(), "global")
-    manager = creator_alone(tmp_path, store)
+    manager = creator_alone(tmp_path, store, start_write_delay=0)  # written at once
     job = new_job("global", [new_step("sleep 30")])
     assert all(store.write([job]))
     store.fail = True
     manager.process(job["_id"])  # launched; the start's write fails ...
     manager.pool.shutdown(1.0)  # ... and the daemon dies before its report is recorded
-    successor = creator_alone(tmp_path, store)  # the same journal
+    successor = creator_alone(tmp_path, store, start_write_delay=0)  # the same journal
     try:
         assert (job["_id"], 0) in successor.held
         successor.recover()
@@ -607,6 +609,114 @@ def test_a_start_decided_on_a_revision_older_than_one_seen_is_not_launched_ahead
         # Written first (a 409), never launched on the old revision; then decided again.
         assert manager.counts["write_conflicts"] == 1
         assert not manager.counts["launches_stopped"]
+    finally:
+        manager.pool.shutdown(1.0)
+
+
+def writes_of(store: CountingStore, job_id: str) -> int:
+    return sum(job_id in written for written in store.written)
+
+
+def ran_once_started_once(manager: Manager, store: SimStore, job_id: str) -> None:
+    """Serve until the job ends: one run, one start in its history, nothing stopped."""
+    serve_until(manager, lambda: store.replica.winner(job_id)["job_status"], "the job's end")
+    ended = store.replica.winner(job_id)
+    assert [e["event"] for e in ended["history"]] == ["created", "started", "finished"]
+    assert manager.counts["steps_started"] == 1 and not manager.counts["launches_stopped"]
+
+
+def submitted(store: SimStore, command: str) -> Doc:
+    """A one-step job of `global`'s, in the store."""
+    job = new_job("global", [new_step(command)])
+    assert all(store.write([job]))
+    return job
+
+
+def test_a_short_steps_start_is_written_with_its_end_in_one_revision(tmp_path: Path) -> None:
+    """docs/protocol.md, "A start written with its end": one revision, not two."""
+    store = CountingStore(Replica(), "global")
+    manager = creator_alone(tmp_path, store)
+    try:
+        job = submitted(store, "true")
+        manager.process(job["_id"])  # launched ahead; its start's write held back
+        assert manager.counts["steps_started"] == 1 and writes_of(store, job["_id"]) == 1
+        serve_until(manager, lambda: store.replica.winner(job["_id"])["job_status"],
+                    "the job's end")
+        ended = store.replica.winner(job["_id"])
+        assert writes_of(store, job["_id"]) == 2  # its creation, then start and end
+        assert [e["event"] for e in ended["history"]] == ["created", "started", "finished"]
+        started, finished = ended["history"][1:]
+        assert started["at"] == ended["job"][0]["start_time"] <= finished["at"]
+        assert (started["epoch"], finished["epoch"]) == (1, 1)
+        assert manager.counts["starts_deferred"] == 1 and not manager.counts["launches_stopped"]
+        assert len(manager.journal) == 0 and not manager.runner.deferred
+    finally:
+        manager.pool.shutdown(1.0)
+
+
+def test_a_step_still_running_when_the_delay_is_up_has_its_start_written_then(
+        tmp_path: Path) -> None:
+    """Written late, the start records when the step was launched; its lease runs from
+    the write."""
+    store = CountingStore(Replica(), "global")
+    manager = creator_alone(tmp_path, store, start_write_delay=0.3)
+    try:
+        job = submitted(store, "sleep 1")
+        launched = time.time()
+        manager.process(job["_id"])
+        assert store.replica.winner(job["_id"])["job"][0]["step_status"] is None
+        serve_until(manager, lambda: store.replica.winner(job["_id"])["job"][0]["step_status"],
+                    "the start's write")
+        written = time.time()
+        assert written - launched >= 0.3
+        doc = store.replica.winner(job["_id"])
+        step = doc["job"][0]
+        start = datetime.fromisoformat(step["start_time"]).timestamp()
+        assert launched - 0.05 <= start <= launched + 0.2, (launched, step["start_time"])
+        assert (step["winner"], step["epoch"], step["executioner"]) == ("global", 1, "global/w1")
+        assert [e["event"] for e in doc["history"]] == ["created", "started"]
+        serve_until(manager, lambda: store.replica.winner(job["_id"])["job_status"],
+                    "the job's end")
+        assert writes_of(store, job["_id"]) == 3 and manager.counts["steps_started"] == 1
+    finally:
+        manager.pool.shutdown(1.0)
+
+
+@pytest.mark.parametrize("answers_lost", [False, True])
+def test_a_start_due_while_the_server_is_down_is_written_once_it_is_back(
+        tmp_path: Path, answers_lost: bool) -> None:
+    """The run goes on (stopping it would run the step twice), its start tried again; a
+    write the server took but never answered is found written (the retry's 409)."""
+    store = OutageStore(Replica(), "global")
+    manager = creator_alone(tmp_path, store, start_write_delay=0.2)
+    try:
+        job = submitted(store, "sleep 1.5")
+        manager.process(job["_id"])
+        store.down, store.answers_lost = not answers_lost, answers_lost
+        until = time.monotonic() + 0.8  # the start due, and tried again, while down
+        serve_until(manager, lambda: time.monotonic() > until, "the outage's end")
+        assert manager.pool.is_busy((job["_id"], 0)) and not manager.counts["launches_stopped"]
+        store.down = store.answers_lost = False
+        ran_once_started_once(manager, store, job["_id"])
+    finally:
+        manager.pool.shutdown(1.0)
+
+
+def test_a_decision_about_a_job_whose_start_waits_writes_that_start_first(
+        tmp_path: Path) -> None:
+    """Another site's write meanwhile: the start goes on top of it at once, the run goes on."""
+    store = CountingStore(Replica(), "global")
+    manager = creator_alone(tmp_path, store, start_write_delay=10.0)
+    try:
+        job = submitted(store, "sleep 0.5")
+        manager.process(job["_id"])
+        between = store.replica.winner(job["_id"])
+        between["meta"] = {"note": "written elsewhere"}
+        assert all(store.write([between]))
+        manager.process(job["_id"])  # as the feed would have it decided
+        doc = store.replica.winner(job["_id"])
+        assert doc["job"][0]["step_status"] == "running" and doc["meta"] == between["meta"]
+        ran_once_started_once(manager, store, job["_id"])
     finally:
         manager.pool.shutdown(1.0)
 
