@@ -1063,6 +1063,7 @@ def start_decision(doc: Job, step: Step, ctx: Context, worker: str, *, assign: b
 # a newer revision came in between; the server did not answer), the start is
 # written on the revision that came in between, when that one still lets it be.
 LATE_START = "launched ahead; its start written late"
+START_LAPSED = "its start was not written before the win's start-by lease passed"
 
 
 def late_start(doc: Job, key: StepKey, epoch: int, ctx: Context) -> bool:
@@ -1316,7 +1317,14 @@ def plan_finish(
     if chained or not late_start(merged, key, epoch, ctx):
         return finalize(leaves, merged, finish_decision(merged, ctx, pool, key, epoch, worker,
                                                         outcome), ctx)
-    begin = late_start_edit(_current(merged), ctx, worker, outcome.start_time)
+    step = _current(merged)
+    begin = late_start_edit(step, ctx, worker, outcome.start_time)
+    if step_phase(step) == Phase.WON and win_lapsed(step, ctx):
+        # The creator may be revoking the win: recorded as run and given back, never a
+        # finish a next step could be chained onto (win_lapsed).
+        detail = f"{START_LAPSED}: {outcome.reason}"
+        return finalize(leaves, merged, after_edit(begin, Decision(
+            "release", release(ctx, detail), detail=detail)), ctx)
     started = json_copy(merged)
     begin(started)
     then = finish_decision(started, ctx, pool, key, epoch, worker, outcome)
@@ -1522,6 +1530,8 @@ def plan_renew(leaves: Sequence[Leaf], ctx: Context, key: StepKey, epoch: int,
     merged = merge(leaves)
     if not backs_execution(merged, key, epoch, ctx.site):
         return NOTHING
+    if not is_broadcast(_current(merged)) and step_phase(_current(merged)) != Phase.RUNNING:
+        return NOTHING  # a win whose start is not written: no lease but the start's own
     step = execution_record(merged, ctx.site)
     news = report is not None and report != step.get("progress")
     deadline = step.get("lease_until")
@@ -1544,9 +1554,10 @@ def plan_event(leaves: Sequence[Leaf], ctx: Context, key: StepKey, epoch: int, w
     start in the same revision, where late_start still calls for it."""
     merged = merge(leaves)
     noted = Decision(name, note(ctx, name, key, worker, epoch, detail))
-    if backs_execution(merged, key, epoch, ctx.site):
-        return finalize(leaves, merged, noted, ctx)
     step = _current(merged) if is_live(merged) else None
+    if backs_execution(merged, key, epoch, ctx.site) and step is not None and (
+            is_broadcast(step) or step_phase(step) == Phase.RUNNING):
+        return finalize(leaves, merged, noted, ctx)
     if launched_at is None or step is None or not late_start(merged, key, epoch, ctx) \
             or (step_phase(step) == Phase.WON and win_lapsed(step, ctx)):
         return NOTHING

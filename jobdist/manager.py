@@ -181,7 +181,8 @@ class Manager:
         self.periodic.checkpoint_if_due()
 
     def _next_changes(self, timeout: float) -> list[Changed]:
-        return self.mailbox.next_changes(self.waiting.wait_at_most(timeout), BATCH)
+        return self.mailbox.next_changes(
+            self.runner.wait_at_most(self.waiting.wait_at_most(timeout)), BATCH)
 
     def _decisions(self, doc_ids: Iterable[str]) -> list[Task]:
         return [self.decide_task(doc_id) for doc_id in doc_ids]
@@ -526,6 +527,8 @@ class Manager:
             self.counts["handler_errors"] += 1
             self.log.exception("error while deciding", job=task.doc_id)
         self.runner.decided(task.doc_id, plan or core.NOTHING)  # a win held stays so if planned
+        if task.then_decide and plan is not None:
+            self.runner.decided_about(task.doc_id, plan)
         return plan
 
     def _write_all(self, pending: dict[str, Task],

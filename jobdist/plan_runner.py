@@ -66,6 +66,11 @@ class PlanRunner:
         # (monotonic): a short step's start is written with its end.
         self.deferred: dict[StepKey, tuple[Held, float]] = {}
         self.start_delay = config.daemon.start_delay
+        # How long after its launch a deferred run whose start the server does not take
+        # may go on: then it is stopped, as a start launched ahead that cannot be written.
+        # Well within the lease (the creator may revoke a win) and the creator timeout (a
+        # successor may adopt the job and start the step in the same epoch).
+        self.defer_limit = min(config.daemon.lease, config.succession.creator_timeout) / 2
         self.due: set[StepKey] = set()  # of `ahead`, the deferred starts due in this batch
         # Every (step, epoch) launched here chained onto an end, lately: only that end's
         # record may start it (core.plan_finish, `chained`).
@@ -178,8 +183,27 @@ class PlanRunner:
         run goes on, its start tried again later (a start never written is stopped only
         once the document, read, no longer calls for it: batch_done)."""
         for key in [key for key in self.due if key[0] == job_id and key in self.ahead]:
+            if time.time() - self.ahead[key].since >= self.defer_limit:
+                continue  # held back long enough: stopped with the batch (batch_done)
             self.deferred[key] = (self.ahead.pop(key), time.monotonic() + self.start_delay)
             self.due.discard(key)
+
+    def decided_about(self, job_id: str, plan: core.Plan) -> None:
+        """A decision about a job whose run's start is held back, that does not write that
+        start: the document no longer calls for it (core.record_late_start comes first, a
+        cancel, a revocation, a lapsed win): the run is stopped with the batch."""
+        for key in [key for key in self.deferred if key[0] == job_id]:
+            entry = self.deferred[key][0]
+            if not core.records_start(plan.doc, key, entry.epoch, self.site):
+                self.ahead[key] = self.deferred.pop(key)[0]
+                self.due.add(key)
+
+    def wait_at_most(self, timeout: float) -> float:
+        """No longer than until the next deferred start falls due."""
+        if not self.deferred:
+            return timeout
+        due = min(at for _, at in self.deferred.values())
+        return min(timeout, max(0.0, due - time.monotonic()))
 
     def saw_started(self, doc_id: str, leaves: list[Job]) -> None:
         """The job as read shows a start of ours that is unwritten here: a write the server
@@ -439,8 +463,9 @@ def only_starts(doc: Job | None, leaf: Job) -> bool:
     """Does the revision add nothing to the leaf's history but its start?"""
     if doc is None:
         return False
-    added = doc["history"][len(leaf["history"]):]
-    return len(doc["history"]) == len(leaf["history"]) + 1 and added[0]["event"] == "started"
+    history, before = doc["history"], leaf["history"]
+    return len(history) == len(before) + 1 and history[-1]["event"] == "started" \
+        and history[:-1] == before  # (nothing shed from a full history either)
 
 
 def acted_on(plan: core.Plan) -> tuple[int | None, int | None]:

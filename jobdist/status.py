@@ -178,9 +178,15 @@ class Board:
         started waits in that site's queue, whoever created it; a win a site gave back
         unstarted says to queue it nothing for a while (QUEUE_BACKOFF); a step we gave a
         site that has ended frees its worker there. True when a site has room again."""
-        ended = [key for key in self.assigned if key[0] == doc_id and _ended(doc, key[1])]
-        for key in ended:  # its worker is free again, whatever the site's last status says
-            del self.assigned[key]
+        freed = False
+        for key in [key for key in self.assigned if key[0] == doc_id and _ended(doc, key[1])]:
+            # Its worker is free again, whatever the site's last status says, unless the
+            # site chained the job's next step onto it.
+            site, at = self.assigned.pop(key)
+            chained = _held_by(doc_id, doc, site)
+            if chained is not None:
+                self.assigned[chained] = (site, at)
+            freed = freed or chained is None
         before = self.won.pop(doc_id, None)
         won = _won_elsewhere(doc_id, doc, self.site)
         if won is not None:
@@ -193,7 +199,7 @@ class Board:
                 site, reason = gave_back
                 self.no_queue[site] = max(self.no_queue.get(site, 0.0),
                                           now + QUEUE_BACKOFF[reason])
-        return bool(ended) or (before is not None and won is None)
+        return freed or (before is not None and won is None)
 
     def assigning(self, now: float) -> frozenset[str]:
         """Creators whose fresh status says they assign open steps."""
@@ -218,11 +224,27 @@ def _won_elsewhere(doc_id: str, doc: Leaf | None, site: str) -> tuple[StepKey, s
 
 
 def _ended(doc: Leaf | None, index: int) -> bool:
-    """Has the job's step `index` ended (or the job itself, or gone away)?"""
-    if not isinstance(doc, dict) or doc.get("_deleted") or doc.get("job_status") is not None:
+    """Has the job's step `index` ended (or the job itself, or been deleted)? An
+    unreadable job (None) says nothing."""
+    if not isinstance(doc, dict):
+        return False
+    if doc.get("_deleted") or doc.get("job_status") is not None:
         return True
     step = doc.get("step")
     return isinstance(step, int) and step > index
+
+
+def _held_by(doc_id: str, doc: Leaf | None, site: str) -> StepKey | None:
+    """The job's current step, if `site` holds it (won or running)."""
+    if not isinstance(doc, dict) or doc.get("job_status") is not None or doc.get("_deleted"):
+        return None
+    index, steps = doc.get("step"), doc.get("job")
+    if not isinstance(index, int) or not isinstance(steps, list) or \
+            not 0 <= index < len(steps) or not isinstance(steps[index], dict):
+        return None
+    held = steps[index].get("winner") == site and Phase.WON <= step_phase(steps[index]) \
+        < Phase.DONE
+    return (doc_id, index) if held else None
 
 
 def _gave_back_unstarted(doc: Leaf) -> tuple[str, str] | None:

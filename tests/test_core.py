@@ -736,6 +736,35 @@ def test_a_winner_writes_a_lost_start_again_on_a_newer_revision_of_its_win():
     assert current(plan.doc)["epoch"] == 1 and current(plan.doc)["executioner"] == "reg_a/w1"
 
 
+def test_no_start_of_a_run_launched_ahead_is_written_past_its_wins_start_by_lease():
+    """The creator may be revoking it (win_lapsed): the start alone, a note, or the
+    record of its end never puts it on the document as started."""
+    lapsed = step(won(job("any", "any"), "reg_a"), lease_until=at(590))  # NOW is at(600)
+    in_time = step(won(job("any", "any"), "reg_a"), lease_until=at(700))
+    assert decide(copy.deepcopy(lapsed), "reg_a", ahead("reg_a")).detail != core.LATE_START
+    assert decide(copy.deepcopy(in_time), "reg_a", ahead("reg_a")).detail == core.LATE_START
+    noted = [core.plan_event([copy.deepcopy(doc)], ctx("reg_a"), KEY, 1, "reg_a/w1", "retried",
+                             "exit 1; retry 1 of 2", launched_at=at(580))
+             for doc in (lapsed, in_time)]
+    assert noted[0] is core.NOTHING
+    assert events(noted[1].doc)[-2:] == ["started", "retried"]
+    assert current(noted[1].doc)["start_time"] == at(580)  # the launch's time
+    # Its end: recorded as run, the step given back in a new epoch, nothing chained.
+    ended = finish(lapsed, "reg_a", pool("reg_a/w1"), start_time=at(585))
+    assert (ended.action, ended.after) == ("release", ())
+    assert events(ended.doc)[-2:] == ["started", "released"]
+    assert ended.doc["step"] == 0 and current(ended.doc)["epoch"] == 2
+    assert ended.doc["history"][-2]["at"] == at(585)
+    assert ended.doc["history"][-1]["detail"].startswith(core.START_LAPSED)
+
+
+def test_a_lease_is_renewed_only_on_a_start_that_is_written():
+    won_only = step(won(job(), "reg_a"), lease_until=at(610))
+    assert core.plan_renew([won_only], ctx("reg_a"), KEY, 1, renew_below=50.0) is core.NOTHING
+    started = step(running(job(), "reg_a"), lease_until=at(610))
+    assert core.plan_renew([started], ctx("reg_a"), KEY, 1, renew_below=50.0).action == "renew"
+
+
 def test_a_creator_writes_its_lost_start_over_a_claim_that_came_in_between():
     doc = claimed(job(rev="2-c"), "reg_b")
     plan = decide(doc, CREATOR, ahead(CREATOR))

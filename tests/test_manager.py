@@ -721,6 +721,66 @@ def test_a_decision_about_a_job_whose_start_waits_writes_that_start_first(
         manager.pool.shutdown(1.0)
 
 
+def test_a_won_steps_start_is_written_with_its_end_too(tmp_path: Path) -> None:
+    store = CountingStore(Replica(), "reg_a")
+    manager = Manager(SiteConfig("reg_a", CouchSettings(store.url), workers=1), store, SITES,
+                      Journal(tmp_path / "journal"))
+    try:
+        job = won_here("reg_a", "true")
+        assert all(store.write([job]))
+        manager.process(job["_id"])
+        serve_until(manager, lambda: store.replica.winner(job["_id"])["job_status"],
+                    "the job's end")
+        ended = store.replica.winner(job["_id"])
+        assert writes_of(store, job["_id"]) == 2 and ended["job_status"] == "success"
+        assert [(e["event"], e["site"], e["epoch"]) for e in ended["history"]] == [
+            ("created", "global", 0), ("started", "reg_a", 1), ("finished", "reg_a", 1)]
+    finally:
+        manager.pool.shutdown(1.0)
+
+
+def test_a_cancel_while_a_start_waits_stops_the_run_at_once(tmp_path: Path) -> None:
+    store = CountingStore(Replica(), "global")
+    manager = creator_alone(tmp_path, store, start_write_delay=10.0)
+    try:
+        job = submitted(store, "sleep 30")
+        manager.process(job["_id"])
+        assert manager.pool.is_busy((job["_id"], 0))
+        cancel = core.plan_cancel([store.replica.winner(job["_id"])], manager.context(), "test")
+        assert cancel.doc is not None and all(store.write([cancel.doc]))
+        cancelled = time.monotonic()
+        manager.process(job["_id"])  # as the feed would have it decided
+        serve_until(manager, lambda: not manager.pool.is_busy((job["_id"], 0))
+                    and not manager.runner.executions, "the run stopped")
+        assert time.monotonic() - cancelled < 5.0  # not at the delay's end
+        assert manager.counts["launches_stopped"] == 1 and not manager.runner.deferred
+        doc = store.replica.winner(job["_id"])
+        assert doc["job_status"] == "cancelled"
+        assert [(e["event"], e["epoch"]) for e in doc["history"] if e["site"] == "global"
+                and e.get("worker")] == [("cancelled", 1)]  # the run, recorded
+    finally:
+        manager.pool.shutdown(1.0)
+
+
+def test_a_start_the_server_does_not_take_for_long_is_stopped(tmp_path: Path) -> None:
+    """Held back no longer than half the lease (or the creator timeout): past that a
+    successor could adopt the job and start the step in the very epoch of our run."""
+    store = OutageStore(Replica(), "global")
+    manager = creator_alone(tmp_path, store, lease=2.0, heartbeat=1.0, start_write_delay=0.2)
+    try:
+        job = submitted(store, "sleep 30")
+        manager.process(job["_id"])
+        store.down = True
+        serve_until(manager, lambda: manager.counts["launches_stopped"], "the run stopped")
+        store.down = False
+        serve_until(manager, lambda: manager.counts["steps_started"] == 2, "a new start")
+        history = store.replica.winner(job["_id"])["history"]
+        assert [(e["event"], e["epoch"]) for e in history[:3]] == [
+            ("created", 0), ("started", 1), ("released", 2)]
+    finally:
+        manager.pool.shutdown(1.0)
+
+
 def test_a_creator_whose_own_booking_expires_assigns_the_waiting_claim(tmp_path: Path) -> None:
     """Its direct start lost to another site's claim; once the booking is given back the
     creator decides again at once: the claim must not wait for a change that never comes."""

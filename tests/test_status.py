@@ -102,8 +102,16 @@ def test_an_assigned_step_that_ended_frees_its_worker_before_the_sites_status_sa
     assert board.room(0.3) == {"reg_a": 2 + QUEUE - 1}  # job-2 still waits to start
     board.saw_job("job-2", won_by("reg_a", started=True) | {"_id": "job-2"}, now=0.4)
     assert board.room(0.4) == {"reg_a": 1 + QUEUE}
-    assert board.saw_job("job-2", None, now=0.5)  # gone: its worker is free again too
-    assert board.room(0.5) == {"reg_a": 2 + QUEUE}
+    assert not board.saw_job("job-2", None, now=0.45)  # unreadable: says nothing
+    assert board.room(0.45) == {"reg_a": 1 + QUEUE}
+    # Its next step chained onto the same worker: still busy.
+    chained = won_by("reg_a", started=True) | {"_id": "job-2", "step": 1}
+    chained["job"] = [*chained["job"], dict(chained["job"][0])]
+    assert not board.saw_job("job-2", chained, now=0.5)
+    assert board.room(0.5) == {"reg_a": 1 + QUEUE}
+    deleted = {"_id": "job-2", "_rev": "9-x", "_deleted": True}
+    assert board.saw_job("job-2", deleted, now=0.6)  # gone: its worker is free again too
+    assert board.room(0.6) == {"reg_a": 2 + QUEUE}
 
 
 def test_a_forgotten_site_gets_no_room_until_it_publishes_again():
