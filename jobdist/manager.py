@@ -545,6 +545,11 @@ class Manager:
         except CouchError as error:
             self.log.warning("write failed", jobs=len(docs), error=error)
             for doc_id in plans:
+                # Its answer lost, the server may have taken it: what we knew as the job's
+                # newest revision may not be. Its next decision reads first (a result
+                # decided again on the revision before our own end chained a run onto
+                # an end already written, which no revision could then start).
+                self.newest.pop(doc_id, None)
                 self._not_recorded(pending.pop(doc_id))
             return
         written = []
