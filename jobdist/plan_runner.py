@@ -174,9 +174,13 @@ class PlanRunner:
         now = time.monotonic()
         due = [key for key, (_, at) in self.deferred.items() if at <= now][:limit]
         for key in due:
-            self.ahead[key] = self.deferred.pop(key)[0]
-        self.due.update(due)
+            self.undefer(key)
         return [key[0] for key in due]
+
+    def undefer(self, key: StepKey) -> None:
+        """Back among the runs launched ahead: written by this batch, or stopped with it."""
+        self.ahead[key] = self.deferred.pop(key)[0]
+        self.due.add(key)
 
     def defer_again(self, job_id: str) -> None:
         """The server did not answer the batch that was to write the job's due start: the
@@ -195,8 +199,7 @@ class PlanRunner:
         for key in [key for key in self.deferred if key[0] == job_id]:
             entry = self.deferred[key][0]
             if not core.records_start(plan.doc, key, entry.epoch, self.site):
-                self.ahead[key] = self.deferred.pop(key)[0]
-                self.due.add(key)
+                self.undefer(key)
 
     def wait_at_most(self, timeout: float) -> float:
         """No longer than until the next deferred start falls due."""
@@ -325,9 +328,7 @@ class PlanRunner:
         riding = self.riding.get(key)
         if riding is not None and riding[0].epoch == epoch:
             del self.riding[key]
-        deferred = self.deferred.get(key)
-        if deferred is not None and deferred[0].epoch == epoch:
-            del self.deferred[key]  # (its start written with its end, or its stale finish)
+        self.run_ended(key, epoch)  # (its start written with its end, or its stale finish)
         running = self.executions.get(key)
         if running is not None and running.epoch == epoch:
             del self.executions[key]
