@@ -209,18 +209,27 @@ class Board:
 
 def _won_elsewhere(doc_id: str, doc: Leaf | None, site: str) -> tuple[StepKey, str] | None:
     """(step, winner) when a site other than `site` won the job's step and has not started
-    it. The document comes straight from the feed: nothing is assumed of it."""
-    if not isinstance(doc, dict) or doc.get("type") != "job" \
-            or doc.get("job_status") is not None or doc.get("_deleted"):
+    it."""
+    current = _current_step(doc) if isinstance(doc, dict) and doc.get("type") == "job" else None
+    if current is None:
+        return None
+    index, step = current
+    winner = step.get("winner")
+    if not isinstance(winner, str) or winner == site or step_phase(step) != Phase.WON:
+        return None
+    return (doc_id, index), winner
+
+
+def _current_step(doc: Leaf | None) -> tuple[int, Leaf] | None:
+    """(index, step) of a live job's current step; None for an ended, deleted or
+    malformed job (the document comes straight from the feed: nothing is assumed)."""
+    if not isinstance(doc, dict) or doc.get("job_status") is not None or doc.get("_deleted"):
         return None
     index, steps = doc.get("step"), doc.get("job")
     if not isinstance(index, int) or not isinstance(steps, list) or \
             not 0 <= index < len(steps) or not isinstance(steps[index], dict):
         return None
-    winner = steps[index].get("winner")
-    if not isinstance(winner, str) or winner == site or step_phase(steps[index]) != Phase.WON:
-        return None
-    return (doc_id, index), winner
+    return index, steps[index]
 
 
 def _ended(doc: Leaf | None, index: int) -> bool:
@@ -236,14 +245,11 @@ def _ended(doc: Leaf | None, index: int) -> bool:
 
 def _held_by(doc_id: str, doc: Leaf | None, site: str) -> StepKey | None:
     """The job's current step, if `site` holds it (won or running)."""
-    if not isinstance(doc, dict) or doc.get("job_status") is not None or doc.get("_deleted"):
+    current = _current_step(doc)
+    if current is None:
         return None
-    index, steps = doc.get("step"), doc.get("job")
-    if not isinstance(index, int) or not isinstance(steps, list) or \
-            not 0 <= index < len(steps) or not isinstance(steps[index], dict):
-        return None
-    held = steps[index].get("winner") == site and Phase.WON <= step_phase(steps[index]) \
-        < Phase.DONE
+    index, step = current
+    held = step.get("winner") == site and Phase.WON <= step_phase(step) < Phase.DONE
     return (doc_id, index) if held else None
 
 
