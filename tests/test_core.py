@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -31,7 +32,7 @@ from jobdist.core import (
     Unbook,
 )
 from jobdist.model import Doc, event, is_live, json_copy, new_job, new_step, new_sub_run
-from jobdist.validation import validate_job
+from jobdist.validation import MAX_DOC_SIZE, json_size, validate_job
 
 from .sim import Clock, Execution, Outcome, SimSite, check_no_double_execution
 
@@ -1958,3 +1959,28 @@ def test_a_waiting_job_is_cancelled_as_any_other():
     plan = core.plan_cancel([doc], ctx("reg_b"), "not needed")
     assert plan.doc["job_status"] == "cancelled"
     assert decide_waiting({**plan.doc, "_rev": "2-a"}, ended={"job-a": "success"}).doc is None
+
+
+# --- the size limit: what a revision sheds to fit -------------------------------------
+
+
+def test_a_revision_far_below_the_limit_is_left_as_it_is() -> None:
+    doc = new_job("global", [new_step("true"), new_step("true")])
+    doc["job"][0]["output"] = {"stdout": "x" * 1000, "stderr": ""}
+    before = json_copy(doc)
+    core.fit(doc, keep_events_from=len(doc["history"]))
+    assert doc == before
+
+
+def test_a_revision_short_in_python_but_over_the_limit_in_javascript_sheds_old_outputs(
+) -> None:
+    """Python writes a lone surrogate as one character, JavaScript as six: the quick
+    measure must not let such a revision through."""
+    doc = new_job("global", [new_step("true"), new_step("true")])
+    doc["job"][0]["output"] = {"stdout": "\ud800" * (MAX_DOC_SIZE // 6 + 10), "stderr": ""}
+    doc["job"][1]["output"] = {"stdout": "kept", "stderr": ""}
+    assert len(json.dumps(doc, ensure_ascii=False)) < MAX_DOC_SIZE < json_size(doc)
+    core.fit(doc, keep_events_from=len(doc["history"]))
+    assert doc["job"][0]["output"] is None
+    assert doc["job"][1]["output"] == {"stdout": "kept", "stderr": ""}
+    assert json_size(doc) <= MAX_DOC_SIZE
