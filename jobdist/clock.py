@@ -30,12 +30,14 @@ def format_time(moment: datetime) -> str:
     return moment.astimezone(UTC).isoformat(timespec="microseconds")[:-6] + "Z"
 
 
-FORMATTED_LENGTH = len("2026-01-01T00:00:00.000000Z")  # what format_time writes
+# What format_time writes. (fromisoformat alone would also read an offset or a time
+# without one, which the slower path below refuses or takes as UTC.)
+FORMATTED = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{6}Z")
 
 
 def parse_time(text: str) -> datetime:
     """Any time the rules accept: the fraction may be missing or have up to 9 digits."""
-    if len(text) == FORMATTED_LENGTH:  # as format_time writes it: read by C alone
+    if FORMATTED.fullmatch(text):  # as format_time writes it: read by C alone
         return datetime.fromisoformat(text)
     whole, _, fraction = text.removesuffix("Z").partition(".")
     moment = datetime.fromisoformat(whole).replace(tzinfo=UTC)  # 3x faster than strptime
