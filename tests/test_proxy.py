@@ -3,7 +3,9 @@ kept, bandwidth respected, and a real request through it paying the round trip."
 
 from __future__ import annotations
 
+import contextlib
 import random
+import socket
 import time
 
 import requests
@@ -58,3 +60,28 @@ def test_a_request_through_the_proxy_pays_the_round_trip(couch_server: LocalServ
         assert proxy.is_cut
     finally:
         hub.close()
+
+
+def test_a_connection_its_client_gave_up_on_is_dropped_though_the_server_is_frozen() -> None:
+    """A server that accepts nothing (stopped by a fault) keeps no socket of the proxy
+    past the grace: each abandoned retry held two until the server woke."""
+    frozen = socket.socket()
+    hub = ProxyHub()
+    try:
+        frozen.bind(("127.0.0.1", 0))
+        frozen.listen(100)  # connections wait in its backlog, never read nor answered
+        proxy = hub.proxy(free_port(), frozen.getsockname()[1])
+        proxy.half_open_grace = 0.2
+        for _ in range(20):
+            with socket.create_connection(("127.0.0.1", proxy.listen_port)) as client:
+                client.sendall(b"GET / HTTP/1.1\r\nHost: site\r\n\r\n")
+                client.settimeout(0.01)
+                with contextlib.suppress(TimeoutError):
+                    client.recv(1)
+        deadline = time.monotonic() + 10
+        while (proxy.connections < 20 or proxy.writers) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proxy.connections == 20 and not proxy.writers
+    finally:
+        hub.close()
+        frozen.close()

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 CHUNK = 65536
+CONNECT_TIMEOUT = 10.0  # seconds: a frozen server's full backlog leaves a connect hanging
+HALF_OPEN_GRACE = 5.0  # seconds the other way of a connection may outlive the first
 T = TypeVar("T")
 
 
@@ -77,8 +79,16 @@ class ProxyHub:
     def close(self) -> None:
         for proxy in self.proxies:
             proxy.cut()
+        self.run(_cancel_the_other_tasks())  # e.g. a connect to a frozen server
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(5)
+
+
+async def _cancel_the_other_tasks() -> None:
+    others = asyncio.all_tasks() - {asyncio.current_task()}
+    for task in others:
+        task.cancel()
+    await asyncio.gather(*others, return_exceptions=True)
 
 
 class FaultProxy:
@@ -92,6 +102,7 @@ class FaultProxy:
         self.rng = random.Random(listen_port)  # jitter that replays with the same ports
         self.connections = 0  # accepted since the start
         self.dropped = 0  # connections cut while open
+        self.half_open_grace = HALF_OPEN_GRACE
 
     @property
     def url(self) -> str:
@@ -128,18 +139,32 @@ class FaultProxy:
                      client_writer: asyncio.StreamWriter) -> None:
         self.connections += 1
         try:
-            target_reader, target_writer = await asyncio.open_connection("127.0.0.1",
-                                                                         self.target_port)
-        except OSError:
+            target_reader, target_writer = await asyncio.wait_for(
+                asyncio.open_connection("127.0.0.1", self.target_port), CONNECT_TIMEOUT)
+        except (OSError, TimeoutError):
             client_writer.transport.abort()  # the site itself is down: so is the link
             return
         pair = {client_writer, target_writer}
         self.writers |= pair
-        await asyncio.gather(self._pump(client_reader, target_writer),
-                             self._pump(target_reader, client_writer))
+        ways = {asyncio.ensure_future(self._pump(client_reader, target_writer)),
+                asyncio.ensure_future(self._pump(target_reader, client_writer))}
+        _, still_open = await asyncio.wait(ways, return_when=asyncio.FIRST_COMPLETED)
+        if still_open:
+            # One way has ended: the other may still carry an answer on its way, for a
+            # while. A client that gave up on a frozen server would otherwise keep both
+            # sockets here until the server woke: two descriptors a retry (the fault
+            # suite's storms ran out of them).
+            _, still_open = await asyncio.wait(
+                still_open, timeout=self.link.latency + self.half_open_grace)
+        for way in still_open:
+            way.cancel()
+        await asyncio.gather(*still_open, return_exceptions=True)
         self.writers -= pair
         for writer in pair:
-            writer.close()
+            if still_open:
+                writer.transport.abort()
+            else:
+                writer.close()
 
     async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Read chunks as they come and deliver each at its due time, in order: the
@@ -148,12 +173,15 @@ class FaultProxy:
         deliver = asyncio.ensure_future(self._deliver(queue, writer))
         loop = asyncio.get_running_loop()
         previous = 0.0
-        with contextlib.suppress(OSError, RuntimeError):
-            while chunk := await reader.read(CHUNK):
-                previous = self.link.delivery(loop.time(), len(chunk), previous, self.rng)
-                queue.put_nowait((previous, chunk))
-        queue.put_nowait((previous, b""))  # end of stream, after the last chunk
-        await deliver
+        try:
+            with contextlib.suppress(OSError, RuntimeError):
+                while chunk := await reader.read(CHUNK):
+                    previous = self.link.delivery(loop.time(), len(chunk), previous, self.rng)
+                    queue.put_nowait((previous, chunk))
+            queue.put_nowait((previous, b""))  # end of stream, after the last chunk
+            await deliver
+        finally:
+            deliver.cancel()  # (a pump stopped while reading leaves no delivery waiting)
 
     async def _deliver(self, queue: asyncio.Queue[tuple[float, bytes]],
                        writer: asyncio.StreamWriter) -> None:
