@@ -144,27 +144,37 @@ class FaultProxy:
         except (OSError, TimeoutError):
             client_writer.transport.abort()  # the site itself is down: so is the link
             return
+        except asyncio.CancelledError:
+            client_writer.transport.abort()  # the hub closes
+            raise
         pair = {client_writer, target_writer}
         self.writers |= pair
-        ways = {asyncio.ensure_future(self._pump(client_reader, target_writer)),
-                asyncio.ensure_future(self._pump(target_reader, client_writer))}
+        ways = {asyncio.ensure_future(self._pump(client_reader, target_writer)): target_writer,
+                asyncio.ensure_future(self._pump(target_reader, client_writer)): client_writer}
         _, still_open = await asyncio.wait(ways, return_when=asyncio.FIRST_COMPLETED)
         if still_open:
-            # One way has ended: the other may still carry an answer on its way, for a
-            # while. A client that gave up on a frozen server would otherwise keep both
-            # sockets here until the server woke: two descriptors a retry (the fault
-            # suite's storms ran out of them).
+            # One way has ended (all it carried handed over): the other may still carry
+            # an answer, for a while. A client that gave up on a frozen server would
+            # otherwise keep both sockets here until the server woke: two descriptors
+            # a retry (the fault suite's storms ran out of them). (No client of ours
+            # half-closes a connection and then waits longer for the answer.)
             _, still_open = await asyncio.wait(
                 still_open, timeout=self.link.latency + self.half_open_grace)
         for way in still_open:
             way.cancel()
+            ways[way].transport.abort()  # what it would still carry is given up
         await asyncio.gather(*still_open, return_exceptions=True)
         self.writers -= pair
-        for writer in pair:
-            if still_open:
-                writer.transport.abort()
-            else:
-                writer.close()
+        await asyncio.gather(*(self._close(writer) for writer in pair))
+
+    async def _close(self, writer: asyncio.StreamWriter) -> None:
+        """Close after what is buffered for the peer has gone (a slow reader gets all of
+        an answer), but within the grace: a peer that reads nothing cannot keep it."""
+        writer.close()
+        try:
+            await asyncio.wait_for(writer.wait_closed(), self.link.latency + self.half_open_grace)
+        except (OSError, RuntimeError, TimeoutError):
+            writer.transport.abort()
 
     async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Read chunks as they come and deliver each at its due time, in order: the
