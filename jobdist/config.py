@@ -210,11 +210,12 @@ class DaemonSettings:
     # revision (plan_runner.PlanRunner.defers); 0: written at once. A quarter of the lease
     # at most, whatever is set: a start written later may meet the creator's revocation.
     start_write_delay: float = 1.0
+    journal: Path | None = None  # results kept while CouchDB does not answer
 
     @property
     def start_delay(self) -> float:
+        """start_write_delay as it applies: a quarter of the lease at most."""
         return min(self.start_write_delay, self.lease / 4)
-    journal: Path | None = None  # results kept while CouchDB does not answer
 
 
 @dataclass(frozen=True)

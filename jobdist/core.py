@@ -974,6 +974,12 @@ def win_lapsed(step: Step, ctx: Context) -> bool:
     return deadline is not None and seconds_between(deadline, ctx.now) >= 0
 
 
+def start_lapsed(step: Step, ctx: Context) -> bool:
+    """Is the step a win of ours not started, its start-by lease passed? Then no start
+    of it is written, not even late with a run launched ahead (win_lapsed)."""
+    return step_phase(step) == Phase.WON and win_lapsed(step, ctx)
+
+
 QUEUED = "queue"  # an action: a win held here until a worker frees (no write)
 # Why a winner gives a step back unstarted: the creator stops queueing steps at a
 # site that says so, for a while (status.Board.saw_job).
@@ -1107,8 +1113,8 @@ def record_late_start(doc: Job, step: Step, ctx: Context, pool: PoolView) -> Dec
     running = pool.ahead.get(key)
     if running is None or not late_start(doc, key, running.epoch, ctx):
         return None
-    if step_phase(step) == Phase.WON and win_lapsed(step, ctx):
-        return None  # never a start past the win's lease (win_lapsed): the run is stopped
+    if start_lapsed(step, ctx):
+        return None  # the run is stopped
     return Decision("start", late_start_edit(step, ctx, running.worker, running.launched_at),
                     detail=LATE_START)
 
@@ -1329,7 +1335,7 @@ def plan_finish(
                                                         outcome), ctx)
     step = _current(merged)
     begin = late_start_edit(step, ctx, worker, outcome.start_time)
-    if step_phase(step) == Phase.WON and win_lapsed(step, ctx):
+    if start_lapsed(step, ctx):
         # The creator may be revoking the win: recorded as run and given back, never a
         # finish a next step could be chained onto (win_lapsed).
         detail = f"{START_LAPSED}: {outcome.reason}"
@@ -1527,6 +1533,12 @@ def keepalive(leaves: list[Doc], ctx: Context, stale_after: float) -> Job | None
     return touched
 
 
+def start_recorded(step: Step) -> bool:
+    """Does the step show its execution started? (A broadcast step's parts each say so
+    for their site: backs_execution looks there.)"""
+    return is_broadcast(step) or step_phase(step) == Phase.RUNNING
+
+
 def plan_renew(leaves: Sequence[Leaf], ctx: Context, key: StepKey, epoch: int,
                renew_below: float | None = None, report: Progress | None = None) -> Plan:
     """The heartbeat: push the lease of our current execution forward, and record
@@ -1540,7 +1552,7 @@ def plan_renew(leaves: Sequence[Leaf], ctx: Context, key: StepKey, epoch: int,
     merged = merge(leaves)
     if not backs_execution(merged, key, epoch, ctx.site):
         return NOTHING
-    if not is_broadcast(_current(merged)) and step_phase(_current(merged)) != Phase.RUNNING:
+    if not start_recorded(_current(merged)):
         return NOTHING  # a win whose start is not written: no lease but the start's own
     step = execution_record(merged, ctx.site)
     news = report is not None and report != step.get("progress")
@@ -1563,13 +1575,14 @@ def plan_event(leaves: Sequence[Leaf], ctx: Context, key: StepKey, epoch: int, w
     An execution launched ahead (`launched_at`) whose start is not written yet gets its
     start in the same revision, where late_start still calls for it."""
     merged = merge(leaves)
+    if not is_live(merged):
+        return NOTHING
     noted = Decision(name, note(ctx, name, key, worker, epoch, detail))
-    step = _current(merged) if is_live(merged) else None
-    if backs_execution(merged, key, epoch, ctx.site) and step is not None and (
-            is_broadcast(step) or step_phase(step) == Phase.RUNNING):
+    step = _current(merged)
+    if backs_execution(merged, key, epoch, ctx.site) and start_recorded(step):
         return finalize(leaves, merged, noted, ctx)
-    if launched_at is None or step is None or not late_start(merged, key, epoch, ctx) \
-            or (step_phase(step) == Phase.WON and win_lapsed(step, ctx)):
+    if launched_at is None or not late_start(merged, key, epoch, ctx) \
+            or start_lapsed(step, ctx):
         return NOTHING
     begin = late_start_edit(step, ctx, worker, launched_at)
     return finalize(leaves, merged, after_edit(begin, noted), ctx)
