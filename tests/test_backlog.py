@@ -9,6 +9,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from jobdist.backlog import Backlog, open_targets
 from jobdist.clock import utc_now
@@ -69,6 +71,31 @@ def test_the_first_in_line_by_rank_then_creation_leaving_out_the_passed() -> Non
     backlog.saw("urgent", {**docs["urgent"], "job": [{"do": "b", "claimed_by": "gamma"}]})
     backlog.saw("new", None)  # unreadable: the view's scan will tell
     assert [row.job_id for row in backlog.first(5, set())] == ["old"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["a", "b", "c", "d", "e"]),
+                          st.sampled_from([None, "open", "urgent", "taken", "ours"])),
+                max_size=40),
+       st.sets(st.sampled_from(["a", "b", "c", "d", "e"])), st.integers(1, 6))
+def test_the_line_is_the_open_steps_sorted_whatever_the_revisions_seen(
+        seen: list[tuple[str, str | None]], passed: set[str], limit: int) -> None:
+    """The backlog keeps its line in order as revisions come (a place that moves, a job
+    taken or unreadable): it reads as a sort of every open step would."""
+    backlog = Backlog("beta")
+    kinds: dict[str | None, Doc | None] = {
+        None: None, "open": job({"do": "a"}), "urgent": job({"do": "a"}, priority=3),
+        "taken": job({"do": "a", "claimed_by": "gamma"}),
+        "ours": job({"do": "a"}, creator="beta", created_at=t(2))}
+    for doc_id, kind in seen:
+        backlog.saw(doc_id, kinds[kind])
+    in_place = sorted(backlog.open, key=lambda doc_id: (backlog.place[doc_id], doc_id))
+    assert [row.job_id for row in backlog.first(limit, passed)] == \
+        [doc_id for doc_id in in_place if doc_id not in passed][:limit]
+    assert [doc_id for doc_id, _ in backlog.created_here(limit, passed)] == \
+        [doc_id for doc_id in in_place if doc_id not in passed
+         and backlog.kept.get(doc_id, {}).get("creator") == "beta"][:limit]
+    assert len(backlog.line) == len(backlog.place) == len(backlog.open)
 
 
 
