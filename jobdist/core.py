@@ -141,6 +141,7 @@ LEASE = 60.0
 HEARTBEAT = 15.0
 SKEW_MARGIN = 10.0
 CREATOR_TIMEOUT = 120.0  # seconds of a creator's silence before its successor takes over
+CLAIM_DELAY = 2.0  # seconds an assigning creator's open step is left to it (Context)
 
 
 @dataclass(frozen=True)
@@ -170,7 +171,12 @@ class Context:
     # to sites with room. Their steps are claimed only once open for `claim_delay`
     # seconds: a claim would mostly lose to the assignment, and book a worker meanwhile.
     assigning: frozenset[str] = frozenset()
-    claim_delay: float = 2.0
+    claim_delay: float = CLAIM_DELAY
+    # Of those, the creators that gave this site a step within the last `claim_delay`
+    # seconds of its own clock: live, and giving it work as they learn of its room.
+    # Their steps are not claimed at all meanwhile: a claim would race their next
+    # assignment and cost two revisions more (a claim, then a win) for the same start.
+    fed_by: frozenset[str] = frozenset()
     # Automatic succession: each creator's successors, in order (config
     # `[succession] successors`), and the sites none of whose statuses has been new
     # to this site for `creator_timeout` seconds of its own clock (never itself).
@@ -746,9 +752,14 @@ def on_open(doc: Job, step: Step, ctx: Context, pool: PoolView) -> Decision:
         return start_decision(doc, step, ctx, worker, assign=True)
     if ctx.site == doc["creator"]:
         return assign_to_room(doc, step, ctx)
-    if worker is None or (doc["creator"] in ctx.assigning and not open_long(doc, ctx)):
+    if worker is None or holds_claims(doc["creator"], doc, ctx):
         return STAY
     return Decision("claim", claim(ctx), before=(Book(key, worker),))
+
+
+def holds_claims(creator: str, doc: Job, ctx: Context) -> bool:
+    """Does this site leave the creator's open step to its assignment, for now?"""
+    return creator in ctx.assigning and (creator in ctx.fed_by or not open_long(doc, ctx))
 
 
 def assign_to_room(doc: Job, step: Step, ctx: Context) -> Decision:

@@ -288,12 +288,17 @@ class PeriodicWork:
 
     def expecting_assignments(self, now: float, restricted: bool) -> frozenset[str]:
         """The creators that may assign steps to us: those that assign, unless our last
-        status said we had no room (then they will not: claim at once), or we have an
-        allow-list (never assigned to)."""
+        status offered neither a free worker nor a queue (then they will not: claim at
+        once), or we have an allow-list (never assigned to). A busy site's queue still
+        takes their steps, so a status with no free worker is no reason to claim."""
         published = self.publisher.last
-        if restricted or published is None or published.room <= 0:
+        if restricted or published is None or published.room + published.queue <= 0:
             return frozenset()
         return self.board.assigning(now)
+
+    def fed_by(self, now: float, within: float) -> frozenset[str]:
+        """The creators that gave us a step within `within` seconds (core.holds_claims)."""
+        return self.board.feeding(now, within)
 
     def publish_status_if_due(self, mine: status.SiteStatus, force: bool = False) -> None:
         now = time.monotonic()

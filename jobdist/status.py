@@ -109,6 +109,7 @@ class Board:
         # Jobs whose step a site other than us won and has not started: job -> (step, site).
         self.won: dict[str, tuple[StepKey, str]] = {}
         self.no_queue: dict[str, float] = {}  # site -> until when it is queued nothing
+        self.fed: dict[str, float] = {}  # creator -> when we last saw a step it gave us
 
     def hear(self, doc: Any, now: float) -> bool:
         """Take in a status document; True when that site has more room than we knew."""
@@ -178,6 +179,9 @@ class Board:
         started waits in that site's queue, whoever created it; a win a site gave back
         unstarted says to queue it nothing for a while (QUEUE_BACKOFF); a step we gave a
         site that has ended frees its worker there. True when a site has room again."""
+        giver = _given_here(doc, self.site)
+        if giver is not None:
+            self.fed[giver] = now
         freed = False
         for key in [key for key in self.assigned if key[0] == doc_id and _ended(doc, key[1])]:
             # Its worker is free again, whatever the site's last status says, unless the
@@ -201,6 +205,10 @@ class Board:
                                           now + QUEUE_BACKOFF[reason])
         return freed or (before is not None and won is None)
 
+    def feeding(self, now: float, within: float) -> frozenset[str]:
+        """Creators that gave us a step (a win we hold unstarted) within `within` seconds."""
+        return frozenset(site for site, at in self.fed.items() if now - at < within)
+
     def assigning(self, now: float) -> frozenset[str]:
         """Creators whose fresh status says they assign open steps."""
         return frozenset(site for site, (status, heard) in self.statuses.items()
@@ -218,6 +226,18 @@ def _won_elsewhere(doc_id: str, doc: Leaf | None, site: str) -> tuple[StepKey, s
     if not isinstance(winner, str) or winner == site or step_phase(step) != Phase.WON:
         return None
     return (doc_id, index), winner
+
+
+def _given_here(doc: Leaf | None, site: str) -> str | None:
+    """The creator of a job whose current step `site` won and has not started, when
+    another site created it: that creator is live and gives `site` work."""
+    current = _current_step(doc)
+    if current is None or current[1].get("winner") != site or \
+            step_phase(current[1]) != Phase.WON:
+        return None
+    assert isinstance(doc, dict)
+    creator = doc.get("creator")
+    return creator if isinstance(creator, str) and creator != site else None
 
 
 def _current_step(doc: Leaf | None) -> tuple[int, Leaf] | None:

@@ -1556,6 +1556,22 @@ def test_a_site_holds_back_its_claim_while_an_assigning_creator_may_still_assign
                      pool("reg_a/w1")).action == "start"
 
 
+def test_a_site_fed_by_the_creator_lately_leaves_even_a_long_open_step_to_it():
+    """A creator that gave us a step within the claim delay is live and gives us work
+    as it learns of our room: a claim would race its next assignment and cost a claim
+    and a win more for the same start. Once it stops feeding us, claims resume."""
+    long_open = job("any")
+    long_open["updated_at"] = at(590)
+    assigning = frozenset({CREATOR})
+    fed = dataclasses.replace(room_ctx("reg_a", assigning=assigning), fed_by=assigning)
+    assert core.plan([long_open], fed, pool("reg_a/w1")).action == "none"
+    assert core.plan([long_open], room_ctx("reg_a", assigning=assigning),
+                     pool("reg_a/w1")).action == "claim"
+    # Fed, but by a creator not known to assign (a stale status): claim as before.
+    stale = dataclasses.replace(room_ctx("reg_a"), fed_by=assigning)
+    assert core.plan([long_open], stale, pool("reg_a/w1")).action == "claim"
+
+
 def test_an_assigned_site_without_a_free_worker_releases_the_step():
     plan = core.plan([job("any")], room_ctx(room={"reg_a": 1}), pool())
     released = core.plan([{**plan.doc, "_rev": "2-b"}], room_ctx("reg_a"), pool())

@@ -163,6 +163,19 @@ def test_a_win_not_started_counts_against_its_sites_room_until_it_starts():
     assert board.room(5.0) == {"reg_a": QUEUE}
 
 
+def test_a_site_knows_which_creators_gave_it_a_step_lately():
+    """A win of ours not started, in another creator's job: that creator is feeding us
+    (core.holds_claims); our own jobs, others' wins and started steps say nothing."""
+    board = Board("reg_a")
+    board.saw_job("job-1", won_by("reg_b"), now=1.0)
+    board.saw_job("job-1", won_by("reg_a", started=True), now=1.0)
+    board.saw_job("job-1", won_by("reg_a", creator="reg_a"), now=1.0)
+    assert board.feeding(1.0, within=2.0) == frozenset()
+    board.saw_job("job-1", won_by("reg_a"), now=1.0)
+    assert board.feeding(2.9, within=2.0) == {"global"}
+    assert board.feeding(3.0, within=2.0) == frozenset()  # it lapses unless renewed
+
+
 def test_a_site_with_a_free_worker_is_told_apart_from_a_queue():
     board = Board("global")
     board.hear(site_status("reg_a", free=0).as_doc(), now=0.0)
