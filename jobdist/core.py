@@ -142,6 +142,7 @@ HEARTBEAT = 15.0
 SKEW_MARGIN = 10.0
 CREATOR_TIMEOUT = 120.0  # seconds of a creator's silence before its successor takes over
 CLAIM_DELAY = 2.0  # seconds an assigning creator's open step is left to it (Context)
+FED_CLAIM_DELAY = 10.0  # the same, while that creator is feeding this site (Context.fed_by)
 
 
 @dataclass(frozen=True)
@@ -174,9 +175,11 @@ class Context:
     claim_delay: float = CLAIM_DELAY
     # Of those, the creators that gave this site a step within the last `claim_delay`
     # seconds of its own clock: live, and giving it work as they learn of its room.
-    # Their steps are not claimed at all meanwhile: a claim would race their next
-    # assignment and cost two revisions more (a claim, then a win) for the same start.
+    # Their steps are claimed only once open for `fed_claim_delay`: a claim would race
+    # their next assignment and cost two revisions more (a claim, then a win) for the
+    # same start. The bound keeps a belief that is wrong from holding a step for ever.
     fed_by: frozenset[str] = frozenset()
+    fed_claim_delay: float = FED_CLAIM_DELAY
     # Automatic succession: each creator's successors, in order (config
     # `[succession] successors`), and the sites none of whose statuses has been new
     # to this site for `creator_timeout` seconds of its own clock (never itself).
@@ -759,7 +762,10 @@ def on_open(doc: Job, step: Step, ctx: Context, pool: PoolView) -> Decision:
 
 def holds_claims(creator: str, doc: Job, ctx: Context) -> bool:
     """Does this site leave the creator's open step to its assignment, for now?"""
-    return creator in ctx.assigning and (creator in ctx.fed_by or not open_long(doc, ctx))
+    if creator not in ctx.assigning:
+        return False
+    return not open_for(doc, ctx, ctx.fed_claim_delay if creator in ctx.fed_by
+                        else ctx.claim_delay)
 
 
 def assign_to_room(doc: Job, step: Step, ctx: Context) -> Decision:
@@ -923,14 +929,14 @@ def spread(site: str, doc_id: str) -> int:
     return int.from_bytes(hashlib.blake2b(f"{site}/{doc_id}".encode(), digest_size=4).digest())
 
 
-def open_long(doc: Job, ctx: Context) -> bool:
-    """Has the step been open for `claim_delay`, by the document's own times?
+def open_for(doc: Job, ctx: Context, delay: float) -> bool:
+    """Has the step been open for `delay` seconds, by the document's own times?
 
     The creator had its chance to assign it. Clocks that disagree only move
     when a site falls back to claiming, never who wins.
     """
     touched = doc.get("updated_at") or doc.get("created_at")
-    return not touched or seconds_between(touched, ctx.now) >= ctx.claim_delay
+    return not touched or seconds_between(touched, ctx.now) >= delay
 
 
 def willing(step: Step, ctx: Context) -> bool:

@@ -288,9 +288,9 @@ class PeriodicWork:
 
     def expecting_assignments(self, now: float, restricted: bool) -> frozenset[str]:
         """The creators that may assign steps to us: those that assign, unless our last
-        status offered neither a free worker nor a queue (then they will not: claim at
-        once), or we have an allow-list (never assigned to). A busy site's queue still
-        takes their steps, so a status with no free worker is no reason to claim."""
+        status offered neither a free worker nor a queue (draining: claim at once), or
+        we have an allow-list (never assigned to). A busy site's queue still takes their
+        steps, so a status with no free worker is no reason to claim."""
         published = self.publisher.last
         if restricted or published is None or published.room + published.queue <= 0:
             return frozenset()

@@ -109,7 +109,8 @@ class Board:
         # Jobs whose step a site other than us won and has not started: job -> (step, site).
         self.won: dict[str, tuple[StepKey, str]] = {}
         self.no_queue: dict[str, float] = {}  # site -> until when it is queued nothing
-        self.fed: dict[str, float] = {}  # creator -> when we last saw a step it gave us
+        self.fed: dict[str, float] = {}  # creator -> when a step it gave us first reached us
+        self.given: dict[tuple[StepKey, int], None] = {}  # the wins of ours seen: (step, epoch)
 
     def hear(self, doc: Any, now: float) -> bool:
         """Take in a status document; True when that site has more room than we knew."""
@@ -179,9 +180,7 @@ class Board:
         started waits in that site's queue, whoever created it; a win a site gave back
         unstarted says to queue it nothing for a while (QUEUE_BACKOFF); a step we gave a
         site that has ended frees its worker there. True when a site has room again."""
-        giver = _given_here(doc, self.site)
-        if giver is not None:
-            self.fed[giver] = now
+        self._note_given(doc_id, doc, now)
         freed = False
         for key in [key for key in self.assigned if key[0] == doc_id and _ended(doc, key[1])]:
             # Its worker is free again, whatever the site's last status says, unless the
@@ -204,6 +203,19 @@ class Board:
                 self.no_queue[site] = max(self.no_queue.get(site, 0.0),
                                           now + QUEUE_BACKOFF[reason])
         return freed or (before is not None and won is None)
+
+    def _note_given(self, doc_id: str, doc: Leaf | None, now: float) -> None:
+        """A win of ours in another creator's job, seen for the first time: that creator
+        is feeding us. Seeing the same win again (a queued win read, a feed's late copy)
+        is no news of the creator."""
+        given = _given_here(doc_id, doc, self.site)
+        if given is None or given[1] in self.given:
+            return
+        creator, win = given
+        self.fed[creator] = now
+        self.given[win] = None
+        while len(self.given) > MAX_WON:
+            del self.given[next(iter(self.given))]
 
     def feeding(self, now: float, within: float) -> frozenset[str]:
         """Creators that gave us a step (a win we hold unstarted) within `within` seconds."""
@@ -228,16 +240,19 @@ def _won_elsewhere(doc_id: str, doc: Leaf | None, site: str) -> tuple[StepKey, s
     return (doc_id, index), winner
 
 
-def _given_here(doc: Leaf | None, site: str) -> str | None:
-    """The creator of a job whose current step `site` won and has not started, when
-    another site created it: that creator is live and gives `site` work."""
-    current = _current_step(doc)
+def _given_here(doc_id: str, doc: Leaf | None, site: str
+                ) -> tuple[str, tuple[StepKey, int]] | None:
+    """(creator, (step, epoch)) of a job whose current step `site` won and has not
+    started, when another site created it: that creator is live and gives `site` work."""
+    current = _current_step(doc) if isinstance(doc, dict) and doc.get("type") == "job" else None
     if current is None or current[1].get("winner") != site or \
             step_phase(current[1]) != Phase.WON:
         return None
     assert isinstance(doc, dict)
-    creator = doc.get("creator")
-    return creator if isinstance(creator, str) and creator != site else None
+    creator, epoch = doc.get("creator"), current[1].get("epoch")
+    if not isinstance(creator, str) or creator == site or not isinstance(epoch, int):
+        return None
+    return creator, ((doc_id, current[0]), epoch)
 
 
 def _current_step(doc: Leaf | None) -> tuple[int, Leaf] | None:

@@ -149,10 +149,9 @@ class SimSite:
         # documents): set by the tests, right or wrong, never derived from the truth.
         self.room: dict[str, int] | None = None
         self.assigning: frozenset[str] = frozenset()
-        # Creators the site believes gave it a step lately (right or wrong): a belief
-        # that lapses after core.CLAIM_DELAY of the clock unless renewed, as the daemon's.
+        # Creators the site believes gave it a step lately (right or wrong), a belief
+        # that here never lapses: core.FED_CLAIM_DELAY must still let claims come.
         self.fed_by: frozenset[str] = frozenset()
-        self.fed_until = 0.0
         # Succession: the lines, and which sites this one believes silent (right or wrong).
         self.successors: dict[str, tuple[str, ...]] = {}
         self.silent: frozenset[str] = frozenset()
@@ -180,8 +179,7 @@ class SimSite:
         return core.Context(self.name, self.clock.now(), self.known_sites, booking_timeout=30.0,
                             lease=self.lease, skew_margin=5.0, room=self.room,
                             assigning=self.assigning, successors=self.successors,
-                            fed_by=self.fed_by if self.clock.seconds < self.fed_until
-                            else frozenset(),
+                            fed_by=self.fed_by,
                             silent=self.silent - {self.name}, ended=self.ended())
 
     def ended(self) -> dict[str, str]:

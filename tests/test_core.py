@@ -1556,17 +1556,19 @@ def test_a_site_holds_back_its_claim_while_an_assigning_creator_may_still_assign
                      pool("reg_a/w1")).action == "start"
 
 
-def test_a_site_fed_by_the_creator_lately_leaves_even_a_long_open_step_to_it():
+def test_a_site_fed_by_the_creator_lately_leaves_its_steps_to_it_for_longer():
     """A creator that gave us a step within the claim delay is live and gives us work
     as it learns of our room: a claim would race its next assignment and cost a claim
-    and a win more for the same start. Once it stops feeding us, claims resume."""
+    and a win more for the same start. Not for ever: a belief may be wrong."""
     long_open = job("any")
-    long_open["updated_at"] = at(590)
+    long_open["updated_at"] = at(595)  # 5 s: past claim_delay, within fed_claim_delay
     assigning = frozenset({CREATOR})
     fed = dataclasses.replace(room_ctx("reg_a", assigning=assigning), fed_by=assigning)
     assert core.plan([long_open], fed, pool("reg_a/w1")).action == "none"
     assert core.plan([long_open], room_ctx("reg_a", assigning=assigning),
                      pool("reg_a/w1")).action == "claim"
+    long_open["updated_at"] = at(590)  # open for fed_claim_delay: claim even so
+    assert core.plan([long_open], fed, pool("reg_a/w1")).action == "claim"
     # Fed, but by a creator not known to assign (a stale status): claim as before.
     stale = dataclasses.replace(room_ctx("reg_a"), fed_by=assigning)
     assert core.plan([long_open], stale, pool("reg_a/w1")).action == "claim"

@@ -102,9 +102,9 @@ def random_event(data: st.DataObject, sites: list[SimSite], job_ids: list[str],
         # A status document arrives: any room, any creators assigning, stale or not.
         site.room = {other.name: data.draw(st.integers(-1, 2)) for other in sites}
         site.assigning = frozenset(data.draw(st.sets(st.sampled_from(SITES))))
-        # ... and they fed it lately: no draw of its own, so that the schedules kept in
-        # tests/schedules replay as they were found.
-        site.fed_by, site.fed_until = site.assigning, clock.seconds + core.CLAIM_DELAY
+        # ... and that they fed it lately: no draw of its own, so that the schedules kept
+        # in tests/schedules replay as they were found.
+        site.fed_by = site.assigning
     elif kind == "silence":
         # What the site hears of the others changes: a creator crashed or cut off
         # (silent), back (heard again), successors racing on beliefs right or wrong.

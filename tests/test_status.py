@@ -173,7 +173,12 @@ def test_a_site_knows_which_creators_gave_it_a_step_lately():
     assert board.feeding(1.0, within=2.0) == frozenset()
     board.saw_job("job-1", won_by("reg_a"), now=1.0)
     assert board.feeding(2.9, within=2.0) == {"global"}
+    board.saw_job("job-1", won_by("reg_a"), now=2.5)  # the same win again: no news
     assert board.feeding(3.0, within=2.0) == frozenset()  # it lapses unless renewed
+    again = won_by("reg_a")
+    again["job"][0]["epoch"] = 2  # a new win of the same step
+    board.saw_job("job-1", again, now=2.5)
+    assert board.feeding(3.0, within=2.0) == {"global"}
 
 
 def test_a_site_with_a_free_worker_is_told_apart_from_a_queue():
