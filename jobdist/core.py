@@ -755,13 +755,14 @@ def on_open(doc: Job, step: Step, ctx: Context, pool: PoolView) -> Decision:
         return start_decision(doc, step, ctx, worker, assign=True)
     if ctx.site == doc["creator"]:
         return assign_to_room(doc, step, ctx)
-    if worker is None or holds_claims(doc["creator"], doc, ctx):
+    if worker is None or holds_claims(doc, ctx):
         return STAY
     return Decision("claim", claim(ctx), before=(Book(key, worker),))
 
 
-def holds_claims(creator: str, doc: Job, ctx: Context) -> bool:
+def holds_claims(doc: Job, ctx: Context) -> bool:
     """Does this site leave the creator's open step to its assignment, for now?"""
+    creator = doc["creator"]
     if creator not in ctx.assigning:
         return False
     return not open_for(doc, ctx, ctx.fed_claim_delay if creator in ctx.fed_by

@@ -230,29 +230,35 @@ class Board:
 def _won_elsewhere(doc_id: str, doc: Leaf | None, site: str) -> tuple[StepKey, str] | None:
     """(step, winner) when a site other than `site` won the job's step and has not started
     it."""
-    current = _current_step(doc) if isinstance(doc, dict) and doc.get("type") == "job" else None
-    if current is None:
-        return None
-    index, step = current
-    winner = step.get("winner")
-    if not isinstance(winner, str) or winner == site or step_phase(step) != Phase.WON:
-        return None
-    return (doc_id, index), winner
+    win = _unstarted_win(doc_id, doc)
+    return None if win is None or win[1] == site else (win[0], win[1])
 
 
 def _given_here(doc_id: str, doc: Leaf | None, site: str
                 ) -> tuple[str, tuple[StepKey, int]] | None:
     """(creator, (step, epoch)) of a job whose current step `site` won and has not
     started, when another site created it: that creator is live and gives `site` work."""
-    current = _current_step(doc) if isinstance(doc, dict) and doc.get("type") == "job" else None
-    if current is None or current[1].get("winner") != site or \
-            step_phase(current[1]) != Phase.WON:
+    win = _unstarted_win(doc_id, doc)
+    if win is None or win[1] != site:
         return None
     assert isinstance(doc, dict)
-    creator, epoch = doc.get("creator"), current[1].get("epoch")
+    creator, epoch = doc.get("creator"), win[2].get("epoch")
     if not isinstance(creator, str) or creator == site or not isinstance(epoch, int):
         return None
-    return creator, ((doc_id, current[0]), epoch)
+    return creator, (win[0], epoch)
+
+
+def _unstarted_win(doc_id: str, doc: Leaf | None) -> tuple[StepKey, str, Leaf] | None:
+    """(step, winner, the step itself) when a site won the job's current step and has
+    not started it."""
+    current = _current_step(doc) if isinstance(doc, dict) and doc.get("type") == "job" else None
+    if current is None:
+        return None
+    index, step = current
+    winner = step.get("winner")
+    if not isinstance(winner, str) or step_phase(step) != Phase.WON:
+        return None
+    return (doc_id, index), winner, step
 
 
 def _current_step(doc: Leaf | None) -> tuple[int, Leaf] | None:
