@@ -216,3 +216,10 @@ def test_apply_patches_once_and_refuses_what_does_not_match(tmp_path: Path) -> N
     refused = run_patches(tmp_path)
     assert refused.returncode == 1
     assert refused.stderr.strip().count("\n") == 0 and "matches nothing" in refused.stderr
+
+
+def test_free_port_never_hands_out_a_port_twice() -> None:
+    # The kernel's random choice repeats within a few hundred calls once ports are
+    # released; a repeat let a proxy take a site server's port in a fault storm.
+    ports = [free_port() for _ in range(600)]
+    assert len(set(ports)) == len(ports)

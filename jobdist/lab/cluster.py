@@ -33,7 +33,7 @@ from ..couch import Couch, CouchError
 from ..errors import JobdistError
 from ..setup import setup_sites
 from ..status import status_id
-from .localserver import LocalServer, answers, pouchdb_server, private_dir
+from .localserver import LocalServer, answers, listening, pouchdb_server, private_dir
 from .netns import HostNetwork
 
 DEFAULT_STATE_DIR = Path(".jobdist")
@@ -197,8 +197,10 @@ class LocalCluster:
             deadline = time.monotonic() + timeout
             while not (answers(probe.url) and probe.answering_is_us()):
                 if not supervisor.alive() or time.monotonic() > deadline:
+                    taken = (", a port another process holds"
+                             if supervisor.alive() and listening(host, site.couch.port) else "")
                     raise ClusterError(f"the server of site {site.name} did not start on "
-                                       f"port {site.couch.port}; see "
+                                       f"port {site.couch.port}{taken}; see "
                                        f"{data / 'supervisor.log'}")
                 time.sleep(0.05)
         except BaseException:  # (an interrupt too) not in the state file yet: down() misses it

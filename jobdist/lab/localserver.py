@@ -139,11 +139,27 @@ def private_dir(path: Path) -> None:
     os.chmod(path, 0o700)
 
 
+_handed_out: set[int] = set()
+_handed_out_lock = threading.Lock()
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A TCP port on 127.0.0.1 that nothing listens on right now and that this
+    process has not handed out before.
+
+    The kernel picks a free port at random, so once released the same port can come
+    back from the next call: a proxy chosen after a site's server (whose port is
+    free until the server starts) could take the server's port, and the server
+    then never starts (the storm's CI failure of 2026-11-27).
+    """
+    with _handed_out_lock:
+        while True:
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                port: int = sock.getsockname()[1]
+            if port not in _handed_out:
+                _handed_out.add(port)
+                return port
 
 
 class LocalServer:
@@ -305,6 +321,15 @@ def answers(url: str) -> bool:
     try:
         return requests.get(url, timeout=1).status_code == 200
     except requests.RequestException:
+        return False
+
+
+def listening(host: str, port: int) -> bool:
+    """Whether anything accepts TCP connections on host:port."""
+    try:
+        with socket.create_connection((host, port), timeout=1):
+            return True
+    except OSError:
         return False
 
 
