@@ -218,8 +218,12 @@ def test_apply_patches_once_and_refuses_what_does_not_match(tmp_path: Path) -> N
     assert refused.stderr.strip().count("\n") == 0 and "matches nothing" in refused.stderr
 
 
-def test_free_port_never_hands_out_a_port_twice() -> None:
-    # The kernel's random choice repeats within a few hundred calls once ports are
-    # released; a repeat let a proxy take a site server's port in a fault storm.
+def test_free_port_never_hands_out_a_port_twice_nor_one_a_connection_may_take() -> None:
+    # The kernel's own pick repeats within a few hundred calls once ports are released,
+    # and its range is the one outgoing connections take their ports from: either let
+    # a proxy take a site server's port in a fault storm.
+    low, _ = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
     ports = [free_port() for _ in range(600)]
     assert len(set(ports)) == len(ports)
+    assert all(port < low for port in ports)
+

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import shutil
 import signal
 import socket
@@ -141,25 +142,44 @@ def private_dir(path: Path) -> None:
 
 _handed_out: set[int] = set()
 _handed_out_lock = threading.Lock()
+_port_choice = random.Random()  # its own: never moves a seeded global sequence
+LOWEST_PORT = 10000
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now and that this
-    process has not handed out before.
+    """A TCP port on 127.0.0.1 that nothing listens on right now, below the range the
+    kernel picks a connection's own port from, and not handed out before by this process.
 
-    The kernel picks a free port at random, so once released the same port can come
-    back from the next call: a proxy chosen after a site's server (whose port is
-    free until the server starts) could take the server's port, and the server
-    then never starts (the storm's CI failure of 2026-11-27).
+    A port is free only until its server binds it. The kernel's own pick (bind to port
+    0) repeats a just-released port within a few hundred calls, and any process's
+    outgoing connection may take a port of its ephemeral range: a storm's proxy once
+    took a site server's port, and the server never started (CI, 2026-11-27).
     """
     with _handed_out_lock:
-        while True:
-            with socket.socket() as sock:
-                sock.bind(("127.0.0.1", 0))
-                port: int = sock.getsockname()[1]
-            if port not in _handed_out:
+        for _ in range(1000):
+            port = _port_choice.randrange(LOWEST_PORT, _ephemeral_low())
+            if port not in _handed_out and _bindable(port):
                 _handed_out.add(port)
                 return port
+    raise ServerError(f"no free TCP port between {LOWEST_PORT} and {_ephemeral_low()}")
+
+
+def _ephemeral_low() -> int:
+    """The lowest port the kernel gives outgoing connections (Linux's default: 32768)."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+    return max(low, LOWEST_PORT + 1000)
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 class LocalServer:
