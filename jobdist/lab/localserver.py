@@ -39,8 +39,8 @@ class ServerError(JobdistError, RuntimeError):
 # The pouchdb-server 4.2.0 fixes we rely on, applied at install time by `npm ci`
 # (patches/*.patch, see the reason in each): the fix, the file it changes (as a
 # package requires it) and a line it writes there. Speed, measured in the benchmarks,
-# is why the four after the first two are here, and the last two; the seventh keeps a
-# site that was down from waiting for its peers' documents after it is back.
+# is why the four after the first two are here, and the last three; the seventh keeps
+# a site that was down from waiting for its peers' documents after it is back.
 REQUIRED_FIXES = (
     ("replicated conflicts kept when validate_doc_update exists",
      "pouchdb-validation/lib/index.js",
@@ -69,6 +69,9 @@ REQUIRED_FIXES = (
     ("CouchDB 3's `update=lazy` in view queries",
      "express-pouchdb/lib/routes/views.js",
      "// jobdist: CouchDB 3's `update` is PouchDB's `stale`."),
+    ("a basic-auth session kept until a user or an admin changes",
+     "express-pouchdb/lib/routes/authentication.js",
+     "// jobdist: a basic-auth session is kept, by the request's Authorization header,"),
 )
 INSTALL_HINT = ("run `npm ci` in the jobdist checkout, or set JOBDIST_POUCHDB_SERVER to a "
                 "pouchdb-server that a checkout's `npm ci` installed")
