@@ -230,25 +230,26 @@ def test_free_port_never_hands_out_a_port_twice_nor_one_a_connection_may_take() 
 
 def test_a_kept_login_is_forgotten_when_its_user_or_admin_changes(tmp_path: Path) -> None:
     # The server keeps basic-auth sessions (patches/express-pouchdb+4.2.0.auth.patch):
-    # a changed or removed password must be refused at once, never a minute later.
-    with LocalServer(free_port(), tmp_path / "site", in_memory=True,
-                     admin=("admin", "pw-admin")) as server:
+    # a changed or removed password must be refused as soon as its change is answered.
+    # On disk, where a review found a first version honouring the old password for a
+    # few ms after the answer in about half the rounds.
+    with LocalServer(free_port(), tmp_path / "site", admin=("admin", "pw-admin")) as server:
         admin = ("admin", "pw-admin")
 
         def status(auth: tuple[str, str]) -> int:
             return requests.get(f"{server.url}/_session", auth=auth, timeout=5).status_code
 
         user = f"{server.url}/_users/org.couchdb.user:bob"
-        doc = {"name": "bob", "password": "one", "roles": [], "type": "user"}
+        doc = {"name": "bob", "password": "pw-0", "roles": [], "type": "user"}
         rev = requests.put(user, json=doc, auth=admin, timeout=5).json()["rev"]
-        assert [status(("bob", "one")) for _ in range(3)] == [200, 200, 200]
-        assert status(("bob", "two")) == 401
-        rev = requests.put(user, json={**doc, "password": "two", "_rev": rev}, auth=admin,
-                           timeout=5).json()["rev"]
-        assert status(("bob", "one")) == 401
-        assert status(("bob", "two")) == 200
+        for round in range(1, 21):
+            assert [status(("bob", f"pw-{round - 1}")) for _ in range(2)] == [200, 200]
+            rev = requests.put(user, json={**doc, "password": f"pw-{round}", "_rev": rev},
+                               auth=admin, timeout=5).json()["rev"]
+            assert status(("bob", f"pw-{round - 1}")) == 401, f"round {round}"
+        assert status(("bob", "pw-20")) == 200
         requests.delete(f"{user}?rev={rev}", auth=admin, timeout=5).raise_for_status()
-        assert status(("bob", "two")) == 401
+        assert status(("bob", "pw-20")) == 401
 
         second = f"{server.url}/_config/admins/carol"
         requests.put(second, json="first", auth=admin, timeout=5).raise_for_status()

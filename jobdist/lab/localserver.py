@@ -71,7 +71,7 @@ REQUIRED_FIXES = (
      "// jobdist: CouchDB 3's `update` is PouchDB's `stale`."),
     ("a basic-auth session kept until a user or an admin changes",
      "express-pouchdb/lib/routes/authentication.js",
-     "// jobdist: a basic-auth session is kept, by the request's Authorization header,"),
+     "// jobdist: a basic-auth session is kept, by a hash of the request's Authorization"),
 )
 INSTALL_HINT = ("run `npm ci` in the jobdist checkout, or set JOBDIST_POUCHDB_SERVER to a "
                 "pouchdb-server that a checkout's `npm ci` installed")
