@@ -770,7 +770,7 @@ class Manager:
                             lease_silence=lease_silence,
                             room=room, idle=idle,
                             assigning=self.periodic.expecting_assignments(now, self.restricted),
-                            fed_by=self.periodic.fed_by(now, core.CLAIM_DELAY),
+                            fed_by=self.board.feeding(now, core.CLAIM_DELAY),
                             successors=self.config.succession.successors,
                             silent=self.periodic.silent(now),
                             creator_timeout=self.config.succession.creator_timeout,

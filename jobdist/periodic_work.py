@@ -296,10 +296,6 @@ class PeriodicWork:
             return frozenset()
         return self.board.assigning(now)
 
-    def fed_by(self, now: float, within: float) -> frozenset[str]:
-        """The creators that gave us a step within `within` seconds (core.holds_claims)."""
-        return self.board.feeding(now, within)
-
     def publish_status_if_due(self, mine: status.SiteStatus, force: bool = False) -> None:
         now = time.monotonic()
         if not force and not self.publisher.due(mine, now):

@@ -158,13 +158,14 @@ def free_port() -> int:
     outgoing connection may take a port of its ephemeral range: a storm's proxy once
     took a site server's port, and the server never started (CI, 2026-11-27).
     """
+    high = _ephemeral_low()
     with _handed_out_lock:
         for _ in range(1000):
-            port = _port_choice.randrange(LOWEST_PORT, _ephemeral_low())
+            port = _port_choice.randrange(LOWEST_PORT, high)
             if port not in _handed_out and _bindable(port):
                 _handed_out.add(port)
                 return port
-    raise ServerError(f"no free TCP port between {LOWEST_PORT} and {_ephemeral_low()}")
+    raise ServerError(f"no free TCP port between {LOWEST_PORT} and {high}")
 
 
 def _ephemeral_low() -> int:
