@@ -120,6 +120,9 @@ class PoolView:
     # written yet (see record_late_start); those chained onto an end are `riding`.
     ahead: Mapping[StepKey, Running] = field(default_factory=dict)
     riding: Mapping[StepKey, Rider] = field(default_factory=dict)
+    # How long the longest free of `free_workers` has been free, by this site's clock
+    # (None: not known). Claims wait on it (holds_claims).
+    idle_for: float | None = None
 
     def worker_for(self, key: StepKey) -> str | None:
         """The worker booked for key, else a free one, else None."""
@@ -169,15 +172,17 @@ class Context:
     # Of that room, how many workers each site had free (the rest is its queue).
     idle: Mapping[str, int] = field(default_factory=dict)
     # For the other sites: creators whose fresh status says they assign open steps
-    # to sites with room. Their steps are claimed only once open for `claim_delay`
-    # seconds: a claim would mostly lose to the assignment, and book a worker meanwhile.
+    # to sites with room. Their steps are claimed only once open, and a worker of ours
+    # free (PoolView.idle_for), for `claim_delay` seconds: a claim would mostly lose to
+    # the assignment, and book a worker meanwhile.
     assigning: frozenset[str] = frozenset()
     claim_delay: float = CLAIM_DELAY
     # Of those, the creators that gave this site a step within the last `claim_delay`
     # seconds of its own clock: live, and giving it work as they learn of its room.
-    # Their steps are claimed only once open for `fed_claim_delay`: a claim would race
-    # their next assignment and cost two revisions more (a claim, then a win) for the
-    # same start. The bound keeps a belief that is wrong from holding a step for ever.
+    # Their steps are claimed only once open, and a worker free, for `fed_claim_delay`:
+    # a claim would race their next assignment and cost two revisions more (a claim,
+    # then a win) for the same start. The bound keeps a belief that is wrong from
+    # holding a step for ever.
     fed_by: frozenset[str] = frozenset()
     fed_claim_delay: float = FED_CLAIM_DELAY
     # Automatic succession: each creator's successors, in order (config
@@ -755,18 +760,25 @@ def on_open(doc: Job, step: Step, ctx: Context, pool: PoolView) -> Decision:
         return start_decision(doc, step, ctx, worker, assign=True)
     if ctx.site == doc["creator"]:
         return assign_to_room(doc, step, ctx)
-    if worker is None or holds_claims(doc, ctx):
+    if worker is None or holds_claims(doc, ctx, pool):
         return STAY
     return Decision("claim", claim(ctx), before=(Book(key, worker),))
 
 
-def holds_claims(doc: Job, ctx: Context) -> bool:
-    """Does this site leave the creator's open step to its assignment, for now?"""
+def holds_claims(doc: Job, ctx: Context, pool: PoolView) -> bool:
+    """Does this site leave the creator's open step to its assignment, for now?
+
+    It does until the step has been open, and a worker of ours free, for the delay:
+    then the creator had the time to give us work and did not. (The step's age alone
+    says nothing in a burst: steps wait in the creator's line while it feeds us, and
+    claims on them would race its assignments, each a claim and a win more.)
+    """
     creator = doc["creator"]
     if creator not in ctx.assigning:
         return False
-    return not open_for(doc, ctx, ctx.fed_claim_delay if creator in ctx.fed_by
-                        else ctx.claim_delay)
+    delay = ctx.fed_claim_delay if creator in ctx.fed_by else ctx.claim_delay
+    return not open_for(doc, ctx, delay) or (pool.idle_for is not None
+                                              and pool.idle_for < delay)
 
 
 def assign_to_room(doc: Job, step: Step, ctx: Context) -> Decision:

@@ -189,11 +189,15 @@ class Manager:
 
     def _scan_tasks_due(self) -> list[Task]:
         """Free workers go to the wins held here first (they cost no hop), then to the
-        open steps in line."""
+        open steps in line, decided on the revision the backlog kept when it has one
+        (a claim most often waits: a read each, for every freed worker, cost the
+        sites that do not create a request a step)."""
         held = self._held_win_tasks()
         taken = {task.doc_id for task in held}
         open_steps = self.periodic.claimable_due(self.runner.free_workers, self.draining)
-        return [*held, *self._decisions(doc_id for doc_id in open_steps if doc_id not in taken)]
+        kept = self.periodic.backlog.kept  # as the feed last showed them: no read
+        return [*held, *(self.decide_task(doc_id, known=kept.get(doc_id))
+                         for doc_id in open_steps if doc_id not in taken)]
 
     def _held_win_tasks(self, freeing: int = 0) -> list[Task]:
         """The wins held longest, one for each free worker and each `freeing`, decided on

@@ -86,8 +86,11 @@ class PlanRunner:
         if draining:
             return core.PoolView(running=running)
         now = time.monotonic()
+        free = self.free_workers()
+        since = self.pool.free_since()
         return core.PoolView(
-            free_workers=self.free_workers(),
+            free_workers=free,
+            idle_for=now - min((since.get(worker, now) for worker in free), default=now),
             booked={key: core.Booking(worker, now - self.booked_at.get(key, now))
                     for key, worker in self.pool.bookings().items()
                     if key not in self.launching},

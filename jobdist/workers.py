@@ -629,6 +629,7 @@ class WorkerPool:
         self._retiring: set[str] = set()  # booked/busy slots to drop once free
         self._booked: dict[StepKey, str] = {}
         self._busy: dict[StepKey, Execution] = {}
+        self._free_at: dict[str, float] = {}  # when each slot last became free (monotonic)
         self._closed = False
         self.resize(size)
 
@@ -650,6 +651,11 @@ class WorkerPool:
         """Names of the free slots, in the order `book` takes them."""
         with self._lock:
             return [] if self._closed else self._free_slots()
+
+    def free_since(self) -> dict[str, float]:
+        """When each free slot became free (time.monotonic)."""
+        with self._lock:
+            return {worker: self._free_at[worker] for worker in self._free_slots()}
 
     def bookings(self) -> dict[StepKey, str]:
         with self._lock:
@@ -839,6 +845,7 @@ class WorkerPool:
     def _release(self, worker: str) -> None:
         """A slot stopped being booked or busy: a retiring slot goes away now."""
         self._retiring.discard(worker)
+        self._free_at[worker] = time.monotonic()
 
     def _retire(self, count: int) -> None:
         """Drop `count` slots: free ones first, highest numbers first; others once free."""
@@ -860,6 +867,7 @@ class WorkerPool:
             }
             number = next(n for n in range(1, len(used) + 2) if n not in used)
             worker = f"{self._site}/w{number}"
+        self._free_at[worker] = time.monotonic()
         self._slots.append(worker)
         self._slots.sort(key=_slot_number)
 

@@ -141,6 +141,7 @@ class SimSite:
         self.booked: dict[StepKey, tuple[str, float]] = {}
         self.running: dict[StepKey, Execution] = {}
         self.queued: dict[StepKey, float] = {}  # wins held for a worker (core.queues), since
+        self.free_at: dict[str, float] = {}  # see pool
         self.queue_limit = workers  # 0: a site that releases a win no worker is free for
         self.killed: list[Execution] = []
         self.dying: list[Execution] = []  # killed, their cancelled result not yet reported
@@ -164,6 +165,7 @@ class SimSite:
         self.running.clear()
         self.queued.clear()
         self.dying.clear()
+        self.free_at.clear()  # a new daemon's workers are free since it started
 
     def report_killed(self) -> None:
         """Killed executions report a cancelled result, as a real worker does."""
@@ -208,8 +210,13 @@ class SimSite:
 
     def pool(self) -> core.PoolView:
         taken = {w for w, _ in self.booked.values()} | {e.worker for e in self.running.values()}
+        free = tuple(w for w in self.workers if w not in taken)
+        # When each worker became free, as first seen here (never earlier than the truth,
+        # so claims come no sooner than a real site's).
+        self.free_at = {w: self.free_at.get(w, self.clock.seconds) for w in free}
         return core.PoolView(
-            free_workers=tuple(w for w in self.workers if w not in taken),
+            free_workers=free,
+            idle_for=self.clock.seconds - min(self.free_at.values(), default=self.clock.seconds),
             booked={k: core.Booking(w, self.clock.seconds - t)
                     for k, (w, t) in self.booked.items()},
             running={k: core.Running(e.worker, e.epoch) for k, e in self.running.items()},

@@ -1574,6 +1574,30 @@ def test_a_site_fed_by_the_creator_lately_leaves_its_steps_to_it_for_longer():
     assert core.plan([long_open], stale, pool("reg_a/w1")).action == "claim"
 
 
+def test_a_step_long_in_the_creators_line_is_left_to_it_while_our_worker_just_freed():
+    """In a burst every step waits in the creator's line, so its age says nothing of
+    whether the creator feeds us: a worker that just freed waits for the creator's
+    next assignment, and claims only once it has been free for the delay too."""
+    queued = job("any")
+    queued["updated_at"] = at(580)  # 20 s in the creator's line
+    assigning = frozenset({CREATOR})
+    fed = dataclasses.replace(room_ctx("reg_a", assigning=assigning), fed_by=assigning)
+    for ctx, delay in ((fed, core.FED_CLAIM_DELAY),
+                       (room_ctx("reg_a", assigning=assigning), core.CLAIM_DELAY)):
+        just_freed = dataclasses.replace(pool("reg_a/w1"), idle_for=0.05)
+        assert core.plan([queued], ctx, just_freed).action == "none"
+        long_free = dataclasses.replace(pool("reg_a/w1"), idle_for=delay)
+        assert core.plan([queued], ctx, long_free).action == "claim"
+    # A new step waits for the creator however long our worker has been free.
+    fresh = job("any")
+    fresh["updated_at"] = at(599)
+    idle = dataclasses.replace(pool("reg_a/w1"), idle_for=3600.0)
+    assert core.plan([fresh], fed, idle).action == "none"
+    # A creator not known to assign: claim at once, as in the thesis.
+    assert core.plan([queued], room_ctx("reg_a"),
+                     dataclasses.replace(pool("reg_a/w1"), idle_for=0.0)).action == "claim"
+
+
 def test_an_assigned_site_without_a_free_worker_releases_the_step():
     plan = core.plan([job("any")], room_ctx(room={"reg_a": 1}), pool())
     released = core.plan([{**plan.doc, "_rev": "2-b"}], room_ctx("reg_a"), pool())

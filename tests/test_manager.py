@@ -306,6 +306,31 @@ def test_a_worker_booked_in_a_batch_is_not_taken_by_a_later_decision(tmp_path: P
         manager.pool.shutdown(1.0)
 
 
+def test_the_core_sees_how_long_a_worker_has_been_free_since_its_step_ended(
+        tmp_path: Path) -> None:
+    """Claims on an assigning creator's steps wait for a worker free a while
+    (core.holds_claims): a worker a step just freed counts from its end."""
+    store = SimStore(Replica(), "reg_a")
+    manager = Manager(SiteConfig("reg_a", CouchSettings(store.url), workers=2), store, SITES,
+                      Journal(tmp_path / "journal"))
+    try:
+        time.sleep(0.2)
+        idle_for = manager.pool_view().idle_for
+        assert idle_for is not None and idle_for >= 0.2
+        doc = won_here("reg_a", "sleep 0.3")
+        assert all(store.write([doc]))
+        manager.process(doc["_id"])
+        assert manager.counts["steps_started"] == 1
+        wait_for(lambda: manager.serve_once(0.05) or manager.counts["steps_finished"] == 1, 10)
+        idle_for = manager.pool_view().idle_for  # the other worker is free since the start
+        assert idle_for is not None and idle_for >= 0.4
+        manager.runner.apply(core.Book(("held", 0), "reg_a/w2"))  # the step ran on w1
+        idle_for = manager.pool_view().idle_for  # left: the worker the step freed
+        assert idle_for is not None and idle_for < 0.2
+    finally:
+        manager.pool.shutdown(1.0)
+
+
 def won_here(site: str, command: str) -> Doc:
     doc = new_job("global", [new_step(command)])
     doc["job"][0].update(claimed_by=site, winner=site, epoch=1,

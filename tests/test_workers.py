@@ -373,6 +373,25 @@ def test_book_unbook_and_idempotent_book(make_pool: Callable[[int], WorkerPool])
     assert pool.book(K3) == "alpha/w1"
 
 
+def test_free_since_is_when_each_free_slot_was_last_given_back(
+        make_pool: Callable[[int], WorkerPool], done: DoneLog) -> None:
+    """The core holds claims until a worker has been free a while (PoolView.idle_for):
+    a slot's free time starts when its booking or run ends, not when the pool began."""
+    before = time.monotonic()
+    pool = make_pool(2)
+    assert set(pool.free_since()) == {"alpha/w1", "alpha/w2"}
+    assert all(before <= at <= time.monotonic() for at in pool.free_since().values())
+    pool.book(K1)
+    assert list(pool.free_since()) == ["alpha/w2"]
+    time.sleep(0.05)
+    freed = time.monotonic()
+    pool.unbook(K1)
+    assert pool.free_since()["alpha/w1"] >= freed > pool.free_since()["alpha/w2"]
+    pool.start(K2, 0, make_step("true"), JOB_ENV)
+    done.wait_for(1)
+    assert pool.free_since()["alpha/w1"] > freed  # the run took alpha/w1, and gave it back
+
+
 def test_book_takes_the_worker_asked_for_when_it_is_free(
         make_pool: Callable[[int], WorkerPool]) -> None:
     pool = make_pool(3)
