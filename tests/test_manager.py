@@ -331,6 +331,32 @@ def test_the_core_sees_how_long_a_worker_has_been_free_since_its_step_ended(
         manager.pool.shutdown(1.0)
 
 
+def test_another_sites_revision_is_validated_only_when_it_calls_for_an_action(
+        tmp_path: Path) -> None:
+    """Validation guards what a site acts on: another site's job whose revision calls for
+    nothing here is not checked (its creator reports it); one that would be claimed is
+    checked first, and skipped with the reason."""
+    store = SimStore(Replica(), "reg_a")
+    manager = Manager(SiteConfig("reg_a", CouchSettings(store.url), workers=1), store, SITES,
+                      Journal(tmp_path / "journal"))
+    try:
+        running = new_job("global", [new_step("true")])
+        running["job"][0].update(claimed_by="global", winner="global", epoch=1,
+                                 step_status="running", retry_strategy={"max_retries": "x"},
+                                 lease_until="2999-01-01T00:00:00.000000Z")
+        open_step = new_job("global", [new_step("true")])
+        open_step["job"][0]["retry_strategy"] = {"max_retries": "x"}
+        assert all(store.write([running, open_step]))
+        for doc in (running, open_step):
+            manager.process(doc["_id"], store.replica.winner(doc["_id"]))
+        assert manager.counts["invalid_documents"] == 1
+        assert manager.skipped == {open_step["_id"]: "no valid revision"}
+        assert store.replica.winner(open_step["_id"])["job"][0]["claimed_by"] is None
+        assert manager.counts["handler_errors"] == 0
+    finally:
+        manager.pool.shutdown(1.0)
+
+
 def won_here(site: str, command: str) -> Doc:
     doc = new_job("global", [new_step(command)])
     doc["job"][0].update(claimed_by=site, winner=site, epoch=1,
