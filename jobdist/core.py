@@ -760,7 +760,9 @@ def on_open(doc: Job, step: Step, ctx: Context, pool: PoolView) -> Decision:
         return start_decision(doc, step, ctx, worker, assign=True)
     if ctx.site == doc["creator"]:
         return assign_to_room(doc, step, ctx)
-    if worker is None or holds_claims(doc, ctx, pool):
+    # A worker booked for this very step: our claim was decided and its write lost
+    # (a 409, the server down): claim again, the wait is over.
+    if worker is None or (key not in pool.booked and holds_claims(doc, ctx, pool)):
         return STAY
     return Decision("claim", claim(ctx), before=(Book(key, worker),))
 

@@ -431,11 +431,11 @@ class Manager:
 
         Validation guards what we act on. Every site validated every revision it saw,
         most of them only to find it had nothing to do (another site's start or end):
-        9 % of the daemons' busy time under a burst (2 % now). The creator still checks, reports and skips each
-        invalid revision of its jobs; any other site validates before it acts, and a
-        revision the core chokes on takes the checked way, which says what is wrong.
-        For a plan of nothing, what follows is the same for a valid revision and an
-        invalid one (nothing to do either way)."""
+        9 % of the daemons' busy time under a burst (2 % now). The site the revision
+        names as its creator still checks, reports and skips it; any other site
+        validates before it acts, and a revision the core chokes on takes the checked
+        way, which says what is wrong. For a plan of nothing, what follows is the same
+        for a valid revision and an invalid one (nothing to do either way)."""
         if seen.get("creator") == self.site or seen.get("type") != "job" \
                 or seen.get("_deleted"):
             return False

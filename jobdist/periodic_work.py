@@ -210,9 +210,12 @@ class PeriodicWork:
         the creator acts on them. A job whose step holds no lease is forgotten.
         """
         now = time.monotonic()
-        before = self.leases_seen.pop(doc_id, {})
+        before = self.leases_seen.get(doc_id, {})
+        # Read before forgetting: a revision whose leases cannot be read (one not
+        # validated yet, manager._nothing_to_do_unchecked) leaves what we saw as it was.
         seen = {lease: before.get(lease, now) for leaf in leaves
                 for lease in core.current_leases(leaf)}
+        self.leases_seen.pop(doc_id, None)
         if seen:
             self.leases_seen[doc_id] = seen  # re-inserted: the dict stays oldest first
         while len(self.leases_seen) > MAX_LEASES_SEEN:  # forgetting only delays a revocation
@@ -244,8 +247,10 @@ class PeriodicWork:
         a job no succession line of ours may take over: not tracked)."""
         now = time.monotonic()
         revs = frozenset(leaf["_rev"] for leaf in leaves)
-        before = self.jobs_seen.pop(doc_id, None)
-        if not any(leaf.get("creator") in self.line_sites and is_live(leaf) for leaf in leaves):
+        tracked = any(leaf.get("creator") in self.line_sites and is_live(leaf)
+                      for leaf in leaves)
+        before = self.jobs_seen.pop(doc_id, None)  # (after the reading: see lease_silence)
+        if not tracked:
             return 0.0
         since = before[1] if before is not None and before[0] == revs else now
         self.jobs_seen[doc_id] = (revs, since)  # re-inserted: the dict stays oldest first

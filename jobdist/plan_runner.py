@@ -78,6 +78,7 @@ class PlanRunner:
         # Every (step, epoch) launched here lately: a start decided on a stale view
         # never launches ahead an execution this site has run already.
         self.launched: OrderedDict[tuple[StepKey, int], None] = OrderedDict()
+        self.unreported_at: dict[str, float] = {}  # a worker last seen with its result unrecorded
 
     # --- what the core sees of our workers ------------------------------------------
 
@@ -87,7 +88,8 @@ class PlanRunner:
             return core.PoolView(running=running)
         now = time.monotonic()
         free = self.free_workers()
-        since = self.pool.free_since()
+        since = {worker: max(at, self.unreported_at.get(worker, at))
+                 for worker, at in self.pool.free_since().items()}
         return core.PoolView(
             free_workers=free,
             idle_for=now - min((since.get(worker, now) for worker in free), default=now),
@@ -105,8 +107,12 @@ class PlanRunner:
         )
 
     def free_workers(self) -> tuple[str, ...]:
-        # A worker whose result we have not recorded yet is not free for new work.
+        # A worker whose result we have not recorded yet is not free for new work,
+        # and its idle time (pool_view) starts only once it is recorded.
         unreported = {running.worker for running in self.executions.values()}
+        now = time.monotonic()
+        for worker in unreported:
+            self.unreported_at[worker] = now
         return tuple(w for w in self.pool.free_workers() if w not in unreported)
 
     def plan_made(self, plan: core.Plan, on_newest: bool = False) -> None:

@@ -1588,6 +1588,10 @@ def test_a_step_long_in_the_creators_line_is_left_to_it_while_our_worker_just_fr
         assert core.plan([queued], ctx, just_freed).action == "none"
         long_free = dataclasses.replace(pool("reg_a/w1"), idle_for=delay)
         assert core.plan([queued], ctx, long_free).action == "claim"
+    # Our worker booked for this very step: our claim was decided and its write lost.
+    booked = dataclasses.replace(pool(), idle_for=0.0,
+                                 booked={(queued["_id"], 0): core.Booking("reg_a/w1", 1.0)})
+    assert core.plan([queued], fed, booked).action == "claim"
     # A new step waits for the creator however long our worker has been free.
     fresh = job("any")
     fresh["updated_at"] = at(599)

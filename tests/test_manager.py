@@ -327,6 +327,14 @@ def test_the_core_sees_how_long_a_worker_has_been_free_since_its_step_ended(
         manager.runner.apply(core.Book(("held", 0), "reg_a/w2"))  # the step ran on w1
         idle_for = manager.pool_view().idle_for  # left: the worker the step freed
         assert idle_for is not None and idle_for < 0.2
+        # A result not recorded yet (held while the server is down) keeps its worker
+        # busy, and the worker's idle time starts once it is recorded.
+        manager.runner.executions[("unrecorded", 0)] = core.Running("reg_a/w1", 1)
+        time.sleep(0.3)
+        assert manager.pool_view().free_workers == ()
+        del manager.runner.executions[("unrecorded", 0)]
+        idle_for = manager.pool_view().idle_for
+        assert idle_for is not None and idle_for < 0.2
     finally:
         manager.pool.shutdown(1.0)
 
@@ -353,6 +361,29 @@ def test_another_sites_revision_is_validated_only_when_it_calls_for_an_action(
         assert manager.skipped == {open_step["_id"]: "no valid revision"}
         assert store.replica.winner(open_step["_id"])["job"][0]["claimed_by"] is None
         assert manager.counts["handler_errors"] == 0
+    finally:
+        manager.pool.shutdown(1.0)
+
+
+def test_a_revision_whose_leases_cannot_be_read_leaves_the_silence_seen_as_it_was(
+        tmp_path: Path) -> None:
+    """Another site's revision is planned on before it is validated (it may call for
+    nothing here): one that breaks the reading of its leases must not make this site
+    forget how long it has seen the job's lease unchanged (a revocation would wait)."""
+    store = SimStore(Replica(), "reg_a")
+    manager = Manager(SiteConfig("reg_a", CouchSettings(store.url), workers=1), store, SITES,
+                      Journal(tmp_path / "journal"))
+    try:
+        doc = won_here("reg_b", "true")
+        doc["job"][0]["step_status"] = "running"
+        first = manager.periodic.lease_silence(doc["_id"], [doc])
+        time.sleep(0.1)
+        garbage = {**doc, "job": [{**doc["job"][0], "lease_until": ["not", "a", "time"]}]}
+        with pytest.raises(TypeError):  # (a list cannot key the leases seen)
+            manager.periodic.lease_silence(doc["_id"], [garbage])
+        again = manager.periodic.lease_silence(doc["_id"], [doc])
+        lease = doc["job"][0]["lease_until"]
+        assert again[lease] >= first[lease] + 0.1  # still counted from the first sight
     finally:
         manager.pool.shutdown(1.0)
 
