@@ -413,11 +413,7 @@ class Manager:
             seen, task.seen = task.seen, None
             if seen is None or seen.get("_conflicts"):
                 continue
-            if self._nothing_to_do_unchecked(task, seen):
-                del pending[doc_id]
-                continue
-            found = self._valid(doc_id, [seen])
-            plan = self._plan_one(task, found)
+            plan = self._plan_seen(task, seen)
             if plan is None or plan.action == "none":
                 del pending[doc_id]
             elif plan.action == core.IGNORE:
@@ -426,29 +422,28 @@ class Manager:
             else:
                 task.known = seen  # act on it; a 409 says there is newer, and a read follows
 
-    def _nothing_to_do_unchecked(self, task: Task, seen: Doc) -> bool:
-        """Does another site's job call for nothing here, by its revision unvalidated?
+    def _plan_seen(self, task: Task, seen: Doc) -> core.Plan | None:
+        """The task's plan on the feed's revision (None: none, invalid, or the core choked).
 
         Validation guards what we act on. Every site validated every revision it saw,
         most of them only to find it had nothing to do (another site's start or end):
-        9 % of the daemons' busy time under a burst (2 % now). The site the revision
-        names as its creator still checks, reports and skips it; any other site
-        validates before it acts, and a revision the core chokes on takes the checked
-        way, which says what is wrong. For a plan of nothing, what follows is the same
-        for a valid revision and an invalid one (nothing to do either way)."""
-        if seen.get("creator") == self.site or seen.get("type") != "job" \
-                or seen.get("_deleted"):
-            return False
-        try:  # a valid revision, normalised, is what the checked way plans on
-            plan = task.plan([normalise(seen)], [])
+        9 % of the daemons' busy time under a burst (2 % now). So a revision of another
+        site's job is planned on first, normalised as the checked way would, and
+        validated only when the plan acts; for a valid revision that plan is the checked
+        way's. The site the revision names as its creator checks, reports and skips it
+        first, and a revision the core chokes on takes the checked way, which says
+        what is wrong."""
+        if seen.get("creator") == self.site or not _job_leaf(seen):
+            return self._plan_one(task, self._valid(task.doc_id, [seen]))
+        try:
+            plan: core.Plan | None = task.plan([normalise(seen)], [])
         except Exception:
-            return False
-        if plan.action != "none":
-            return False
-        self.runner.decided(task.doc_id, plan)
-        if task.then_decide:
-            self.runner.decided_about(task.doc_id, plan)
-        return True
+            return self._plan_one(task, self._valid(task.doc_id, [seen]))
+        if plan is not None and plan.action != "none" \
+                and self._valid(task.doc_id, [seen]) is None:
+            plan = None  # invalid: reported and skipped, nothing done
+        self._note_plan(task, plan)
+        return plan
 
     def _known_leaves(self, pending: dict[str, Task]) -> dict[str, list[Doc]]:
         """The tasks to plan on the newest revision we know, each once (Task.known)."""
@@ -557,10 +552,14 @@ class Manager:
         except Exception:  # a document the core chokes on: logged, the batch goes on
             self.counts["handler_errors"] += 1
             self.log.exception("error while deciding", job=task.doc_id)
+        self._note_plan(task, plan)
+        return plan
+
+    def _note_plan(self, task: Task, plan: core.Plan | None) -> None:
+        """Tell the runner what was decided about the job (None: nothing)."""
         self.runner.decided(task.doc_id, plan or core.NOTHING)  # a win held stays so if planned
         if task.then_decide and plan is not None:
             self.runner.decided_about(task.doc_id, plan)
-        return plan
 
     def _write_all(self, pending: dict[str, Task],
                    plans: dict[str, tuple[core.Plan, list[Job]]]) -> None:
@@ -746,7 +745,7 @@ class Manager:
     # --- reading and judging leaves -------------------------------------------------
 
     def _valid(self, doc_id: str, leaves: list[Doc]) -> Found | None:
-        jobs = [leaf for leaf in leaves if leaf.get("type") == "job" and not leaf.get("_deleted")]
+        jobs = [leaf for leaf in leaves if _job_leaf(leaf)]
         usable, rejected = core.usable_leaves(jobs, self._errors)
         for rev, reason in rejected:
             self._report_invalid(doc_id, rev, reason)
@@ -872,6 +871,11 @@ class _Either:
 
     def __contains__(self, item: object) -> bool:
         return item in self.first or item in self.second
+
+
+def _job_leaf(leaf: Doc) -> bool:
+    """A leaf that says it is a job, not a deletion (the others are not ours to judge)."""
+    return leaf.get("type") == "job" and not leaf.get("_deleted")
 
 
 def _generation(rev: str) -> int:

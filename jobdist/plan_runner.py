@@ -87,12 +87,10 @@ class PlanRunner:
         if draining:
             return core.PoolView(running=running)
         now = time.monotonic()
-        free = self.free_workers()
-        since = {worker: max(at, self.unreported_at.get(worker, at))
-                 for worker, at in self.pool.free_since().items()}
+        since = self._free_since()
         return core.PoolView(
-            free_workers=free,
-            idle_for=now - min((since.get(worker, now) for worker in free), default=now),
+            free_workers=tuple(since),
+            idle_for=now - min(since.values(), default=now),
             booked={key: core.Booking(worker, now - self.booked_at.get(key, now))
                     for key, worker in self.pool.bookings().items()
                     if key not in self.launching},
@@ -107,13 +105,19 @@ class PlanRunner:
         )
 
     def free_workers(self) -> tuple[str, ...]:
-        # A worker whose result we have not recorded yet is not free for new work,
-        # and its idle time (pool_view) starts only once it is recorded.
+        return tuple(self._free_since())
+
+    def _free_since(self) -> dict[str, float]:
+        """The free workers, in the order the pool books them, and since when each is.
+
+        A worker whose result we have not recorded yet is not free for new work, and
+        its free time starts only once it is recorded (last seen unrecorded)."""
         unreported = {running.worker for running in self.executions.values()}
         now = time.monotonic()
         for worker in unreported:
             self.unreported_at[worker] = now
-        return tuple(w for w in self.pool.free_workers() if w not in unreported)
+        return {worker: max(at, self.unreported_at.get(worker, at))
+                for worker, at in self.pool.free_since().items() if worker not in unreported}
 
     def plan_made(self, plan: core.Plan, on_newest: bool = False) -> None:
         """A plan of the batch, before the write: book its worker, so that the next plan

@@ -653,9 +653,11 @@ class WorkerPool:
             return [] if self._closed else self._free_slots()
 
     def free_since(self) -> dict[str, float]:
-        """When each free slot became free (time.monotonic)."""
+        """When each free slot became free (time.monotonic), in the order `book` takes
+        them (free_workers)."""
         with self._lock:
-            return {worker: self._free_at[worker] for worker in self._free_slots()}
+            return {} if self._closed else {worker: self._free_at[worker]
+                                            for worker in self._free_slots()}
 
     def bookings(self) -> dict[StepKey, str]:
         with self._lock:
