@@ -38,9 +38,9 @@ class ServerError(JobdistError, RuntimeError):
 
 # The pouchdb-server 4.2.0 fixes we rely on, applied at install time by `npm ci`
 # (patches/*.patch, see the reason in each): the fix, the file it changes (as a
-# package requires it) and a line it writes there. Speed, measured in the benchmarks,
-# is why the four after the first two are here, and the last three; the seventh keeps
-# a site that was down from waiting for its peers' documents after it is back.
+# package requires it) and a line it writes there. The first two are for correctness,
+# the seventh keeps a site that was down from waiting for its peers' documents after
+# it is back; speed, measured in the benchmarks, is why the others are here.
 REQUIRED_FIXES = (
     ("replicated conflicts kept when validate_doc_update exists",
      "pouchdb-validation/lib/index.js",
@@ -63,15 +63,21 @@ REQUIRED_FIXES = (
     ("a failing replication retried at least once a second",
      "pouchdb-replication/lib/index.js",
      "// jobdist: retry at least once a second. The default doubles up to 10 minutes,"),
-    ("replication connections kept alive, no gzip",
+    ("replication connections kept alive, no gzip, no cookie jar",
      "pouchdb-fetch/lib/index.js",
-     "function keptAliveFetch(url, options) {"),
+     "var fetch = keptAliveFetch;"),
     ("CouchDB 3's `update=lazy` in view queries",
      "express-pouchdb/lib/routes/views.js",
      "// jobdist: CouchDB 3's `update` is PouchDB's `stale`."),
     ("a basic-auth session kept until a user or an admin changes",
      "express-pouchdb/lib/routes/authentication.js",
      "// jobdist: a basic-auth session is kept, by a hash of the request's Authorization"),
+    ("no request log line built below the log level",
+     "express-pouchdb/lib/routes/http-log.js",
+     "// jobdist: below the logger's level (0 debug, 1 info), no line to format nor an"),
+    ("answers copied by Buffer.from, one body parser a size limit",
+     "express-pouchdb/lib/utils.js",
+     "// jobdist: one parser a size limit, not one built for every request."),
 )
 INSTALL_HINT = ("run `npm ci` in the jobdist checkout, or set JOBDIST_POUCHDB_SERVER to a "
                 "pouchdb-server that a checkout's `npm ci` installed")
