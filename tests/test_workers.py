@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import threading
@@ -243,6 +244,36 @@ def test_processes_left_behind_by_a_finished_step_are_killed(tmp_path: Path) -> 
     result = run_step(make_step(f"sleep 100 & echo $! > {pid_file}; echo done"), JOB_ENV)
     assert result.ok and result.stdout == "done\n"
     assert wait_until(lambda: process_gone(int(pid_file.read_text())))
+
+
+def test_a_group_stopped_for_its_timeout_may_write_on_its_way_out(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Its SIGTERM handler writes more than a pipe holds: read while the grace runs,
+    # it exits by itself, with no SIGKILL.
+    step = make_step("trap 'head -c 200000 /dev/zero | tr \"\\\\0\" z; exit 3' TERM; "
+                     "sleep 100 & wait", timeout=0.3)
+    with caplog.at_level("WARNING", logger="jobdist.workers"):
+        result = run_step(step, JOB_ENV)
+    assert result.timed_out
+    assert result.stdout == "z" * OUTPUT_TAIL_BYTES
+    assert "process group survived SIGTERM" not in caplog.text
+
+
+def test_a_process_that_left_the_group_keeps_its_output_pipe(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    # setsid takes it out of the step's group, which is killed at the end: it lives on,
+    # holding stdout. The step ends without waiting for it, and the pipe is read on, so
+    # its later writes neither block nor kill it.
+    monkeypatch.setattr(workers, "READER_JOIN_SECONDS", 0.3)
+    alive = tmp_path / "alive"
+    step = make_step(f"setsid sh -c 'sleep 1; echo late; echo yes > {alive}' & echo started")
+    with caplog.at_level("WARNING", logger="jobdist.workers"):
+        result = run_step(step, JOB_ENV)
+    assert result.ok and result.stdout == "started\n"
+    assert "still holds an output pipe" in caplog.text
+    assert wait_until(lambda: alive.exists() and alive.read_text() == "yes\n")
 
 
 def test_cancel_mid_run(tmp_path: Path) -> None:
@@ -626,6 +657,37 @@ def test_a_pool_keeps_progress_files_in_its_own_directory_and_clears_what_a_kill
     used = Path(done.calls[0][1].stdout.strip())
     assert used.parent == directory and used.name.startswith(workers.PROGRESS_PREFIX)
     assert sorted(directory.iterdir()) == [unrelated]  # removed after the step
+
+
+def test_the_exit_watch_reads_the_output_while_it_waits() -> None:
+    # More than a pipe holds, then an exit: unread, the writer would never exit.
+    proc = subprocess.Popen(["sh", "-c", "head -c 300000 /dev/zero; echo end >&2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0)
+    assert proc.stdout is not None and proc.stderr is not None
+    output = workers._Output(proc.stdout, proc.stderr)
+    try:
+        with _exit_watch(proc, output) as exits_within:
+            assert wait_until(lambda: exits_within(0.05))
+        assert output.drain(10.0)
+        assert output.stdout.text() == "\ufffd" * OUTPUT_TAIL_BYTES  # NULs, replaced
+        assert output.stderr.text() == "end\n"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_output_read_to_its_end_is_done_at_once() -> None:
+    # Both pipes closed by their writer: the drain returns at EOF, never waits its bound.
+    read_ends = []
+    for read_end, write_end in (os.pipe(), os.pipe()):
+        os.write(write_end, b"bye\n")
+        os.close(write_end)
+        read_ends.append(open(read_end, "rb", buffering=0))  # noqa: SIM115 (closed at EOF)
+    output = workers._Output(*read_ends)
+    began = time.monotonic()
+    assert output.drain(60.0)
+    assert time.monotonic() - began < 30.0
+    assert output.stdout.text() == output.stderr.text() == "bye\n"
 
 
 def test_the_exit_watch_tells_a_running_process_from_one_that_exited() -> None:
