@@ -129,8 +129,12 @@ class _ProgressScanner:
         if len(line) > MAX_PROGRESS_LINE or not line.lstrip().startswith(PROGRESS_MARK):
             return
         report = parse_progress(line.decode("utf-8", errors="replace"))
-        if report is not None:
+        if report is None:
+            return
+        try:
             self._report(report)
+        except Exception:  # it runs in the step's wait: never let it stop the wait or the kill
+            EventLog("jobdist.workers").exception("the progress callback failed")
 
 
 PROGRESS_PREFIX = "jobdist-progress-"
@@ -244,8 +248,7 @@ class _Output:
         deadline = time.monotonic() + seconds
         while True:
             remaining = max(0.0, deadline - time.monotonic())
-            ready, _, _ = select.select([*fds, *([] if also is None else [also])], [], [],
-                                        remaining)
+            ready = _readable([*fds, *([] if also is None else [also])], remaining)
             if also is not None and also in ready:
                 return True
             for fd in ready:
@@ -269,9 +272,18 @@ class _Output:
 
     def _read_to_eof(self) -> None:
         while fds := self._open():
-            ready, _, _ = select.select(fds, [], [])
+            ready = _readable(fds, None)
             for fd in ready:
                 self._tails[fd].read_some()
+
+
+def _readable(fds: list[int], seconds: float | None) -> list[int]:
+    """The descriptors of `fds` ready to read (or at EOF) within `seconds` (None: no
+    bound). poll, not select: select refuses descriptors numbered 1024 and above."""
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN)
+    return [fd for fd, _ in poller.poll(None if seconds is None else max(0.0, seconds) * 1000)]
 
 
 def _drop_leading_continuation_bytes(data: bytes) -> bytes:
@@ -366,7 +378,7 @@ def _exit_watch(proc: subprocess.Popen[bytes],
         if output is not None:
             exited = output.read_for(seconds, also=pidfd)
         else:
-            exited = bool(select.select([pidfd], [], [], seconds)[0])
+            exited = bool(_readable([pidfd], seconds))
         if exited:
             proc.wait()  # it exited: reap it, which sets its returncode
         return exited
@@ -547,7 +559,7 @@ class _StepRun:
                             self._note_progress)
 
     def _note_progress(self, report: Report) -> None:
-        """From the stdout reader's thread: keep the latest, and pass it on."""
+        """From the thread that waits for the attempt: keep the latest, and pass it on."""
         self._progress = report
         if self._on_progress is not None:
             self._on_progress(report)
@@ -642,8 +654,10 @@ def run_step(
     once, with no more retries nor alt_do. `on_retry(failed_attempt_number, reason)`
     is called before each retry's sleep. A command `allows` refuses is not run: the
     attempt fails at once, without retries (alt_do, if allowed, still runs).
-    `on_progress(report)` is called, from a reader thread, for each progress line the
-    command prints on stdout (`parse_progress`); the result keeps the last one.
+    `on_progress(report)` is called for each progress line the command prints on stdout
+    (`parse_progress`), from the thread that runs the step (or, once the step is over,
+    the one reading a pipe that a process outside its group still holds); the result
+    keeps the last one. An exception it raises is logged and ignored.
     """
     return _StepRun(step, env, cancel or threading.Event(), on_retry, allows,
                     on_progress).run()

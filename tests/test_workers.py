@@ -690,6 +690,31 @@ def test_output_read_to_its_end_is_done_at_once() -> None:
     assert output.stdout.text() == output.stderr.text() == "bye\n"
 
 
+def test_a_progress_callback_that_raises_stops_neither_the_step_nor_its_output() -> None:
+    def broken(report: Any) -> None:
+        raise RuntimeError("broken")
+
+    result = run_step(make_step("echo 'JOBDIST_PROGRESS 0.5 half'; echo done"), JOB_ENV,
+                      on_progress=broken)
+    assert result.ok and result.stdout.endswith("done\n")
+    assert result.progress is not None and result.progress["fraction"] == 0.5
+
+
+def test_output_is_read_on_descriptors_past_1024() -> None:
+    # select() refuses descriptors numbered 1024 and above; a busy daemon may hold that many.
+    read_end, write_end = os.pipe()
+    high = os.dup2(read_end, 1500)
+    os.close(read_end)
+    os.write(write_end, b"high\n")
+    os.close(write_end)
+    stderr_read, stderr_write = os.pipe()
+    os.close(stderr_write)
+    output = workers._Output(open(high, "rb", buffering=0),  # noqa: SIM115 (closed at EOF)
+                             open(stderr_read, "rb", buffering=0))  # noqa: SIM115
+    assert output.drain(10.0)
+    assert output.stdout.text() == "high\n"
+
+
 def test_the_exit_watch_tells_a_running_process_from_one_that_exited() -> None:
     proc = subprocess.Popen(["sleep", "30"])
     try:
