@@ -267,8 +267,11 @@ def test_a_process_that_left_the_group_keeps_its_output_pipe(
     # holding stdout. The step ends without waiting for it, and the pipe is read on, so
     # its later writes neither block nor kill it.
     monkeypatch.setattr(workers, "READER_JOIN_SECONDS", 0.3)
-    alive = tmp_path / "alive"
-    step = make_step(f"setsid sh -c 'sleep 1; echo late; echo yes > {alive}' & echo started")
+    alive, left = tmp_path / "alive", tmp_path / "left"
+    # The step waits until the process has left its group (it writes its pid from its
+    # new session), or the group's kill at the end could still reach it.
+    step = make_step(f"setsid sh -c 'echo $$ > {left}; sleep 1; echo late; echo yes > {alive}' & "
+                     f"while [ ! -s {left} ]; do sleep 0.01; done; echo started")
     with caplog.at_level("WARNING", logger="jobdist.workers"):
         result = run_step(step, JOB_ENV)
     assert result.ok and result.stdout == "started\n"
