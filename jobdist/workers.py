@@ -195,7 +195,7 @@ class _Tail:
         self.at_eof = False
 
     def read_some(self) -> None:
-        """One read of a pipe that select found ready; at EOF the pipe is closed."""
+        """One read of a pipe found ready (_readable); at EOF the pipe is closed."""
         chunk = os.read(self.stream.fileno(), _READ_CHUNK)
         if not chunk:
             self.at_eof = True
@@ -224,7 +224,7 @@ class _Output:
     """A command's stdout and stderr, read by the thread that waits for its exit.
 
     Two reader threads an attempt cost a short step more CPU than everything else the
-    daemon does to run it (0.54 -> 0.23 ms a `true` step). A pipe still held open once
+    daemon does to run it (0.46 -> 0.25 ms a `true` step). A pipe still held open once
     the process group is gone (a process that left the group) is read on by a thread
     of its own, as a pipe must be until EOF, or that process would block or die on it.
     """
@@ -359,7 +359,7 @@ def _wait_for_exit(
 
 @contextlib.contextmanager
 def _exit_watch(proc: subprocess.Popen[bytes],
-                output: _Output | None = None) -> Iterator[Callable[[float], bool]]:
+                output: _Output) -> Iterator[Callable[[float], bool]]:
     """A wait for the process's exit that returns the moment it exits, reading `output`
     while it waits.
 
@@ -375,10 +375,7 @@ def _exit_watch(proc: subprocess.Popen[bytes],
     def exits_within(seconds: float) -> bool:
         if pidfd is None:
             return _polled_exit(proc, output, seconds)
-        if output is not None:
-            exited = output.read_for(seconds, also=pidfd)
-        else:
-            exited = bool(_readable([pidfd], seconds))
+        exited = output.read_for(seconds, also=pidfd)
         if exited:
             proc.wait()  # it exited: reap it, which sets its returncode
         return exited
@@ -393,17 +390,13 @@ def _exit_watch(proc: subprocess.Popen[bytes],
 EXIT_POLL_SECONDS = 0.005  # without a pidfd
 
 
-def _polled_exit(proc: subprocess.Popen[bytes], output: _Output | None,
-                 seconds: float) -> bool:
+def _polled_exit(proc: subprocess.Popen[bytes], output: _Output, seconds: float) -> bool:
     deadline = time.monotonic() + seconds
     while proc.poll() is None:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return False
-        if output is not None:
-            output.read_for(min(EXIT_POLL_SECONDS, remaining))
-        else:
-            time.sleep(min(EXIT_POLL_SECONDS, remaining))
+        output.read_for(min(EXIT_POLL_SECONDS, remaining))
     return True
 
 

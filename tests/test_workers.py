@@ -719,9 +719,11 @@ def test_output_is_read_on_descriptors_past_1024() -> None:
 
 
 def test_the_exit_watch_tells_a_running_process_from_one_that_exited() -> None:
-    proc = subprocess.Popen(["sleep", "30"])
+    proc = subprocess.Popen(["sleep", "30"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            bufsize=0)
+    assert proc.stdout is not None and proc.stderr is not None
     try:
-        with _exit_watch(proc) as exits_within:
+        with _exit_watch(proc, workers._Output(proc.stdout, proc.stderr)) as exits_within:
             assert not exits_within(0.01)
             proc.kill()
             assert exits_within(10.0)
