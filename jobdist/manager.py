@@ -181,6 +181,7 @@ class Manager:
         self.periodic.checkpoint_if_due()
 
     def _next_changes(self, timeout: float) -> list[Changed]:
+        timeout = self.periodic.status_wait(self.own_status(), timeout)
         return self.mailbox.next_changes(
             self.runner.wait_at_most(self.waiting.wait_at_most(timeout)), BATCH)
 

@@ -303,7 +303,7 @@ class PeriodicWork:
 
     def publish_status_if_due(self, mine: status.SiteStatus, force: bool = False) -> None:
         now = time.monotonic()
-        if not force and not self.publisher.due(mine, now):
+        if not force and not self.publisher.due(mine, now, self.open_steps_wait()):
             return
         doc = mine.as_doc()
         try:
@@ -315,6 +315,7 @@ class PeriodicWork:
                 doc["_rev"] = self.publisher.rev
             (result,) = self.store.write([doc])
         except CouchError as error:
+            self.publisher.failed(now)
             self.log.warning("status not published", error=error)
             return
         if isinstance(result, Saved):
@@ -322,7 +323,18 @@ class PeriodicWork:
             self.publisher.published(mine, result.rev, now)
         else:  # someone wrote it meanwhile (an older daemon of ours): read it next time
             self.publisher.rev = None
+            self.publisher.failed(now)
             self.log.warning("status not published", result=result)
+
+    def status_wait(self, mine: status.SiteStatus, timeout: float) -> float:
+        """No longer than until our status is to be published (a changed room settled)."""
+        now = time.monotonic()
+        due = self.publisher.due_at(mine, now, self.open_steps_wait())
+        return min(timeout, max(0.0, due - now))
+
+    def open_steps_wait(self) -> bool:
+        """Do open steps that we may run wait (the backlog)? Then our room is news."""
+        return bool(self.backlog.open)
 
     # --- the feed checkpoint ---------------------------------------------------------------
 

@@ -40,6 +40,9 @@ log = logging.getLogger("jobdist.status")
 
 PREFIX = "site-"
 MIN_INTERVAL = 1.0  # seconds between two publications of a changed room
+# A changed room is published once it has held this long (Publisher.due): a worker freed
+# and taken again at once is no news for creators.
+SETTLE = 0.25
 REFRESH = 30.0  # an unchanged status is published again this often
 STALE_AFTER = 3 * REFRESH  # a status not renewed for this long (our clock) is ignored
 ASSIGNED_FOR = 3.0  # seconds an assignment counts against a room its site has not re-published
@@ -306,19 +309,47 @@ def _gave_back_unstarted(doc: Leaf) -> tuple[str, str] | None:
 
 
 class Publisher:
-    """When to publish this site's own status: a changed room soon, the same one rarely."""
+    """When to publish this site's own status: a changed room soon, the same one rarely.
+
+    While no open step waits that the site may run, a changed room waits until it has
+    held for SETTLE. Rooms change at the moments a step ends, which are the moments
+    its site writes the step's end and starts the next: a status written then held
+    those decisions up (the manager's write, then the replication batch ahead of
+    theirs), to tell creators of room they had no open step for. While open steps
+    wait (`urgent`), a creator may give us one: the room is news at once."""
 
     def __init__(self, refresh: float = REFRESH) -> None:
         self.refresh = refresh  # publish an unchanged status again this often
         self.last: SiteStatus | None = None
         self.last_at = float("-inf")
         self.rev: str | None = None  # of our status document, once known
+        self.changed_at: float | None = None  # since when the room differs from `last`
+        self.retry_at = float("-inf")  # after a publication that failed
 
-    def due(self, status: SiteStatus, now: float) -> bool:
-        if self.last is None or now - self.last_at >= self.refresh:
-            return True
-        changed = (status.room, status.workers) != (self.last.room, self.last.workers)
-        return changed and now - self.last_at >= MIN_INTERVAL
+    def due(self, status: SiteStatus, now: float, urgent: bool = True) -> bool:
+        return self.due_at(status, now, urgent) <= now
+
+    def due_at(self, status: SiteStatus, now: float, urgent: bool = True) -> float:
+        """When `status` is to be published (the manager wakes for it)."""
+        return max(self._wanted_at(status, now, urgent), self.retry_at)
+
+    def _wanted_at(self, status: SiteStatus, now: float, urgent: bool) -> float:
+        if self.last is None:
+            return now
+        refresh_at = self.last_at + self.refresh
+        if (status.room, status.workers) == (self.last.room, self.last.workers):
+            self.changed_at = None
+            return refresh_at
+        if self.changed_at is None:
+            self.changed_at = now
+        settled_at = self.changed_at + (0.0 if urgent else SETTLE)
+        return min(refresh_at, max(self.last_at + MIN_INTERVAL, settled_at))
 
     def published(self, status: SiteStatus, rev: str, now: float) -> None:
         self.last, self.last_at, self.rev = status, now, rev
+        self.changed_at = None
+
+    def failed(self, now: float) -> None:
+        """Not published (the server's trouble): try again a MIN_INTERVAL later, not in
+        every round of the manager, which wakes for a publication due."""
+        self.retry_at = now + MIN_INTERVAL

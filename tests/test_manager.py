@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from jobdist import core
+from jobdist import core, status
 from jobdist.clock import format_time
 from jobdist.config import CouchSettings, DaemonSettings, SiteConfig, SuccessionSettings
 from jobdist.couch import Unavailable
@@ -454,8 +454,8 @@ def test_a_draining_site_says_so_and_gives_its_held_wins_back(tmp_path: Path) ->
     assert not manager.runner.queued
     step = store.replica.winner(held["_id"])["job"][0]
     assert (step["winner"], step["epoch"]) == (None, 2)
-    status = store.replica.winner("site-reg_a")
-    assert (status["draining"], status["free_workers"]) == (True, 0)
+    published = store.replica.winner("site-reg_a")
+    assert (published["draining"], published["free_workers"]) == (True, 0)
 
 
 def test_a_held_win_whose_job_is_gone_frees_its_place(tmp_path: Path) -> None:
@@ -502,6 +502,24 @@ def test_a_decision_a_failed_read_lost_is_taken_again(tmp_path: Path) -> None:
     finally:
         manager.pool.shutdown(1.0)
 
+
+def test_the_manager_wakes_to_publish_a_changed_room_once_it_settled(tmp_path: Path) -> None:
+    """A room that changed while no open step waits is published SETTLE later: the
+    manager's wait ends then, not at its timeout, and the status is written."""
+    store = SimStore(Replica(), "global")
+    manager = creator_alone(tmp_path, store)
+    try:
+        manager.serve_once(timeout=0.05)  # the first status: one free worker
+        assert store.replica.winner("site-global")["free_workers"] == 1
+        manager.periodic.publisher.last_at -= status.MIN_INTERVAL  # published long ago
+        assert manager.pool.book(("job-x", 0)) is not None  # the room changes: 1 -> 0
+        wait = manager.periodic.status_wait(manager.own_status(), timeout=30.0)
+        assert 0.0 < wait <= status.SETTLE
+        time.sleep(wait)
+        manager.serve_once(timeout=30.0)  # due now: no wait
+        assert store.replica.winner("site-global")["free_workers"] == 0
+    finally:
+        manager.pool.shutdown(1.0)
 
 def serve_until(manager: Manager, done: Any, what: str) -> None:
     wait_for(lambda: manager.serve_once(timeout=0.05) or done(), timeout=10, what=what)

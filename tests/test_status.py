@@ -223,6 +223,32 @@ def test_the_publisher_sends_a_changed_room_soon_and_the_same_one_rarely():
     assert publisher.due(site_status(free=2), status.REFRESH)
 
 
+def test_a_changed_room_waits_to_settle_unless_open_steps_wait():
+    """No open step we may run: a changed room is published once it held for SETTLE (a
+    worker freed and taken again at once is no news). Open steps waiting: at once. A
+    room back to what was published is nothing to publish."""
+    publisher = Publisher()
+    publisher.published(site_status(free=2), "1-a", 0.0)
+    later = status.MIN_INTERVAL + 1.0
+    assert publisher.due(site_status(free=1), later, urgent=True)
+    assert not publisher.due(site_status(free=1), later, urgent=False)
+    assert publisher.due_at(site_status(free=1), later + 0.1, urgent=False) == \
+        later + status.SETTLE  # since it was first seen changed
+    assert not publisher.due(site_status(free=2), later + 0.2, urgent=False)  # back
+    assert not publisher.due(site_status(free=0), later + status.SETTLE, urgent=False)
+    assert publisher.due(site_status(free=0), later + 2 * status.SETTLE, urgent=False)
+
+
+def test_a_status_that_failed_is_tried_again_a_moment_later():
+    """The manager wakes for a publication due: one the server refused must not be due
+    again at once, or the manager would spin while the server is away."""
+    publisher = Publisher()
+    assert publisher.due(site_status(free=2), 0.0)
+    publisher.failed(0.0)
+    assert not publisher.due(site_status(free=2), 0.5)
+    assert publisher.due(site_status(free=2), status.MIN_INTERVAL)
+
+
 # --- the server's rules are the same ----------------------------------------------------
 
 
