@@ -50,7 +50,11 @@ class PeriodicWork:
         self.scan_due = True
         self.backlog = Backlog(self.site)  # open steps the feed showed us
         self.last_view_scan = -VIEW_SCAN_INTERVAL  # the first scan asks the view
+        self.view_cut = True  # the view's last answer may have left open steps out
         self.assign_scan_due = False
+        # Have we seen a job of ours since the start (whose recovery reads every live
+        # one)? A site that creates none has no open step to give others.
+        self.creates = False
         # (The start's recovery reads every job of ours: the backlog has the open ones.)
         self.last_assign_view_scan = time.monotonic()
         self.last_checkpoint = time.monotonic()
@@ -81,6 +85,8 @@ class PeriodicWork:
         Backlog.saw): is its step open to us (the backlog), does a site hold a step of
         ours unstarted (the board)?"""
         self.backlog.saw(doc_id, doc, whole)
+        if doc is not None and doc.get("creator") == self.site:
+            self.creates = True
         if self.board.saw_job(doc_id, doc, time.monotonic()):
             self.assign_scan_due = True  # a site's queue has room again
 
@@ -91,8 +97,12 @@ class PeriodicWork:
     def claimable_due(self, free_workers: Callable[[], tuple[str, ...]],
                       draining: bool) -> list[str]:
         """Open steps for our free workers, in line order: the backlog's (no request);
-        the `claimable` view's too when the backlog has none (at most every
-        SCAN_INTERVAL) or every VIEW_SCAN_INTERVAL (what the feed never showed us)."""
+        the `claimable` view's too every VIEW_SCAN_INTERVAL (what the feed never showed
+        us), and when the backlog has none while the view's last answer was cut at its
+        limit (at most every SCAN_INTERVAL: a start has more open steps to find than one
+        answer holds). After an answer that held every row, everything open later came
+        through the feed: an empty backlog is the truth, and asking the view each time a
+        worker freed cost a step's end two queries (docs/performance.md)."""
         if draining or not free_workers():
             return []
         now = time.monotonic()
@@ -102,7 +112,8 @@ class PeriodicWork:
         limit = 4 * len(free_workers())
         rows = self.backlog.first(limit, self.skipped)
         since_view = now - self.last_view_scan
-        if (not rows and since_view >= SCAN_INTERVAL) or since_view >= VIEW_SCAN_INTERVAL:
+        if (not rows and self.view_cut and since_view >= SCAN_INTERVAL) \
+                or since_view >= VIEW_SCAN_INTERVAL:
             self.last_view_scan = now
             rows += self.claimable(limit)
         return self.in_line(rows, limit)
@@ -112,13 +123,15 @@ class PeriodicWork:
         # Skipped jobs may sort first (a hostile priority): read past them, or they
         # would fill the window on every scan and starve everything behind them.
         extra = min(len(self.skipped), 1000)
+        self.view_cut = True  # until an answer says otherwise
         try:
-            return [row for target in (self.site, "any")
-                    for row in self.store.claimable(target, limit + extra)
-                    if row.job_id not in self.skipped]
+            answers = [self.store.claimable(target, limit + extra)
+                       for target in (self.site, "any")]
         except CouchError as error:
             self.log.warning("claimable scan failed", error=error)
             return []
+        self.view_cut = any(len(rows) >= limit + extra for rows in answers)
+        return [row for rows in answers for row in rows if row.job_id not in self.skipped]
 
     def in_line(self, rows: list[Open], limit: int) -> list[str]:
         """The first `limit` jobs in this site's line (core.line_place); a row only the
@@ -134,12 +147,13 @@ class PeriodicWork:
         (no request); the `stale_open` view's too when the backlog has none of ours (at
         most every SCAN_INTERVAL) or every VIEW_SCAN_INTERVAL: our steps that do not
         name us are in no backlog of ours. (A view query and a read for every start at
-        a site with a queue were a fifth of the creator's time under a burst.)"""
+        a site with a queue were a fifth of the creator's time under a burst.) Nothing
+        at a site that has seen no job of its own since it started."""
         if not self.assign_scan_due:
             return []
         self.assign_scan_due = False
         room = sum(max(free, 0) for free in self.board.room(time.monotonic()).values())
-        if room <= 0:
+        if room <= 0 or not self.creates:
             return []
         mine: list[tuple[str, Doc | None]] = [*self.backlog.created_here(2 * room, self.skipped)]
         now = time.monotonic()

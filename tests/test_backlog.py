@@ -18,6 +18,7 @@ from jobdist.core import claim_rank, spread
 from jobdist.listener import Changed
 from jobdist.manager import Manager
 from jobdist.model import Doc, event, new_job, new_step, new_sub_run
+from jobdist.periodic_work import SCAN_INTERVAL, VIEW_SCAN_INTERVAL
 from jobdist.status import SiteStatus
 from jobdist.store import Open, Written
 
@@ -165,6 +166,65 @@ def test_a_freed_worker_takes_the_next_step_from_the_backlog_without_a_view_quer
     finally:
         manager.pool.shutdown(1.0)
 
+
+def test_an_empty_backlog_asks_the_view_again_only_after_an_answer_cut_at_its_limit(
+        tmp_path: Path) -> None:
+    """The view's answer held every open step: what opened since came through the feed,
+    so an empty backlog is the truth until VIEW_SCAN_INTERVAL. An answer cut at its
+    limit (a start finds more open steps than it asks for) is followed by another as
+    soon as the backlog runs dry (SCAN_INTERVAL)."""
+    store = ViewCountingStore(Replica(), "global")
+    manager = creator_alone(tmp_path, store)  # one worker: 4 rows a query
+    periodic = manager.periodic
+    try:
+        def scan_after(seconds: float) -> list[str]:
+            periodic.last_view_scan -= seconds
+            periodic.last_scan -= seconds
+            return periodic.claimable_due(lambda: ("global/w1",), draining=False)
+
+        assert scan_after(0.0) == [] and store.view_scans == 2  # at start: both targets
+        assert not periodic.view_cut
+        assert scan_after(SCAN_INTERVAL) == [] and store.view_scans == 2
+        assert scan_after(VIEW_SCAN_INTERVAL) == [] and store.view_scans == 4
+
+        jobs = [new_job("reg_b", [new_step("true")]) for _ in range(5)]  # never fed to us
+        assert all(store.write(jobs))
+        assert len(scan_after(VIEW_SCAN_INTERVAL)) == 4 and store.view_scans == 6
+        assert periodic.view_cut  # 4 of 5: the fifth is left out
+        assert len(scan_after(SCAN_INTERVAL)) == 4 and store.view_scans == 8
+    finally:
+        manager.pool.shutdown(1.0)
+
+
+def test_a_site_that_created_no_job_asks_no_view_for_open_steps_to_give(
+        tmp_path: Path) -> None:
+    """A site with room announced, and no job of our own seen since the start (whose
+    recovery read every live one): no `stale_open` query. One job of ours seen, and
+    the next scan asks."""
+    store = ViewCountingStore(Replica(), "global")
+    manager = creator_alone(tmp_path, store)
+    periodic = manager.periodic
+    try:
+        periodic.hear_status(SiteStatus("reg_a", workers=2, free_workers=2, draining=False,
+                                        assigns=True, restricted=False,
+                                        updated_at=utc_now()).as_doc())
+        periodic.last_assign_view_scan -= VIEW_SCAN_INTERVAL
+        periodic.assign_scan_due = True
+        assert periodic.open_for_room_due() == [] and store.view_scans == 0
+
+        theirs = new_job("reg_b", [new_step("true")])
+        periodic.saw_job(theirs["_id"], theirs)
+        periodic.assign_scan_due = True
+        assert periodic.open_for_room_due() == [] and store.view_scans == 0
+
+        ours = new_job("global", [new_step("true", target="reg_a")])
+        assert all(store.write([ours]))
+        periodic.saw_job(ours["_id"], ours)  # not in our backlog: it does not name us
+        periodic.assign_scan_due = True
+        assert periodic.open_for_room_due() == [(ours["_id"], None)]
+        assert store.view_scans == 1
+    finally:
+        manager.pool.shutdown(1.0)
 
 @pytest.mark.parametrize("start_write_delay", [0.0, 1.0])
 def test_a_step_end_and_the_next_start_are_one_write_with_no_read(
