@@ -20,9 +20,9 @@ waiting jobs to wake (waiting.py), and the worker pool, which the daemon builds.
 
 Beyond the thesis: when a worker frees up, the manager takes the next open
 steps this site may run (in line: core.claim_rank) from its backlog of what
-the feed showed (backlog.py), and asks the `claimable` view when the backlog
-is empty, so a job that arrived while every worker was busy is not forgotten
-until the next keep-alive re-save.
+the feed showed (backlog.py), and asks the `claimable` view now and then for
+what the feed did not show (PeriodicWork.claimable_due), so no open step waits
+for the next keep-alive re-save.
 """
 
 from __future__ import annotations
@@ -253,7 +253,10 @@ class Manager:
                 self.periodic.hear_status(item.doc)
                 continue
             self.skipped.pop(item.doc_id, None)  # a new revision: worth a new look
-            self.periodic.saw_job(item.doc_id, item.doc)
+            if item.doc is not None or item.rev not in self.own_revs:
+                # (Our own revision without its document: our write told the backlog,
+                # and no read follows to tell it again.)
+                self.periodic.saw_job(item.doc_id, item.doc)
             # Our own write needs no decision, unless a conflict came back with it:
             # then it is the creator's to clean up.
             if item.rev not in self.own_revs or (item.doc or {}).get("_conflicts"):

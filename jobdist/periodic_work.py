@@ -27,7 +27,7 @@ from .store import JobStore, Open
 from .workers import WorkerPool
 
 SCAN_INTERVAL = 2.0  # seconds between claimable scans while workers stay free
-VIEW_SCAN_INTERVAL = 10.0  # seconds between `claimable` view queries while the backlog has work
+VIEW_SCAN_INTERVAL = 10.0  # seconds between `claimable` view queries while workers are free
 CHECKPOINT_INTERVAL = 2.0
 PROGRESS_INTERVAL = 3.0  # seconds between two progress writes of one step, at least
 MAX_LEASES_SEEN = 100_000  # jobs whose leases we time; the least recently seen go first
@@ -51,6 +51,7 @@ class PeriodicWork:
         self.backlog = Backlog(self.site)  # open steps the feed showed us
         self.last_view_scan = -VIEW_SCAN_INTERVAL  # the first scan asks the view
         self.view_cut = True  # the view's last answer may have left open steps out
+        self.view_answers = 0
         self.assign_scan_due = False
         # Have we seen a job of ours since the start (whose recovery reads every live
         # one)? A site that creates none has no open step to give others.
@@ -98,11 +99,11 @@ class PeriodicWork:
                       draining: bool) -> list[str]:
         """Open steps for our free workers, in line order: the backlog's (no request);
         the `claimable` view's too every VIEW_SCAN_INTERVAL (what the feed never showed
-        us), and when the backlog has none while the view's last answer was cut at its
-        limit (at most every SCAN_INTERVAL: a start has more open steps to find than one
-        answer holds). After an answer that held every row, everything open later came
-        through the feed: an empty backlog is the truth, and asking the view each time a
-        worker freed cost a step's end two queries (docs/performance.md)."""
+        us), and when the backlog has none while the view may know of more (`view_cut`,
+        at most every SCAN_INTERVAL: a start has more open steps to find than one answer
+        holds). After an answer that held every row and left none out, everything open
+        later came through the feed: an empty backlog is the truth, and asking the view
+        each time a worker freed cost a step's end two queries (docs/performance.md)."""
         if draining or not free_workers():
             return []
         now = time.monotonic()
@@ -115,7 +116,12 @@ class PeriodicWork:
         if (not rows and self.view_cut and since_view >= SCAN_INTERVAL) \
                 or since_view >= VIEW_SCAN_INTERVAL:
             self.last_view_scan = now
-            rows += self.claimable(limit)
+            shown = self.claimable(limit)
+            chosen = self.in_line([*rows, *shown], limit)
+            # Rows the view showed that we leave out are in no backlog: ask again.
+            left_out = {row.job_id for row in shown} - set(chosen) - self.backlog.open.keys()
+            self.view_cut = self.view_cut or bool(left_out)
+            return chosen
         return self.in_line(rows, limit)
 
     def claimable(self, limit: int) -> list[Open]:
@@ -130,7 +136,13 @@ class PeriodicWork:
         except CouchError as error:
             self.log.warning("claimable scan failed", error=error)
             return []
-        self.view_cut = any(len(rows) >= limit + extra for rows in answers)
+        # The first answer after the start may be stale (the view is read `update=lazy`)
+        # about changes from before our feed's checkpoint, which the feed does not show
+        # us again: only a later one, from the index that query brought up to date, may
+        # say that nothing was left out.
+        self.view_answers += 1
+        self.view_cut = self.view_answers < 2 or \
+            any(len(rows) >= limit + extra for rows in answers)
         return [row for rows in answers for row in rows if row.job_id not in self.skipped]
 
     def in_line(self, rows: list[Open], limit: int) -> list[str]:

@@ -167,12 +167,13 @@ def test_a_freed_worker_takes_the_next_step_from_the_backlog_without_a_view_quer
         manager.pool.shutdown(1.0)
 
 
-def test_an_empty_backlog_asks_the_view_again_only_after_an_answer_cut_at_its_limit(
+def test_an_empty_backlog_asks_the_view_again_only_while_it_may_know_of_more(
         tmp_path: Path) -> None:
-    """The view's answer held every open step: what opened since came through the feed,
-    so an empty backlog is the truth until VIEW_SCAN_INTERVAL. An answer cut at its
-    limit (a start finds more open steps than it asks for) is followed by another as
-    soon as the backlog runs dry (SCAN_INTERVAL)."""
+    """The view's answer held every open step and none was left out: what opened since
+    came through the feed, so an empty backlog is the truth until VIEW_SCAN_INTERVAL.
+    Asked again as soon as the backlog runs dry (SCAN_INTERVAL) after the start's first
+    answer (the view is read `update=lazy`: it may be stale), after one cut at its
+    limit, and after one whose rows we left out (more than the free workers take)."""
     store = ViewCountingStore(Replica(), "global")
     manager = creator_alone(tmp_path, store)  # one worker: 4 rows a query
     periodic = manager.periodic
@@ -183,15 +184,23 @@ def test_an_empty_backlog_asks_the_view_again_only_after_an_answer_cut_at_its_li
             return periodic.claimable_due(lambda: ("global/w1",), draining=False)
 
         assert scan_after(0.0) == [] and store.view_scans == 2  # at start: both targets
+        assert periodic.view_cut  # the first answer after the start
+        assert scan_after(SCAN_INTERVAL) == [] and store.view_scans == 4
         assert not periodic.view_cut
-        assert scan_after(SCAN_INTERVAL) == [] and store.view_scans == 2
-        assert scan_after(VIEW_SCAN_INTERVAL) == [] and store.view_scans == 4
+        assert scan_after(SCAN_INTERVAL) == [] and store.view_scans == 4
+        assert scan_after(VIEW_SCAN_INTERVAL) == [] and store.view_scans == 6
 
-        jobs = [new_job("reg_b", [new_step("true")]) for _ in range(5)]  # never fed to us
-        assert all(store.write(jobs))
-        assert len(scan_after(VIEW_SCAN_INTERVAL)) == 4 and store.view_scans == 6
-        assert periodic.view_cut  # 4 of 5: the fifth is left out
-        assert len(scan_after(SCAN_INTERVAL)) == 4 and store.view_scans == 8
+        ours = [new_job("reg_b", [new_step("true", target="global")]) for _ in range(3)]
+        anyone = [new_job("reg_b", [new_step("true")]) for _ in range(3)]
+        assert all(store.write([*ours, *anyone]))  # never fed to us
+        assert len(scan_after(VIEW_SCAN_INTERVAL)) == 4 and store.view_scans == 8
+        assert periodic.view_cut  # 3 rows a target, below the limit: but 2 left out
+        assert len(scan_after(SCAN_INTERVAL)) == 4 and store.view_scans == 10
+
+        more = [new_job("reg_b", [new_step("true")]) for _ in range(2)]
+        assert all(store.write(more))
+        assert len(scan_after(SCAN_INTERVAL)) == 4 and store.view_scans == 12
+        assert periodic.view_cut  # 5 rows for "any": cut at the limit
     finally:
         manager.pool.shutdown(1.0)
 
@@ -302,5 +311,26 @@ def test_open_steps_a_view_scan_found_and_left_wait_in_the_backlog(tmp_path: Pat
         started = {key[0] for key in manager.runner.executions}  # (its start maybe unwritten)
         assert len(started) == 1
         assert set(manager.periodic.backlog.open) == {job["_id"] for job in jobs} - started
+    finally:
+        manager.pool.shutdown(1.0)
+
+
+def test_our_own_revision_fed_without_its_document_leaves_the_backlog_as_our_write_did(
+        tmp_path: Path) -> None:
+    """The listener feeds changes without documents after one it could not decode. For
+    a revision of ours no read follows (no decision is due), so the backlog keeps what
+    our write told it: an open step stays in line."""
+    store = ViewCountingStore(Replica(), "global")
+    manager = creator_alone(tmp_path, store)
+    try:
+        job = new_job("reg_b", [new_step("true")])
+        assert all(store.write([job]))
+        written = store.replica.winner(job["_id"])
+        manager.periodic.saw_job(job["_id"], written)  # as after our write
+        manager.own_revs.append(written["_rev"])
+        assert manager.pool.book(("job-x", 0)) is not None  # no free worker: it waits
+        manager.mailbox.inbox.put(Changed(job["_id"], written["_rev"], 1, None))
+        manager.serve_once(timeout=0.05)
+        assert job["_id"] in manager.periodic.backlog.open
     finally:
         manager.pool.shutdown(1.0)
