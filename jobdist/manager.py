@@ -195,7 +195,8 @@ class Manager:
         sites that do not create a request a step)."""
         held = self._held_win_tasks()
         taken = {task.doc_id for task in held}
-        open_steps = self.periodic.claimable_due(self.runner.free_workers, self.draining)
+        open_steps = self.periodic.claimable_due(self.runner.free_workers, self.draining,
+                                                 self.runner.idle_for)
         kept = self.periodic.backlog.kept  # as the feed last showed them: no read
         return [*held, *(self.decide_task(doc_id, known=kept.get(doc_id))
                          for doc_id in open_steps if doc_id not in taken)]

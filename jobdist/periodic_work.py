@@ -12,6 +12,7 @@ unchanged_for), which the lease and succession rules time by our own clock.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
@@ -28,6 +29,9 @@ from .workers import WorkerPool
 
 SCAN_INTERVAL = 2.0  # seconds between claimable scans while workers stay free
 VIEW_SCAN_INTERVAL = 10.0  # seconds between `claimable` view queries while workers are free
+# A worker free this long, not one a step's end has just freed, is worth the view's query
+# (asked at a step's end, the query held up the next report: docs/performance.md).
+NET_SCAN_IDLE = 1.0
 CHECKPOINT_INTERVAL = 2.0
 PROGRESS_INTERVAL = 3.0  # seconds between two progress writes of one step, at least
 MAX_LEASES_SEEN = 100_000  # jobs whose leases we time; the least recently seen go first
@@ -95,11 +99,12 @@ class PeriodicWork:
         """A worker may be free for other work now: the next claimable scan is due at once."""
         self.scan_due = True
 
-    def claimable_due(self, free_workers: Callable[[], tuple[str, ...]],
-                      draining: bool) -> list[str]:
+    def claimable_due(self, free_workers: Callable[[], tuple[str, ...]], draining: bool,
+                      idle_for: Callable[[], float] = lambda: math.inf) -> list[str]:
         """Open steps for our free workers, in line order: the backlog's (no request);
-        the `claimable` view's too every VIEW_SCAN_INTERVAL (what the feed never showed
-        us), and when the backlog has none while the view may know of more (`view_cut`,
+        the `claimable` view's too every VIEW_SCAN_INTERVAL once a worker has been free
+        for NET_SCAN_IDLE (`idle_for`: what the feed never showed us), and when the
+        backlog has none while the view may know of more (`view_cut`,
         at most every SCAN_INTERVAL: a start has more open steps to find than one answer
         holds). After an answer that held every row and left none out, everything open
         later came through the feed: an empty backlog is the truth, and asking the view
@@ -114,7 +119,7 @@ class PeriodicWork:
         rows = self.backlog.first(limit, self.skipped)
         since_view = now - self.last_view_scan
         if (not rows and self.view_cut and since_view >= SCAN_INTERVAL) \
-                or since_view >= VIEW_SCAN_INTERVAL:
+                or (since_view >= VIEW_SCAN_INTERVAL and idle_for() >= NET_SCAN_IDLE):
             self.last_view_scan = now
             shown = self.claimable(limit)
             chosen = self.in_line([*rows, *shown], limit)

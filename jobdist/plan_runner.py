@@ -107,6 +107,11 @@ class PlanRunner:
     def free_workers(self) -> tuple[str, ...]:
         return tuple(self._free_since())
 
+    def idle_for(self) -> float:
+        """How long the worker free longest has been free (0: none is)."""
+        since = self._free_since().values()
+        return time.monotonic() - min(since) if since else 0.0
+
     def _free_since(self) -> dict[str, float]:
         """The free workers, in the order the pool books them, and since when each is.
 

@@ -18,7 +18,7 @@ from jobdist.core import claim_rank, spread
 from jobdist.listener import Changed
 from jobdist.manager import Manager
 from jobdist.model import Doc, event, new_job, new_step, new_sub_run
-from jobdist.periodic_work import SCAN_INTERVAL, VIEW_SCAN_INTERVAL
+from jobdist.periodic_work import NET_SCAN_IDLE, SCAN_INTERVAL, VIEW_SCAN_INTERVAL
 from jobdist.status import SiteStatus
 from jobdist.store import Open, Written
 
@@ -204,6 +204,29 @@ def test_an_empty_backlog_asks_the_view_again_only_while_it_may_know_of_more(
     finally:
         manager.pool.shutdown(1.0)
 
+
+def test_the_views_periodic_query_waits_for_a_worker_that_stays_free(tmp_path: Path) -> None:
+    """Every VIEW_SCAN_INTERVAL the view is asked for what the feed never showed, once a
+    worker has been free for NET_SCAN_IDLE: not at the moment a step's end frees one,
+    when the next report is likely on its way."""
+    store = ViewCountingStore(Replica(), "global")
+    manager = creator_alone(tmp_path, store)
+    periodic = manager.periodic
+    try:
+        def scan(idle: float) -> None:
+            periodic.last_view_scan -= VIEW_SCAN_INTERVAL
+            periodic.scan_soon()
+            periodic.claimable_due(lambda: ("global/w1",), False, lambda: idle)
+
+        scan(idle=0.0)  # the start's first answer: it may be stale, so asked again
+        scan(idle=0.0)
+        assert store.view_scans == 4 and not periodic.view_cut
+        scan(idle=NET_SCAN_IDLE / 2)
+        assert store.view_scans == 4
+        scan(idle=NET_SCAN_IDLE)
+        assert store.view_scans == 6
+    finally:
+        manager.pool.shutdown(1.0)
 
 def test_a_site_that_created_no_job_asks_no_view_for_open_steps_to_give(
         tmp_path: Path) -> None:
