@@ -2,6 +2,7 @@ import json
 import os
 import shutil
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -101,6 +102,21 @@ def test_a_server_start_interrupted_leaves_no_process_behind(
     assert not [pid for pid in os.listdir("/proc") if pid.isdigit()
                 and data in _cmdline(int(pid))], "a server or its supervisor still runs"
 
+
+def test_a_supervisor_told_to_stop_while_its_server_starts_stops_the_server(
+        tmp_path: Path) -> None:
+    """Told to stop (SIGTERM) while it waits for its server's first answer, a supervisor
+    stops the server at once: it must not wait out the start, or the cluster SIGKILLs it
+    after 15 s and the server, in a session of its own, outlives it."""
+    server = LocalServer(free_port(), tmp_path / "couch", in_memory=True)
+    stop = threading.Event()
+    stop.set()
+    with pytest.raises(ServerError, match="stopped while starting"):
+        server.start(stop)
+    assert server.process is None
+    data = str(tmp_path / "couch")
+    assert not [pid for pid in os.listdir("/proc") if pid.isdigit()
+                and data in _cmdline(int(pid))], "the server still runs"
 
 def _cmdline(pid: int) -> str:
     try:

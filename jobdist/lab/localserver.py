@@ -226,8 +226,9 @@ class LocalServer:
     def log_path(self) -> Path:
         return self.data_dir / "server.log"
 
-    def start(self) -> None:
-        """Start the server and return once `GET /` answers."""
+    def start(self, stop: threading.Event | None = None) -> None:
+        """Start the server and return once `GET /` answers; ServerError if it does not,
+        or if `stop` is set meanwhile (the server is stopped then)."""
         if self.is_alive():
             return
         # LevelDB files and config.json hold the replications' credentials.
@@ -254,7 +255,7 @@ class LocalServer:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        self._wait_until_ready()
+        self._wait_until_ready(stop)
 
     @property
     def config_path(self) -> Path:
@@ -287,9 +288,15 @@ class LocalServer:
                 json.dump(config, file)
         os.chmod(self.config_path, 0o600)
 
-    def _wait_until_ready(self) -> None:
+    def _wait_until_ready(self, stop: threading.Event | None) -> None:
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
+            if stop is not None and stop.is_set():
+                # A supervisor told to stop must not wait out the start: the cluster
+                # SIGKILLs it after 15 s, and the server, in a session of its own,
+                # would outlive it.
+                self.stop()
+                raise ServerError(f"pouchdb-server on port {self.port}: stopped while starting")
             if not self.is_alive():
                 raise ServerError(
                     f"pouchdb-server on port {self.port} exited at start; see {self.log_path}"
@@ -373,7 +380,7 @@ def supervise(server: LocalServer, stop: threading.Event, pid_file: Path | None 
     while not stop.is_set():
         started = time.monotonic()
         try:
-            server.start()
+            server.start(stop)
         except ServerError as error:
             log.error("server did not start port=%d error=%s", server.port, error)
         else:
