@@ -5,9 +5,8 @@ asking the server. Before, every freed worker cost two `claimable` view queries,
 and under a burst the manager spent 40 % of its time waiting for them
 (docs/performance.md). The `claimable` view stays the safety net for what the
 feed did not show (a daemon that just started, a change it never decoded): the
-manager queries it every VIEW_SCAN_INTERVAL while workers are free, and sooner
-when the backlog is empty while the view's last answer was cut at its limit
-(PeriodicWork.claimable_due).
+manager queries it every VIEW_SCAN_INTERVAL once a worker stays free, and sooner
+when the backlog is empty while the view may know of more (PeriodicWork.claimable_due).
 
 An entry is a hint, never a decision: the job is read (or known) and decided as
 any other. The newest revision the site looked at keeps each entry true: a change

@@ -121,34 +121,33 @@ class PeriodicWork:
         if (not rows and self.view_cut and since_view >= SCAN_INTERVAL) \
                 or (since_view >= VIEW_SCAN_INTERVAL and idle_for() >= NET_SCAN_IDLE):
             self.last_view_scan = now
-            shown = self.claimable(limit)
+            shown, whole = self.claimable(limit)
             chosen = self.in_line([*rows, *shown], limit)
             # Rows the view showed that we leave out are in no backlog: ask again.
             left_out = {row.job_id for row in shown} - set(chosen) - self.backlog.open.keys()
-            self.view_cut = self.view_cut or bool(left_out)
+            self.view_cut = not whole or bool(left_out)
             return chosen
         return self.in_line(rows, limit)
 
-    def claimable(self, limit: int) -> list[Open]:
-        """Open steps this site may run, as the `claimable` view has them."""
+    def claimable(self, limit: int) -> tuple[list[Open], bool]:
+        """Open steps this site may run, as the `claimable` view has them, and whether
+        that is every one of them (no failure, no answer cut at its limit)."""
         # Skipped jobs may sort first (a hostile priority): read past them, or they
         # would fill the window on every scan and starve everything behind them.
         extra = min(len(self.skipped), 1000)
-        self.view_cut = True  # until an answer says otherwise
         try:
             answers = [self.store.claimable(target, limit + extra)
                        for target in (self.site, "any")]
         except CouchError as error:
             self.log.warning("claimable scan failed", error=error)
-            return []
+            return [], False
         # The first answer after the start may be stale (the view is read `update=lazy`)
         # about changes from before our feed's checkpoint, which the feed does not show
         # us again: only a later one, from the index that query brought up to date, may
         # say that nothing was left out.
         self.view_answers += 1
-        self.view_cut = self.view_answers < 2 or \
-            any(len(rows) >= limit + extra for rows in answers)
-        return [row for rows in answers for row in rows if row.job_id not in self.skipped]
+        whole = self.view_answers >= 2 and all(len(rows) < limit + extra for rows in answers)
+        return [row for rows in answers for row in rows if row.job_id not in self.skipped], whole
 
     def in_line(self, rows: list[Open], limit: int) -> list[str]:
         """The first `limit` jobs in this site's line (core.line_place); a row only the

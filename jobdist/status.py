@@ -330,7 +330,8 @@ class Publisher:
         return self.due_at(status, now, urgent) <= now
 
     def due_at(self, status: SiteStatus, now: float, urgent: bool = True) -> float:
-        """When `status` is to be published (the manager wakes for it)."""
+        """When `status` is to be published (the manager wakes for it). Each call notes
+        since when the room differs from the one published (`changed_at`)."""
         return max(self._wanted_at(status, now, urgent), self.retry_at)
 
     def _wanted_at(self, status: SiteStatus, now: float, urgent: bool) -> float:
