@@ -92,6 +92,9 @@ class Running:
     # For a run launched ahead: when it was launched (ISO), the time its start records
     # however late it is written. Not part of a run's identity.
     launched_at: str | None = field(default=None, compare=False)
+    # For a run launched ahead: the end of the step before that its start followed
+    # (follows); None when unknown.
+    after: str | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -1109,16 +1112,22 @@ LATE_START = "launched ahead; its start written late"
 START_LAPSED = "its start was not written before the win's start-by lease passed"
 
 
-def late_start(doc: Job, key: StepKey, epoch: int, ctx: Context) -> bool:
+def late_start(doc: Job, key: StepKey, epoch: int, ctx: Context,
+               after: str | None = None) -> bool:
     """Does the document still call for the start of an execution (key, epoch) this
     site launched ahead of its start, whose start is not written?
 
     So it does when the start is still the one start_decision writes: in a win of
     ours of that very epoch; or, for an open or merely claimed step of which we are
     the creator or the only target, in the next epoch (the creator alone picks
-    winners, and a claim does not move the epoch).
+    winners, and a claim does not move the epoch). And only after the run of the step
+    before that the launch followed (`after`, when known: follows): a revocation of
+    that run, merged in meanwhile, opens the step again in the same epoch, after a
+    run of the step before that ended later than ours began.
     """
     if doc["_id"] != key[0] or not is_live(doc) or doc["step"] != key[1]:
+        return False
+    if after is not None and follows(doc, key[1]) != after:
         return False
     step = _current(doc)
     if is_broadcast(step):
@@ -1128,6 +1137,15 @@ def late_start(doc: Job, key: StepKey, epoch: int, ctx: Context) -> bool:
         return step.get("winner") == ctx.site and step.get("epoch", 0) == epoch
     ours = ctx.site == doc["creator"] or sole_target(step) == ctx.site
     return phase < Phase.WON and ours and step.get("epoch", 0) + 1 == epoch
+
+
+def follows(doc: Job, index: int) -> str | None:
+    """Which run of the step before step `index` a start of it follows: that step's
+    end, as its finish time (None for the first step)."""
+    if index == 0 or index > len(doc["job"]):
+        return None
+    finish = doc["job"][index - 1].get("finish_time")
+    return str(finish) if finish is not None else None
 
 
 def fresh_win(step: Step, ctx: Context) -> bool:
@@ -1143,7 +1161,7 @@ def record_late_start(doc: Job, step: Step, ctx: Context, pool: PoolView) -> Dec
     with no worker to book and nothing to launch; None when there is none."""
     key = (doc["_id"], doc["step"])
     running = pool.ahead.get(key)
-    if running is None or not late_start(doc, key, running.epoch, ctx):
+    if running is None or not late_start(doc, key, running.epoch, ctx, running.after):
         return None
     if start_lapsed(step, ctx):
         return None  # the run is stopped
@@ -1350,6 +1368,7 @@ def plan_finish(
     outcome: StepOutcome,
     *,
     chained: bool = False,
+    after: str | None = None,
 ) -> Plan:
     """Record what an execution did; only a current execution advances the job.
 
@@ -1359,10 +1378,11 @@ def plan_finish(
     An execution launched ahead of its start whose start was never written
     (late_start) gets its start and its end in one revision, unless it was
     `chained` onto an end: only that end's record may start it (chain_next);
-    one that did not ran on an end that no longer counts (a stale finish).
+    one that did not ran on an end that no longer counts (a stale finish). `after`:
+    the end of the step before that its launch followed (late_start).
     """
     merged = merge(leaves)
-    if chained or not late_start(merged, key, epoch, ctx):
+    if chained or not late_start(merged, key, epoch, ctx, after):
         return finalize(leaves, merged, finish_decision(merged, ctx, pool, key, epoch, worker,
                                                         outcome), ctx)
     step = _current(merged)
@@ -1602,10 +1622,11 @@ def plan_renew(leaves: Sequence[Leaf], ctx: Context, key: StepKey, epoch: int,
 
 
 def plan_event(leaves: Sequence[Leaf], ctx: Context, key: StepKey, epoch: int, worker: str,
-               name: str, detail: str, launched_at: str | None = None) -> Plan:
+               name: str, detail: str, ahead: Running | None = None) -> Plan:
     """Append a history event for a running execution, if it is still the current one.
-    An execution launched ahead (`launched_at`) whose start is not written yet gets its
-    start in the same revision, where late_start still calls for it."""
+    An execution launched ahead (`ahead`: when, and after what) whose start is not
+    written yet gets its start in the same revision, where late_start still calls
+    for it."""
     merged = merge(leaves)
     if not is_live(merged):
         return NOTHING
@@ -1613,10 +1634,10 @@ def plan_event(leaves: Sequence[Leaf], ctx: Context, key: StepKey, epoch: int, w
     step = _current(merged)
     if backs_execution(merged, key, epoch, ctx.site) and start_recorded(step):
         return finalize(leaves, merged, noted, ctx)
-    if launched_at is None or not late_start(merged, key, epoch, ctx) \
-            or start_lapsed(step, ctx):
+    if ahead is None or ahead.launched_at is None \
+            or not late_start(merged, key, epoch, ctx, ahead.after) or start_lapsed(step, ctx):
         return NOTHING
-    begin = late_start_edit(step, ctx, worker, launched_at)
+    begin = late_start_edit(step, ctx, worker, ahead.launched_at)
     return finalize(leaves, merged, after_edit(begin, noted), ctx)
 
 

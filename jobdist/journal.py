@@ -61,6 +61,9 @@ class Held:
     worker: str
     result: StepResult
     since: float  # wall-clock time (time.time()) the result was first held
+    # For a run launched ahead of its start: the end of the step before that its
+    # start followed (core.follows); None when unknown (an entry older than the field).
+    after: str | None = None
 
     @property
     def key(self) -> tuple[str, int]:
@@ -79,20 +82,22 @@ class Held:
     def from_json(cls, data: dict[str, Any]) -> Held:
         return cls(job_id=str(data["job_id"]), step=int(data["step"]), epoch=int(data["epoch"]),
                    worker=str(data["worker"]), result=StepResult(**data["result"]),
-                   since=float(data["since"]))
+                   since=float(data["since"]),
+                   after=None if data.get("after") is None else str(data["after"]))
 
 
 STOPPED_UNWRITTEN = "the site stopped before this start was written"
 
 
-def unwritten_start(job_id: str, step: int, epoch: int, worker: str) -> Held:
+def unwritten_start(job_id: str, step: int, epoch: int, worker: str,
+                    after: str | None = None) -> Held:
     """The entry of a step launched ahead of its start: what to record if the daemon
-    dies before the start is written (a stopped run)."""
+    dies before the start is written (a stopped run); `after`: see Held."""
     now = utc_now()
     result = StepResult(ok=False, used_alt=False, exit_code=None, attempts=0, exec_time=0.0,
                         start_time=now, finish_time=now, stdout="", stderr="",
                         reason=STOPPED_UNWRITTEN, cancelled=True)
-    return Held(job_id, step, epoch, worker, result, time.time())
+    return Held(job_id, step, epoch, worker, result, time.time(), after)
 
 
 class Journal:

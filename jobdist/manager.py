@@ -337,11 +337,12 @@ class Manager:
             return None
         self.log.info("step ended", job=key[0], step=key[1], epoch=running.epoch,
                       worker=running.worker, ok=result.ok, reason=result.reason)
+        unwritten = self.runner.unwritten_run(key, running.epoch)
         self.runner.run_ended(key, running.epoch)
         self.counts["steps_finished" if result.ok else "steps_failed"] += 1
         self.periodic.scan_soon()
         return self.record_task(Held(key[0], key[1], running.epoch, running.worker, result,
-                                     time.time()))
+                                     time.time(), None if unwritten is None else unwritten.after))
 
     def record_task(self, held: Held) -> Task:
         """Record what an execution did; only a current execution advances the job."""
@@ -350,7 +351,8 @@ class Manager:
             self.runner.executions.pop(held.key, None)
             return core.plan_finish(leaves, self.context(), self.pool_view(), held.key,
                                     held.epoch, held.worker, held.result,
-                                    chained=(held.key, held.epoch) in self.runner.chained_runs)
+                                    chained=(held.key, held.epoch) in self.runner.chained_runs,
+                                    after=held.after)
         return Task(held.job_id, plan, known=self.newest.get(held.job_id),
                     retry_conflicts=True, then_decide=True, held=held)
 
@@ -358,7 +360,7 @@ class Manager:
         def plan(leaves: list[Job], rejected: list[core.Unusable]) -> core.Plan:
             return core.plan_event(leaves, self.context(), item.key, item.epoch, item.worker,
                                    "retried", item.detail,
-                                   self.runner.launched_at(item.key, item.epoch))
+                                   self.runner.unwritten_run(item.key, item.epoch))
         # A lost event does not matter: the finish still counts.
         return Task(item.key[0], plan, end_on_refusal=False)
 

@@ -98,7 +98,8 @@ class PlanRunner:
             running=running,
             queued={key: now - since for key, since in self.queued.items()},
             queue_limit=self.config.workers,
-            ahead={key: core.Running(entry.worker, entry.epoch, entry.result.start_time)
+            ahead={key: core.Running(entry.worker, entry.epoch, entry.result.start_time,
+                                     entry.after)
                    for key, entry in (*self.ahead.items(), *self.unwritten())
                    if key not in self.chained_ahead},
             riding={key: core.Rider(entry.worker, entry.epoch, end)
@@ -142,7 +143,8 @@ class PlanRunner:
     def launch_ahead(self, launch: core.Launch, doc: Job) -> None:
         """Launch now, the journal entry on disk first (journal.unwritten_start); when
         either fails, the step is launched once its start is written, as any other."""
-        entry = unwritten_start(launch.key[0], launch.key[1], launch.epoch, launch.worker)
+        entry = unwritten_start(launch.key[0], launch.key[1], launch.epoch, launch.worker,
+                                after=core.follows(doc, launch.key[1]))
         try:
             self.journal.keep(entry, durable=False)  # (why: journal.py)
         except (OSError, JournalFull) as error:
@@ -238,13 +240,13 @@ class PlanRunner:
                     and core.records_start(doc, key, entry.epoch, self.site):
                 self.journal.forget(self.ahead.pop(key))
 
-    def launched_at(self, key: StepKey, epoch: int) -> str | None:
-        """When the run (key, epoch) was launched, if its start is still unwritten (not a
-        chained run: only its end's record may start it)."""
+    def unwritten_run(self, key: StepKey, epoch: int) -> core.Running | None:
+        """The run (key, epoch) if its start is still unwritten (not a chained run: only
+        its end's record may start it): when it was launched, and after what."""
         entry = self.ahead.get(key) or self.deferred.get(key, (None, 0.0))[0]
         if entry is None or entry.epoch != epoch or key in self.chained_ahead:
             return None
-        return entry.result.start_time
+        return core.Running(entry.worker, entry.epoch, entry.result.start_time, entry.after)
 
     def run_ended(self, key: StepKey, epoch: int) -> None:
         """A run ended: its start, if still unwritten, is written with its end."""

@@ -745,7 +745,7 @@ def test_no_start_of_a_run_launched_ahead_is_written_past_its_wins_start_by_leas
     assert decide(copy.deepcopy(lapsed), "reg_a", ahead("reg_a")).detail != core.LATE_START
     assert decide(copy.deepcopy(in_time), "reg_a", ahead("reg_a")).detail == core.LATE_START
     noted = [core.plan_event([copy.deepcopy(doc)], ctx("reg_a"), KEY, 1, "reg_a/w1", "retried",
-                             "exit 1; retry 1 of 2", launched_at=at(580))
+                             "exit 1; retry 1 of 2", Running("reg_a/w1", 1, at(580)))
              for doc in (lapsed, in_time)]
     assert noted[0] is core.NOTHING
     assert events(noted[1].doc)[-2:] == ["started", "retried"]
@@ -773,6 +773,47 @@ def test_a_creator_writes_its_lost_start_over_a_claim_that_came_in_between():
     assert current(plan.doc)["winner"] == CREATOR and current(plan.doc)["epoch"] == 1
     # Not the creator, nor the only target: its launch ahead is never recorded so.
     assert decide(copy.deepcopy(doc), "reg_a", ahead("reg_a")).detail != core.LATE_START
+
+
+def after_first_step(ended_by: str, epoch: int, finish: float) -> Doc:
+    """A job whose first step ended (a run of `ended_by` in `epoch`), its second step
+    open to reg_a alone."""
+    doc = step(job("any", "reg_a"), 0, step_status="finished", claimed_by=ended_by,
+               winner=ended_by, epoch=epoch, executioner=f"{ended_by}/w1",
+               start_time=at(finish - 10), finish_time=at(finish))
+    doc["step"] = 1
+    return doc
+
+
+def test_a_run_launched_after_a_step_end_that_no_longer_counts_is_never_started_late():
+    """The storm's case: reg_a, only target of step 1, launched it ahead once step 0's
+    end arrived, and its server died before the start was written. Meanwhile the
+    creator, which never saw that end, revoked step 0 and ran it again: merged, the
+    job shows step 1 open in the very epoch reg_a's run was launched in, after a run of
+    step 0 that ended after reg_a's run began. That run is a stale finish (its epoch
+    burned), never a start and an end written late; one that followed the end that
+    counts still is, and so is one whose launch says nothing of what it followed."""
+    seen_then, now = after_first_step("reg_b", 1, 100), after_first_step(CREATOR, 3, 200)
+    assert core.follows(seen_then, 1) == at(100) and core.follows(now, 1) == at(200)
+    assert core.follows(now, 0) is None
+
+    def end(after: str | None) -> Plan:
+        return core.plan_finish([copy.deepcopy(now)], ctx("reg_a"), pool("reg_a/w1"),
+                                (JOB, 1), 1, "reg_a/w1", Outcome(start_time=at(150)),
+                                after=after)
+    stale = end(after=at(100))
+    assert stale.action == "stale_finish" and "started" not in events(stale.doc)[-2:]
+    assert current(stale.doc)["epoch"] == 1 and current(stale.doc)["step_status"] is None
+    for after in (at(200), None):
+        counted = end(after)
+        assert counted.action == "finish" and events(counted.doc)[-2:] == ["started",
+                                                                           "finished"]
+    # Nor is its start written alone, or with a note, on the document as it is now.
+    launched = Running("reg_a/w1", 1, at(150), after=at(100))
+    view = PoolView(("reg_a/w2",), running={(JOB, 1): launched}, ahead={(JOB, 1): launched})
+    assert decide(copy.deepcopy(now), "reg_a", view).detail != core.LATE_START
+    assert core.plan_event([copy.deepcopy(now)], ctx("reg_a"), (JOB, 1), 1, "reg_a/w1",
+                           "retried", "attempt 2", launched) is core.NOTHING
 
 
 def test_a_lost_start_is_not_written_where_the_job_moved_on():

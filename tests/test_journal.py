@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import stat
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -39,6 +40,7 @@ def held(job_id: str = "job-1", step: int = 0, epoch: int = 1, since: float = 1.
 def test_a_kept_result_survives_a_restart_and_is_forgotten_once_written(tmp_path: Path) -> None:
     journal = Journal(tmp_path / "journal")
     first, second = held("job-b", since=2.0), held("job/ä with odd id", step=3, since=1.0)
+    second = replace(second, after="2026-11-22T09:59:59.000000Z")  # (core.follows)
     journal.keep(first)
     journal.keep(second)
     journal.keep(first)  # kept again (a retry): still one entry
