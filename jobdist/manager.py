@@ -337,12 +337,11 @@ class Manager:
             return None
         self.log.info("step ended", job=key[0], step=key[1], epoch=running.epoch,
                       worker=running.worker, ok=result.ok, reason=result.reason)
-        unwritten = self.runner.unwritten_run(key, running.epoch)
         self.runner.run_ended(key, running.epoch)
         self.counts["steps_finished" if result.ok else "steps_failed"] += 1
         self.periodic.scan_soon()
         return self.record_task(Held(key[0], key[1], running.epoch, running.worker, result,
-                                     time.time(), None if unwritten is None else unwritten.after))
+                                     time.time(), self.runner.followed.get((key, running.epoch))))
 
     def record_task(self, held: Held) -> Task:
         """Record what an execution did; only a current execution advances the job."""

@@ -80,6 +80,10 @@ class PlanRunner:
         # never launches ahead an execution this site has run already.
         self.launched: OrderedDict[tuple[StepKey, int], None] = OrderedDict()
         self.unreported_at: dict[str, float] = {}  # a worker last seen with its result unrecorded
+        # Of each run launched ahead here lately, the end of the step before that its start
+        # followed (core.follows), until its result is recorded: whatever became of its
+        # launch entry (stopped, killed), its end is never recorded as started without it.
+        self.followed: OrderedDict[tuple[StepKey, int], str | None] = OrderedDict()
 
     # --- what the core sees of our workers ------------------------------------------
 
@@ -158,6 +162,9 @@ class PlanRunner:
             self.log.exception("cannot launch ahead", job=launch.key[0], step=launch.key[1])
             return
         self.ahead[launch.key] = entry
+        self.followed[(launch.key, launch.epoch)] = entry.after
+        while len(self.followed) > MAX_LAUNCHED:
+            self.followed.popitem(last=False)
         if launch.chained_on is not None:
             self.chained_ahead[launch.key] = launch.chained_on
             self.note_chained(launch.key, launch.epoch)
@@ -361,6 +368,7 @@ class PlanRunner:
         riding = self.riding.get(key)
         if riding is not None and riding[0].epoch == epoch:
             del self.riding[key]
+        self.followed.pop((key, epoch), None)
         self.run_ended(key, epoch)  # (its start written with its end, or its stale finish)
         running = self.executions.get(key)
         if running is not None and running.epoch == epoch:

@@ -942,6 +942,46 @@ def test_a_decision_about_a_job_whose_start_waits_writes_that_start_first(
         manager.pool.shutdown(1.0)
 
 
+def test_a_run_launched_after_an_end_a_revocation_superseded_is_a_stale_finish(
+        tmp_path: Path) -> None:
+    """docs/protocol.md, "Only after the end it followed": the creator launches step 1
+    once step 0's end (reg_b's, epoch 1) is in; before the start is written, step 0 is
+    found revoked and run again (reg_a, epoch 3) and step 1 open again in the same
+    epoch. The run is stopped, and its end, though it says nothing of its launch entry
+    any more, is recorded as a stale finish: never started before the end that counts.
+    Step 1 then runs in a new epoch."""
+    store = CountingStore(Replica(), "global")
+    manager = creator_alone(tmp_path, store, start_write_delay=10.0)
+    try:
+        job = new_job("global", [new_step("true"), new_step("sleep 5")])
+        job["job"][0].update(step_status="finished", claimed_by="reg_b", winner="reg_b",
+                             epoch=1, executioner="reg_b/w1", exit_code=0,
+                             start_time="2026-11-28T00:00:00.000000Z",
+                             finish_time="2026-11-28T00:00:01.000000Z")
+        job["step"] = 1
+        assert all(store.write([job]))
+        manager.process(job["_id"])  # launched ahead, its start held back
+        assert manager.counts["steps_started"] == 1 and manager.runner.deferred
+        rerun = store.replica.winner(job["_id"])
+        rerun["job"][0].update(claimed_by="reg_a", winner="reg_a", epoch=3,
+                               executioner="reg_a/w1", finish_time="2026-11-28T00:00:09Z")
+        assert all(store.write([rerun]))  # as the merge of the creator's branch shows it
+        manager.process(job["_id"])  # the feed's news: the run is stopped
+        serve_until(manager, lambda: manager.counts["launches_stopped"]
+                    and not manager.runner.executions.get((job["_id"], 1))
+                    and store.replica.winner(job["_id"])["job"][1]["epoch"] >= 1,
+                    "the stopped run recorded")
+        doc = store.replica.winner(job["_id"])
+        events = [(entry["event"], entry["step"], entry["epoch"]) for entry in doc["history"]]
+        assert ("started", 1, 1) not in events, doc["history"]
+        assert ("stale_finish", 1, 1) in events, doc["history"]
+        # Its epoch burned: a next run of step 1 is in a new one.
+        assert all(epoch >= 2 for name, step, epoch in events if (name, step) == ("started", 1))
+        assert manager.counts["handler_errors"] == 0
+    finally:
+        manager.pool.shutdown(1.0)
+
+
 def test_a_won_steps_start_is_written_with_its_end_too(tmp_path: Path) -> None:
     store = CountingStore(Replica(), "reg_a")
     manager = Manager(SiteConfig("reg_a", CouchSettings(store.url), workers=1), store, SITES,
