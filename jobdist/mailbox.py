@@ -34,6 +34,10 @@ class Finished:
     execution: Execution
     result: StepResult
 
+    @property
+    def key(self) -> StepKey:
+        return self.execution.key
+
 
 @dataclass(frozen=True)
 class Retried:

@@ -297,7 +297,7 @@ class Manager:
         tasks = []
         reports, self.later_reports = [*self.later_reports, *self.mailbox.reports_now()], []
         for report in reports:
-            job_id = (report.execution.key if isinstance(report, Finished) else report.key)[0]
+            job_id = report.key[0]
             if job_id in busy:
                 self.counts["reports_waited"] += 1
                 self.later_reports.append(report)
@@ -617,9 +617,7 @@ class Manager:
                 self._start_deferred(pending.pop(doc_id), plan, leaves[0])
         docs = [plan.doc for plan, _ in plans.values() if plan.doc is not None]
         try:
-            # (Every start held back: nothing to write.)
-            busy = _Either(plans, self.later_jobs | self.runner.unsettled())
-            answers = self._write(docs, busy) if docs else []
+            answers = self._write(docs, plans) if docs else []  # (every start held back)
             results = {doc["_id"]: result for doc, result in zip(docs, answers, strict=True)}
         except CouchError as error:
             self.log.warning("write failed", jobs=len(docs), error=error)
@@ -653,11 +651,11 @@ class Manager:
                 self.counts["handler_errors"] += 1
                 self.log.exception("error after writing", job=doc_id)
 
-    def _write(self, docs: list[Job], busy: Container[str]) -> list[Written]:
+    def _write(self, docs: list[Job], planned: Container[str]) -> list[Written]:
         """The batch's `_bulk_docs`. In the loop, with a writer, the manager does not
         idle while the server answers: each worker report that comes meanwhile is
         decided at once, with the next work of the worker it frees, in a batch of its
-        own, written alone. A report about a `busy` job (one this write is about, one a
+        own, written alone. A report about a busy job (one this write is about, one a
         later batch of this settle decides, or one with a launch or a start this batch
         has yet to carry out or write) waits until the settle is done: a job's
         results are written in step order, and its next plan is made on what this write
@@ -666,6 +664,7 @@ class Manager:
         will be."""
         if self.writer is None or not self.serving or self.overlapping:
             return self.store.write(docs)
+        busy = _Either(planned, self.later_jobs | self.runner.unsettled())
         answer = self.writer.submit(self.store.write, docs)
         answer.add_done_callback(self.mailbox.answered)
         self.overlapping = True
