@@ -638,7 +638,9 @@ class Manager:
                 self._after_write(pending, task, plan, result.rev)
             elif isinstance(result, Conflict):
                 self.counts["write_conflicts"] += 1
-                if not task.retry_conflicts and not self.runner.launched_ahead(doc_id):
+                self.runner.conflicted(plan)
+                if not (task.retry_conflicts or self.runner.launched_ahead(doc_id)
+                        or self.runner.booked_by(plan)):
                     del pending[doc_id]  # the conflicting revision comes through the feed
             else:
                 del pending[doc_id]

@@ -420,6 +420,24 @@ class PlanRunner:
             if isinstance(effect, core.Book):
                 self.apply(core.Unbook(effect.key))
 
+    def booked_by(self, plan: core.Plan) -> bool:
+        """Does a worker stay booked for a step the plan booked, with no run of ours yet?
+        Its write refused by a 409, the job is decided again at once (Manager._write_all):
+        the revision in the way may be our own (a step this site ran, its start written
+        with its end, planned again from a revision that still showed it open), which the
+        feed brings without a decision, and the booking would hold the worker until the
+        booking timeout (core.settle_local_work frees it on the newer revision)."""
+        return any(isinstance(effect, core.Book) and self.pool.is_booked(effect.key)
+                   and effect.key not in self.executions for effect in plan.before)
+
+    def conflicted(self, plan: core.Plan) -> None:
+        """The plan's write met a newer revision (a 409): the launches it planned after
+        its write will not happen, so they no longer count as running; the job's next
+        decision, on the newer revision, keeps or frees the worker the plan booked."""
+        for effect in plan.after:
+            if isinstance(effect, core.Launch):
+                self.launching.pop(effect.key, None)
+
     # --- local effects ------------------------------------------------------------------
 
     def apply(self, effect: core.Effect, doc: Job | None = None) -> None:

@@ -803,6 +803,28 @@ def test_a_short_steps_start_is_written_with_its_end_in_one_revision(tmp_path: P
         manager.pool.shutdown(1.0)
 
 
+def test_a_start_planned_on_a_revision_older_than_our_own_end_books_no_worker(
+        tmp_path: Path) -> None:
+    """A scan offers a step this site already ran, from the revision that still showed it
+    open (its start was written with its end): the start's write meets our own end (a
+    409), which the feed brings with no decision. The worker must not stay booked for
+    it until the booking timeout (a burst's creator lost its workers for 60 s so)."""
+    store = CountingStore(Replica(), "global")
+    manager = creator_alone(tmp_path, store)
+    try:
+        job = submitted(store, "true")
+        opened = store.replica.winner(job["_id"])
+        manager.process(job["_id"])
+        serve_until(manager, lambda: store.replica.winner(job["_id"])["job_status"],
+                    "the job's end")
+        manager.settle([manager.decide_task(job["_id"], seen=opened)])
+        assert manager.counts["write_conflicts"] == 1
+        assert not manager.pool.bookings() and len(manager.runner.free_workers()) == 1
+        ran_once_started_once(manager, store, job["_id"])
+    finally:
+        manager.pool.shutdown(1.0)
+
+
 class TimedStore(CountingStore):
     """A CountingStore that notes when it took each write (monotonic)."""
 
