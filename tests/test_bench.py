@@ -11,8 +11,10 @@ from typing import Any
 
 import click
 import pytest
+import requests
 from click.testing import CliRunner
 
+from jobdist.couch import Couch
 from jobdist.lab.bench import (
     Memory,
     RawRates,
@@ -31,6 +33,7 @@ from jobdist.lab.bench import (
     percentile,
     replication_table,
     request_kind,
+    revision_trees,
     scheduling_overheads,
     tally,
     targets_table,
@@ -235,3 +238,28 @@ def test_priorities_small() -> None:
     assert out["low"]["max"] == max(out["low_waits"])
     assert out["bound"] == pytest.approx(2 * 10 + out["high_waits"]["max"])
     assert 0 <= out["low_done_during_stream"] <= 2
+
+
+@pytest.mark.parametrize("batch", [1, 500])
+def test_revision_trees_name_every_revision_and_leaf_of_the_documents_asked(
+        db_url: str, batch: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("jobdist.lab.bench.REVISIONS_BATCH", batch)  # one leaf a request
+    base, name = db_url.rsplit("/", 1)
+    db = Couch(base).database(name)
+    db.bulk_docs([{"_id": "a", "n": 1}, {"_id": "b"}, {"_id": "other"}])
+    first = db.get("a")["_rev"]
+    requests.put(f"{db_url}/a", json={**db.get("a"), "n": 2}, timeout=10).raise_for_status()
+    # Two more branches from revision 1, as replication would bring them, one of them
+    # deleted: three leaves, four revisions.
+    for branch, deleted in (("beef", False), ("dead", True)):
+        leaf = {"_id": "a", "_rev": f"2-{branch}", "_deleted": deleted,
+                "_revisions": {"start": 2, "ids": [branch, first.split("-")[1]]}}
+        requests.post(f"{db_url}/_bulk_docs", json={"docs": [leaf], "new_edits": False},
+                      timeout=10).raise_for_status()
+
+    trees = revision_trees(db, ["a", "b", "missing"])
+
+    assert set(trees) == {"a", "b"}
+    revs, leaves = trees["a"]
+    assert leaves == 3 and first in revs and {"2-beef", "2-dead"} < revs and len(revs) == 4
+    assert trees["b"][1] == 1 and trees["b"][0] == {db.get("b")["_rev"]}
