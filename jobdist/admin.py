@@ -146,6 +146,9 @@ class SiteCollector(Collector):
                      "(0 when none).", site, journal["oldest_seconds"] or 0)
         yield _gauge("jobdist_keepalive_period_seconds", "Seconds between keep-alive passes.",
                      site, status["keepalive_period"])
+        yield _gauge("jobdist_keepalive_left_for_room", "Stale open jobs the last keep-alive "
+                     "pass left in line: no site had a free worker to start them.", site,
+                     status["keepalive_left_for_room"])
         yield _gauge("jobdist_uptime_seconds", "Seconds since the daemon started.", site,
                      status["uptime_seconds"])
 

@@ -1585,6 +1585,38 @@ def keepalive(leaves: list[Doc], ctx: Context, stale_after: float) -> Job | None
     return touched
 
 
+UNKNOWN_ROOM = 10  # re-saves a keep-alive pass makes for a site with no fresh status
+
+
+def resave_picks(stale: Sequence[tuple[str, Any]], room: Mapping[str, int | None]) -> list[str]:
+    """Which stale open jobs a keep-alive pass re-saves: `stale` holds (job id, its
+    current step's target) in line order, `room` the free workers of every known site as
+    this creator last knew them (its own; the others' from their statuses; None: not
+    known, taken as UNKNOWN_ROOM). A job is re-saved for a site its step allows that has
+    a free worker left, the one with the most.
+
+    A re-save reminds the sites of a job: a site with a free worker that missed it
+    claims it, or, if we are that site, starts it. Beyond those, it reminds nobody able
+    to act and costs every site a revision: under a backlog longer than `stale_after`
+    the whole line was re-saved every pass (docs/performance.md). A job left out waits
+    in line: the creator starts or assigns it as workers free, and every site's scans
+    find open steps the feed did not show.
+    """
+    left = {site: UNKNOWN_ROOM if free is None else free for site, free in room.items()}
+    picks = []
+    for job_id, target in stale:
+        wanted = target if isinstance(target, list) else [target]
+        if not wanted or not all(isinstance(site, str) for site in wanted):
+            continue  # malformed: core.keepalive would refuse it anyway
+        fits = [site for site, free in left.items() if free > 0
+                and allows({"target": wanted}, site)]
+        if fits:
+            site = max(fits, key=lambda name: left[name])
+            left[site] -= 1
+            picks.append(job_id)
+    return picks
+
+
 def start_recorded(step: Step) -> bool:
     """Does the step show its execution started? (A broadcast step's parts each say so
     for their site: backs_execution looks there.)"""

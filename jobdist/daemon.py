@@ -71,7 +71,8 @@ class Daemon:
                                  load_checkpoint(self.db, config.name), self.stop_event,
                                  self.mailbox.wake, on_change=self.changes.publish)
         self.keepalive = KeepAlive(self.db, config.name, config.keepalive.period,
-                                   config.keepalive.stale_after, self.stop_event)
+                                   config.keepalive.stale_after, self.stop_event,
+                                   room=lambda: self.manager.room_seen)
         self.retention = None if config.retention.older_than is None else PeriodicCleanup(
             self.db, config.name, config.retention.older_than,
             config.retention.interval, config.retention.export, self.stop_event)
@@ -114,6 +115,7 @@ class Daemon:
             "journal": manager.journal_status(),
             "keepalive_period": self.keepalive.period,
             "keepalive_resaves": self.keepalive.resaved,
+            "keepalive_left_for_room": self.keepalive.left_for_room,
             "uptime_seconds": round(self.uptime, 3),
             "memory_bytes": resident_memory_bytes(),
             "counts": dict(manager.counts),  # one C-level copy: safe beside the manager thread

@@ -10,12 +10,15 @@ sites that missed a change (a feed gap, a replication that was down).
 Rules (core.keepalive): only the creator, only open steps, only documents
 unchanged for `stale_after` seconds, only unconflicted ones, and the re-save
 changes nothing but `keepalive_at`. In line order (core.claim_rank): the job
-that should run first is re-saved first.
+that should run first is re-saved first. Only as many as there are free workers for
+(core.resave_picks): a job waiting in a long line is not forgotten, and
+re-saving it reminds nobody able to run it.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Mapping
 
 from . import core
 from .clock import later, utc_now
@@ -28,12 +31,14 @@ class KeepAlive(Periodic):
     what = "keep-alive pass"
 
     def __init__(self, db: Database, site: str, period: float, stale_after: float,
-                 stop: threading.Event) -> None:
+                 stop: threading.Event, room: Callable[[], Mapping[str, int | None]]) -> None:
         super().__init__("keepalive", site, stop, "jobdist.keepalive")
         self.db = db
         self.period = period
         self.stale_after = stale_after
+        self.room = room  # every known site's free workers, as the manager last knew them
         self.resaved = 0
+        self.left_for_room = 0  # stale open jobs the last pass left in line: no free worker
 
     def wait_before_pass(self) -> float:
         return self.period
@@ -44,14 +49,16 @@ class KeepAlive(Periodic):
         rows = self.db.view(DDOC, "stale_open", startkey=[self.site],
                             endkey=[self.site, cutoff])
         rows.sort(key=row_rank)
+        picks = core.resave_picks([(row["id"], row_target(row)) for row in rows], self.room())
+        self.left_for_room = len(rows) - len(picks)
         count = 0
-        for row in rows:
+        for job_id in picks:
             if self.stop_event.is_set():
                 break
             try:
-                count += self.resave(row["id"])
+                count += self.resave(job_id)
             except CouchError as error:  # this job only (refused, unreadable): the rest go on
-                self.log.warning("keep-alive re-save failed", job=row["id"], error=error)
+                self.log.warning("keep-alive re-save failed", job=job_id, error=error)
         self.resaved += count
         return count
 
@@ -71,3 +78,10 @@ def row_rank(row: dict[str, object]) -> int:
     value = row.get("value")
     fields = value if isinstance(value, dict) else {}
     return core.claim_rank(fields.get("priority"), fields.get("created_at"))
+
+
+def row_target(row: dict[str, object]) -> object:
+    """The current step's target a `stale_open` row carries (None if it carries none:
+    resave_picks passes such a row by)."""
+    value = row.get("value")
+    return value.get("target") if isinstance(value, dict) else None

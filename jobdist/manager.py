@@ -33,7 +33,7 @@ import itertools
 import threading
 import time
 from collections import Counter, OrderedDict, deque
-from collections.abc import Callable, Container, Iterable
+from collections.abc import Callable, Container, Iterable, Mapping
 from concurrent import futures
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -64,6 +64,7 @@ BATCH = 200  # jobs decided together: one read and one write a round for all of 
 MAX_ROUNDS = 8  # fresh reads of one job in one batch before it is left for later
 MAX_KNOWN = 1_000  # jobs running here whose newest revision we keep (Task.known)
 MAX_DEPTHS = 100_000  # jobs whose deepest revision seen we remember (Manager.depth)
+ROOM_SEEN_INTERVAL = 1.0  # seconds between two refreshes of Manager.room_seen
 Found = tuple[list[Job], list[core.Unusable]]  # a job's usable leaves, and the others
 Planner = Callable[[list[Job], list[core.Unusable]], core.Plan]
 
@@ -157,6 +158,10 @@ class Manager:
         self.overlapping = False  # a write is in flight: what is decided now is decided alone
         self.later_jobs: set[str] = set()  # of the settle under way, the jobs of later batches
         self.later_reports: list[Finished | Retried] = []  # of jobs that were in flight
+        # Every known site's room as the loop last saw it (None: not known), read by the
+        # keep-alive thread (core.resave_picks): replaced whole, never changed in place.
+        self.room_seen: Mapping[str, int | None] = dict.fromkeys(self.known_sites)
+        self.room_seen_at = -float("inf")
 
     @property
     def seq(self) -> object:
@@ -196,6 +201,7 @@ class Manager:
                      *self._assign_tasks_due()])
         self.periodic.publish_status_if_due(self.own_status())
         self.periodic.checkpoint_if_due()
+        self._note_room()
 
     def _next_changes(self, timeout: float) -> list[Changed]:
         timeout = self.periodic.status_wait(self.own_status(), timeout)
@@ -889,6 +895,18 @@ class Manager:
                             silent=self.periodic.silent(now),
                             creator_timeout=self.config.succession.creator_timeout,
                             unchanged_for=unchanged_for, ended=self.ended)
+
+    def _note_room(self) -> None:
+        """Refresh room_seen, at most every ROOM_SEEN_INTERVAL: the free workers of ours
+        and of the sites with a fresh status (less what we gave them since). Free workers,
+        not queues: a reminded site claims only with a free worker (core.on_open)."""
+        now = time.monotonic()
+        if now - self.room_seen_at < ROOM_SEEN_INTERVAL:
+            return
+        free = 0 if self.draining else len(self.runner.free_workers())
+        self.room_seen = {**dict.fromkeys(self.known_sites), **self.board.free_workers(now),
+                          self.site: free}
+        self.room_seen_at = now
 
     def pool_view(self) -> core.PoolView:
         return self.runner.pool_view(self.draining)

@@ -178,6 +178,16 @@ class Board:
             room[site] = idle[site] + queue - len(unstarted.get(site, ()))
         return room, idle
 
+    def free_workers(self, now: float) -> dict[str, int]:
+        """Workers free at each site with a fresh status, as far as we know: those its
+        room counts, and at a restricted site (never given steps, so its room is 0) those
+        its status counts."""
+        _, idle = self.rooms(now)
+        for site, (status, heard) in self.statuses.items():
+            if status.restricted and not status.draining and now - heard < STALE_AFTER:
+                idle[site] = status.free_workers
+        return idle
+
     def saw_job(self, doc_id: str, doc: Leaf | None, now: float) -> bool:
         """A job as we last saw it (None: gone). A step another site won and has not
         started waits in that site's queue, whoever created it; a win a site gave back

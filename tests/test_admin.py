@@ -104,6 +104,7 @@ def test_metrics_parse_and_count_the_step(site: Running) -> None:
     assert values["jobdist_decisions_total{action=start}"] >= 1
     assert values["jobdist_couch_up"] == 1
     assert values["jobdist_feed_lag"] >= 0
+    assert values["jobdist_keepalive_left_for_room"] >= 0
     assert values["process_resident_memory_bytes"] > 0
     assert values["jobdist_uptime_seconds"] > 0
 

@@ -1022,6 +1022,34 @@ def test_keepalive_only_for_the_creator_of_a_live_open_unconflicted_job(case):
     assert result is None
 
 
+def test_resave_picks_as_many_stale_jobs_as_there_is_room_in_line_order():
+    stale = [("j1", "any"), ("j2", "any"), ("j3", "any"), ("j4", "any")]
+    assert core.resave_picks(stale, {"global": 0, "reg_a": 2, "reg_b": 0}) == ["j1", "j2"]
+    assert core.resave_picks(stale, {"global": 1, "reg_a": 0, "reg_b": 1}) == ["j1", "j2"]
+    # A burst's line: every site busy, nobody to remind.
+    assert core.resave_picks(stale, {"global": 0, "reg_a": -1, "reg_b": 0}) == []
+
+
+def test_resave_picks_only_for_a_site_the_step_allows():
+    stale = [("for_b", "reg_b"), ("for_a", ["reg_a", "global"]), ("any", "any")]
+    assert core.resave_picks(stale, {"global": 0, "reg_a": 3, "reg_b": 0}) == ["for_a", "any"]
+    # The site with the most room is charged, so a later job bound to the other still fits.
+    stale = [("any", "any"), ("for_b", "reg_b")]
+    assert core.resave_picks(stale, {"reg_a": 2, "reg_b": 1}) == ["any", "for_b"]
+
+
+def test_resave_picks_counts_a_site_of_unknown_room_as_unknown_room():
+    stale = [(f"j{i}", "reg_a") for i in range(core.UNKNOWN_ROOM + 5)]
+    picks = core.resave_picks(stale, {"global": 0, "reg_a": None})
+    assert picks == [f"j{i}" for i in range(core.UNKNOWN_ROOM)]
+
+
+def test_resave_picks_passes_a_malformed_target_by():
+    stale = [("none", None), ("empty", []), ("number", 3), ("mixed", ["reg_a", 1]),
+             ("good", "reg_a")]
+    assert core.resave_picks(stale, {"reg_a": 9}) == ["good"]
+
+
 # --- adoption: a creator gone for good --------------------------------------------------------
 
 def adopt(leaves: list[Doc], site: str = "reg_a", gone: str = CREATOR) -> Plan:

@@ -101,7 +101,8 @@ def test_keepalive_resaves_only_its_own_stale_open_jobs_and_only_their_timestamp
     )
     claimed["job"][0]["claimed_by"] = "reg_a"
     db.bulk_docs([stale, fresh, claimed, foreign])
-    keepalive = KeepAlive(db, "global", period=60, stale_after=5, stop=threading.Event())
+    keepalive = KeepAlive(db, "global", period=60, stale_after=5, stop=threading.Event(),
+                          room=lambda: {"global": 1, "reg_a": None})
 
     assert keepalive.pass_once() == 1
     after = db.get(stale["_id"])
@@ -112,6 +113,28 @@ def test_keepalive_resaves_only_its_own_stale_open_jobs_and_only_their_timestamp
         assert db.get(untouched["_id"])["_rev"].startswith("1-")
     assert keepalive.pass_once() == 0  # just re-saved: not stale any more
     assert keepalive.resaved == 1
+
+
+def test_keepalive_resaves_no_more_stale_jobs_than_sites_have_room_for(
+        couch_server: LocalServer) -> None:
+    db = Couch(couch_server.url).ensure_database(f"ka_{free_port()}")
+    db.sync_design_docs(load_design_docs())
+    minutes_ago = [format_time(datetime.now(UTC) - timedelta(minutes=m)) for m in (30, 20, 10)]
+    # In line: the oldest first; the second may run at reg_a alone.
+    first, for_a, last = (new_job("global", [new_step("true", target=target)], created_at=at)
+                          for target, at in zip(("any", "reg_a", "any"), minutes_ago, strict=True))
+    db.bulk_docs([first, for_a, last])
+    room: dict[str, int | None] = {"global": 0, "reg_a": 0, "reg_b": 0}
+    keepalive = KeepAlive(db, "global", period=60, stale_after=5, stop=threading.Event(),
+                          room=lambda: room)
+
+    assert keepalive.pass_once() == 0 and keepalive.left_for_room == 3  # every site busy
+    room["reg_b"] = 1
+    assert keepalive.pass_once() == 1 and keepalive.left_for_room == 2
+    assert db.get(first["_id"])["_rev"].startswith("2-")  # the first in line reg_b may run
+    room.update(reg_a=1, reg_b=1)
+    assert keepalive.pass_once() == 2 and keepalive.left_for_room == 0
+    assert [db.get(job["_id"])["_rev"][:2] for job in (first, for_a, last)] == ["2-", "2-", "2-"]
 
 
 def test_sigterm_lets_the_daemon_release_its_running_step_and_exit_zero(

@@ -170,8 +170,9 @@ def test_claimed_unassigned(jobs_db: str) -> None:
 
 def test_stale_open_uses_the_later_of_update_and_keepalive(jobs_db: str) -> None:
     assert rows(jobs_db, "stale_open") == [
-        (["alpha", t(1)], {"priority": 0, "created_at": t(1)}, "a"),
-        (["alpha", t(9)], {"priority": 5, "created_at": t(2)}, "b"),
+        (["alpha", t(1)], {"priority": 0, "created_at": t(1), "target": "any"}, "a"),
+        (["alpha", t(9)], {"priority": 5, "created_at": t(2), "target": ["beta", "gamma"]},
+         "b"),
     ]
     stale = rows(jobs_db, "stale_open", startkey=["alpha"], endkey=["alpha", t(5)])
     assert [row[2] for row in stale] == ["a"]

@@ -570,6 +570,29 @@ def test_the_manager_wakes_to_publish_a_changed_room_once_it_settled(tmp_path: P
     finally:
         manager.pool.shutdown(1.0)
 
+def test_the_room_the_keep_alive_reads_is_the_free_workers_known_at_each_site(
+        tmp_path: Path) -> None:
+    """Manager.room_seen (core.resave_picks): our free workers, each site's free workers
+    from its fresh status (a restricted site's too), None where no status was heard."""
+    store = SimStore(Replica(), "global")
+    manager = creator_alone(tmp_path, store)
+    try:
+        manager.serve_once(timeout=0.05)
+        assert manager.room_seen == {"global": 1, "reg_a": None, "reg_b": None}
+        for site, free, restricted in (("reg_a", 3, False), ("reg_b", 2, True)):
+            manager.periodic.hear_status(status.SiteStatus(
+                site, workers=4, free_workers=free, draining=False, assigns=True,
+                restricted=restricted, updated_at=format_time(datetime.now(UTC))).as_doc())
+        assert manager.pool.book(("job-x", 0)) is not None
+        manager.serve_once(timeout=0.05)
+        assert manager.room_seen["reg_a"] is None  # refreshed once a second at most
+        manager.room_seen_at -= 1.0
+        manager.serve_once(timeout=0.05)
+        assert manager.room_seen == {"global": 0, "reg_a": 3, "reg_b": 2}
+    finally:
+        manager.pool.shutdown(1.0)
+
+
 def serve_until(manager: Manager, done: Any, what: str) -> None:
     wait_for(lambda: manager.serve_once(timeout=0.05) or done(), timeout=10, what=what)
 

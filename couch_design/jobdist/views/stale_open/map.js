@@ -26,7 +26,9 @@ function (doc) {
   if (typeof doc.keepalive_at === "string" && doc.keepalive_at > touched) {
     touched = doc.keepalive_at;
   }
-  // Priority and creation time: readers order rows by core.claim_rank.
+  // Priority and creation time: readers order rows by core.claim_rank. The step's
+  // target: the keep-alive re-saves a job only for a site with a free worker.
   emit([doc.creator, touched], {priority: doc.priority == null ? 0 : doc.priority,
-                                created_at: doc.created_at == null ? null : doc.created_at});
+                                created_at: doc.created_at == null ? null : doc.created_at,
+                                target: step.target == null ? "any" : step.target});
 }
