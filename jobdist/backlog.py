@@ -52,7 +52,7 @@ def open_targets(doc: Leaf) -> list[str]:
     return [str(name) for name in target] if isinstance(target, list) else [str(target)]
 
 
-MAX_KEPT = 1_000  # revisions kept for a start with no read: a few KB each
+MAX_KEPT = 5_000  # revisions kept for a start with no read: about 2 KB each
 Place = tuple[int, int, str, int]  # core.line_place
 
 
