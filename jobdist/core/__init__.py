@@ -1,0 +1,205 @@
+"""The decision core: what one site does about one job. Pure: no I/O, no clock.
+
+Every site runs the same rules on the same inputs: the live leaf revisions of a
+job document (all of them, not only CouchDB's winner), the site's name and the
+state of its workers. The answer is a Plan: at most one new revision to write
+on top of CouchDB's winning leaf, the losing leaves to delete (the creator
+alone does that), and local effects to carry out before and after the write.
+
+The package reads in three layers; each module imports only from the layers
+below it (tests/test_layout.py checks it):
+
+- The safety path, which no scheduling policy touches:
+  `types` (inputs, decisions, plans), `leaves` (merging a job's leaves by
+  progress), `edits` (how each decision changes the document), `fencing`
+  (which runs and bookings the document still backs), `revision` (the
+  revision a plan writes: conflicts cleaned, under the size limit),
+  `succession` (adoption terms, who takes over from a silent creator).
+- Policy and features, each one module: `placement` (the line, room,
+  claim hold, queue and keep-alive picks), `wait` (jobs that wait for other
+  jobs or a time), `starts` (the start decision, launch ahead and the start
+  written late), `broadcast` (one part at each site).
+- Composition: `decide` (the one decision about a job), `finish` (recording
+  a run's end and chaining the next step), `plans` (the other writes:
+  renew, event, cancel, adopt, drop, keep-alive, refusal).
+
+This module exposes what the rest of jobdist uses.
+"""
+
+from .broadcast import (
+    drop_problem,
+)
+from .decide import (
+    on_open,
+    plan,
+)
+from .edits import (
+    record_outcome,
+    start,
+)
+from .fencing import (
+    WIN_LAPSED,
+    backs_execution,
+    current_leases,
+    records_start,
+    settle_local_work,
+    sub_run_open,
+)
+from .finish import (
+    burns_epoch,
+    chain_next,
+    plan_finish,
+)
+from .leaves import (
+    couch_order,
+    merge,
+    progress,
+    succeeded,
+    usable_leaves,
+)
+from .placement import (
+    AGING_SECONDS,
+    NO_WORKER,
+    NO_WORKER_IN_TIME,
+    QUEUE_FULL,
+    QUEUED,
+    UNKNOWN_ROOM,
+    UNSTAMPED_BAND,
+    claim_rank,
+    doc_place,
+    doc_rank,
+    holds_claims,
+    line_place,
+    queues,
+    resave_picks,
+    spread,
+)
+from .plans import (
+    keepalive,
+    plan_adopt,
+    plan_cancel,
+    plan_drop,
+    plan_event,
+    plan_refused,
+    plan_renew,
+)
+from .revision import (
+    fit,
+)
+from .starts import (
+    LATE_START,
+    START_LAPSED,
+    follows,
+    record_late_start,
+)
+from .succession import (
+    succeeds,
+)
+from .types import (
+    BOOKING_TIMEOUT,
+    CLAIM_DELAY,
+    CREATOR_TIMEOUT,
+    FED_CLAIM_DELAY,
+    HEARTBEAT,
+    IGNORE,
+    LEASE,
+    NOTHING,
+    SKEW_MARGIN,
+    WON_CLAIM,
+    Assign,
+    Book,
+    Booking,
+    Context,
+    Effect,
+    Kill,
+    Launch,
+    Plan,
+    PoolView,
+    Queue,
+    Revoke,
+    Rider,
+    Running,
+    Unbook,
+    Unusable,
+)
+from .wait import (
+    WAITED_FOR,
+    on_held,
+)
+
+__all__ = [
+    "AGING_SECONDS",
+    "BOOKING_TIMEOUT",
+    "CLAIM_DELAY",
+    "CREATOR_TIMEOUT",
+    "FED_CLAIM_DELAY",
+    "HEARTBEAT",
+    "IGNORE",
+    "LATE_START",
+    "LEASE",
+    "NOTHING",
+    "NO_WORKER",
+    "NO_WORKER_IN_TIME",
+    "QUEUED",
+    "QUEUE_FULL",
+    "SKEW_MARGIN",
+    "START_LAPSED",
+    "UNKNOWN_ROOM",
+    "UNSTAMPED_BAND",
+    "WAITED_FOR",
+    "WIN_LAPSED",
+    "WON_CLAIM",
+    "Assign",
+    "Book",
+    "Booking",
+    "Context",
+    "Effect",
+    "Kill",
+    "Launch",
+    "Plan",
+    "PoolView",
+    "Queue",
+    "Revoke",
+    "Rider",
+    "Running",
+    "Unbook",
+    "Unusable",
+    "backs_execution",
+    "burns_epoch",
+    "chain_next",
+    "claim_rank",
+    "couch_order",
+    "current_leases",
+    "doc_place",
+    "doc_rank",
+    "drop_problem",
+    "fit",
+    "follows",
+    "holds_claims",
+    "keepalive",
+    "line_place",
+    "merge",
+    "on_held",
+    "on_open",
+    "plan",
+    "plan_adopt",
+    "plan_cancel",
+    "plan_drop",
+    "plan_event",
+    "plan_finish",
+    "plan_refused",
+    "plan_renew",
+    "progress",
+    "queues",
+    "record_late_start",
+    "record_outcome",
+    "records_start",
+    "resave_picks",
+    "settle_local_work",
+    "spread",
+    "start",
+    "sub_run_open",
+    "succeeded",
+    "succeeds",
+    "usable_leaves",
+]

@@ -1,0 +1,194 @@
+"""How each decision changes the job document: one Edit a protocol move.
+
+Every edit appends the history event that says what it did, in the step's
+epoch: the history is how a run is explained afterwards.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from ..clock import later
+from ..model import (
+    Job,
+    RunRecord,
+    RunStatus,
+    Step,
+    StepKey,
+    SubRun,
+    dropped_sites,
+    event,
+    new_sub_run,
+    sub_runs,
+)
+from .types import Context, Edit, StepOutcome
+
+
+def current_step(doc: Job) -> Step:
+    return doc["job"][doc["step"]]
+
+
+def log_event(doc: Job, name: str, ctx: Context, *, worker: str | None = None,
+         detail: str | None = None, at: str | None = None) -> None:
+    """A history event about the current step (call before the step index moves), `at`
+    now unless given."""
+    index = doc["step"]
+    doc.setdefault("history", []).append(
+        event(name, step=index, site=ctx.site, at=at or ctx.now, worker=worker,
+              epoch=doc["job"][index].get("epoch", 0), detail=detail)
+    )
+
+
+def claim(ctx: Context) -> Edit:
+    def edit(doc: Job) -> None:
+        current_step(doc)["claimed_by"] = ctx.site
+        log_event(doc, "claimed", ctx)
+    return edit
+
+
+def assign(ctx: Context, site: str | None = None) -> Edit:
+    """The step's winner: its claimer, or `site`, which the creator chose for its room."""
+    def edit(doc: Job) -> None:
+        step = current_step(doc)
+        if site is not None:
+            step["claimed_by"] = site
+        step["winner"] = step["claimed_by"]
+        step["epoch"] = step.get("epoch", 0) + 1
+        step["lease_until"] = later(ctx.now, ctx.lease)  # start by then, or be revoked
+        detail = f"winner {step['winner']}" + (" (it has room)" if site is not None else "")
+        log_event(doc, "won", ctx, detail=detail)
+    return edit
+
+
+def start(ctx: Context, worker: str, *, assign: bool, at: str | None = None) -> Edit:
+    """The start of an execution now, or launched `at` (a start written late)."""
+    def edit(doc: Job) -> None:
+        step = current_step(doc)
+        if assign:
+            step["claimed_by"] = step["winner"] = ctx.site
+            step["epoch"] = step.get("epoch", 0) + 1
+        step["step_status"] = "running"
+        step["executioner"] = worker
+        step["start_time"] = at or ctx.now
+        step["lease_until"] = later(ctx.now, ctx.lease)
+        step["progress"] = None  # a new execution has reported nothing yet
+        log_event(doc, "started", ctx, worker=worker, at=at)
+    return edit
+
+
+def release(ctx: Context, reason: str) -> Edit:
+    """Give the step back: a new epoch fences off whatever ran in the old one."""
+    def edit(doc: Job) -> None:
+        step = current_step(doc)
+        step.update({"claimed_by": None, "winner": None, "executioner": None,
+                     "step_status": None, "start_time": None, "lease_until": None,
+                     "progress": None})
+        step["epoch"] = step.get("epoch", 0) + 1
+        log_event(doc, "released", ctx, detail=reason)
+    return edit
+
+
+def fail_job(ctx: Context, reason: str) -> Edit:
+    def edit(doc: Job) -> None:
+        current_step(doc)["step_status"] = "failed"
+        doc["job_status"] = "failed"
+        log_event(doc, "failed", ctx, detail=reason)
+    return edit
+
+
+def note(ctx: Context, name: str, key: StepKey, worker: str, epoch: int, detail: str) -> Edit:
+    def edit(doc: Job) -> None:
+        doc.setdefault("history", []).append(
+            event(name, step=key[1], site=ctx.site, at=ctx.now, worker=worker,
+                  epoch=epoch, detail=detail)
+        )
+    return edit
+
+
+def end_step(step: Step, outcome: StepOutcome) -> None:
+    """What an execution did, on its step."""
+    step["step_status"] = ended(outcome)
+    record_end(step, outcome)
+
+
+def end_sub_run(run: SubRun, outcome: StepOutcome) -> None:
+    """What an execution did, on its broadcast sub-run."""
+    run["status"] = ended(outcome)
+    record_end(run, outcome)
+
+
+def ended(outcome: StepOutcome) -> RunStatus:
+    return "finished" if outcome.ok else "failed"
+
+
+def record_end(record: RunRecord, outcome: StepOutcome) -> None:
+    """The fields an execution's end sets, on its step or its sub-run alike."""
+    record.update({
+        "exec_time": round(outcome.exec_time, 6),
+        "start_time": outcome.start_time,
+        "finish_time": outcome.finish_time,
+        "attempts": outcome.attempts,
+        "exit_code": outcome.exit_code,
+        "lease_until": None,
+        "output": {"stdout": outcome.stdout, "stderr": outcome.stderr},
+    })
+    if outcome.progress is not None:  # the last report, even one no heartbeat carried yet
+        record["progress"] = copy.copy(outcome.progress)
+
+
+def record_outcome(ctx: Context, worker: str, outcome: StepOutcome) -> Edit:
+    def edit(doc: Job) -> None:
+        end_step(current_step(doc), outcome)
+        log_event(doc, "finished" if outcome.ok else "failed", ctx, worker=worker,
+             detail=outcome.reason)
+        end_current_step(doc, outcome.ok)
+    return edit
+
+
+def end_current_step(doc: Job, ok: bool) -> None:
+    """The job moves to its next step (or succeeds), or fails."""
+    if not ok:
+        doc["job_status"] = "failed"
+        return
+    doc["step"] += 1
+    if doc["step"] == len(doc["job"]):
+        doc["job_status"] = "success"
+
+
+def log_sub_run(doc: Job, name: str, ctx: Context, run: SubRun, *, worker: str | None = None,
+                detail: str | None = None) -> None:
+    """A history event about a sub-run, in its epoch (the fencing token's half)."""
+    doc["history"].append(event(name, step=doc["step"], site=ctx.site, at=ctx.now,
+                                worker=worker, epoch=run.get("epoch", 0), detail=detail))
+
+
+def start_sub_run(ctx: Context, worker: str) -> Edit:
+    def edit(doc: Job) -> None:
+        run = sub_runs(current_step(doc))[ctx.site]
+        epoch = run.get("epoch", 0) + 1
+        run.update(new_sub_run())
+        run.update({"epoch": epoch, "status": "running", "executioner": worker,
+                    "start_time": ctx.now, "lease_until": later(ctx.now, ctx.lease)})
+        log_sub_run(doc, "started", ctx, run, worker=worker)
+    return edit
+
+
+def release_sub_run(ctx: Context, site: str, reason: str) -> Edit:
+    """Give a sub-run back to its site: a new epoch fences off what ran in the old one."""
+    def edit(doc: Job) -> None:
+        run = sub_runs(current_step(doc))[site]
+        epoch = run.get("epoch", 0) + 1
+        run.update(new_sub_run())
+        run["epoch"] = epoch
+        log_sub_run(doc, "released", ctx, run, detail=reason)
+    return edit
+
+
+def drop_sites(ctx: Context, sites: list[str], reason: str) -> Edit:
+    """Remove sites from the current broadcast step's set; a `dropped` event names each."""
+    def edit(doc: Job) -> None:
+        step = current_step(doc)
+        step["dropped"] = sorted({*dropped_sites(step), *sites})
+        for site in sites:
+            log_sub_run(doc, "dropped", ctx, sub_runs(step)[site], detail=f"{site}: {reason}")
+    return edit

@@ -1,0 +1,201 @@
+"""Recording what a run did, and chaining the next step onto its end.
+
+Only a current run advances the job: a finish whose epoch the document no
+longer backs is recorded as a stale finish and changes nothing else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..model import (
+    Job,
+    Leaf,
+    Phase,
+    StepKey,
+    allows,
+    is_broadcast,
+    is_live,
+    json_copy,
+    step_phase,
+    sub_runs,
+)
+from .broadcast import broadcast_end, open_broadcast
+from .edits import (
+    current_step,
+    end_current_step,
+    end_step,
+    end_sub_run,
+    log_event,
+    log_sub_run,
+    note,
+    record_outcome,
+    release,
+    release_sub_run,
+)
+from .fencing import backs_execution, start_lapsed
+from .leaves import merge
+from .placement import willing
+from .revision import finalize
+from .starts import START_LAPSED, late_start, late_start_edit, start_decision
+from .types import Context, Decision, Edit, Plan, PoolView, StepOutcome, after_edit, in_turn
+
+
+def plan_finish(
+    leaves: Sequence[Leaf],
+    ctx: Context,
+    pool: PoolView,
+    key: StepKey,
+    epoch: int,
+    worker: str,
+    outcome: StepOutcome,
+    *,
+    chained: bool = False,
+    after: str | None = None,
+) -> Plan:
+    """Record what an execution did; only a current execution advances the job.
+
+    `pool` must already show the execution's worker as free. When the step
+    succeeded and this site may run the next one, it starts it in the same
+    revision: nobody else writes to a running step, so nobody can compete.
+    An execution launched ahead of its start whose start was never written
+    (late_start) gets its start and its end in one revision, unless it was
+    `chained` onto an end: only that end's record may start it (chain_next);
+    one that did not ran on an end that no longer counts (a stale finish). `after`:
+    the end of the step before that its launch followed (late_start).
+    """
+    merged = merge(leaves)
+    if chained or not late_start(merged, key, epoch, ctx, after):
+        return finalize(leaves, merged, finish_decision(merged, ctx, pool, key, epoch, worker,
+                                                        outcome), ctx)
+    step = current_step(merged)
+    begin = late_start_edit(step, ctx, worker, outcome.start_time)
+    if start_lapsed(step, ctx):
+        # The creator may be revoking the win: recorded as run and given back, never a
+        # finish a next step could be chained onto (win_lapsed).
+        detail = f"{START_LAPSED}: {outcome.reason}"
+        return finalize(leaves, merged, after_edit(begin, Decision(
+            "release", release(ctx, detail), detail=detail)), ctx)
+    started = json_copy(merged)
+    begin(started)
+    then = finish_decision(started, ctx, pool, key, epoch, worker, outcome)
+    return finalize(leaves, merged, after_edit(begin, then), ctx)
+
+
+def finish_decision(merged: Job, ctx: Context, pool: PoolView, key: StepKey, epoch: int,
+                    worker: str, outcome: StepOutcome) -> Decision:
+    if not backs_execution(merged, key, epoch, ctx.site):
+        if outcome.cancelled and merged["job_status"] == "cancelled":
+            return Decision("cancelled", record_cancelled(merged, ctx, key, worker, epoch,
+                                                          outcome))
+        detail = f"epoch {epoch} is no longer current: {outcome.reason}"
+        noted = note(ctx, "stale_finish", key, worker, epoch, detail)
+        if not burns_epoch(merged, key, epoch):
+            return Decision("stale_finish", noted)
+
+        def burned(doc: Job) -> None:
+            noted(doc)
+            doc["job"][key[1]]["epoch"] = epoch
+        return Decision("stale_finish", burned)
+    if outcome.cancelled:
+        stopped = f"stopped on this site: {outcome.reason}"
+        return Decision("release", release_sub_run(ctx, ctx.site, stopped)
+                        if is_broadcast(current_step(merged)) else release(ctx, stopped))
+    if is_broadcast(current_step(merged)):
+        return finish_sub_run(merged, ctx, pool, worker, outcome)
+    decision = Decision("finish", record_outcome(ctx, worker, outcome), detail=outcome.reason)
+    if outcome.ok:
+        decision = chain_next(merged, decision, ctx, pool)
+    return decision
+
+
+def burns_epoch(merged: Job, key: StepKey, epoch: int) -> bool:
+    """Is this a run of ours that no revision showed started (launched ahead, its start
+    never written: a chained run whose end turned out stale), of a step that is still
+    to start in an earlier epoch? Then its stale finish moves that step's epoch up to
+    the run's, so no later start here issues the same fencing token again."""
+    if not is_live(merged) or not merged["step"] <= key[1] < len(merged["job"]):
+        return False
+    step = merged["job"][key[1]]
+    to_start = key[1] > merged["step"] or step_phase(step) < Phase.WON
+    return to_start and not is_broadcast(step) and step.get("epoch", 0) < epoch
+
+
+def record_cancelled(merged: Job, ctx: Context, key: StepKey, worker: str, epoch: int,
+                     outcome: StepOutcome) -> Edit:
+    """The run a cancellation killed: the step says it ended (failed, killed), so the
+    document does not show it running for ever; a stale run only leaves its event."""
+    live: Job = {**merged, "job_status": None}
+    current = backs_execution(live, key, epoch, ctx.site)
+    recorded = note(ctx, "cancelled", key, worker, epoch, "killed: job cancelled")
+
+    def edit(doc: Job) -> None:
+        if current and is_broadcast(doc["job"][key[1]]):
+            end_sub_run(sub_runs(doc["job"][key[1]])[ctx.site], outcome)
+        elif current:
+            end_step(doc["job"][key[1]], outcome)
+        recorded(doc)
+    return edit
+
+
+def chain_next(merged: Job, decision: Decision, ctx: Context, pool: PoolView) -> Decision:
+    """Finish, and start the next step here in the same write when we may."""
+    after_finish = json_copy(merged)
+    assert decision.edit is not None
+    decision.edit(after_finish)
+    if not is_live(after_finish):
+        return decision
+    step = current_step(after_finish)
+    if is_broadcast(step):  # its creator opens it: it names the sites (open_broadcast)
+        if ctx.site != after_finish["creator"]:
+            return decision
+        return in_turn(decision, open_broadcast(after_finish, step, ctx, pool))
+    key = (after_finish["_id"], after_finish["step"])
+    ending = current_step(merged).get("epoch", 0)
+    rider = pool.riding.get(key)
+    if rider is not None and (rider.epoch, rider.end_epoch) == (step.get("epoch", 0) + 1, ending) \
+            and allows(step, ctx.site):
+        # Our run of it, chained onto an earlier write of this very end that was lost
+        # (a 409, or the server down: the end was held): its start is this one.
+        return in_turn(decision, start_decision(after_finish, step, ctx, rider.worker,
+                                                assign=True, chained_on=ending))
+    worker = pool.worker_for(key)
+    if worker is None or not (allows(step, ctx.site) and willing(step, ctx)) \
+            or key in pool.running:
+        # (A run of that step still here is a stale one, chained onto a finish
+        # that was revoked: it is killed first, once the document shows why.)
+        return decision
+    return in_turn(decision, start_decision(after_finish, step, ctx, worker, assign=True,
+                                            chained_on=ending))
+
+
+def finish_sub_run(merged: Job, ctx: Context, pool: PoolView, worker: str,
+                   outcome: StepOutcome) -> Decision:
+    """Record our sub-run's outcome; the creator ends the step in the same revision when
+    that completes it (arbitrate_broadcast)."""
+    def edit(doc: Job) -> None:
+        run = sub_runs(current_step(doc))[ctx.site]
+        end_sub_run(run, outcome)
+        log_sub_run(doc, "finished" if outcome.ok else "failed", ctx, run, worker=worker,
+                    detail=outcome.reason)
+
+    decision = Decision("finish", edit, detail=outcome.reason)
+    if ctx.site != merged["creator"]:
+        return decision
+    after = json_copy(merged)
+    edit(after)
+    ending = broadcast_end(current_step(after))
+    return decision if ending is None else in_turn(
+        decision, end_broadcast(after, ctx, pool, *ending))
+
+
+def end_broadcast(doc: Job, ctx: Context, pool: PoolView, ok: bool, reason: str) -> Decision:
+    """The creator ends the step, and goes on to the next one as a finish does."""
+    def edit(new: Job) -> None:
+        step = current_step(new)
+        step.update({"step_status": "finished" if ok else "failed", "finish_time": ctx.now})
+        log_event(new, "finished" if ok else "failed", ctx, detail=reason)
+        end_current_step(new, ok)
+
+    decision = Decision("finish" if ok else "fail", edit, detail=reason)
+    return chain_next(doc, decision, ctx, pool) if ok else decision

@@ -1,0 +1,112 @@
+"""Starting a step: the start decision, launched ahead of its write, and the start
+written late.
+
+The manager launches a step as soon as it has planned its start, and writes the
+start meanwhile (docs/protocol.md, "Launch ahead"). If that write is lost (a 409:
+a newer revision came in between; the server did not answer), the start is
+written on the revision that came in between, when that one still lets it be.
+"""
+
+from __future__ import annotations
+
+from ..clock import seconds_between
+from ..model import (
+    Job,
+    Phase,
+    Step,
+    StepKey,
+    is_broadcast,
+    is_live,
+    sole_target,
+    step_phase,
+)
+from .edits import current_step, start
+from .fencing import start_lapsed
+from .types import WON_CLAIM, Book, Context, Decision, Edit, Launch, PoolView
+
+
+def start_decision(doc: Job, step: Step, ctx: Context, worker: str, *, assign: bool,
+                   chained_on: int | None = None) -> Decision:
+    """Start the step on `worker`; launched ahead of its write unless it is a win near
+    its start-by deadline (fresh_win). A start chained onto an end is launched ahead
+    too: if the end's write is lost, the end is held and the run goes on, its start
+    written with the held end (chain_next, PlanRunner.riding)."""
+    key = (doc["_id"], doc["step"])
+    epoch = step.get("epoch", 0) + (1 if assign else 0)
+    ahead = assign or fresh_win(step, ctx)
+    return Decision(
+        "start",
+        start(ctx, worker, assign=assign),
+        before=(Book(key, worker),),
+        after=(Launch(key, epoch, worker, ahead=ahead, chained_on=chained_on),),
+        detail="" if assign else WON_CLAIM,
+    )
+
+
+LATE_START = "launched ahead; its start written late"
+
+
+START_LAPSED = "its start was not written before the win's start-by lease passed"
+
+
+def late_start(doc: Job, key: StepKey, epoch: int, ctx: Context,
+               after: str | None = None) -> bool:
+    """Does the document still call for the start of an execution (key, epoch) this
+    site launched ahead of its start, whose start is not written?
+
+    So it does when the start is still the one start_decision writes: in a win of
+    ours of that very epoch; or, for an open or merely claimed step of which we are
+    the creator or the only target, in the next epoch (the creator alone picks
+    winners, and a claim does not move the epoch). And only after the run of the step
+    before that the launch followed (`after`, when known: follows): a revocation of
+    that run, merged in meanwhile, opens the step again in the same epoch, after a
+    run of the step before that ended later than ours began.
+    """
+    if doc["_id"] != key[0] or not is_live(doc) or doc["step"] != key[1]:
+        return False
+    if after is not None and follows(doc, key[1]) != after:
+        return False
+    step = current_step(doc)
+    if is_broadcast(step):
+        return False  # (its sub-runs are never launched ahead: start_sub_run_decision)
+    phase = step_phase(step)
+    if phase == Phase.WON:
+        return step.get("winner") == ctx.site and step.get("epoch", 0) == epoch
+    ours = ctx.site == doc["creator"] or sole_target(step) == ctx.site
+    return phase < Phase.WON and ours and step.get("epoch", 0) + 1 == epoch
+
+
+def follows(doc: Job, index: int) -> str | None:
+    """Which run of the step before step `index` a start of it follows: that step's
+    end, as its finish time (None for the first step)."""
+    if index == 0 or index > len(doc["job"]):
+        return None
+    finish = doc["job"][index - 1].get("finish_time")
+    return str(finish) if finish is not None else None
+
+
+def fresh_win(step: Step, ctx: Context) -> bool:
+    """Has our win at least half its start-by lease left, by our clock? Only then is it
+    launched ahead: the creator revokes a win only past its lease (and the skew margin),
+    so a newer revision that revoked it cannot be waiting unseen in our database."""
+    deadline = step.get("lease_until")
+    return deadline is not None and seconds_between(ctx.now, deadline) >= ctx.lease / 2
+
+
+def record_late_start(doc: Job, step: Step, ctx: Context, pool: PoolView) -> Decision | None:
+    """The start of a step launched here ahead of it, whose write was lost (late_start),
+    with no worker to book and nothing to launch; None when there is none."""
+    key = (doc["_id"], doc["step"])
+    running = pool.ahead.get(key)
+    if running is None or not late_start(doc, key, running.epoch, ctx, running.after):
+        return None
+    if start_lapsed(step, ctx):
+        return None  # the run is stopped
+    return Decision("start", late_start_edit(step, ctx, running.worker, running.launched_at),
+                    detail=LATE_START)
+
+
+def late_start_edit(step: Step, ctx: Context, worker: str, launched_at: str | None) -> Edit:
+    """The start late_start calls for: in the win's epoch, or ours in the next; its time
+    the launch's, where known (its lease runs from now)."""
+    return start(ctx, worker, assign=step_phase(step) < Phase.WON, at=launched_at)

@@ -1,0 +1,61 @@
+"""Jobs that wait: for other jobs to end (`after`), for a time (`not_before`).
+
+Policy, not safety: a waiting job has no open step, so nothing here can start a
+run; it only decides when the creator lets the job's first step open.
+"""
+
+from __future__ import annotations
+
+from ..clock import seconds_between
+from ..model import (
+    Job,
+    after_policy,
+    awaited,
+)
+from .edits import fail_job
+from .types import STAY, Context, Decision
+
+
+def on_held(doc: Job, ctx: Context) -> Decision | None:
+    """A job that waits (model.is_held): its creator alone decides when it may start.
+
+    Other sites cannot know reliably how the awaited jobs ended, nor agree on
+    "now": they leave it alone until the creator's `ready` event reaches them.
+    The creator ends it `failed` as soon as an awaited job failed or was
+    cancelled (unless `after_policy` is `always`), and releases it once every
+    awaited job ended and its own clock has passed `not_before`: None says so, and
+    the caller writes the `ready` event with the released job's first decision
+    (decide.released_from_wait).
+    """
+    if ctx.site != doc["creator"]:
+        return STAY
+    failure = awaited_failure(doc, ctx)
+    if failure is not None:
+        return Decision("fail", fail_job(ctx, failure), detail=failure)
+    return STAY if waits_for(doc, ctx) else None
+
+
+WAITED_FOR = "waited for "  # how the reason of a job failed by a job it waited for starts
+
+
+def awaited_failure(doc: Job, ctx: Context) -> str | None:
+    """Why the job can never start: an awaited job that failed or was cancelled."""
+    if after_policy(doc) == "always":
+        return None
+    for job_id in awaited(doc):
+        status = ctx.ended.get(job_id)
+        if status == "failed":
+            return f"{WAITED_FOR}{job_id}, which failed"
+        if status == "cancelled":
+            return f"{WAITED_FOR}{job_id}, which was cancelled"
+    return None
+
+
+def waits_for(doc: Job, ctx: Context) -> list[str]:
+    """What a waiting job still waits for, by its creator's knowledge and clock:
+    each awaited job not seen ended, and its `not_before` time not yet reached."""
+    pending = [job_id for job_id in awaited(doc) if job_id not in ctx.ended]
+    not_before = doc.get("not_before")
+    if not_before and seconds_between(ctx.now, not_before) > 0:
+        pending.append(f"not before {not_before}")
+    return pending
