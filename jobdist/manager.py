@@ -43,29 +43,25 @@ from . import core, status
 from .clock import utc_now
 from .config import SiteConfig
 from .couch import Conflict, CouchError, Rejected, Saved, Undecodable
-from .journal import Held, Journal, JournalFull
+from .held_results import HeldResults
+from .journal import Held, Journal
 from .listener import Changed
 from .logs import EventLog
 from .mailbox import Finished, Mailbox, Retried
 from .model import FINAL_STATUSES, Doc, Job, Progress, StepKey, normalise
 from .periodic_work import PeriodicWork
 from .plan_runner import PlanRunner
+from .revisions_seen import RevisionsSeen
 from .store import JobStore, Written
-from .validation import validate_job
+from .verdicts import Found, Verdicts, is_job_leaf
 from .waiting import WaitingJobs
 from .workers import Execution, StepResult, WorkerPool, kill_orphans
 
-MAX_SKIPPED = 10_000  # jobs remembered as not to be acted on until they change
-MAX_VERDICTS = 10_000  # revisions whose validation we remember
-HELD_RETRY_FIRST = 0.1  # seconds before a held result is tried again; doubles each time
-HELD_RETRY_MAX = 2.0  # short beside any lease: a result is written soon after the server is back
 RETRY_DECISION = 1.0  # seconds before a decision whose read or write failed is taken again
+MAX_RETRIES = 10_000  # such decisions remembered
 BATCH = 200  # jobs decided together: one read and one write a round for all of them
 MAX_ROUNDS = 8  # fresh reads of one job in one batch before it is left for later
-MAX_KNOWN = 1_000  # jobs running here whose newest revision we keep (Task.known)
-MAX_DEPTHS = 100_000  # jobs whose deepest revision seen we remember (Manager.depth)
 ROOM_SEEN_INTERVAL = 1.0  # seconds between two refreshes of Manager.room_seen
-Found = tuple[list[Job], list[core.Unusable]]  # a job's usable leaves, and the others
 Planner = Callable[[list[Job], list[core.Unusable]], core.Plan]
 
 
@@ -124,35 +120,30 @@ class Manager:
         self.mailbox = mailbox if mailbox is not None else Mailbox()
         self.pool = pool if pool is not None else site_pool(config, self.mailbox)
         self.own_revs: deque[str] = deque(maxlen=4096)
-        # Jobs nothing can be done about until a new revision arrives (invalid,
-        # unreadable, refused by the server's rules), and why: scans pass them by.
-        self.skipped: OrderedDict[str, str] = OrderedDict()
         self.counts: Counter[str] = Counter()
+        self.verdicts = Verdicts(self.counts, self.log, self.own_revs)
+        self.skipped = self.verdicts.skipped
         # The other sites' room (status documents).
         self.board = status.Board(self.site, time.monotonic())
         self.periodic = PeriodicWork(config, store, self.pool, self.board, self.skipped,
                                      self.own_revs, self.log)
-        # Results the server did not take yet, kept in the journal until it does.
         self.journal = journal
         self.runner = PlanRunner(config, store, self.pool, self.mailbox, self.board,
                                  self.periodic, journal, self.counts, self.log)
-        self.held: dict[StepKey, Held] = {}
-        self.held_retry: dict[StepKey, tuple[float, float]] = {}  # key -> (due, delay)
-        for held in journal.load():
-            self._hold_in_memory(held)
+        # Results the server did not take yet, kept in the journal until it does.
+        self.held = HeldResults(journal, self.counts, self.log)
+        for held in self.held.replay():
+            self.runner.executions[held.key] = core.Running(held.worker, held.epoch)
         self._ride_replayed()
         self.retry_at: OrderedDict[str, float] = OrderedDict()  # decisions a failure lost
-        self.verdicts: OrderedDict[tuple[Any, Any], list[str]] = OrderedDict()
         self.draining = False
         self.stop_event = threading.Event()
         # Waiting jobs we created (model.is_held), and how the jobs they wait for ended,
         # for the batch being decided (core.Context.ended).
-        self.waiting = WaitingJobs(self.site, store, self.skipped, self._errors, self.log)
+        self.waiting = WaitingJobs(self.site, store, self.skipped, self.verdicts.errors,
+                                   self.log)
         self.ended: dict[str, str] = {}
-        self.newest: OrderedDict[str, Doc] = OrderedDict()  # see Task.known
-        # The deepest revision of each job this site has seen (feed, reads, own writes):
-        # a start planned on an older one is not launched ahead of its write.
-        self.depth: OrderedDict[str, int] = OrderedDict()
+        self.revisions = RevisionsSeen()  # see Task.known
         self.writer = writer
         self.serving = False  # in the loop (serve_once): its writes may overlap
         self.overlapping = False  # a write is in flight: what is decided now is decided alone
@@ -195,7 +186,7 @@ class Manager:
                      *self._decisions(self.waiting.woken()),
                      *self._decisions(self.periodic.waiting_due())])
         self.runner.unbook_expired()
-        self.settle([self.decide_task(doc_id, known=self.newest.get(doc_id))  # (one batch)
+        self.settle([self.decide_task(doc_id, known=self.revisions.known(doc_id))  # (one batch)
                      for doc_id in self.runner.deferred_due(BATCH)])
         self.settle([*self._ends_and_next_work(), *self._scan_tasks_due(),
                      *self._assign_tasks_due()])
@@ -232,7 +223,7 @@ class Manager:
         if self.draining:
             return []
         count = len(self.runner.free_workers()) + freeing
-        return [self.decide_task(doc_id, known=self.newest.get(doc_id))
+        return [self.decide_task(doc_id, known=self.revisions.known(doc_id))
                 for doc_id in self.runner.queued_first(count) if doc_id not in busy]
 
     def _ends_and_next_work(self, busy: Container[str] = ()) -> list[Task]:
@@ -281,8 +272,7 @@ class Manager:
             [item.doc_id for item in latest.values()
              if (item.doc or {}).get("job_status") in FINAL_STATUSES]))
         for item in sorted(latest.values(), key=self._claim_order):
-            self._heard_newer(item)
-            self._saw_revision(item.doc_id, item.rev)
+            self.revisions.heard(item.doc_id, item.rev, item.doc)
             if status.is_status_id(item.doc_id):
                 self.periodic.hear_status(item.doc)
                 continue
@@ -358,7 +348,7 @@ class Manager:
                                     held.epoch, held.worker, held.result,
                                     chained=(held.key, held.epoch) in self.runner.chained_runs,
                                     after=held.after)
-        return Task(held.job_id, plan, known=self.newest.get(held.job_id),
+        return Task(held.job_id, plan, known=self.revisions.known(held.job_id),
                     retry_conflicts=True, then_decide=True, held=held)
 
     def retry_note_task(self, item: Retried) -> Task:
@@ -378,7 +368,7 @@ class Manager:
                                    renew_below=daemon.lease - daemon.heartbeat,
                                    report=report)
         # Refused: the lease lapses, and the finish will say what happened.
-        return Task(key[0], plan, known=self.newest.get(key[0]), retry_conflicts=True,
+        return Task(key[0], plan, known=self.revisions.known(key[0]), retry_conflicts=True,
                     end_on_refusal=False)
 
     # --- carrying out tasks in batches ---------------------------------------------
@@ -412,7 +402,7 @@ class Manager:
     def _run_batch(self, pending: dict[str, Task]) -> None:
         jobs = set(pending) if self.overlapping else None  # decided beside a write in flight
         for doc_id, task in list(pending.items()):
-            if task.held is not None and self._after_held(task.held.key):
+            if task.held is not None and self.held.before(task.held.key):
                 del pending[doc_id]  # a job's results are written in step order
                 self._not_recorded(task)
         try:
@@ -420,18 +410,13 @@ class Manager:
         finally:
             self.runner.batch_done(jobs)
 
-    def _after_held(self, key: StepKey) -> bool:
-        """Is the result of an earlier step of the job held here? (A chained run ends
-        while the end it is chained onto waits for the server: core.chain_next.)"""
-        return any(job_id == key[0] and step < key[1] for job_id, step in self.held)
-
     def _ride_replayed(self) -> None:
         """Replayed from the journal: the run of a step whose step before has its end held
         too was chained onto that end, and neither was written (a start chained onto an
         end is written with it). It rides on the end again (PlanRunner.riding): the end's
         record starts it in its epoch, then its own result is recorded (or its stop)."""
-        for key, held in self.held.items():
-            end = self.held.get((key[0], key[1] - 1))
+        for key, held in self.held.by_key.items():
+            end = self.held.by_key.get((key[0], key[1] - 1))
             if end is not None:
                 self.runner.riding[key] = (held, end.epoch)
                 self.runner.note_chained(key, held.epoch)
@@ -470,7 +455,7 @@ class Manager:
             if plan is None or plan.action == "none":
                 del pending[doc_id]
             elif plan.action == core.IGNORE:
-                self._skip(doc_id, plan.detail)
+                self.verdicts.skip(doc_id, plan.detail)
                 del pending[doc_id]
             else:
                 task.known = seen  # act on it; a 409 says there is newer, and a read follows
@@ -486,14 +471,14 @@ class Manager:
         way's. The site the revision names as its creator checks, reports and skips it
         first, and a revision the core chokes on takes the checked way, which says
         what is wrong."""
-        if seen.get("creator") == self.site or not _job_leaf(seen):
-            return self._plan_one(task, self._valid(task.doc_id, [seen]))
+        if seen.get("creator") == self.site or not is_job_leaf(seen):
+            return self._plan_one(task, self.verdicts.usable(task.doc_id, [seen]))
         try:
             plan: core.Plan | None = task.plan([normalise(seen)], [])
         except Exception:
-            return self._plan_one(task, self._valid(task.doc_id, [seen]))
+            return self._plan_one(task, self.verdicts.usable(task.doc_id, [seen]))
         if plan is not None and plan.action != "none" \
-                and self._valid(task.doc_id, [seen]) is None:
+                and self.verdicts.usable(task.doc_id, [seen]) is None:
             plan = None  # invalid: reported and skipped, nothing done
         self._note_plan(task, plan)
         return plan
@@ -507,43 +492,13 @@ class Manager:
                 known[doc_id] = [doc]
         return known
 
-    def _heard_newer(self, item: Changed) -> None:
-        """Keep the feed's revision of a job that runs here, unless ours is newer."""
-        known = self.newest.get(item.doc_id)
-        if known is not None and item.doc is not None and \
-                _generation(item.rev) >= _generation(known["_rev"]):
-            self.newest[item.doc_id] = item.doc
-
-    def _remember_newest(self, doc_id: str, doc: Doc) -> None:
-        if not self.runner.runs(doc_id):
-            self.newest.pop(doc_id, None)
-            return
-        self.newest[doc_id] = doc
-        self.newest.move_to_end(doc_id)
-        while len(self.newest) > MAX_KNOWN:
-            self.newest.popitem(last=False)
-
-    def _saw_revision(self, doc_id: str, rev: str) -> None:
-        depth = _generation(rev)
-        if depth > self.depth.get(doc_id, 0):
-            self.depth[doc_id] = depth
-        self.depth.move_to_end(doc_id)
-        while len(self.depth) > MAX_DEPTHS:
-            self.depth.popitem(last=False)
-
-    def _on_newest(self, doc: Job | None) -> bool:
-        """Is this plan's revision made on the deepest revision of its job we have seen?
-        (A change the feed delivered may be older than what we wrote since.)"""
-        return doc is not None and _generation(doc.get("_rev") or "") >= \
-            self.depth.get(doc["_id"], 0)
-
     def _read_all(self, ids: list[str]) -> dict[str, list[Doc]] | None:
         """The jobs' live leaves; None when the server does not answer."""
         try:
             leaves = self.store.read(ids)
             for doc_id, found in leaves.items():
                 for leaf in found:
-                    self._saw_revision(doc_id, leaf.get("_rev") or "")
+                    self.revisions.saw(doc_id, leaf.get("_rev") or "")
             return leaves
         except (Undecodable, RecursionError):
             # One job nested too deeply for Python's JSON parser spoils the batch:
@@ -558,7 +513,7 @@ class Manager:
             return self.store.read([doc_id])[doc_id]
         except (Undecodable, RecursionError) as error:
             self.counts["invalid_documents"] += 1
-            self._skip(doc_id, f"cannot decode: {type(error).__name__}: {str(error)[:200]}")
+            self.verdicts.skip(doc_id, f"cannot decode: {type(error).__name__}: {str(error)[:200]}")
             return []
 
     def _plan_all(self, pending: dict[str, Task],
@@ -567,7 +522,7 @@ class Manager:
         plans = {}
         self.ended = self.waiting.awaited_ended(leaves)
         for doc_id, task in list(pending.items()):
-            found = self._valid(doc_id, leaves.get(doc_id, []))
+            found = self.verdicts.usable(doc_id, leaves.get(doc_id, []))
             self._update_backlog(doc_id, found)
             if found is not None:
                 self.runner.saw_started(doc_id, found[0])
@@ -578,13 +533,15 @@ class Manager:
                 continue
             if plan.action == core.IGNORE:
                 del pending[doc_id]
-                self._skip(doc_id, plan.detail)
+                self.verdicts.skip(doc_id, plan.detail)
                 continue
-            self.runner.plan_made(plan, on_newest=self._on_newest(plan.doc))
+            self.runner.plan_made(plan, on_newest=self.revisions.is_deepest(plan.doc))
             assert found is not None
             plans[doc_id] = (plan, found[0])
             if plan.action == core.QUEUED and len(found[0]) == 1:
-                self._remember_newest(doc_id, cast(Doc, found[0][0]))  # the start is made on it
+                # The start is made on it.
+                self.revisions.keep_newest(doc_id, cast(Doc, found[0][0]),
+                                           self.runner.runs(doc_id))
         return plans
 
     def _update_backlog(self, doc_id: str, found: Found | None) -> None:
@@ -632,7 +589,7 @@ class Manager:
                 # newest revision may not be. Its next decision reads first (a result
                 # decided again on the revision before our own end chained a run onto
                 # an end already written, which no revision could then start).
-                self.newest.pop(doc_id, None)
+                self.revisions.newest.pop(doc_id, None)
                 self._not_recorded(pending.pop(doc_id))
             return
         written = []
@@ -698,14 +655,14 @@ class Manager:
                      rev: str) -> None:
         if rev:
             self.own_revs.append(rev)
-            self._saw_revision(task.doc_id, rev)
+            self.revisions.saw(task.doc_id, rev)
             # The server took it through validate_doc_update: not judged again when
-            # the next decision is made on it (_errors).
-            self._remember_verdict((task.doc_id, rev), [])
+            # the next decision is made on it.
+            self.verdicts.passed(task.doc_id, rev)
         self._recorded(task)
         written = {**plan.doc, "_rev": rev} if plan.doc is not None and rev else None
         if written is not None:
-            self._remember_newest(task.doc_id, written)
+            self.revisions.keep_newest(task.doc_id, written, self.runner.runs(task.doc_id))
             self.periodic.saw_job(task.doc_id, written)
         if task.then_decide and written is not None:
             # What we just wrote is the state (a later conflict comes through the
@@ -725,7 +682,7 @@ class Manager:
         is planned on the revision the start was (no read); to the backlog and the board
         the job is started (no free worker of ours goes for it again)."""
         self._recorded(task)
-        self._remember_newest(task.doc_id, cast(Doc, leaf))
+        self.revisions.keep_newest(task.doc_id, cast(Doc, leaf), self.runner.runs(task.doc_id))
         if plan.doc is not None:
             self.periodic.saw_job(task.doc_id, plan.doc)
 
@@ -757,7 +714,7 @@ class Manager:
                 self.runner.delete_losers([(doc_id, plan, result.rev)])
                 self.runner.carried_out(doc_id, plan, result.rev)
                 return
-        self._skip(doc_id, f"write refused: {reason}")
+        self.verdicts.skip(doc_id, f"write refused: {reason}")
 
     # --- results the server did not take ------------------------------------------
 
@@ -768,16 +725,7 @@ class Manager:
         if held is None:
             return
         self.runner.result_recorded(held.key, held.epoch)
-        self.journal.forget(held)  # (or the entry of its launch ahead: unwritten_start)
-        if held.key not in self.held:
-            return
-        del self.held[held.key], self.held_retry[held.key]
-        for key, (_, delay) in self.held_retry.items():  # the job's next results: due now
-            if key[0] == held.job_id:
-                self.held_retry[key] = (time.monotonic(), delay)
-        self.counts["results_replayed"] += 1
-        self.log.info("held result written", job=held.job_id, step=held.step, epoch=held.epoch,
-                      held_for=time.time() - held.since)
+        self.held.written(held)
 
     def _not_recorded(self, task: Task) -> None:
         """The server did not take the task's write: a result is kept, a decision is
@@ -787,38 +735,12 @@ class Manager:
             self.runner.defer_again(task.doc_id)
             if task.then_decide:
                 self.retry_at[task.doc_id] = time.monotonic() + RETRY_DECISION
-                while len(self.retry_at) > MAX_SKIPPED:
+                while len(self.retry_at) > MAX_RETRIES:
                     self.retry_at.popitem(last=False)
             return
         self.runner.executions[held.key] = core.Running(held.worker, held.epoch)
-        if held.key in self.held:
-            _, delay = self.held_retry[held.key]
-            self.held_retry[held.key] = (time.monotonic() + delay,
-                                         min(2 * delay, HELD_RETRY_MAX))
-            return
-        self.hold(held)
-
-    def hold(self, held: Held) -> None:
-        """Keep a result on disk and try it again until the server takes it.
-
-        Until then the execution still counts as running here: this site does
-        not release the step, and its heartbeat keeps renewing the lease.
-        """
-        try:
-            self.journal.keep(held)
-        except (OSError, JournalFull) as error:
-            self.counts["journal_errors"] += 1
-            self.log.error("result held in memory only", job=held.job_id, step=held.step,
-                           epoch=held.epoch, error=error)
-        self.counts["results_held"] += 1
-        self.log.warning("result held until the server takes it", job=held.job_id,
-                         step=held.step, epoch=held.epoch)
-        self._hold_in_memory(held, delay=HELD_RETRY_FIRST)
-
-    def _hold_in_memory(self, held: Held, delay: float = 0.0) -> None:
-        self.held[held.key] = held
-        self.runner.executions[held.key] = core.Running(held.worker, held.epoch)
-        self.held_retry[held.key] = (time.monotonic() + delay, max(delay, HELD_RETRY_FIRST))
+        if not self.held.back_off(held.key):
+            self.held.hold(held)
 
     def _retry_tasks_due(self) -> list[Task]:
         now = time.monotonic()
@@ -828,55 +750,7 @@ class Manager:
         return [self.decide_task(doc_id) for doc_id in due]
 
     def _held_tasks_due(self) -> list[Task]:
-        now = time.monotonic()
-        return [self.record_task(held) for key, held in list(self.held.items())
-                if self.held_retry[key][0] <= now]
-
-    # --- reading and judging leaves -------------------------------------------------
-
-    def _valid(self, doc_id: str, leaves: list[Doc]) -> Found | None:
-        jobs = [leaf for leaf in leaves if _job_leaf(leaf)]
-        usable, rejected = core.usable_leaves(jobs, self._errors)
-        for rev, reason in rejected:
-            self._report_invalid(doc_id, rev, reason)
-        if not usable:
-            if jobs:  # not a deletion: a job nothing can be done about as it stands
-                self._skip(doc_id, "no valid revision")
-            return None
-        return usable, rejected
-
-    def _errors(self, leaf: Doc) -> list[str]:
-        """validate_job, remembered by revision: a revision's content never changes,
-        and checking a whole document at every decision was a fifth of the manager's
-        time under load."""
-        key = (leaf.get("_id"), leaf.get("_rev"))
-        errors = self.verdicts.get(key)
-        if errors is None:
-            errors = validate_job(leaf)
-            self._remember_verdict(key, errors)
-        return errors
-
-    def _remember_verdict(self, key: tuple[Any, Any], errors: list[str]) -> None:
-        self.verdicts[key] = errors
-        while len(self.verdicts) > MAX_VERDICTS:
-            self.verdicts.popitem(last=False)
-
-    def _report_invalid(self, doc_id: str, rev: str, reason: str) -> None:
-        if rev in self.own_revs:
-            return
-        self.own_revs.append(rev)  # report each bad revision once
-        self.counts["invalid_documents"] += 1
-        self.log.error("invalid job skipped", job=doc_id, rev=rev, errors=reason)
-
-    def _skip(self, doc_id: str, reason: str) -> None:
-        """Leave the job alone until a new revision of it arrives on the feed."""
-        if doc_id not in self.skipped:
-            self.log.warning("job skipped until it changes", job=doc_id, reason=reason)
-            self.counts["jobs_skipped"] += 1
-        self.skipped[doc_id] = reason
-        self.skipped.move_to_end(doc_id)
-        while len(self.skipped) > MAX_SKIPPED:
-            self.skipped.popitem(last=False)
+        return [self.record_task(held) for held in self.held.due()]
 
     def context(self, lease_silence: dict[str, float] | None = None,
                 unchanged_for: float = 0.0) -> core.Context:
@@ -957,11 +831,7 @@ class Manager:
 
     def journal_status(self) -> dict[str, Any]:
         """The results held for the server, for /status and /metrics."""
-        held = list(self.held.values())  # one C-level copy: safe beside the manager thread
-        oldest = min((entry.since for entry in held), default=None)
-        return {"held": len(held), "on_disk": len(self.journal),
-                "oldest_seconds": None if oldest is None else round(time.time() - oldest, 3),
-                "directory": str(self.journal.directory)}
+        return self.held.status()
 
 
 @dataclass(frozen=True)
@@ -973,14 +843,3 @@ class _Either:
 
     def __contains__(self, item: object) -> bool:
         return item in self.first or item in self.second
-
-
-def _job_leaf(leaf: Doc) -> bool:
-    """A leaf that says it is a job, not a deletion (the others are not ours to judge)."""
-    return leaf.get("type") == "job" and not leaf.get("_deleted")
-
-
-def _generation(rev: str) -> int:
-    """A revision's number: how many edits deep it is ("3-abc" -> 3)."""
-    head = rev.partition("-")[0]
-    return int(head) if head.isdigit() else 0

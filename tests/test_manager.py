@@ -776,7 +776,7 @@ def test_a_start_decided_on_a_revision_older_than_one_seen_is_not_launched_ahead
         old = store.replica.winner(job["_id"])
         newer = {**old, "meta": {"note": "written elsewhere"}}
         assert all(store.write([newer]))
-        manager.depth[job["_id"]] = 2  # as the feed showed it
+        manager.revisions.depth[job["_id"]] = 2  # as the feed showed it
         manager.settle([manager.decide_task(job["_id"], known=old)])
         # Written first (a 409), never launched on the old revision; then decided again.
         assert manager.counts["write_conflicts"] == 1
