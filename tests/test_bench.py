@@ -176,8 +176,9 @@ def test_bench_is_a_jobdist_command() -> None:
 
 @pytest.mark.e2e
 def test_thesis_scenario_one() -> None:
-    out = run_json("thesis", "--step-seconds", "0.1", "--only", "1:")
+    out = run_json("--in-memory", "thesis", "--step-seconds", "0.1", "--only", "1:")
     assert out["step_seconds"] == 0.1
+    assert out["servers"] == "pouchdb-server in memory"
     [row] = out["scenarios"]
     assert row["scenario"].startswith("1:") and row["problems"] == []
     assert row["jobs_ok"] == row["jobs"] == 1
@@ -193,6 +194,7 @@ def test_throughput_small() -> None:
     out = run_json("throughput", "--jobs", "20", "--sites", "2", "--workers", "2",
                    "--raw-writes", "50")
     assert out["jobs_ok"] == out["jobs"] == 20
+    assert out["servers"] == "pouchdb-server on disk"  # as users run them, unless asked
     assert out["steps_per_s"] == pytest.approx(20 / out["wall"])
     assert 0 < out["latency"]["p50"] <= out["latency"]["p95"] <= out["latency"]["p99"]
     assert 0 <= out["overhead"]["p50"] <= out["overhead"]["p99"]

@@ -1,6 +1,7 @@
 """`jobdist bench`: our speed against the thesis's figures and the server's own limits.
 
-Every benchmark starts fresh local sites (pouchdb-server in memory, one
+Every benchmark starts fresh local sites (pouchdb-server keeping its data on
+disk, as `jobdist cluster up` runs it, unless `jobdist bench --in-memory`; one
 daemon per site) in a temporary directory and stops them afterwards. Figures
 that depend on this machine's load are also given as ratios measured in the
 same run (against the ideal makespan, the same server's raw write rate, the
@@ -62,9 +63,30 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 REVISIONS_BATCH = 500  # leaves a `_bulk_get` of count_revisions reads at once
 
 
+@dataclass(frozen=True)
+class BenchOptions:
+    in_memory: bool = False  # servers that keep nothing on disk: no user runs them so
+
+
 @click.group("bench")
-def bench() -> None:
+@click.option("--in-memory", is_flag=True,
+              help="Servers keep nothing on disk (the default is on disk, as users run them).")
+@click.pass_context
+def bench(ctx: click.Context, in_memory: bool) -> None:
     """Benchmarks against the thesis's figures and the local server's own limits."""
+    ctx.obj = BenchOptions(in_memory)
+
+
+def in_memory() -> bool:
+    """Were in-memory servers asked for (`jobdist bench --in-memory`)?"""
+    ctx = click.get_current_context(silent=True)
+    options = ctx.find_object(BenchOptions) if ctx is not None else None
+    return options is not None and options.in_memory
+
+
+def servers_kind() -> str:
+    """What every report says of the servers it measured."""
+    return "pouchdb-server " + ("in memory" if in_memory() else "on disk")
 
 
 # --- shared helpers -------------------------------------------------------------------
@@ -111,11 +133,11 @@ def write_site_configs(directory: Path, count: int, workers: int,
 @contextlib.contextmanager
 def local_cluster(count: int, workers: int, topology: str = "mesh",
                   keepalive: float = 5.0) -> Iterator[LocalCluster]:
-    """Fresh in-memory sites in a temporary directory, always stopped afterwards."""
+    """Fresh sites in a temporary directory, always stopped afterwards."""
     with tempfile.TemporaryDirectory(prefix="jobdist-bench-") as tmp:
         root = Path(tmp)
         sites = write_site_configs(root / "sites", count, workers, topology, keepalive)
-        with LocalCluster(sites, root / "state", in_memory=True) as cluster:
+        with LocalCluster(sites, root / "state", in_memory=in_memory()) as cluster:
             yield cluster
 
 
@@ -311,15 +333,16 @@ def thesis_command(step_seconds: float, only: tuple[str, ...], as_json: bool,
     if not chosen:
         raise click.ClickException(f"no scenario starts with {' or '.join(only)}")
     links = links_option(latency_ms, jitter_ms, bandwidth_kbps, regions)
-    rows = [thesis_row(run_scenario(scenario, step_seconds, links=links))
+    rows = [thesis_row(run_scenario(scenario, step_seconds, links=links,
+                                    in_memory=in_memory()))
             for scenario in chosen]
     if as_json:
         print_json({"step_seconds": step_seconds, "links": describe_links(links, regions),
-                    "scenarios": [r.as_json() for r in rows]})
+                    "servers": servers_kind(), "scenarios": [r.as_json() for r in rows]})
         return
     console = Console()
     console.print(thesis_table(rows, step_seconds))
-    console.print(f"replication: {describe_links(links, regions)}")
+    console.print(f"replication: {describe_links(links, regions)}; servers: {servers_kind()}")
     for row in rows:
         for problem in row.problems:
             console.print(f"[red]problem[/] {row.scenario}: {problem}")
@@ -609,10 +632,11 @@ def throughput_command(jobs: int, sites: int, workers: int, raw_writes: int, tim
     """Steps per second, scheduling latency and writes per step, beside the raw write rate."""
     result = run_throughput(jobs, sites, workers, raw_writes, timeout, census, command)
     if as_json:
-        print_json(result.as_json())
+        print_json(result.as_json() | {"servers": servers_kind()})
         return
     console = Console()
     console.print(throughput_table(result))
+    console.print(f"servers: {servers_kind()}")
     if census:
         console.print(census_table(result.requests, result.jobs))
 
@@ -1085,7 +1109,7 @@ def run_feed(writes: int, burst: int) -> list[FeedRun]:
     from ibmcloudant.features.changes_follower import ChangesFollower
 
     with tempfile.TemporaryDirectory() as tmp, \
-            LocalServer(free_port(), Path(tmp), in_memory=True) as server:
+            LocalServer(free_port(), Path(tmp), in_memory=in_memory()) as server:
         db = Couch(server.url).ensure_database("feed_ours")
         ours, stop = CountingCouch(server.url), threading.Event()
         stream = (change.id for change in ours.database(db.name).changes(
@@ -1174,7 +1198,8 @@ class Target:
 
 def thesis_targets(step_seconds: float, limit: float, only: tuple[str, ...]) -> list[Target]:
     chosen = [s for s in THESIS_SCENARIOS if not only or s.name.startswith(only)]
-    rows = [thesis_row(run_scenario(scenario, step_seconds)) for scenario in chosen]
+    rows = [thesis_row(run_scenario(scenario, step_seconds, in_memory=in_memory()))
+            for scenario in chosen]
     return [Target(f"scenario {row.scenario}, {step_seconds:g} s steps: makespan / optimum",
                    f"<= {limit:.2f}", f"{row.ratio_ideal:.3f} ({row.makespan:.2f} s)",
                    row.ratio_ideal <= limit and not row.problems)
@@ -1269,7 +1294,7 @@ def targets_command(burst: int, quick: bool, as_json: bool) -> None:
                                            command="sleep 0.5"))
     targets.append(memory_target(run_memory(int(10_000 * scale), 3, 600.0)))
     if as_json:
-        print_json([asdict(target) for target in targets])
+        print_json({"servers": servers_kind(), "targets": [asdict(t) for t in targets]})
         return
     Console().print(targets_table(targets))
-    click.echo(tally(targets))
+    click.echo(f"{tally(targets)}; servers: {servers_kind()}")

@@ -333,9 +333,11 @@ def run_scenario(scenario: Scenario, step_seconds: float = 0.5, workers: int = 2
                  keepalive: float = 5.0, timeout: float = 300.0,
                  on_progress: Callable[[int], None] | None = None,
                  work_dir: Path | None = None, topology: str = "mesh",
-                 links: Callable[[Link], LinkShape] | None = None) -> Result:
+                 links: Callable[[Link], LinkShape] | None = None,
+                 in_memory: bool = True) -> Result:
     """Run a scenario on fresh local sites; with `links`, every replication goes
-    through a proxy that shapes it so (latency, jitter, bandwidth)."""
+    through a proxy that shapes it so (latency, jitter, bandwidth). The demo's servers
+    keep nothing on disk; the benchmarks' do unless asked (`jobdist bench --in-memory`)."""
     with tempfile.TemporaryDirectory(prefix="jobdist-scenario-", dir=work_dir) as tmp, \
             contextlib.ExitStack() as stack:
         root = Path(tmp)
@@ -347,7 +349,7 @@ def run_scenario(scenario: Scenario, step_seconds: float = 0.5, workers: int = 2
         else:
             sites, _ = stack.enter_context(proxied_sites(
                 root / "sites", scenario.sites, links, **options))
-        with LocalCluster(sites, root / "state", in_memory=True) as cluster:
+        with LocalCluster(sites, root / "state", in_memory=in_memory) as cluster:
             db = site_db(cluster, "global")
             started = time.monotonic()
             ids = submit_all(db, "global", scenario.job_steps(step_seconds, ledger),
