@@ -8,9 +8,7 @@ revision in one `_bulk_docs`; then it deletes losing leaves and launches. A
 409 sends that one job back for a fresh read. Each plan books its worker
 before the next plan is made, so the core's view of the workers is never
 stale mid-batch. Per step that is a few requests shared by the whole batch,
-where deciding one job at a time cost a read and a write each. In the daemon's
-loop a write goes out through a writer thread, and the reports that come while
-it is in flight are decided and written beside it (_write).
+where deciding one job at a time cost a read and a write each.
 
 The manager is the round loop: gather, read, decide, write, launch. Its
 parts, each in its own module: the `Mailbox` the listener and the workers
@@ -34,8 +32,6 @@ import threading
 import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Container, Iterable, Mapping
-from concurrent import futures
-from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -52,7 +48,7 @@ from .model import FINAL_STATUSES, Doc, Job, Progress, StepKey, normalise
 from .periodic_work import PeriodicWork
 from .plan_runner import PlanRunner
 from .revisions_seen import RevisionsSeen
-from .store import JobStore, Written
+from .store import JobStore
 from .verdicts import Found, Verdicts, is_job_leaf
 from .waiting import WaitingJobs
 from .workers import Execution, StepResult, WorkerPool, kill_orphans
@@ -106,10 +102,9 @@ def site_pool(config: SiteConfig, mailbox: Mailbox) -> WorkerPool:
 class Manager:
     def __init__(self, config: SiteConfig, store: JobStore, known_sites: Iterable[str],
                  journal: Journal, pool: WorkerPool | None = None,
-                 mailbox: Mailbox | None = None, writer: Executor | None = None) -> None:
+                 mailbox: Mailbox | None = None) -> None:
         """`pool` reports to `mailbox` (site_pool); without them (tests) the manager
-        builds both. With a `writer`, the loop's writes go through it, and the reports
-        that come meanwhile are served while a write is in flight (_write)."""
+        builds both."""
         if (pool is None) != (mailbox is None):
             raise ValueError("a worker pool comes with the mailbox it reports to")
         self.config = config
@@ -144,11 +139,6 @@ class Manager:
                                    self.log)
         self.ended: dict[str, str] = {}
         self.revisions = RevisionsSeen()  # see Task.known
-        self.writer = writer
-        self.serving = False  # in the loop (serve_once): its writes may overlap
-        self.overlapping = False  # a write is in flight: what is decided now is decided alone
-        self.later_jobs: set[str] = set()  # of the settle under way, the jobs of later batches
-        self.later_reports: list[Finished | Retried] = []  # of jobs that were in flight
         # Every known site's room as the loop last saw it (None: not known), read by the
         # keep-alive thread (core.resave_picks): replaced whole, never changed in place.
         self.room_seen: Mapping[str, int | None] = dict.fromkeys(self.known_sites)
@@ -162,13 +152,6 @@ class Manager:
     # --- the loop: gather, then settle (read, decide, write, launch) ---------------------
 
     def serve_once(self, timeout: float) -> None:
-        self.serving = True
-        try:
-            self._serve_once(timeout)
-        finally:
-            self.serving = False
-
-    def _serve_once(self, timeout: float) -> None:
         changes = self._next_changes(timeout)
         self.settle([*self._ends_and_next_work(), *self._held_tasks_due()])
         arrivals = self._change_tasks(changes)  # (hears the sites' statuses too)
@@ -196,8 +179,6 @@ class Manager:
 
     def _next_changes(self, timeout: float) -> list[Changed]:
         timeout = self.periodic.status_wait(self.own_status(), timeout)
-        if self.later_reports:
-            timeout = 0.0
         return self.mailbox.next_changes(
             self.runner.wait_at_most(self.waiting.wait_at_most(timeout)), BATCH)
 
@@ -217,38 +198,39 @@ class Manager:
         return [*held, *(self.decide_task(doc_id, known=kept.get(doc_id))
                          for doc_id in open_steps if doc_id not in taken)]
 
-    def _held_win_tasks(self, freeing: int = 0, busy: Container[str] = ()) -> list[Task]:
+    def _held_win_tasks(self, freeing: int = 0, taken: Container[str] = ()) -> list[Task]:
         """The wins held longest, one for each free worker and each `freeing`, decided on
-        the revision that was held (no read; a 409 says it changed); none of `busy`."""
+        the revision that was held (no read; a 409 says it changed); none of `taken`."""
         if self.draining:
             return []
         count = len(self.runner.free_workers()) + freeing
         return [self.decide_task(doc_id, known=self.revisions.known(doc_id))
-                for doc_id in self.runner.queued_first(count) if doc_id not in busy]
+                for doc_id in self.runner.queued_first(count) if doc_id not in taken]
 
-    def _ends_and_next_work(self, busy: Container[str] = ()) -> list[Task]:
+    def _ends_and_next_work(self) -> list[Task]:
         """What the workers reported, and the next work of each worker a step end frees,
         in the same batch, so in the same write as the ends: the wins held here, then the
         open steps in line whose revision the backlog kept (no read). Each end is planned
         first, with its worker free; a chained next step of the same job takes the worker
-        before these. None about the `busy` jobs: their reports wait (later_reports)."""
-        reports = self._report_tasks(busy)
+        before these."""
+        reports = self._report_tasks()
         try:
-            return [*reports, *self._next_work(reports, busy)]
+            return [*reports, *self._next_work(reports)]
         except Exception:  # the ends still go: a result dropped would hold its worker for ever
             self.counts["handler_errors"] += 1
             self.log.exception("error while choosing the next work")
             return reports
 
-    def _next_work(self, reports: list[Task], busy: Container[str]) -> list[Task]:
+    def _next_work(self, reports: list[Task]) -> list[Task]:
         freeing = sum(task.held is not None for task in reports)
         if not freeing or self.draining:
             return []
-        held = self._held_win_tasks(freeing, busy)
-        taken = {task.doc_id for task in [*reports, *held]}
+        reported = {task.doc_id for task in reports}
+        held = self._held_win_tasks(freeing, reported)
+        taken = reported | {task.doc_id for task in held}
         backlog = self.periodic.backlog
         line = [row.job_id for row in backlog.first(
-            freeing, _Either(self.skipped, _Either(taken, busy)))]
+            freeing, _Either(self.skipped, taken))]
         kept = list(itertools.takewhile(backlog.kept.__contains__, line))  # in line order
         return [*held, *(self.decide_task(doc_id, known=backlog.kept[doc_id]) for doc_id in kept)]
 
@@ -287,17 +269,11 @@ class Manager:
                 tasks.append(self.decide_task(item.doc_id, item.doc))
         return tasks
 
-    def _report_tasks(self, busy: Container[str] = ()) -> list[Task]:
-        """The workers' reports, those left for later first; those about `busy` jobs
-        are left for later. One that cannot be taken is logged, and the others go on."""
+    def _report_tasks(self) -> list[Task]:
+        """The workers' reports. One that cannot be taken is logged, and the others go on."""
         tasks = []
-        reports, self.later_reports = [*self.later_reports, *self.mailbox.reports_now()], []
-        for report in reports:
+        for report in self.mailbox.reports_now():
             job_id = report.key[0]
-            if job_id in busy:
-                self.counts["reports_waited"] += 1
-                self.later_reports.append(report)
-                continue
             try:
                 task = self.finish_task(report.execution, report.result) \
                     if isinstance(report, Finished) else self.retry_note_task(report)
@@ -388,8 +364,6 @@ class Manager:
                 elif current.repeats(task) and current.seen is None and task.seen is not None:
                     batch[task.doc_id] = task  # the same decision, on the feed's revision: no read
             waiting = later_tasks
-            if not self.overlapping:
-                self.later_jobs = {task.doc_id for task in waiting}
             try:
                 self._run_batch(batch)
             except Exception:
@@ -400,7 +374,6 @@ class Manager:
                         self._not_recorded(task)
 
     def _run_batch(self, pending: dict[str, Task]) -> None:
-        jobs = set(pending) if self.overlapping else None  # decided beside a write in flight
         for doc_id, task in list(pending.items()):
             if task.held is not None and self.held.before(task.held.key):
                 del pending[doc_id]  # a job's results are written in step order
@@ -408,7 +381,7 @@ class Manager:
         try:
             self._run_rounds(pending)
         finally:
-            self.runner.batch_done(jobs)
+            self.runner.batch_done()
 
     def _ride_replayed(self) -> None:
         """Replayed from the journal: the run of a step whose step before has its end held
@@ -580,7 +553,7 @@ class Manager:
                 self._start_deferred(pending.pop(doc_id), plan, leaves[0])
         docs = [plan.doc for plan, _ in plans.values() if plan.doc is not None]
         try:
-            answers = self._write(docs, plans) if docs else []  # (every start held back)
+            answers = self.store.write(docs) if docs else []  # (every start held back)
             results = {doc["_id"]: result for doc, result in zip(docs, answers, strict=True)}
         except CouchError as error:
             self.log.warning("write failed", jobs=len(docs), error=error)
@@ -615,41 +588,6 @@ class Manager:
             except Exception:  # e.g. a launch the pool refuses: the others still go
                 self.counts["handler_errors"] += 1
                 self.log.exception("error after writing", job=doc_id)
-
-    def _write(self, docs: list[Job], planned: Container[str]) -> list[Written]:
-        """The batch's `_bulk_docs`. In the loop, with a writer, the manager does not
-        idle while the server answers: each worker report that comes meanwhile is
-        decided at once, with the next work of the worker it frees, in a batch of its
-        own, written alone. A report about a busy job (one this write is about, one a
-        later batch of this settle decides, or one with a launch or a start this batch
-        has yet to carry out or write) waits until the settle is done: a job's
-        results are written in step order, and its next plan is made on what this write
-        says. The launches ahead, bookings and assignments of the batch in flight count
-        already (plan_made), so the reports' plans see the pool and the room as they
-        will be."""
-        if self.writer is None or not self.serving or self.overlapping:
-            return self.store.write(docs)
-        busy = _Either(planned, self.later_jobs | self.runner.unsettled())
-        answer = self.writer.submit(self.store.write, docs)
-        answer.add_done_callback(self.mailbox.answered)
-        self.overlapping = True
-        try:
-            while not self.mailbox.wait_for_answer(answer):
-                self._serve_reports_meanwhile(busy)
-        finally:
-            self.overlapping = False
-            futures.wait([answer])  # never a write of ours behind our back
-        return answer.result()
-
-    def _serve_reports_meanwhile(self, busy: Container[str]) -> None:
-        try:
-            tasks = self._ends_and_next_work(busy)
-            if tasks:
-                self.counts["decided_while_writing"] += len(tasks)
-                self.settle(tasks)
-        except Exception:  # the write in flight is still to be seen through
-            self.counts["handler_errors"] += 1
-            self.log.exception("error while deciding beside a write in flight")
 
     def _after_write(self, pending: dict[str, Task], task: Task, plan: core.Plan,
                      rev: str) -> None:
