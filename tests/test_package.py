@@ -55,12 +55,25 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return built
 
 
+def running_site_packages() -> list[str]:
+    """Where this interpreter finds its installed packages: its venv's when it runs in
+    one (which `--system-site-packages` would not see), else the system's."""
+    return [path for path in sys.path if Path(path).name in ("site-packages", "dist-packages")]
+
+
 @pytest.fixture(scope="module")
 def venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A venv with the wheel; the system's packages give the dependencies."""
+    """A venv with the wheel; the running interpreter's packages give the dependencies,
+    named in a .pth file: searched after the venv's own, and their own .pth files (an
+    editable jobdist's finder) are not run."""
     venv = tmp_path_factory.mktemp("venv")
-    checked(sys.executable, "-m", "venv", "--system-site-packages", venv, cwd=venv)
-    checked(venv / "bin" / "python", "-m", "pip", "install", "-q", "--no-deps", wheel, cwd=venv)
+    checked(sys.executable, "-m", "venv", venv, cwd=venv)
+    python = venv / "bin" / "python"
+    purelib = checked(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])",
+                      cwd=venv).strip()
+    (Path(purelib) / "running-interpreter.pth").write_text(
+        "".join(f"{path}\n" for path in running_site_packages()))
+    checked(python, "-m", "pip", "install", "-q", "--no-deps", wheel, cwd=venv)
     return venv
 
 
