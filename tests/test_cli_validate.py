@@ -75,13 +75,44 @@ def write(name: str, content: Any) -> str:
 
 def test_a_good_submission_is_ok(jobdist: Jobdist) -> None:
     result = jobdist("validate", write("job.json", SUBMISSION))
-    assert (result.exit_code, result.stdout, result.stderr) == (0, "job.json: ok\n", "")
+    # No sites directory here: the sites it names are not checked, and it says so.
+    assert (result.exit_code, result.stdout, result.stderr) == (
+        0, "job.json: ok\n", "job.json: targets not checked: no sites directory sites/ here "
+                             "(give --sites DIR or set $JOBDIST_SITES)\n")
+    anywhere = {"job": [{"do": "make", "target": "any"}]}
+    assert jobdist("validate", write("job.json", anywhere)).stderr == ""
+
+
+def write_sites(*names: str) -> None:
+    Path("sites").mkdir()
+    for name in names:
+        Path("sites", f"{name}.toml").write_text(
+            f'name = "{name}"\n[couch]\nurl = "http://127.0.0.1:1"\n')
+
+
+def test_targets_are_checked_against_the_sites_as_submit_checks_them(jobdist: Jobdist) -> None:
+    write_sites("site-a", "site-c")
+    result = jobdist("validate", write("job.json", SUBMISSION))
+    refusal = "job[0].target: unknown site 'site-b'; known: site-a, site-c"
+    assert (result.exit_code, result.stdout, result.stderr) == (2, f"job.json: {refusal}\n", "")
+    # submit refuses it the same way, before it talks to any CouchDB.
+    submitted = jobdist("submit", "job.json")
+    assert (submitted.exit_code, submitted.stderr) == (2, f"jobdist: {refusal}\n")
+    Path("sites", "site-b.toml").write_text('name = "site-b"\n[couch]\nurl = "http://127.0.0.1:1"\n')
+    assert jobdist("validate", "job.json").stdout == "job.json: ok\n"
+
+
+def test_a_sites_directory_given_must_exist(jobdist: Jobdist) -> None:
+    result = jobdist("validate", write("job.json", SUBMISSION), "--sites", "nowhere")
+    assert result.exit_code == 2
+    assert result.stderr == ("jobdist: nowhere: no such sites directory "
+                             "(give --sites DIR or set $JOBDIST_SITES)\n")
 
 
 def test_a_bad_submission_lists_every_error(jobdist: Jobdist) -> None:
     result = jobdist("validate", write("job.json", BAD_SUBMISSION))
     expected = [f"job.json: {error}" for error in validate_submission(BAD_SUBMISSION)]
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert result.stdout.splitlines() == expected
     assert "job.json: priority: must be an integer" in expected
     assert "job.json: job[0].cmd: unknown field" in expected
@@ -91,7 +122,7 @@ def test_an_unknown_top_level_field_is_refused_with_a_hint(jobdist: Jobdist) -> 
     content = "priorty: 5\nmeta: {ticket: OPS-1}\njob:\n  - do: make\n    target: any\n"
     result = jobdist("validate", write("job.yaml", content))
     assert (result.exit_code, result.stdout) == (
-        1, "job.yaml: priorty: unknown field (did you mean 'priority'?)\n")
+        2, "job.yaml: priorty: unknown field (did you mean 'priority'?)\n")
     fixed = jobdist("validate", write("job.yaml", content.replace("priorty", "priority")))
     assert (fixed.exit_code, fixed.stdout) == (0, "job.yaml: ok\n")
 
@@ -100,7 +131,7 @@ def test_stdin(jobdist: Jobdist) -> None:
     assert jobdist("validate", "-", stdin=json.dumps(SUBMISSION)).stdout == "<stdin>: ok\n"
     result = jobdist("validate", "-", stdin=json.dumps({"job": []}))
     assert (result.exit_code, result.stdout) == (
-        1, "<stdin>: job: must be a non-empty list of steps\n"
+        2, "<stdin>: job: must be a non-empty list of steps\n"
     )
 
 
@@ -150,7 +181,7 @@ def test_a_job_file_may_wait_for_jobs_and_a_time(jobdist: Jobdist) -> None:
     bad = content.replace("job-b]", "job-a]").replace("always", "sometimes") \
         .replace("'2026-11-24T02:00:00Z'", "tomorrow")
     result = jobdist("validate", write("job.yaml", bad))
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert result.stdout.splitlines() == [
         "job.yaml: after[1]: duplicate job id",
         'job.yaml: after_policy: must be one of "success", "always"',

@@ -12,10 +12,8 @@ from jobdist.client import site_database
 from jobdist.config import ConfigError, SiteConfig, load_sites
 from jobdist.couch import Database
 
-# Exit codes of `validate`: 1 when the job breaks rules, 2 when it cannot be read.
-EXIT_INVALID = 1
-EXIT_UNREADABLE = 2
-# Every command: 2 for an error people meet (see Cli); 1 when the outcome is
+# Every command: 2 for an error people meet (see Cli; `validate`: a job that breaks a
+# rule or cannot be read, as `submit` refuses it); 1 when the outcome is
 # "no" (a waited-for job failed or was cancelled, a cancel came too late).
 EXIT_ERROR = 2
 EXIT_JOB_NOT_OK = 1

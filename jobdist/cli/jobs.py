@@ -8,8 +8,10 @@ import re
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import click
+from click.core import ParameterSource
 from rich.console import Group
 from rich.live import Live
 
@@ -44,10 +46,9 @@ from jobdist.tables import FittedTable
 from jobdist.validation import validate_submission
 
 from .common import (
+    EXIT_ERROR,
     EXIT_INTERRUPTED,
-    EXIT_INVALID,
     EXIT_JOB_NOT_OK,
-    EXIT_UNREADABLE,
     CliError,
     connect,
     known_site,
@@ -136,7 +137,7 @@ def submit(file: str | None, file_format: str, steps: tuple[str, ...],
     if waits and isinstance(submission, dict):
         submission.update(waits)
     sites = load_site_configs(sites_dir)
-    errors = validate_submission(submission) + unknown_targets(submission, sites)
+    errors = job_errors(submission, sites)
     if errors:
         raise CliError(*errors)
     site, db = connect(pick_site(sites, site_name))
@@ -415,21 +416,43 @@ def watch(once: bool, interval: float, sites_dir: Path) -> None:
 @click.option("--format", "file_format", type=click.Choice(["auto", "json", "yaml"]),
               default="auto", show_default=True,
               help="How FILE is written (auto: by extension, else by its first character).")
-def validate(file: str, file_format: str) -> None:
-    """Check the job in FILE (JSON or YAML, `-` for stdin) as it would be stored."""
+@sites_option
+def validate(file: str, file_format: str, sites_dir: Path) -> None:
+    """Check the job in FILE (JSON or YAML, `-` for stdin) as `submit` would: the
+    document's rules, and its targets against the sites directory. Exit 2 if it
+    breaks any."""
     name = "<stdin>" if file == "-" else file
     try:
         doc = read_job_file(file, file_format)
     except UnreadableFile as problem:
         message = str(problem).removeprefix(f"{file}: ")
         click.echo(f"{name}: {message}", err=True)
-        sys.exit(EXIT_UNREADABLE)
-    errors = validate_submission(doc)
+        sys.exit(EXIT_ERROR)
+    errors = job_errors(doc, validation_sites(doc, name, sites_dir))
     for error in errors:
         click.echo(f"{name}: {error}")
     if errors:
-        sys.exit(EXIT_INVALID)
+        sys.exit(EXIT_ERROR)
     click.echo(f"{name}: ok")
+
+
+def validation_sites(doc: Any, name: str, sites_dir: Path) -> dict[str, SiteConfig] | None:
+    """The sites to check targets against; None, said on stderr when the job names a
+    site, when the default sites directory is absent (a directory given must exist)."""
+    source = click.get_current_context().get_parameter_source("sites_dir")
+    if source == ParameterSource.DEFAULT and not sites_dir.is_dir():
+        if unknown_targets(doc, ()):
+            click.echo(f"{name}: targets not checked: no sites directory {sites_dir}/ here "
+                       "(give --sites DIR or set $JOBDIST_SITES)", err=True)
+        return None
+    return load_site_configs(sites_dir)
+
+
+def job_errors(submission: Any, sites: dict[str, SiteConfig] | None) -> list[str]:
+    """Every reason `submit` refuses the job: the document's rules, then targets no site
+    of the sites directory is called (unchecked without one)."""
+    errors = validate_submission(submission)
+    return errors + (unknown_targets(submission, sites) if sites is not None else [])
 
 
 COMMANDS = (submit, show, logs, list_command, cancel, adopt, drop_site, watch, validate)
