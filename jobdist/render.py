@@ -271,12 +271,22 @@ def wait_lines(doc: Doc, awaited: Mapping[str, str | None], site: str) -> list[T
     and its `not_before` time."""
     lines = []
     if awaited:
-        jobs = ", ".join(f"{job_id} ({status or f'not seen at {site}'})"
+        jobs = ", ".join(f"{job_id} ({status or f'no such job at {site}'})"
                          for job_id, status in awaited.items())
         lines.append(Text(f"after    {jobs}   policy {after_policy(doc)}"))
+    missing = [job_id for job_id, status in awaited.items() if status is None]
+    if missing and is_held(doc):
+        lines.append(Text(f"         {unknown_awaited_note(missing, site)}"))
     if doc.get("not_before"):
         lines.append(Text(f"not before {short_time(doc['not_before'])} UTC (its creator's clock)"))
     return lines
+
+
+def unknown_awaited_note(missing: list[str], site: str) -> str:
+    """What waiting for job ids the site does not have means: maybe a typo, maybe not yet."""
+    ids = ", ".join(missing)
+    return (f"{site} has no job {ids} (yet): this job waits until it has, and for ever if "
+            "the id is wrong (then cancel this job)")
 
 
 def job_header(doc: Doc, leaves: int, site: str,

@@ -543,10 +543,15 @@ def test_submit_after_waits_shows_why_and_runs_once_the_job_succeeded(
     result = jobdist("submit", "--step", "true", "--after", first, "--after", "job-not-yet")
     assert result.exit_code == 0, result.output
     second = result.stdout.strip()
+    # Accepted, with a warning (`first`, just made at reg_a, may not have replicated yet).
+    assert "jobdist: warning: global has no job " in result.stderr
+    assert "job-not-yet (yet): this job waits until it has, and for ever if the id is " \
+           "wrong (then cancel this job)\n" in result.stderr
     shown = jobdist("show", second)
     assert "status   waiting" in shown.stdout
     assert f"after    {first} (" in shown.stdout
-    assert "job-not-yet (not seen at global)   policy success" in shown.stdout
+    assert "job-not-yet (no such job at global)   policy success" in shown.stdout
+    assert "global has no job job-not-yet (yet): this job waits until it has" in shown.stdout
     listed_ids = [row["id"] for row in listed(jobdist, "--status", "waiting")]
     assert second in listed_ids
     assert second not in [row["id"] for row in listed(jobdist, "--status", "live")]
@@ -564,6 +569,7 @@ def test_submit_after_policy_always_and_in_delay(jobdist: Jobdist, cluster: Loca
     result = jobdist("submit", "--step", "true", "--after", first, "--after-policy", "always",
                      "--in", "2s", "--wait")
     assert result.exit_code == 0, result.output
+    assert "warning" not in result.stderr  # `first` is a job of this site
     job_id = result.stdout.splitlines()[0]
     doc = merged_at(cluster, "global", job_id)
     assert doc is not None and doc["after_policy"] == "always"

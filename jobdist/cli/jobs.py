@@ -40,6 +40,7 @@ from jobdist.render import (
     step_state,
     step_where,
     steps_table,
+    unknown_awaited_note,
     watch_view,
 )
 from jobdist.tables import FittedTable
@@ -149,9 +150,18 @@ def submit(file: str | None, file_format: str, steps: tuple[str, ...],
     except client.InvalidJob as invalid:
         raise CliError(*invalid.problems) from None
     click.echo(job["_id"])
+    warn_of_unknown_awaited(db, site.name, job)
     if wait:
         final = follow_job(db, site, job["_id"])
         sys.exit(0 if final["job_status"] == "success" else EXIT_JOB_NOT_OK)
+
+
+def warn_of_unknown_awaited(db: Database, site: str, job: Doc) -> None:
+    """Accepted all the same: the job waited for may be submitted later, or elsewhere."""
+    awaited = client.awaited_statuses(db, job)
+    missing = [job_id for job_id, status in awaited.items() if status is None]
+    if missing:
+        click.echo(f"jobdist: warning: {unknown_awaited_note(missing, site)}", err=True)
 
 
 def follow_job(db: Database, site: SiteConfig, job_id: str, interval: float = 0.5) -> Doc:
