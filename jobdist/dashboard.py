@@ -37,7 +37,7 @@ from .design import DDOC
 from .hub import ChangeHub, Subscription
 from .listener import feed_lag
 from .logs import EventLog
-from .model import Doc, after_policy, dropped_sites, sub_runs, targets
+from .model import Doc, Leaf, after_policy, sub_runs, targets
 from .store import CouchStore
 
 PAGE_SIZE = 50
@@ -123,34 +123,44 @@ def running_by_site(rows: list[Doc]) -> dict[str, list[Doc]]:
 def step_rows(doc: Doc) -> list[Doc]:
     rows = []
     for index, step in enumerate(doc["job"]):
-        took = step.get("exec_time")
-        output = step.get("output") or {}
         rows.append({
             "index": index, "state": render.step_state(doc, index),
             "target": ", ".join(targets(step)), "where": render.step_where(step),
-            "attempts": step.get("attempts", 0), "exit_code": step.get("exit_code"),
-            "started": render.short_time(step.get("start_time")),
-            "finished": render.short_time(step.get("finish_time")),
-            "took": None if took is None else f"{took:.1f}s", "command": step.get("do"),
-            "alt_do": step.get("alt_do"), "progress": render.progress_text(step),
-            "stdout": output.get("stdout") if isinstance(output, dict) else None,
-            "stderr": output.get("stderr") if isinstance(output, dict) else None,
-            "sites": sub_run_rows(step),
+            "command": step.get("do"), "alt_do": step.get("alt_do"),
+            **execution(step), "sites": sub_run_rows(step),
         })
     return rows
 
 
 def sub_run_rows(step: Doc) -> list[Doc]:
     """A broadcast step's sub-runs, a row per site (none for a plain step)."""
-    dropped = dropped_sites(step)
-    return [{"site": site,
-             "state": "dropped" if site in dropped else run.get("status") or "open",
-             "worker": run.get("executioner"), "attempts": run.get("attempts", 0),
-             "exit_code": run.get("exit_code"),
-             "started": render.short_time(run.get("start_time")),
-             "finished": render.short_time(run.get("finish_time")),
-             "progress": render.progress_text(run)}
+    return [{"site": site, "state": render.sub_run_status(step, site, run),
+             "worker": run.get("executioner"), **execution(run)}
             for site, run in sorted(sub_runs(step).items())]
+
+
+def execution(record: Leaf) -> Doc:
+    """What a step or a sub-run's execution shows: tries, exit code, times, progress,
+    output."""
+    output = record.get("output")
+    output = output if isinstance(output, dict) else {}
+    return {"attempts": record.get("attempts", 0), "exit_code": record.get("exit_code"),
+            "started": render.short_time(record.get("start_time")),
+            "finished": render.short_time(record.get("finish_time")),
+            "took": render.took_text(record), "progress": render.progress_text(record),
+            "stdout": output.get("stdout"), "stderr": output.get("stderr")}
+
+
+def output_sections(steps: list[Doc]) -> list[Doc]:
+    """Each execution's output (a step's, or a broadcast step's at each site), open when
+    it failed or runs, and the last one."""
+    sections = [{"step": step["index"], "site": run.get("site"), "stdout": run["stdout"],
+                 "stderr": run["stderr"], "open": run["state"] in ("failed", "running")}
+                for step in steps for run in [step, *step["sites"]]
+                if run["stdout"] or run["stderr"]]
+    if sections:
+        sections[-1]["open"] = True
+    return sections
 
 
 def timeline(doc: Doc) -> list[Doc]:
@@ -323,7 +333,8 @@ class Dashboard:
                 "failure": render.failure_reason(doc).strip(" ()"),
                 "created": render.created_text(doc),
                 "updated": render.short_time(doc.get("updated_at")),
-                "steps": step_rows(doc), "events": timeline(doc),
+                "steps": (steps := step_rows(doc)), "outputs": output_sections(steps),
+                "events": timeline(doc),
                 "awaited": client.awaited_statuses(self.db, doc),
                 "after_policy": after_policy(doc),
                 "live": doc.get("job_status") is None}

@@ -201,11 +201,17 @@ def steps_table(doc: Doc) -> FittedTable:
     return FittedTable(STEP_COLUMNS, rows, title="steps")
 
 
+def sub_run_status(step: Doc, site: str, run: Leaf) -> str:
+    """A broadcast step's run at `site`: open (not started), running, finished, failed,
+    or dropped (`jobdist drop-site`)."""
+    return "dropped" if site in dropped_sites(step) else str(run.get("status") or "open")
+
+
 def sub_run_rows(step: Doc) -> list[list[Cell]]:
     """A broadcast step's sub-runs, a row per site under the step's own row."""
     rows: list[list[Cell]] = []
     for site, run in sorted(sub_runs(step).items()):
-        status: str = "dropped" if site in dropped_sites(step) else run.get("status") or "open"
+        status = sub_run_status(step, site, run)
         if status == "running" and progress_text(run):
             status += " " + progress_text(run).split(" ", 1)[0]
         rows.append(["", status, plain(f"at {site}"), plain(run.get("executioner")),
@@ -215,10 +221,52 @@ def sub_run_rows(step: Doc) -> list[list[Cell]]:
 
 def execution_cells(record: Leaf) -> list[Cell]:
     """TRIES, EXIT, STARTED, FINISHED and TOOK of a step or a sub-run."""
-    took = record.get("exec_time")
     return [str(record.get("attempts", 0)), plain(record.get("exit_code")),
             short_time(record.get("start_time")), short_time(record.get("finish_time")),
-            "-" if took is None else f"{took:.1f}s"]
+            took_text(record) or "-"]
+
+
+def took_text(record: Leaf) -> str:
+    """How long a step's (or a sub-run's) execution took, as `12.3s`; "" before it ends."""
+    took = record.get("exec_time")
+    return "" if took is None else f"{took:.1f}s"
+
+
+def step_log(doc: Doc, index: int) -> str:
+    """`jobdist logs`'s text for a step: a header, then its output; for a broadcast
+    step, each site's run under a header of its own (status, exit code, time, worker)."""
+    step = doc["job"][index]
+    runs = sorted(sub_runs(step).items())
+    text = (f"== step {index} ({step_state(doc, index)}{outcome_text(step)}, "
+            f"{step_where(step)}): {step['do']}\n")
+    if not runs:
+        return text + output_text(step)
+    for site, run in runs:
+        worker = f", {run['executioner']}" if run.get("executioner") else ""
+        text += (f"== step {index} at {site} ({sub_run_status(step, site, run)}"
+                 f"{outcome_text(run)}{worker})\n{output_text(run)}")
+    return text
+
+
+def outcome_text(record: Leaf) -> str:
+    """`, exit 0, took 1.2s`: what is known of how the execution ended."""
+    exit_code = record.get("exit_code")
+    took = took_text(record)
+    return ("" if exit_code is None else f", exit {exit_code}") + (f", took {took}" if took
+                                                                   else "")
+
+
+def output_text(record: Leaf) -> str:
+    """The last 4 KiB of stdout and stderr the execution recorded, each under a line."""
+    output = record.get("output")
+    if not isinstance(output, dict) or not output:
+        return "(no output recorded)\n"
+    text = ""
+    for stream in ("stdout", "stderr"):
+        content = output.get(stream) or ""
+        text += f"-- {stream}" + ("\n" if content else ": (empty)\n")
+        text += content if not content or content.endswith("\n") else content + "\n"
+    return text
 
 
 def lost_claims(history: list[Doc]) -> set[str]:

@@ -482,7 +482,8 @@ def wait_until_ended(cluster: LocalCluster, job_id: str) -> Doc:
 def test_a_broadcast_shows_each_site_and_its_fan_out_then_drop_site(
         jobdist: Jobdist, cluster: LocalCluster, tmp_path: Path) -> None:
     pid_file = tmp_path / "pid"
-    slow_at_b = f'[ "$JOBDIST_SITE" != reg_b ] || {{ echo $$ > {pid_file}; exec sleep 60; }}'
+    slow_at_b = (f'echo part-at-$JOBDIST_SITE; [ "$JOBDIST_SITE" != reg_b ] || '
+                 f'{{ echo $$ > {pid_file}; exec sleep 60; }}')
     result = jobdist("submit", "--step", slow_at_b, "--target", "all")
     assert result.exit_code == 0, result.output
     job_id = result.stdout.strip()
@@ -531,6 +532,12 @@ def test_a_broadcast_shows_each_site_and_its_fan_out_then_drop_site(
     assert "dropped" in next(line for line in shown.stdout.splitlines() if "at reg_b" in line)
     again = jobdist("drop-site", job_id, "reg_b")
     assert again.exit_code == 2 and "the job already ended: success" in again.stderr
+    logs = jobdist("logs", job_id).stdout
+    for site in ("global", "reg_a"):  # each site's run: its status, exit, time and output
+        header = next(line for line in logs.splitlines() if line.startswith(f"== step 0 at {site}"))
+        assert header.startswith(f"== step 0 at {site} (finished, exit 0, took "), header
+        assert f"-- stdout\npart-at-{site}\n" in logs
+    assert "== step 0 at reg_b (dropped" in logs
 
 
 # --- waiting: submit --after / --after-policy / --at / --in, list --status waiting, show --

@@ -175,3 +175,26 @@ def test_a_broadcast_step_fits_80_columns_with_a_row_per_site() -> None:
                                          "  at reg_a"]
     row = client.row_from_summary(JOB_ID, T1, client.summary_of(doc))
     assert show.list_row(row)[2] == "1/2 (1/3 sites)"
+
+
+def test_logs_show_each_sites_run_of_a_broadcast_step() -> None:
+    doc = new_job("global", [new_step("hostname", target="all"), new_step("true")],
+                  created_at=T1, job_id=JOB_ID)
+    doc["job"][0].update(step_status="finished", runs={
+        "global": {**new_sub_run(), "status": "finished", "executioner": "global/w1",
+                   "exit_code": 0, "exec_time": 0.51, "attempts": 1,
+                   "output": {"stdout": "host-g\n", "stderr": ""}},
+        "reg_a": {**new_sub_run(), "status": "failed", "executioner": "reg_a/w2",
+                  "exit_code": 3, "exec_time": 1.25, "attempts": 2,
+                  "output": {"stdout": "", "stderr": "no disk"}},
+        "reg_b": new_sub_run()}, dropped=["reg_b"])
+    doc["step"] = 1
+    assert show.step_log(doc, 0).splitlines() == [
+        "== step 0 (finished, 2/2 sites): hostname",
+        "== step 0 at global (finished, exit 0, took 0.5s, global/w1)",
+        "-- stdout", "host-g", "-- stderr: (empty)",
+        "== step 0 at reg_a (failed, exit 3, took 1.2s, reg_a/w2)",
+        "-- stdout: (empty)", "-- stderr", "no disk",
+        "== step 0 at reg_b (dropped)", "(no output recorded)",
+    ]
+    assert show.step_log(doc, 1) == "== step 1 (open, -): true\n(no output recorded)\n"

@@ -4,6 +4,7 @@ requests (the browser tests are tests/test_dashboard_browser.py)."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -273,13 +274,20 @@ def test_a_subscription_keeps_ids_until_too_many() -> None:
 
 
 def test_a_broadcast_step_shows_a_row_per_site(site: Running) -> None:
-    job = new_job(SITE, [new_step("echo snapshot", target="all")])
+    job = new_job(SITE, [new_step("echo snapshot-$JOBDIST_SITE", target="all")])
     site.db.save(job)
     doc = ended(site, job["_id"])
     assert doc["job_status"] == "success"
     page = get(site, f"/jobs/{job['_id']}").text
     assert "1/1 sites" in page  # where: the fan-out
-    assert 'class="sub-run finished"' in page and f"at {SITE}" in page
+    row = re.search(r'<tr class="sub-run finished">.*?</tr>', page, re.DOTALL)
+    assert row is not None and f"at {SITE}" in row[0]
+    assert re.search(r"<td>\d+\.\ds</td>", row[0]), row[0]  # TOOK
+    # Each site's output, under its name (the step's own holds none).
+    section = re.search(r'<details class="output" data-step="0" data-site="solo" open>.*?'
+                        r"</details>", page, re.DOTALL)
+    assert section is not None and f"step 0 output at {SITE}" in section[0]
+    assert f'<pre class="stdout">snapshot-{SITE}\n</pre>' in section[0]
 
 
 def test_a_waiting_job_page_says_what_it_waits_for(site: Running) -> None:

@@ -37,7 +37,7 @@ from jobdist.render import (
     make_console,
     progress_events,
     progress_view,
-    step_state,
+    step_log,
     step_where,
     steps_table,
     unknown_awaited_note,
@@ -229,7 +229,8 @@ def show(job_id: str, as_json: bool, sites_dir: Path, site_name: str | None) -> 
 @sites_option
 @site_option
 def logs(job_id: str, only_step: int | None, sites_dir: Path, site_name: str | None) -> None:
-    """Print each step's output: the last 4 KiB of stdout and stderr."""
+    """Print each step's output: the last 4 KiB of stdout and stderr (a broadcast
+    step's at each site), with its exit code and time."""
     site, db = open_site(sites_dir, site_name)
     doc, _ = client.read_merged(db, site.name, job_id)
     indexes = range(len(doc["job"]))
@@ -239,19 +240,7 @@ def logs(job_id: str, only_step: int | None, sites_dir: Path, site_name: str | N
                            f"not {only_step}")
         indexes = range(only_step, only_step + 1)
     for index in indexes:
-        step = doc["job"][index]
-        exit_code = "" if step.get("exit_code") is None else f", exit {step['exit_code']}"
-        click.echo(f"== step {index} ({step_state(doc, index)}{exit_code}, "
-                   f"{step_where(step)}): {step['do']}")
-        output = step.get("output")
-        if not output:
-            click.echo("(no output recorded)")
-            continue
-        for stream in ("stdout", "stderr"):
-            text = output.get(stream) or ""
-            click.echo(f"-- {stream}" + ("" if text else ": (empty)"))
-            if text:
-                click.echo(text, nl=not text.endswith("\n"))
+        click.echo(step_log(doc, index), nl=False)
 
 
 TIME_PREFIX = re.compile(r"^\d{4}(-\d{2}(-\d{2}([T ][0-9:.]*Z?)?)?)?$")
