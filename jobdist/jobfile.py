@@ -124,6 +124,9 @@ def read_job_file(file: str, file_format: str = "auto") -> Any:
         data = read_stdin() if file == "-" else Path(file).read_bytes()
     except OSError as error:
         raise UnreadableFile(f"{file}: cannot read: {error.strerror or error}") from None
+    if holds_nothing(data):
+        raise UnreadableFile(f"{file}: empty: no job in it (a job file holds an object with "
+                             "its steps under `job`)")
     if file_format == "auto":
         file_format = guess_format(file, data)
     if file_format == "json":
@@ -135,6 +138,12 @@ def read_job_file(file: str, file_format: str = "auto") -> Any:
         return parse_yaml(data)
     except UnreadableFile as error:
         raise UnreadableFile(f"{file}: {error}") from None
+
+
+def holds_nothing(data: bytes) -> bool:
+    """Blank lines and YAML comments only: an empty job file, whatever its format."""
+    text = data.decode("utf-8-sig", errors="replace")
+    return all(not line.strip() or line.lstrip().startswith("#") for line in text.splitlines())
 
 
 def read_stdin() -> bytes:

@@ -154,6 +154,23 @@ def test_an_unreadable_file_is_one_line_and_exit_2(
     assert (result.exit_code, result.stdout, result.stderr) == (2, "", message + "\n")
 
 
+EMPTY = "empty: no job in it (a job file holds an object with its steps under `job`)"
+
+
+@pytest.mark.parametrize("content", ["", "\n  \n", "# a job, some day\n\n"],
+                         ids=["empty", "blank", "comments"])
+def test_an_empty_file_is_said_to_be_empty(jobdist: Jobdist, content: str) -> None:
+    for name in ("job.yaml", "job.json"):
+        result = jobdist("validate", write(name, content))
+        assert (result.exit_code, result.stdout, result.stderr) == (2, "", f"{name}: {EMPTY}\n")
+    assert jobdist("validate", "-", stdin=content).stderr == f"<stdin>: {EMPTY}\n"
+    submitted = jobdist("submit", "job.yaml")
+    assert (submitted.exit_code, submitted.stderr) == (2, f"jobdist: job.yaml: {EMPTY}\n")
+    # A document that says null is not empty: it is not a job.
+    null = jobdist("validate", write("job.yaml", "null\n"))
+    assert null.stdout == "job.yaml: document: must be a JSON object\n"
+
+
 def test_the_cli_and_couchdb_refuse_with_the_same_errors(db_url: str, tmp_path: Path) -> None:
     for design in load_design_docs():
         requests.put(f"{db_url}/{design['_id']}", json=design, timeout=10).raise_for_status()
