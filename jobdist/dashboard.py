@@ -127,24 +127,25 @@ def step_rows(doc: Doc) -> list[Doc]:
             "index": index, "state": render.step_state(doc, index),
             "target": ", ".join(targets(step)), "where": render.step_where(step),
             "command": step.get("do"), "alt_do": step.get("alt_do"),
-            **execution(step), "sites": sub_run_rows(step),
+            **execution(step, render.tries(doc, index)), "sites": sub_run_rows(doc, index),
         })
     return rows
 
 
-def sub_run_rows(step: Doc) -> list[Doc]:
+def sub_run_rows(doc: Doc, index: int) -> list[Doc]:
     """A broadcast step's sub-runs, a row per site (none for a plain step)."""
+    step = doc["job"][index]
     return [{"site": site, "state": render.sub_run_status(step, site, run),
-             "worker": run.get("executioner"), **execution(run)}
+             "worker": run.get("executioner"), **execution(run, render.tries(doc, index, site))}
             for site, run in sorted(sub_runs(step).items())]
 
 
-def execution(record: Leaf) -> Doc:
+def execution(record: Leaf, tries: int) -> Doc:
     """What a step or a sub-run's execution shows: tries, exit code, times, progress,
     output."""
     output = record.get("output")
     output = output if isinstance(output, dict) else {}
-    return {"attempts": record.get("attempts", 0), "exit_code": record.get("exit_code"),
+    return {"attempts": tries, "exit_code": record.get("exit_code"),
             "started": render.short_time(record.get("start_time")),
             "finished": render.short_time(record.get("finish_time")),
             "took": render.took_text(record), "progress": render.progress_text(record),

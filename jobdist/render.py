@@ -196,8 +196,9 @@ def steps_table(doc: Doc) -> FittedTable:
     rows: list[list[Cell]] = []
     for index, step in enumerate(doc["job"]):
         rows.append([str(index), step_status_cell(doc, index), plain(", ".join(targets(step))),
-                     plain(step_where(step)), *execution_cells(step), plain(step["do"])])
-        rows += sub_run_rows(step)
+                     plain(step_where(step)), *execution_cells(step, tries(doc, index)),
+                     plain(step["do"])])
+        rows += sub_run_rows(doc, index)
     return FittedTable(STEP_COLUMNS, rows, title="steps")
 
 
@@ -207,21 +208,37 @@ def sub_run_status(step: Doc, site: str, run: Leaf) -> str:
     return "dropped" if site in dropped_sites(step) else str(run.get("status") or "open")
 
 
-def sub_run_rows(step: Doc) -> list[list[Cell]]:
+def sub_run_rows(doc: Doc, index: int) -> list[list[Cell]]:
     """A broadcast step's sub-runs, a row per site under the step's own row."""
     rows: list[list[Cell]] = []
+    step = doc["job"][index]
     for site, run in sorted(sub_runs(step).items()):
         status = sub_run_status(step, site, run)
         if status == "running" and progress_text(run):
             status += " " + progress_text(run).split(" ", 1)[0]
         rows.append(["", status, plain(f"at {site}"), plain(run.get("executioner")),
-                     *execution_cells(run), ""])
+                     *execution_cells(run, tries(doc, index, site)), ""])
     return rows
 
 
-def execution_cells(record: Leaf) -> list[Cell]:
+def tries(doc: Doc, index: int, site: str | None = None) -> int:
+    """TRIES of step `index` (of its run at `site`, for a broadcast step): the attempts
+    it made; while it runs, the try in progress: 1, plus each retry of this run (its
+    epoch, at its site) the history holds. (`attempts` is written when a run ends.)"""
+    step = doc["job"][index]
+    record = sub_runs(step).get(site, {}) if site is not None else step
+    running = record.get("status" if site is not None else "step_status") == "running"
+    if not running or (site is None and sub_runs(step)):
+        return int(record.get("attempts") or 0)
+    where = site or str(record.get("executioner") or "").partition("/")[0]
+    return 1 + sum(1 for entry in doc.get("history", [])
+                   if entry.get("event") == "retried" and entry.get("step") == index
+                   and entry.get("epoch") == record.get("epoch") and entry.get("site") == where)
+
+
+def execution_cells(record: Leaf, tried: int) -> list[Cell]:
     """TRIES, EXIT, STARTED, FINISHED and TOOK of a step or a sub-run."""
-    return [str(record.get("attempts", 0)), plain(record.get("exit_code")),
+    return [str(tried), plain(record.get("exit_code")),
             short_time(record.get("start_time")), short_time(record.get("finish_time")),
             took_text(record) or "-"]
 

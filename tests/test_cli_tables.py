@@ -198,3 +198,32 @@ def test_logs_show_each_sites_run_of_a_broadcast_step() -> None:
         "== step 0 at reg_b (dropped)", "(no output recorded)",
     ]
     assert show.step_log(doc, 1) == "== step 1 (open, -): true\n(no output recorded)\n"
+
+
+def tries_cell(doc: Doc, row_start: str) -> str:
+    """The TRIES cell of the steps table's row that starts with `row_start`."""
+    lines = render(show.steps_table(doc), 200)
+    column = lines[1].index("TRIES")
+    row = next(line for line in lines if line.lstrip().startswith(row_start))
+    return row[column:].split()[0]
+
+
+def test_a_running_step_counts_the_try_in_progress() -> None:
+    doc = new_job("global", [new_step("make", target="reg_a"), new_step("sync", target="all")],
+                  created_at=T1, job_id=JOB_ID)
+    doc["_rev"] = "3-abc"
+    doc["job"][0].update(winner="reg_a", executioner="reg_a/w1", epoch=2,
+                         step_status="running", start_time=T1)
+    assert (show.tries(doc, 0), tries_cell(doc, "0 ")) == (1, "1")  # its first try
+    retried = [event("retried", step=0, site="reg_a", worker="reg_a/w1", epoch=epoch, at=T2,
+                     detail="attempt 1: exit 1") for epoch in (1, 2)]  # epoch 1: another run
+    doc["history"] += retried
+    assert (show.tries(doc, 0), tries_cell(doc, "0 ")) == (2, "2")
+    doc["job"][0].update(step_status="finished", attempts=2, exit_code=0)
+    assert show.tries(doc, 0) == 2  # ended: the attempts it made
+    doc["step"] = 1
+    doc["job"][1].update(step_status="running", runs={
+        "reg_a": {**new_sub_run(), "status": "running", "epoch": 1, "executioner": "reg_a/w2"},
+        "reg_b": new_sub_run()})
+    assert [show.tries(doc, 1, site) for site in ("reg_a", "reg_b")] == [1, 0]
+    assert tries_cell(doc, "running") == "1"  # the row at reg_a
