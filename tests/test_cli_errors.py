@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 import jobdist
-from jobdist.cli import jobdist_version, main
+from jobdist.cli import COMMANDS, jobdist_version, main
 from jobdist.lab.localserver import free_port
 from jobdist.validation import validate_submission
 
@@ -71,6 +71,37 @@ def test_every_command_has_help(command: tuple[str, ...]) -> None:
     result = CliRunner().invoke(main, [*command, "--help"])
     assert result.exit_code == 0, result.output
     assert result.stdout.startswith(f"Usage: main {' '.join(command)}")
+
+
+def test_the_help_lists_each_command_with_its_own_summary() -> None:
+    context = click.Context(main)
+    for name, (_, summary) in COMMANDS.items():
+        command = main.get_command(context, name)
+        assert command is not None and command.get_short_help_str(10**6) == summary, name
+    listed = CliRunner().invoke(main, ["--help"]).stdout
+    assert [line.split()[0] for line in listed.split("Commands:\n")[1].splitlines()] \
+        == sorted(COMMANDS)
+
+
+# Loaded by the commands that need them, never by the command line's own start.
+HEAVY_MODULES = ("rich", "jinja2", "prometheus_client", "ibmcloudant", "requests", "yaml",
+                 "cronsim", "pyspark", "jobdist.couch", "jobdist.core", "jobdist.client",
+                 "jobdist.render", "jobdist.lab", "jobdist.analytics")
+
+
+def test_importing_the_cli_and_its_help_load_no_heavy_module() -> None:
+    script = ("import json, sys; from jobdist.cli import main; print(json.dumps(list(sys.modules)))"
+              "; main(['--help'], standalone_mode=False); print(json.dumps(list(sys.modules)))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)})
+    assert done.returncode == 0, done.stderr
+    after_import, after_help = (json.loads(line) for line in done.stdout.splitlines()
+                                if line.startswith("["))
+    for loaded in (after_import, after_help):
+        heavy = [name for name in loaded
+                 if any(name == module or name.startswith(f"{module}.")
+                        for module in HEAVY_MODULES)]
+        assert heavy == []
 
 
 def test_version() -> None:

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import getpass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from jobdist.client import site_database
-from jobdist.config import ConfigError, SiteConfig, load_sites
-from jobdist.couch import Database
+if TYPE_CHECKING:  # imported where used: `jobdist --help` loads no CouchDB client
+    from jobdist.config import SiteConfig
+    from jobdist.couch import Database
 
 # Every command: 2 for an error people meet (see Cli; `validate`: a job that breaks a
 # rule or cannot be read, as `submit` refuses it); 1 when the outcome is
@@ -45,6 +46,8 @@ submit_site_option = click.option(
 
 
 def load_site_configs(sites_dir: Path) -> dict[str, SiteConfig]:
+    from jobdist.config import ConfigError, load_sites
+
     try:
         return load_sites(sites_dir)
     except ConfigError as error:
@@ -78,6 +81,8 @@ def open_site(sites_dir: Path, name: str | None) -> tuple[SiteConfig, Database]:
 
 def connect(site: SiteConfig) -> tuple[SiteConfig, Database]:
     """The site's jobs database, for the command under way (its errors name the site)."""
+    from jobdist.client import site_database
+
     ctx = click.get_current_context(silent=True)
     if ctx is not None:
         ctx.meta[SITE_META] = site

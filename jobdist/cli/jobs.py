@@ -452,6 +452,3 @@ def job_errors(submission: Any, sites: dict[str, SiteConfig] | None) -> list[str
     of the sites directory is called (unchecked without one)."""
     errors = validate_submission(submission)
     return errors + (unknown_targets(submission, sites) if sites is not None else [])
-
-
-COMMANDS = (submit, show, logs, list_command, cancel, adopt, drop_site, watch, validate)

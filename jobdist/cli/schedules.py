@@ -161,6 +161,3 @@ def remove(name: str, sites_dir: Path, site_name: str | None) -> None:
     site, db = connect(pick_site(load_site_configs(sites_dir), site_name))
     client.remove_schedule(db, site.name, name)
     click.echo(f"removed schedule {name}")
-
-
-COMMANDS = (schedule,)

@@ -181,7 +181,3 @@ def cleanup(older_than: str, export_path: Path | None, dry_run: bool, sites_dir:
         for line in deleted.refused:
             click.echo(f"jobdist: refused: {line}", err=True)
         sys.exit(EXIT_JOB_NOT_OK)
-
-
-
-COMMANDS = (site, setup, secrets, cleanup)
