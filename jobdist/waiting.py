@@ -41,6 +41,9 @@ class WaitingJobs:
         # The waiting jobs we created, as last decided: while there are none, a job that
         # ends needs no look-up of jobs waiting on it (the scan catches what this misses).
         self.own_waiting: OrderedDict[str, None] = OrderedDict()
+        # How the jobs that the batch being decided waits for ended (awaited_ended), for
+        # its decisions (core.Context.ended).
+        self.ended: dict[str, str] = {}
 
     def owned(self, leaves: Sequence[Leaf]) -> list[Leaf]:
         """The leaves of a job we created that waits (any leaf naming us: after an

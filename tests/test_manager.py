@@ -498,7 +498,7 @@ def test_a_decision_a_failed_read_lost_is_taken_again(tmp_path: Path) -> None:
         assert all(store.write([job]))
         store.failures = 1
         manager.process(job["_id"])  # the read fails: nothing decided, nothing lost
-        assert manager.counts["steps_started"] == 0 and job["_id"] in manager.retry_at
+        assert manager.counts["steps_started"] == 0 and job["_id"] in manager.settler.retry_at
         wait_for(lambda: manager.serve_once(timeout=0.05) or manager.counts["steps_started"],
                  timeout=5, what="the decision taken again")
     finally:

@@ -1,0 +1,421 @@
+"""Carrying tasks out in batches: read, decide, write, launch.
+
+A batch is up to BATCH jobs. The settler reads the current leaves of all of
+them in one request (none for a job whose newest revision it knows: Task.known),
+asks the pure decision core about each, and writes every new revision in one
+`_bulk_docs`; then it deletes losing leaves and launches. A 409 sends that one job
+back for a fresh read. Each plan books its worker before the next plan is made,
+so the core's view of the workers is never stale mid-batch. A result the server
+does not take is held (HeldResults) and tried again; a decision is taken again
+a moment later.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, OrderedDict, deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import cast
+
+from . import core
+from .couch import Conflict, CouchError, Rejected, Saved, Undecodable
+from .held_results import HeldResults
+from .journal import Held
+from .logs import EventLog
+from .model import Doc, Job, normalise
+from .periodic_work import PeriodicWork
+from .plan_runner import PlanRunner
+from .revisions_seen import RevisionsSeen
+from .store import JobStore
+from .verdicts import Found, Verdicts, is_job_leaf
+from .waiting import WaitingJobs
+
+RETRY_DECISION = 1.0  # seconds before a decision whose read or write failed is taken again
+MAX_RETRIES = 10_000  # such decisions remembered
+BATCH = 200  # jobs decided together: one read and one write a round for all of them
+MAX_ROUNDS = 8  # fresh reads of one job in one batch before it is left for later
+Planner = Callable[[list[Job], list[core.Unusable]], core.Plan]
+
+
+@dataclass
+class Task:
+    """One job to decide about in a batch, and how.
+
+    `seen` is a revision that may show there is nothing to do without a read
+    (what the feed delivered, or what we just wrote).
+
+    `known` is the newest revision this site knows of the job: `seen` when it
+    calls for an action; for a step that runs here or a win held here, its own
+    last write or the feed's since; for an open step, the revision the backlog
+    kept. The plan is made on it and written with its `_rev`, without a read. A
+    409 says it was not the newest: the job is read then (`retry_conflicts`), or
+    decided again when the feed brings the newer revision.
+    (A conflicting leaf that arrived unseen is merged by the creator, as one
+    that arrives between a read and a write always could be.)
+    """
+
+    doc_id: str
+    plan: Planner
+    seen: Doc | None = None
+    known: Doc | None = None
+    retry_conflicts: bool = False  # a 409: read again now (else the feed brings the news)
+    then_decide: bool = False  # once written, decide about the job as usual
+    end_on_refusal: bool = True  # a refused write makes the creator end the job
+    held: Held | None = None  # a step's result: kept in the journal until it is written
+    recorded: bool = False  # done: written, or nothing is left to write it in
+
+    def repeats(self, other: Task) -> bool:
+        """Is this a plain decision that `other`, deciding about the same job anyway, makes?"""
+        return self.held is None and self.then_decide and other.then_decide
+
+
+class Settler:
+    """Carries tasks out for one site's manager (Manager.settle)."""
+
+    def __init__(self, site: str, store: JobStore, runner: PlanRunner, periodic: PeriodicWork,
+                 waiting: WaitingJobs, verdicts: Verdicts, revisions: RevisionsSeen,
+                 held: HeldResults, counts: Counter[str], log: EventLog,
+                 context: Callable[[], core.Context], decide: Callable[..., Task]) -> None:
+        """`context` is the site's decision context now; `decide(doc_id, seen)` the task
+        that decides about a job as usual (Manager.decide_task)."""
+        self.site = site
+        self.store = store
+        self.runner = runner
+        self.periodic = periodic
+        self.waiting = waiting
+        self.verdicts = verdicts
+        self.revisions = revisions
+        self.held = held
+        self.counts = counts
+        self.log = log
+        self.context = context
+        self.decide = decide
+        self.own_revs: deque[str] = verdicts.reported  # our writes, and bad revisions reported
+        self.retry_at: OrderedDict[str, float] = OrderedDict()  # decisions a failure lost
+
+    def retries_due(self) -> list[str]:
+        """The jobs whose decision a failed read or write lost, due again now."""
+        now = time.monotonic()
+        due = [doc_id for doc_id, at in self.retry_at.items() if at <= now]
+        for doc_id in due:
+            del self.retry_at[doc_id]
+        return due
+
+    def settle(self, tasks: Iterable[Task]) -> None:
+        """Carry tasks out, BATCH jobs at a time; one job's trouble never stops the rest."""
+        waiting = list(tasks)
+        while waiting:
+            batch: dict[str, Task] = {}
+            later_tasks = []
+            for task in waiting:
+                current = batch.get(task.doc_id)
+                if current is None and len(batch) < BATCH:
+                    batch[task.doc_id] = task
+                elif current is None or not task.repeats(current):
+                    later_tasks.append(task)  # one task a job in a batch
+                elif current.repeats(task) and current.seen is None and task.seen is not None:
+                    batch[task.doc_id] = task  # the same decision, on the feed's revision: no read
+            waiting = later_tasks
+            try:
+                self._run_batch(batch)
+            except Exception:
+                self.counts["handler_errors"] += 1
+                self.log.exception("error while deciding a batch", jobs=list(batch)[:5])
+                for task in batch.values():
+                    if not task.recorded:
+                        self._not_recorded(task)
+
+    def _run_batch(self, pending: dict[str, Task]) -> None:
+        for doc_id, task in list(pending.items()):
+            if task.held is not None and self.held.before(task.held.key):
+                del pending[doc_id]  # a job's results are written in step order
+                self._not_recorded(task)
+        try:
+            self._run_rounds(pending)
+        finally:
+            self.runner.batch_done()
+
+    def _run_rounds(self, pending: dict[str, Task]) -> None:
+        for _ in range(MAX_ROUNDS):
+            self._settle_from_seen(pending)
+            if not pending:
+                return
+            known = self._known_leaves(pending)
+            unknown = [doc_id for doc_id in pending if doc_id not in known]
+            leaves = self._read_all(unknown) if unknown else {}
+            if leaves is None:
+                for task in pending.values():
+                    self._not_recorded(task)
+                return
+            plans = self._plan_all(pending, leaves | known)
+            if plans:
+                self._write_all(pending, plans)
+        for doc_id, task in pending.items():
+            self.log.warning("no settled decision", job=doc_id)
+            self._not_recorded(task)
+
+    def _settle_from_seen(self, pending: dict[str, Task]) -> None:
+        """Drop the tasks whose `seen` revision shows there is nothing to do; the others
+        are planned on it (Task.known)."""
+        seen_docs = {doc_id: task.seen for doc_id, task in pending.items()
+                     if task.seen is not None and not task.seen.get("_conflicts")}
+        self.waiting.ended = self.waiting.awaited_ended({doc_id: [doc]
+                                                 for doc_id, doc in seen_docs.items()})
+        for doc_id, task in list(pending.items()):
+            seen, task.seen = task.seen, None
+            if seen is None or seen.get("_conflicts"):
+                continue
+            plan = self._plan_seen(task, seen)
+            if plan is None or plan.action == "none":
+                del pending[doc_id]
+            elif plan.action == core.IGNORE:
+                self.verdicts.skip(doc_id, plan.detail)
+                del pending[doc_id]
+            else:
+                task.known = seen  # act on it; a 409 says there is newer, and a read follows
+
+    def _plan_seen(self, task: Task, seen: Doc) -> core.Plan | None:
+        """The task's plan on the feed's revision (None: none, invalid, or the core choked).
+
+        Validation guards what we act on. Every site validated every revision it saw,
+        most of them only to find it had nothing to do (another site's start or end):
+        9 % of the daemons' busy time under a burst (2 % now). So a revision of another
+        site's job is planned on first, normalised as the checked way would, and
+        validated only when the plan acts; for a valid revision that plan is the checked
+        way's. The site the revision names as its creator checks, reports and skips it
+        first, and a revision the core chokes on takes the checked way, which says
+        what is wrong."""
+        if seen.get("creator") == self.site or not is_job_leaf(seen):
+            return self._plan_one(task, self.verdicts.usable(task.doc_id, [seen]))
+        try:
+            plan: core.Plan | None = task.plan([normalise(seen)], [])
+        except Exception:
+            return self._plan_one(task, self.verdicts.usable(task.doc_id, [seen]))
+        if plan is not None and plan.action != "none" \
+                and self.verdicts.usable(task.doc_id, [seen]) is None:
+            plan = None  # invalid: reported and skipped, nothing done
+        self._note_plan(task, plan)
+        return plan
+
+    def _known_leaves(self, pending: dict[str, Task]) -> dict[str, list[Doc]]:
+        """The tasks to plan on the newest revision we know, each once (Task.known)."""
+        known = {}
+        for doc_id, task in pending.items():
+            doc, task.known = task.known, None
+            if doc is not None and not doc.get("_conflicts"):
+                known[doc_id] = [doc]
+        return known
+
+    def _read_all(self, ids: list[str]) -> dict[str, list[Doc]] | None:
+        """The jobs' live leaves; None when the server does not answer."""
+        try:
+            leaves = self.store.read(ids)
+            for doc_id, found in leaves.items():
+                for leaf in found:
+                    self.revisions.saw(doc_id, leaf.get("_rev") or "")
+            return leaves
+        except (Undecodable, RecursionError):
+            # One job nested too deeply for Python's JSON parser spoils the batch:
+            # read each alone, and skip the unreadable one.
+            return {doc_id: self._read_alone(doc_id) for doc_id in ids}
+        except CouchError as error:
+            self.log.warning("cannot read jobs", jobs=len(ids), error=error)
+            return None
+
+    def _read_alone(self, doc_id: str) -> list[Doc]:
+        try:
+            return self.store.read([doc_id])[doc_id]
+        except (Undecodable, RecursionError) as error:
+            self.counts["invalid_documents"] += 1
+            self.verdicts.skip(doc_id, f"cannot decode: {type(error).__name__}: {str(error)[:200]}")
+            return []
+
+    def _plan_all(self, pending: dict[str, Task],
+                  leaves: dict[str, list[Doc]]) -> dict[str, tuple[core.Plan, list[Job]]]:
+        """Each job's plan, its worker booked before the next is made."""
+        plans = {}
+        self.waiting.ended = self.waiting.awaited_ended(leaves)
+        for doc_id, task in list(pending.items()):
+            found = self.verdicts.usable(doc_id, leaves.get(doc_id, []))
+            self._update_backlog(doc_id, found)
+            if found is not None:
+                self.runner.saw_started(doc_id, found[0])
+            plan = self._plan_one(task, found)
+            if plan is None or plan.action == "none":
+                del pending[doc_id]
+                self._recorded(task)  # nothing left to record it in, or nothing to do
+                continue
+            if plan.action == core.IGNORE:
+                del pending[doc_id]
+                self.verdicts.skip(doc_id, plan.detail)
+                continue
+            self.runner.plan_made(plan, on_newest=self.revisions.is_deepest(plan.doc))
+            assert found is not None
+            plans[doc_id] = (plan, found[0])
+            if plan.action == core.QUEUED and len(found[0]) == 1:
+                # The start is made on it.
+                self.revisions.keep_newest(doc_id, cast(Doc, found[0][0]),
+                                           self.runner.runs(doc_id))
+        return plans
+
+    def _update_backlog(self, doc_id: str, found: Found | None) -> None:
+        """A job read: its merged leaves say whether it is open here (a scan of the view
+        found it, or the feed showed a conflicted winner)."""
+        leaves = found[0] if found is not None else []
+        if len(leaves) > 1:
+            self.periodic.saw_job(doc_id, core.merge(leaves), whole=False)
+        else:
+            whole = found is not None and not found[1]  # no invalid leaf for the creator
+            self.periodic.saw_job(doc_id, leaves[0] if leaves else None, whole=whole)
+
+    def _plan_one(self, task: Task, found: Found | None) -> core.Plan | None:
+        """The task's plan on the job's usable leaves (None: none, or the core choked)."""
+        plan = None
+        try:
+            plan = None if found is None else task.plan(*found)
+        except Exception:  # a document the core chokes on: logged, the batch goes on
+            self.counts["handler_errors"] += 1
+            self.log.exception("error while deciding", job=task.doc_id)
+        self._note_plan(task, plan)
+        return plan
+
+    def _note_plan(self, task: Task, plan: core.Plan | None) -> None:
+        """Tell the runner what was decided about the job (None: nothing)."""
+        self.runner.decided(task.doc_id, plan or core.NOTHING)  # a win held stays so if planned
+        if task.then_decide and plan is not None:
+            self.runner.decided_about(task.doc_id, plan)
+
+    def _write_all(self, pending: dict[str, Task],
+                   plans: dict[str, tuple[core.Plan, list[Job]]]) -> None:
+        """One `_bulk_docs` for every new revision; then the losers; then launches."""
+        for doc_id, (plan, leaves) in list(plans.items()):
+            if self.runner.defers(plan, leaves):
+                del plans[doc_id]
+                self._start_deferred(pending.pop(doc_id), plan, leaves[0])
+        docs = [plan.doc for plan, _ in plans.values() if plan.doc is not None]
+        try:
+            answers = self.store.write(docs) if docs else []  # (every start held back)
+            results = {doc["_id"]: result for doc, result in zip(docs, answers, strict=True)}
+        except CouchError as error:
+            self.log.warning("write failed", jobs=len(docs), error=error)
+            for doc_id in plans:
+                # Its answer lost, the server may have taken it: what we knew as the job's
+                # newest revision may not be. Its next decision reads first (a result
+                # decided again on the revision before our own end chained a run onto
+                # an end already written, which no revision could then start).
+                self.revisions.newest.pop(doc_id, None)
+                self._not_recorded(pending.pop(doc_id))
+            return
+        written = []
+        for doc_id, (plan, leaves) in plans.items():
+            result = results.get(doc_id, Saved(doc_id, ""))  # none: deletions only
+            task = pending[doc_id]
+            if isinstance(result, Saved):
+                written.append((doc_id, plan, result.rev))
+                self._after_write(pending, task, plan, result.rev)
+            elif isinstance(result, Conflict):
+                self.counts["write_conflicts"] += 1
+                self.runner.conflicted(plan)
+                if not (task.retry_conflicts or self.runner.launched_ahead(doc_id)
+                        or self.runner.booked_by(plan)):
+                    del pending[doc_id]  # the conflicting revision comes through the feed
+            else:
+                del pending[doc_id]
+                self._refused(task, plan, leaves, result)
+        self.runner.delete_losers(written)
+        for doc_id, plan, rev in written:
+            try:
+                self.runner.carried_out(doc_id, plan, rev)
+            except Exception:  # e.g. a launch the pool refuses: the others still go
+                self.counts["handler_errors"] += 1
+                self.log.exception("error after writing", job=doc_id)
+
+    def _after_write(self, pending: dict[str, Task], task: Task, plan: core.Plan,
+                     rev: str) -> None:
+        if rev:
+            self.own_revs.append(rev)
+            self.revisions.saw(task.doc_id, rev)
+            # The server took it through validate_doc_update: not judged again when
+            # the next decision is made on it.
+            self.verdicts.passed(task.doc_id, rev)
+        self._recorded(task)
+        written = {**plan.doc, "_rev": rev} if plan.doc is not None and rev else None
+        if written is not None:
+            self.revisions.keep_newest(task.doc_id, written, self.runner.runs(task.doc_id))
+            self.periodic.saw_job(task.doc_id, written)
+        if task.then_decide and written is not None:
+            # What we just wrote is the state (a later conflict comes through the
+            # feed): it can say "nothing to do" without another read.
+            pending[task.doc_id] = self.decide(task.doc_id, written)
+        elif task.then_decide and any(isinstance(e, core.Unbook) for e in plan.before):
+            # A booking given back: what it waited for may be ours to do now (the
+            # creator's own booking freed, a claim of another site to assign).
+            pending[task.doc_id] = self.decide(task.doc_id)
+        else:
+            # (Local effects alone, such as a kill, change nothing until a report
+            # or a change says what came of them.)
+            del pending[task.doc_id]
+
+    def _start_deferred(self, task: Task, plan: core.Plan, leaf: Job) -> None:
+        """A start launched ahead, its write held back (PlanRunner.defers): the step's end
+        is planned on the revision the start was (no read); to the backlog and the board
+        the job is started (no free worker of ours goes for it again)."""
+        self._recorded(task)
+        self.revisions.keep_newest(task.doc_id, cast(Doc, leaf), self.runner.runs(task.doc_id))
+        if plan.doc is not None:
+            self.periodic.saw_job(task.doc_id, plan.doc)
+
+    def _refused(self, task: Task, plan: core.Plan, leaves: list[Job], result: Rejected) -> None:
+        """The server refuses the revision: the same write can never succeed."""
+        if result.error != "forbidden":  # not the rules: a login, or the server's trouble
+            self.log.warning("write failed", job=task.doc_id, action=plan.action,
+                             error=f"{result.error}: {result.reason}")
+            self._not_recorded(task)
+            return
+        self.counts["writes_refused"] += 1
+        self.log.error("write refused", job=task.doc_id, action=plan.action,
+                       reason=result.reason)
+        self.runner.refused(plan)
+        self._recorded(task)  # nothing more can be recorded of it
+        if task.end_on_refusal:
+            self._end_refused(task.doc_id, leaves, result.reason)
+
+    def _end_refused(self, doc_id: str, leaves: list[Job], reason: str) -> None:
+        """The creator ends a job whose next revision is refused; else it is skipped."""
+        plan = core.plan_refused(leaves, self.context(), reason)
+        if plan.doc is not None:
+            try:
+                result = self.store.write([plan.doc])[0]
+            except CouchError:
+                result = None
+            if isinstance(result, Saved):
+                self.own_revs.append(result.rev)
+                self.runner.delete_losers([(doc_id, plan, result.rev)])
+                self.runner.carried_out(doc_id, plan, result.rev)
+                return
+        self.verdicts.skip(doc_id, f"write refused: {reason}")
+
+    def _recorded(self, task: Task) -> None:
+        """The task's step result is written (or there is nothing left to write it in)."""
+        task.recorded = True
+        held = task.held
+        if held is None:
+            return
+        self.runner.result_recorded(held.key, held.epoch)
+        self.held.written(held)
+
+    def _not_recorded(self, task: Task) -> None:
+        """The server did not take the task's write: a result is kept, a decision is
+        taken again a moment later (no change may come to prompt it)."""
+        held = task.held
+        if held is None:
+            self.runner.defer_again(task.doc_id)
+            if task.then_decide:
+                self.retry_at[task.doc_id] = time.monotonic() + RETRY_DECISION
+                while len(self.retry_at) > MAX_RETRIES:
+                    self.retry_at.popitem(last=False)
+            return
+        self.runner.executions[held.key] = core.Running(held.worker, held.epoch)
+        if not self.held.back_off(held.key):
+            self.held.hold(held)
