@@ -334,9 +334,9 @@ class AdminServer:
                       timeout=2.0, retries=1)
         self.registry.register(SiteCollector(daemon, couch))
         ProcessCollector(registry=self.registry)  # process_resident_memory_bytes, CPU, fds
-        self.dashboard = Dashboard(daemon.config.name, daemon.known_sites, daemon.changes,
-                                   site_database(config, quick=True),
-                                   daemon.status)
+        self.dashboard = Dashboard(config, daemon.known_sites, daemon.changes,
+                                   site_database(config, quick=True), daemon.status,
+                                   writes=self._token is not None)
         self._http: _HttpServer | None = None
         self._thread: threading.Thread | None = None
 

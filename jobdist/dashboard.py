@@ -13,7 +13,9 @@ script fetches that again when the event stream says something it shows
 changed. The admin token decides, as for every admin write: GETs are open and
 show no actions; a GET carrying `Authorization: Bearer TOKEN` shows them; a
 POST needs it, and a cross-site one is refused outright. The browser keeps the
-token in sessionStorage and sends it as that header (docs/operations.md).
+token in sessionStorage and sends it as that header (docs/operations.md). A
+site with no token configured offers no token field either: its pages say
+that actions are off, and why.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from urllib.parse import quote, unquote, urlencode, urlsplit
 from jinja2 import Environment, PackageLoader, select_autoescape
 
 from . import client, render, status
+from .config import SiteConfig
 from .couch import CouchError, Database
 from .design import DDOC
 from .hub import ChangeHub, Subscription
@@ -44,6 +47,8 @@ PAGE_SIZE = 50
 HEARTBEAT = 15.0  # seconds between keep-alive comments on an idle event stream
 MIN_EVENT_GAP = 0.3  # seconds: a burst of changes reaches a tab as one event
 CANCEL_REASON = "cancelled by the dashboard"
+# A step after the current one: "waiting" is the word of a job waiting for other jobs.
+NOT_STARTED = "not started"
 STATIC_TYPES = {"dashboard.js": "text/javascript; charset=utf-8",
                 "dashboard.css": "text/css; charset=utf-8"}
 SECURITY_HEADERS = {
@@ -124,12 +129,17 @@ def step_rows(doc: Doc) -> list[Doc]:
     rows = []
     for index, step in enumerate(doc["job"]):
         rows.append({
-            "index": index, "state": render.step_state(doc, index),
+            "index": index, "state": shown_step_state(doc, index),
             "target": ", ".join(targets(step)), "where": render.step_where(step),
             "command": step.get("do"), "alt_do": step.get("alt_do"),
             **execution(step, render.tries(doc, index)), "sites": sub_run_rows(doc, index),
         })
     return rows
+
+
+def shown_step_state(doc: Doc, index: int) -> str:
+    state = render.step_state(doc, index)
+    return NOT_STARTED if state == "waiting" else state
 
 
 def sub_run_rows(doc: Doc, index: int) -> list[Doc]:
@@ -199,10 +209,15 @@ def parse_time(stamp: Any) -> datetime | None:
 class Dashboard:
     """The pages of one daemon's dashboard; the admin endpoint routes to it."""
 
-    def __init__(self, site: str, known_sites: frozenset[str], hub: ChangeHub, db: Database,
-                 own_status: Callable[[], Doc], heartbeat: float = HEARTBEAT) -> None:
-        self.site = site
-        self.log = EventLog("jobdist.dashboard", site=site)
+    def __init__(self, config: SiteConfig, known_sites: frozenset[str], hub: ChangeHub,
+                 db: Database, own_status: Callable[[], Doc], writes: bool,
+                 heartbeat: float = HEARTBEAT) -> None:
+        """`writes`: whether an admin token is configured (without one, every action
+        is refused, so the pages offer none and say why)."""
+        self.config = config
+        self.site = config.name
+        self.writes = writes
+        self.log = EventLog("jobdist.dashboard", site=self.site)
         self.known_sites = sorted(known_sites)
         self.hub = hub
         self.db = db  # quick timeouts: a page must not hang on a slow server
@@ -223,7 +238,8 @@ class Dashboard:
     def get(self, path: str, query: Mapping[str, str], authorized: bool) -> Reply:
         if path.startswith("/static/"):
             return self.static(path.removeprefix("/static/"))
-        context = {"authorized": authorized, "fragment": query.get("fragment") == "1"}
+        context = {"authorized": authorized, "writes": self.writes,
+                   "fragment": query.get("fragment") == "1"}
         try:
             if path == "/":
                 return self.page("overview.html", self.overview(), context)
@@ -239,8 +255,8 @@ class Dashboard:
                              HTTPStatus.NOT_FOUND)
         except CouchError as error:
             self.log.warning("dashboard cannot read", path=path, error=error)
-            return self.page("missing.html", {"message": f"this site's CouchDB did not "
-                                              f"answer: {error}"}, context,
+            message = render.explain_couch_error(error, self.config)
+            return self.page("missing.html", {"message": message}, context,
                              HTTPStatus.SERVICE_UNAVAILABLE)
         raise Refused(HTTPStatus.NOT_FOUND, f"no such page {path}")
 
@@ -331,7 +347,7 @@ class Dashboard:
         doc, leaves = client.read_merged(self.db, self.site, job_id)
         return {"job": doc, "job_id": job_id, "conflicts": len(leaves) - 1,
                 "status_text": render.job_status_text(doc),
-                "failure": render.failure_reason(doc).strip(" ()"),
+                "failure": render.failure_reason(doc).removeprefix(" (").removesuffix(")"),
                 "created": render.created_text(doc),
                 "updated": render.short_time(doc.get("updated_at")),
                 "steps": (steps := step_rows(doc)), "outputs": output_sections(steps),

@@ -13,8 +13,11 @@ import requests
 
 from jobdist import dashboard
 from jobdist.admin import AdminServer
+from jobdist.client import site_database
+from jobdist.config import CouchSettings, SiteConfig
 from jobdist.daemon import Daemon
 from jobdist.hub import MAX_CLIENTS, MAX_IDS, ChangeHub
+from jobdist.lab.localserver import free_port
 from jobdist.model import Doc, new_job, new_step
 
 from .helpers import conflicting_leaves, daemon_with_admin, wait_for, write_conflict
@@ -118,6 +121,40 @@ def test_a_job_page_shows_steps_output_and_history_escaped(site: Running) -> Non
     for event in ("created", "started", "finished", "failed"):
         assert f"<b>{event}</b>" in page, event
     assert "conflicting revision" not in page
+
+
+def test_a_failure_reason_keeps_its_closing_parenthesis(site: Running) -> None:
+    job = new_job(SITE, [new_step("exit 3", alt_do="exit 1")])
+    site.db.save(job)
+    assert ended(site, job["_id"])["job_status"] == "failed"
+    page = get(site, f"/jobs/{job['_id']}").text
+    assert ">step 0: alt_do failed (exit 1) after do failed (exit 3)</dd>" in page
+
+
+def test_steps_after_the_current_one_are_not_started_not_waiting(site: Running) -> None:
+    job = new_job(SITE, [new_step("true"), new_step("true")],
+                  waits={"not_before": "2099-01-01T00:00:00Z"})
+    site.db.save(job)
+    try:
+        page = get(site, f"/jobs/{job['_id']}").text
+        assert '<span class="status not-started">not started</span>' in page
+        assert 'class="status waiting"' not in page
+    finally:
+        post(site, f"/jobs/{job['_id']}/cancel")
+
+
+def test_a_site_whose_couchdb_is_down_shows_one_line_and_503(site: Running) -> None:
+    down = SiteConfig(SITE, CouchSettings(f"http://127.0.0.1:{free_port()}"))  # nobody there
+    board = dashboard.Dashboard(down, frozenset({SITE}), site.daemon.changes,
+                                site_database(down, quick=True), site.daemon.status,
+                                writes=False)
+    for path in ("/", "/jobs", "/jobs/job-x"):
+        reply = board.get(path, {"fragment": "1"}, authorized=False)
+        assert reply.status == 503, path
+        text = reply.body.decode().strip()
+        assert text == (f'<p class="missing">cannot reach the CouchDB of site {SITE} at '
+                        f'{down.couch.url}: connection refused (is it running? '
+                        '`jobdist cluster status` shows the local sites)</p>'), text
 
 
 def test_a_job_with_conflicts_is_shown_merged(site: Running) -> None:
@@ -245,6 +282,9 @@ def test_no_token_configured_offers_no_actions_and_refuses_writes(site: Running)
         page = requests.get(f"{admin.url}/?fragment=1", timeout=10,
                             headers={"Authorization": f"Bearer {TOKEN}"})
         assert page.status_code == 200 and "Resize pool" not in page.text
+        whole = requests.get(f"{admin.url}/", timeout=10).text
+        assert 'id="login"' not in whole and "Actions off: this site has no admin token" in whole
+        assert 'id="login"' in get(site, "/").text  # (a site with a token offers the field)
         job_id = submit(site, "true")
         resp = requests.post(f"{admin.url}/jobs/{job_id}/cancel", timeout=10,
                              headers={"Authorization": f"Bearer {TOKEN}"})

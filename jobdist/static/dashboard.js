@@ -30,6 +30,7 @@
   }
 
   function showLogin() {
+    if (!login) { return; }
     login.hidden = Boolean(token());
     logout.hidden = !token();
   }
@@ -107,20 +108,22 @@
     }
   });
 
-  login.addEventListener("submit", function (event) {
-    event.preventDefault();
-    const field = document.getElementById("token");
-    if (field.value) { sessionStorage.setItem(KEY, field.value); }
-    field.value = "";
-    showLogin();
-    refresh();
-  });
+  if (login) {  // (absent when the site has no admin token: no actions to log in to)
+    login.addEventListener("submit", function (event) {
+      event.preventDefault();
+      const field = document.getElementById("token");
+      if (field.value) { sessionStorage.setItem(KEY, field.value); }
+      field.value = "";
+      showLogin();
+      refresh();
+    });
 
-  logout.addEventListener("click", function () {
-    sessionStorage.removeItem(KEY);
-    showLogin();
-    refresh();
-  });
+    logout.addEventListener("click", function () {
+      sessionStorage.removeItem(KEY);
+      showLogin();
+      refresh();
+    });
+  }
 
   showLogin();
   if (token()) { refresh(); }
