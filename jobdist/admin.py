@@ -417,7 +417,7 @@ class AdminServer:
         if self._token is None:
             raise RequestError(HTTPStatus.FORBIDDEN,
                                "writes are disabled: this daemon has no admin token configured "
-                               "([admin] token or $JOBDIST_ADMIN_TOKEN)")
+                               "([admin] token_file, token or $JOBDIST_ADMIN_TOKEN)")
         scheme, _, given = (header or "").partition(" ")
         if scheme.lower() != "bearer" or not given.strip():
             raise RequestError(HTTPStatus.UNAUTHORIZED,

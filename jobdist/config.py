@@ -48,6 +48,7 @@
     port = 7984                        # the daemon's HTTP endpoint; none when unset
     host = "127.0.0.1"
     token = "..."                      # or $JOBDIST_ADMIN_TOKEN; required for every POST
+    token_file = "../.jobdist/secrets/admin-token"  # else read from here (mode 600)
 
 Credentials files are TOML (`user = "..."`, `password = "..."`), relative paths
 are read from the config file's directory, and a file that others may read is
@@ -69,7 +70,6 @@ from __future__ import annotations
 import os
 import re
 import secrets
-import stat
 import tomllib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -83,6 +83,7 @@ from .clock import parse_duration
 from .errors import JobdistError
 from .model import ALL, ANY
 from .names import nearest_name
+from .secret_files import read_credentials, read_token, write_credentials, write_secret
 from .status import MIN_INTERVAL
 
 SITE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
@@ -243,6 +244,7 @@ class AdminSettings:
     port: int | None = None
     host: str = "127.0.0.1"
     token: str | None = field(default=None, repr=False)
+    token_file: Path | None = None  # written by `jobdist secrets` and `jobdist cluster up`
 
 
 # The config's tables, and the dataclass each is read into: the one list of sections.
@@ -401,8 +403,8 @@ def _site_from(raw: Section, path: Path) -> SiteConfig:
     settings["couch"] = replace(couch, user=user, password=password, admin_user=admin_user,
                                 admin_password=admin_password)
     admin = settings["admin"]
-    if admin.token is None and os.environ.get("JOBDIST_ADMIN_TOKEN"):
-        settings["admin"] = replace(admin, token=os.environ["JOBDIST_ADMIN_TOKEN"])
+    settings["admin"] = replace(admin, token=admin.token or os.environ.get("JOBDIST_ADMIN_TOKEN")
+                                or read_token(admin.token_file))
     _check_lease(settings["daemon"])
     _check_creator_timeout(settings["succession"])
     return SiteConfig(name=name, workers=workers, peers=tuple(raw.get("peers", ())),
@@ -489,34 +491,6 @@ def _env(name: str, site: str) -> str | None:
     return os.environ.get(f"{name}_{site.upper()}") or os.environ.get(name)
 
 
-def read_credentials(path: Path) -> tuple[str, str]:
-    """A credentials file's (user, password); refused when others may read it."""
-    mode = path.stat().st_mode
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise ValueError(f"credentials file {path} may be read by others (mode "
-                         f"{stat.S_IMODE(mode):o}): run `chmod 600 {path}`")
-    try:
-        raw = tomllib.loads(path.read_text())
-        return str(raw["user"]), str(raw["password"])
-    except (OSError, tomllib.TOMLDecodeError, KeyError) as error:
-        # Never echo the file: it holds a password.
-        raise ValueError(f"credentials file {path} must hold `user` and `password` "
-                         f"({type(error).__name__})") from None
-
-
-def write_credentials(path: Path, user: str, password: str) -> None:
-    """Write a credentials file only its owner can read, in a directory only it can enter."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as file:
-        file.write(f"user = {_toml_string(user)}\npassword = {_toml_string(password)}\n")
-    os.chmod(path, 0o600)  # an existing file keeps its mode through O_CREAT
-
-
-def _toml_string(text: str) -> str:
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
 def _allow_list(patterns: Any) -> tuple[re.Pattern[str], ...]:
     if not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
         raise ValueError("must be a list of regular expressions")
@@ -571,8 +545,8 @@ def _describe(error: Exception) -> str:
 
 
 def ensure_credentials(sites: dict[str, SiteConfig], sites_dir: Path) -> dict[str, SiteConfig]:
-    """Write the credentials files the site configs name but nobody has written yet
-    (a user per site, one admin), then read the configs again to pick them up."""
+    """Write the secrets files the site configs name but nobody has written yet (a user
+    per site, one admin, the admin token), then read the configs again to pick them up."""
     written = False
     for site in sites.values():
         wanted = ((site.couch.credentials, f"jobdist_{site.name}"),
@@ -581,4 +555,7 @@ def ensure_credentials(sites: dict[str, SiteConfig], sites_dir: Path) -> dict[st
             if path is not None and not path.exists():
                 write_credentials(path, user, secrets.token_urlsafe(24))
                 written = True
+        if site.admin.token_file is not None and not site.admin.token_file.exists():
+            write_secret(site.admin.token_file, secrets.token_urlsafe(24) + "\n")
+            written = True
     return load_sites(sites_dir) if written else sites

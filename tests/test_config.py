@@ -110,6 +110,7 @@ SAMPLES: dict[str, Any] = {
     "retention.older_than": "30d", "retention.interval": 60.0,
     "retention.export": "/tmp/removed.jsonl",
     "admin.port": 7999, "admin.host": "0.0.0.0", "admin.token": "t0ken",
+    "admin.token_file": "secrets/admin-token",
     "succession.successors": {"global": ["solo", "reg_b"]}, "succession.creator_timeout": 30.0,
 }
 EVERY_SETTING = [f"{section}.{key}" if section else key

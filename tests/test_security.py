@@ -17,14 +17,17 @@ from pathlib import Path
 import pytest
 import requests
 
-from jobdist.config import ConfigError, load_site, load_sites, write_credentials
+from jobdist.config import ConfigError, ensure_credentials, load_site, load_sites
 from jobdist.couch import Couch, Forbidden
 from jobdist.daemon import Daemon
 from jobdist.lab.cluster import LocalCluster
 from jobdist.lab.scenarios import site_db, wait_until_done, write_sites
 from jobdist.model import new_job, new_step
+from jobdist.secret_files import write_credentials
 from jobdist.setup import setup_sites
 from jobdist.workers import run_step
+
+from .helpers import README
 
 ADMIN_TOKEN = "admin-token-of-the-test"
 
@@ -80,6 +83,35 @@ def test_the_environment_overrides_files_site_by_site(tmp_path: Path,
     monkeypatch.setenv("JOBDIST_COUCH_PASSWORD_SOLO", "site-password")
     site = load_site(path)
     assert (site.couch.user, site.couch.password) == ("generic", "site-password")
+
+
+def test_the_admin_token_file_is_written_once_private_and_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("JOBDIST_ADMIN_TOKEN", raising=False)
+    write_site(tmp_path, "")
+    with open(tmp_path / "solo.toml", "a") as config:
+        config.write('\n[admin]\nport = 0\ntoken_file = "secrets/admin-token"\n')
+    token_file = tmp_path / "secrets" / "admin-token"
+    [site] = ensure_credentials(load_sites(tmp_path), tmp_path).values()
+    assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+    token = token_file.read_text().strip()
+    assert len(token) >= 32 and site.admin.token == token
+    ensure_credentials(load_sites(tmp_path), tmp_path)
+    assert token_file.read_text().strip() == token  # kept, never replaced
+    monkeypatch.setenv("JOBDIST_ADMIN_TOKEN", "from-the-environment")
+    assert load_site(tmp_path / "solo.toml").admin.token == "from-the-environment"
+    monkeypatch.delenv("JOBDIST_ADMIN_TOKEN")
+    token_file.chmod(0o644)
+    with pytest.raises(ConfigError, match=r"admin token file .* may be read by others"):
+        load_site(tmp_path / "solo.toml")
+
+
+def test_the_local_sites_name_an_admin_token_file_in_the_secrets() -> None:
+    root = README.parent
+    for directory in (root / "sites", root / "sites" / "star"):
+        for site in load_sites(directory).values():
+            assert site.admin.token_file is not None, site.name
+            assert site.admin.token_file.resolve() == root / ".jobdist/secrets/admin-token"
 
 
 def test_allow_list_patterns_are_checked_when_loaded(tmp_path: Path) -> None:

@@ -91,12 +91,13 @@ def setup(sites_dir: Path, only: tuple[str, ...]) -> None:
               help="Also write docker-compose's variables (passwords, admin token) to this "
                    "env file, e.g. .env.")
 def secrets(sites_dir: Path, compose_env: Path | None) -> None:
-    """Write the credentials files the site configs name and nobody has written yet
-    (random passwords, mode 600); existing ones are kept. `jobdist cluster up` does
-    this by itself."""
+    """Write the credentials and admin token files the site configs name and nobody
+    has written yet (random secrets, mode 600); existing ones are kept. `jobdist
+    cluster up` does this by itself."""
     sites = load_site_configs(sites_dir)
     missing = [path for site in sites.values()
-               for path in (site.couch.credentials, site.couch.admin_credentials)
+               for path in (site.couch.credentials, site.couch.admin_credentials,
+                            site.admin.token_file)
                if path is not None and not path.exists()]
     ensure_credentials(sites, sites_dir)
     for path in dict.fromkeys(missing):

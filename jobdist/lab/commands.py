@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from ..cli.common import sites_option
+from ..config import SiteConfig
 from .cluster import DEFAULT_STATE_DIR, LocalCluster
 from .demo import run_demo
 
@@ -31,6 +32,20 @@ def cluster_up(sites_dir: Path, state_dir: Path, in_memory: bool) -> None:
     local.up()
     for row in local.status():
         click.echo(f"{row['site']:<10} {row['url']:<26} fauxton {row['fauxton']}")
+    click.echo(admin_token_line(local.sites))
+
+
+def admin_token_line(sites: dict[str, SiteConfig]) -> str:
+    """Where the dashboards' admin token is, or that their actions are off."""
+    files = sorted({str(site.admin.token_file) for site in sites.values()
+                    if site.admin.token_file is not None})
+    if files:
+        return (f"admin token in {', '.join(files)} (mode 600): give it to a dashboard's "
+                "token field, or send `Authorization: Bearer TOKEN` with a POST")
+    if all(site.admin.token for site in sites.values()):
+        return "admin token from the site configs or $JOBDIST_ADMIN_TOKEN"
+    return ("no admin token configured ([admin] token_file): the dashboards offer no "
+            "actions and every POST is refused")
 
 
 @cluster.command("down")

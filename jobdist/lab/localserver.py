@@ -404,7 +404,7 @@ def main() -> None:
     user is its admin."""
     import argparse
 
-    from ..config import read_credentials
+    from ..secret_files import read_credentials
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--port", type=int, required=True)
