@@ -18,6 +18,8 @@ from jobdist.lab.localserver import (
     missing_fixes,
 )
 
+from .helpers import wait_for
+
 
 def test_server_starts_persists_restarts_and_stops(tmp_path: Path) -> None:
     server = LocalServer(free_port(), tmp_path / "site")
@@ -81,6 +83,50 @@ def test_the_local_cluster_restarts_a_site_server_that_dies(tmp_path: Path) -> N
     assert any("server" in line for line in stopped)
     assert not Path(f"/proc/{cluster.server_pid('global')}/stat").exists() or "Z" in Path(
         f"/proc/{cluster.server_pid('global')}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def test_cluster_up_again_starts_only_the_stopped_server_and_daemon(tmp_path: Path) -> None:
+    """A site's server died (its supervisor, the pid `cluster status` shows, was killed)
+    and another site's daemon: `jobdist cluster up` starts those two, nothing else."""
+    import signal
+
+    from click.testing import CliRunner
+
+    from jobdist.cli import main
+    from jobdist.lab.cluster import LocalCluster, Proc
+    from jobdist.lab.scenarios import write_sites
+
+    sites = write_sites(tmp_path / "sites", 2)
+    dashboard_port = free_port()
+    with open(sites / "reg_a.toml", "a") as config:
+        config.write(f"\n[admin]\nport = {dashboard_port}\n")
+    state = tmp_path / "state"
+    args = ["--sites", str(sites), "--state", str(state)]
+    first = CliRunner().invoke(main, ["cluster", "up", *args])
+    cluster = LocalCluster(sites, state)
+    try:
+        assert first.exit_code == 0, first.output
+        recorded = json.loads(cluster.state_file.read_text())["sites"]
+        os.kill(recorded["global"]["server"]["pid"], signal.SIGTERM)  # stops its server
+        os.kill(recorded["reg_a"]["daemon"]["pid"], signal.SIGKILL)
+        url = cluster.sites["global"].couch.url
+        wait_for(lambda: not Proc(**recorded["global"]["server"]).alive()
+                 and not localserver.answers(url), what="global's server down")
+        again = CliRunner().invoke(main, ["cluster", "up", *args])
+        assert again.exit_code == 0, again.output
+        assert again.output.startswith("started global server, reg_a daemon\n"), again.output
+        assert localserver.answers(url)
+        now = json.loads(cluster.state_file.read_text())["sites"]
+        assert now["reg_a"]["server"] == recorded["reg_a"]["server"]  # left alone
+        assert now["global"]["daemon"] == recorded["global"]["daemon"]
+        assert requests.get(f"http://127.0.0.1:{dashboard_port}/status", timeout=5).ok
+        status = CliRunner().invoke(main, ["cluster", "status", *args]).output
+        assert f"dashboard http://127.0.0.1:{dashboard_port}/" in status
+        assert status.count("running (pid") == 4, status
+        idle = CliRunner().invoke(main, ["cluster", "up", *args])
+        assert idle.output.startswith("every site is up already"), idle.output
+    finally:
+        cluster.down()
 
 
 def test_a_server_start_interrupted_leaves_no_process_behind(

@@ -4,7 +4,9 @@
 the site's port and a `jobdist site run` daemon, both in sessions of their
 own so they outlive the command; sets up continuous replication from every
 site to each of its peers (so every pair of peers replicates both ways);
-and returns when every daemon says it is ready. Security is on: the
+and returns when every daemon says it is ready. Run again while the cluster
+is up, `up` starts whatever of it is stopped (a site's server, a daemon, each
+checked by its recorded pid) and leaves the rest alone. Security is on: the
 credentials files the configs name are generated when missing (random
 passwords, mode 600), each server gets its admin, and setup creates the
 site users and locks the jobs databases to them. Pids and logs live under a
@@ -104,14 +106,16 @@ class LocalCluster:
 
     # --- lifecycle --------------------------------------------------------------
 
-    def up(self, timeout: float = 60.0) -> None:
-        if self._recorded():
-            raise ClusterError(f"a cluster is already up (state in {self.state_dir}); "
-                               "run `jobdist cluster down` first")
+    def up(self, timeout: float = 60.0) -> list[str]:
+        """Start the cluster, or, when part of it runs, whatever of it is stopped; the
+        servers and daemons started ("reg_a server", ...)."""
         pouchdb_server()  # not installed or unpatched: one line now, not a supervisor's log
+        if self._recorded():
+            return self._start_stopped(timeout)
         private_dir(self.state_dir)  # servers' data holds the replications' credentials
         self.sites = ensure_credentials(self.sites, self.sites_dir)
-        state: dict[str, Any] = {"sites_dir": str(self.sites_dir.resolve()), "sites": {}}
+        state: dict[str, Any] = {"sites_dir": str(self.sites_dir.resolve()),
+                                 "in_memory": self.in_memory, "sites": {}}
         try:
             for site in self.sites.values():
                 self._forget_replications(site)
@@ -126,6 +130,39 @@ class LocalCluster:
         except BaseException:
             self.down()
             raise
+        return [f"{name} {role}" for name in self.sites for role in ("server", "daemon")]
+
+    def _start_stopped(self, timeout: float) -> list[str]:
+        """Start the servers, then the daemons, that are not running: the rest of the
+        cluster runs on, its replications, data and pids as they are."""
+        state = self._load()
+        if state.get("sites_dir") != str(self.sites_dir.resolve()):
+            raise ClusterError(f"a cluster of {state.get('sites_dir')} is up (state in "
+                               f"{self.state_dir}); run `jobdist cluster down` first")
+        self.in_memory = state.get("in_memory", self.in_memory)
+        servers = self.stopped("server")
+        for name in servers:
+            self._record(name, "server", self._start_server(self.sites[name]))
+        if servers:  # (idempotent) an in-memory server comes back empty
+            setup_sites(self.sites, [self.sites[name] for name in servers])
+        daemons = self.stopped("daemon")
+        for name in daemons:
+            self._record(name, "daemon", self._start_daemon(self.sites[name]))
+        self._wait_ready(timeout, daemons)
+        return [*(f"{name} server" for name in servers), *(f"{name} daemon" for name in daemons)]
+
+    def stopped(self, role: str) -> list[str]:
+        """The sites whose server (or daemon) is not running: none recorded, or gone."""
+        recorded = self._load().get("sites", {})
+        return [name for name in self.sites
+                if not (role in recorded.get(name, {})
+                        and Proc(**recorded[name][role]).alive())]
+
+    def _record(self, name: str, role: str, proc: dict[str, Any]) -> None:
+        with self._state_lock:
+            state = self._load()
+            state["sites"].setdefault(name, {})[role] = proc
+            self._save(state)
 
     def __enter__(self) -> LocalCluster:
         # A command that brings sites up for its own run (bench, demo) stops them
@@ -166,6 +203,7 @@ class LocalCluster:
                 "site": name,
                 "url": site.couch.url,
                 "fauxton": f"{site.couch.url}/_utils",
+                "dashboard": dashboard_url(site),
                 "server": _describe(procs.get("server")),
                 "daemon": _describe(procs.get("daemon")),
             })
@@ -241,11 +279,8 @@ class LocalCluster:
     def start_daemon(self, name: str, env: dict[str, str] | None = None) -> None:
         """(Re)start one site's daemon, e.g. after a crash test killed it; `env` adds
         to its environment (the fault suite skews a clock with JOBDIST_CLOCK_OFFSET)."""
-        with self._state_lock:
-            state = self._load()
-            state["sites"][name]["daemon"] = self._start_daemon(self.sites[name], env)
-            self._save(state)
-        self._wait_ready(60.0, only=name)
+        self._record(name, "daemon", self._start_daemon(self.sites[name], env))
+        self._wait_ready(60.0, [name])
 
     def stop_site(self, name: str) -> None:
         """Stop a site's daemon and its server (the supervisor too): the site is down."""
@@ -255,18 +290,15 @@ class LocalCluster:
 
     def start_site(self, name: str) -> None:
         """Start a stopped site's server again, then its daemon."""
-        with self._state_lock:
-            state = self._load()
-            state["sites"][name]["server"] = self._start_server(self.sites[name])
-            self._save(state)
+        self._record(name, "server", self._start_server(self.sites[name]))
         self.start_daemon(name)
 
     def daemon_proc(self, name: str) -> Proc:
         return Proc(**self._load()["sites"][name]["daemon"])
 
-    def _wait_ready(self, timeout: float, only: str | None = None) -> None:
+    def _wait_ready(self, timeout: float, names: list[str] | None = None) -> None:
         deadline = time.monotonic() + timeout
-        waiting = [only] if only else list(self.sites)
+        waiting = list(self.sites) if names is None else list(names)
         while waiting:
             name = waiting[0]
             if (self.site_dir(name) / "ready").exists():
@@ -326,6 +358,14 @@ def interrupt_on_sigterm() -> signal.Handlers | Any:
         raise KeyboardInterrupt(f"signal {signum}")
 
     return signal.signal(signal.SIGTERM, interrupt)
+
+
+def dashboard_url(site: SiteConfig) -> str | None:
+    """The site's dashboard (its daemon's admin endpoint), when it has a fixed port."""
+    if not site.admin.port:
+        return None
+    host = site.admin.host
+    return f"http://{f'[{host}]' if ':' in host else host}:{site.admin.port}/"
 
 
 def _describe(proc: dict[str, Any] | None) -> str:

@@ -27,11 +27,17 @@ def cluster() -> None:
 @state_option
 @click.option("--in-memory", is_flag=True, help="Servers keep nothing on disk.")
 def cluster_up(sites_dir: Path, state_dir: Path, in_memory: bool) -> None:
-    """Start every site and continuous replication; return once all are ready."""
+    """Start every site and continuous replication; return once all are ready. With
+    a cluster up, start whatever of it is stopped (a site's server, a daemon)."""
     local = LocalCluster(sites_dir, state_dir, in_memory=in_memory)
-    local.up()
+    started = local.up()
+    if not started:
+        click.echo(f"every site is up already (state in {state_dir})")
+    elif len(started) < 2 * len(local.sites):  # part of the cluster ran: say what is new
+        click.echo(f"started {', '.join(started)}")
     for row in local.status():
-        click.echo(f"{row['site']:<10} {row['url']:<26} fauxton {row['fauxton']}")
+        click.echo(f"{row['site']:<10} {row['url']:<26} fauxton {row['fauxton']}"
+                   + (f"  dashboard {row['dashboard']}" if row["dashboard"] else ""))
     click.echo(admin_token_line(local.sites))
 
 
@@ -64,10 +70,11 @@ def cluster_down(sites_dir: Path, state_dir: Path) -> None:
 @sites_option
 @state_option
 def cluster_status(sites_dir: Path, state_dir: Path) -> None:
-    """Show each site's server and daemon."""
+    """Show each site's server and daemon, its Fauxton and its dashboard."""
     for row in LocalCluster(sites_dir, state_dir).status():
         click.echo(f"{row['site']:<10} server {row['server']:<22} daemon {row['daemon']:<22} "
-                   f"{row['fauxton']}")
+                   f"fauxton {row['fauxton']}"
+                   + (f"  dashboard {row['dashboard']}" if row["dashboard"] else ""))
 
 
 @click.command()
