@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import collections
 import io
+import re
 
 import pytest
 from rich.cells import cell_len
 from rich.console import Console
 
+from jobdist.lab import demo
 from jobdist.lab.demo import results_table
 from jobdist.lab.scenarios import THESIS_SCENARIOS, Result
 
@@ -63,3 +65,40 @@ def test_short_steps_inflate_the_ratio_not_the_comparison_at_5_s() -> None:
     text = " ".join(" ".join(render(80, step_seconds=0.5)).split())
     assert "scenarios at 0.5 s steps" in text
     assert "2: 3 sites, 6 jobs 6/6 2.95 1.50 1.97 1.10 1.13" in text
+
+
+def test_piped_the_demo_prints_200_columns_a_scenario_a_line(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    done = iter(results())
+    monkeypatch.setattr(demo, "run_scenario", lambda *args, **kwargs: next(done))
+    monkeypatch.setattr(demo, "check_ledger", lambda result: [])
+    assert demo.run_demo(1.0) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert max(cell_len(line) for line in lines) <= 200
+    for scenario in THESIS_SCENARIOS:  # each row whole on one line, its label unwrapped
+        row = re.compile(rf"{re.escape(scenario.name)} +{scenario.jobs}/{scenario.jobs} ")
+        assert any(row.match(line) for line in lines), (scenario.name, lines)
+    assert any(line.startswith("ratio = ") and line.endswith("(the thesis's)") for line in lines)
+
+
+def test_ctrl_c_says_what_it_stopped_and_exits_130(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from jobdist.cli import main
+
+    done = iter(results())
+
+    def run_scenario(scenario: object, *args: object, **kwargs: object) -> Result:
+        if scenario is THESIS_SCENARIOS[2]:
+            raise KeyboardInterrupt  # (the real one stops the scenario's sites on its way)
+        return next(done)
+
+    monkeypatch.setattr(demo, "run_scenario", run_scenario)
+    monkeypatch.setattr(demo, "check_ledger", lambda result: [])
+    outcome = CliRunner().invoke(main, ["demo", "--step-seconds", "1"])
+    assert outcome.exit_code == 130, outcome.output
+    assert "Aborted!" not in outcome.output
+    assert (f"jobdist: demo interrupted: stopped scenario {THESIS_SCENARIOS[2].name!r} and its "
+            "local sites; 2 of 6 scenarios ran") in outcome.output
+    assert THESIS_SCENARIOS[1].name in outcome.output  # the table of what ran

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from rich.console import Console, Group
+import sys
+
+from rich.console import Group
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -13,17 +15,22 @@ from rich.progress import (
 )
 from rich.text import Text
 
+from ..cli.common import EXIT_INTERRUPTED
+from ..render import make_console
 from ..tables import Cell, Col, FittedTable
 from .scenarios import THESIS_SCENARIOS, Result, check_ledger, run_scenario
 
 
 def run_demo(step_seconds: float, only: tuple[str, ...] = ()) -> int:
-    console = Console()
+    """Run the scenarios, print the table; the exit status. Interrupted (Ctrl-C, SIGTERM),
+    it stops the running scenario's sites, prints what ran and says what it stopped."""
+    console = make_console()  # 200 columns when not a terminal: one line a scenario
     chosen = [s for s in THESIS_SCENARIOS if not only or s.name.startswith(only)]
     console.print(f"[bold]jobdist demo[/]: the thesis's scenarios, steps of "
                   f"{step_seconds} s instead of 5 s, 2 workers a site, fresh local sites each")
     results: list[Result] = []
     problems: list[str] = []
+    interrupted = None
     with Progress(TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("jobs"), TimeElapsedColumn(), console=console) as progress:
         for scenario in chosen:
@@ -32,12 +39,21 @@ def run_demo(step_seconds: float, only: tuple[str, ...] = ()) -> int:
             def advance(done: int, task: TaskID = task) -> None:
                 progress.update(task, completed=done)
 
-            result = run_scenario(scenario, step_seconds, on_progress=advance)
+            try:  # (its local sites are stopped on the way out, whatever happens)
+                result = run_scenario(scenario, step_seconds, on_progress=advance)
+            except KeyboardInterrupt:
+                interrupted = scenario.name
+                break
             results.append(result)
             problems += [f"{scenario.name}: {p}" for p in check_ledger(result)]
-    console.print(results_table(results))
+    if results:
+        console.print(results_table(results))
     for problem in problems:
         console.print(f"[red]problem[/] {problem}")
+    if interrupted is not None:
+        print(f"jobdist: demo interrupted: stopped scenario {interrupted!r} and its local "
+              f"sites; {len(results)} of {len(chosen)} scenarios ran", file=sys.stderr)
+        return EXIT_INTERRUPTED
     failed = sum(r.statuses.get("failed", 0) + r.statuses.get("cancelled", 0) for r in results)
     return 1 if problems or failed else 0
 
