@@ -32,7 +32,7 @@
     start_write_delay = 1.0            # a step ending sooner has its start written with its
                                        # end, one revision (0: at once; lease / 4 at most)
     journal = "/var/lib/jobdist/journal"   # results kept while CouchDB does not answer, in
-                                       # DIR/SITE (default: .jobdist/SITE/journal, from
+                                       # DIR/SITE (default: .jobdist/journal/SITE, from
                                        # the working directory; the start-up log says where)
 
     [succession]                       # optional: automatic creator succession
@@ -86,6 +86,7 @@ from .names import nearest_name
 from .secret_files import read_credentials, read_token, write_credentials, write_secret
 from .status import MIN_INTERVAL
 
+DEFAULT_JOURNAL = Path(".jobdist") / "journal"  # [daemon] journal unset: from the working dir
 SITE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 SHELL_OPERATORS = re.compile(r"[;&|$`<>()\n\r]")
 
@@ -302,8 +303,7 @@ class SiteConfig:
     def journal_dir(self) -> Path:
         """Where the daemon keeps the results its CouchDB did not take yet: a directory
         of its own, so sites sharing a host (and a configured path) never share one."""
-        journal = self.daemon.journal
-        return journal / self.name if journal else Path(".jobdist") / self.name / "journal"
+        return (self.daemon.journal or DEFAULT_JOURNAL) / self.name
 
 
 def load_site(path: Path | str) -> SiteConfig:

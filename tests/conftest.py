@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import requests
@@ -16,6 +17,22 @@ def pytest_configure(config: pytest.Config) -> None:
     # A run stopped with SIGTERM (a CI timeout) unwinds as Ctrl-C does: fixtures and
     # `finally` blocks stop every server and daemon the tests started.
     interrupt_on_sigterm()
+
+
+def journals_here() -> set[Path]:
+    """The journal directories under the working directory's .jobdist (the default)."""
+    return set(Path(".jobdist").glob("journal/*")) | set(Path(".jobdist").glob("*/journal"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def nothing_left_in_the_working_directory() -> Iterator[None]:
+    """Tests keep their files in tmp dirs: a site without `[daemon] journal` keeps its
+    journal, and its steps' progress files, in the working directory, the checkout
+    (give the config a tmp journal: helpers.in_tmp)."""
+    before = journals_here()
+    yield
+    left = sorted(map(str, journals_here() - before))
+    assert not left, f"tests left journals in the working directory: {left}"
 
 
 @pytest.fixture(scope="session")

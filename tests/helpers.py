@@ -9,10 +9,12 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
+    from jobdist.config import SiteConfig
     from jobdist.couch import Database
     from jobdist.daemon import Daemon
     from jobdist.model import Doc
@@ -44,6 +46,12 @@ def readme_http_submission() -> tuple[str, dict[str, Any]]:
         if found:
             return block, json.loads(found.group(1))
     raise AssertionError("README.md shows no curl submission")
+
+
+def in_tmp(config: SiteConfig, directory: Path) -> SiteConfig:
+    """The site with its journal, and so its steps' progress files, under `directory`:
+    the default is relative to the working directory, the checkout under pytest."""
+    return replace(config, daemon=replace(config.daemon, journal=directory))
 
 
 @contextlib.contextmanager

@@ -74,6 +74,8 @@ def test_the_daemon_journal_is_a_known_setting(tmp_path: Path) -> None:
     site = load_site(write_config(tmp_path, config))
     # One directory a site: sites that share a host and a configured path never share one.
     assert site.journal_dir() == Path("/var/lib/jobdist/journal") / site.name
+    # Unset, the same rule from the working directory: the site's name once in the path.
+    assert load_site(write_config(tmp_path, BASE)).journal_dir() == Path(".jobdist/journal/solo")
 
 
 @pytest.mark.parametrize("directory", ["sites", "sites/star", "sites/compose"])

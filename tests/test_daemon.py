@@ -21,6 +21,8 @@ from jobdist.lab.localserver import LocalServer, free_port
 from jobdist.listener import Changed, Listener, load_checkpoint, save_checkpoint
 from jobdist.model import new_job, new_step
 
+from .helpers import in_tmp
+
 
 @pytest.fixture
 def disk_server(tmp_path: Path) -> Iterator[LocalServer]:
@@ -186,7 +188,8 @@ def test_a_malformed_job_is_logged_and_skipped_and_the_next_job_still_runs(
     bad = {"_id": "job-bad", "type": "job", "creator": "global", "job": "not a list"}
     good = new_job("global", [new_step("true")])
     db.bulk_docs([bad, good])
-    manager = Manager(SiteConfig("global", CouchSettings(couch_server.url, db.name), workers=1),
+    manager = Manager(in_tmp(SiteConfig("global", CouchSettings(couch_server.url, db.name),
+                                        workers=1), tmp_path),
                       CouchStore(db), {"global"}, Journal(tmp_path / "journal"))
     try:
         manager.process("job-bad")

@@ -23,7 +23,7 @@ from jobdist.model import Doc, new_job, new_step
 from jobdist.store import CouchStore
 from jobdist.workers import StepResult
 
-from .helpers import wait_for
+from .helpers import in_tmp, wait_for
 
 
 def result(reason: str = "exit 0") -> StepResult:
@@ -89,7 +89,8 @@ def manager_for(server: LocalServer, journal_dir: Path) -> tuple[Manager, Databa
     db.sync_design_docs(load_design_docs())
     config = SiteConfig("global", CouchSettings(server.url, "jobs"), workers=1,
                         daemon=DaemonSettings(lease=60.0, heartbeat=15.0))
-    return Manager(config, CouchStore(db), {"global"}, Journal(journal_dir)), db
+    return Manager(in_tmp(config, journal_dir.parent), CouchStore(db), {"global"},
+                   Journal(journal_dir)), db
 
 
 def serve_until(manager: Manager, condition: object, what: str, timeout: float = 30.0) -> None:

@@ -123,6 +123,8 @@ def test_cluster_up_again_starts_only_the_stopped_server_and_daemon(tmp_path: Pa
         status = CliRunner().invoke(main, ["cluster", "status", *args]).output
         assert f"dashboard http://127.0.0.1:{dashboard_port}/" in status
         assert status.count("running (pid") == 4, status
+        assert sorted(path.name for path in (state / "journal").iterdir()) == ["global", "reg_a"]
+        assert not (state / "global" / "journal").exists()  # the site's name once in a path
         idle = CliRunner().invoke(main, ["cluster", "up", *args])
         assert idle.output.startswith("every site is up already"), idle.output
     finally:

@@ -31,7 +31,7 @@ from jobdist.model import Doc, new_job, new_step, sub_runs
 from jobdist.periodic_work import PROGRESS_INTERVAL
 from jobdist.store import Written
 
-from .helpers import wait_for
+from .helpers import in_tmp, wait_for
 from .sim import Clock, Execution, Replica, SimSite, SimStore
 
 T = TypeVar("T")
@@ -96,7 +96,8 @@ class World:
         self.outages_until = 0.0  # servers go down now and then until this monotonic time
         self.back_at: dict[str, float] = {}  # a server that is down: when it answers again
         self.managers = {
-            name: Manager(SiteConfig(name, CouchSettings(store.url), workers=workers, **settings),
+            name: Manager(in_tmp(SiteConfig(name, CouchSettings(store.url), workers=workers,
+                                             **settings), tmp_path),
                           store, SITES, Journal(tmp_path / name))
             for name, store in self.stores.items()}
         self.dead: set[str] = set()  # sites that neither serve nor replicate
@@ -284,8 +285,8 @@ def test_a_worker_booked_in_a_batch_is_not_taken_by_a_later_decision(tmp_path: P
     nothing is started twice on one worker, nothing fails to launch."""
     store = SimStore(Replica(), "reg_a")
     # (Starts written at once, to be read here: see test_a_short_steps_start_is_written...)
-    manager = Manager(SiteConfig("reg_a", CouchSettings(store.url), workers=1,
-                                 daemon=DaemonSettings(start_write_delay=0)),
+    manager = Manager(in_tmp(SiteConfig("reg_a", CouchSettings(store.url), workers=1,
+                                        daemon=DaemonSettings(start_write_delay=0)), tmp_path),
                       store, SITES, Journal(tmp_path / "journal"))
     try:
         claimed, first, second = (new_job("global", [new_step("true")]) for _ in range(3))
@@ -313,8 +314,8 @@ def test_the_core_sees_how_long_a_worker_has_been_free_since_its_step_ended(
     """Claims on an assigning creator's steps wait for a worker free a while
     (core.holds_claims): a worker a step just freed counts from its end."""
     store = SimStore(Replica(), "reg_a")
-    manager = Manager(SiteConfig("reg_a", CouchSettings(store.url), workers=2), store, SITES,
-                      Journal(tmp_path / "journal"))
+    manager = Manager(in_tmp(SiteConfig("reg_a", CouchSettings(store.url), workers=2), tmp_path),
+                      store, SITES, Journal(tmp_path / "journal"))
     try:
         time.sleep(0.2)
         idle_for = manager.pool_view().idle_for
@@ -347,8 +348,8 @@ def test_another_sites_revision_is_validated_only_when_it_calls_for_an_action(
     nothing here is not checked (its creator reports it); one that would be claimed is
     checked first, and skipped with the reason."""
     store = SimStore(Replica(), "reg_a")
-    manager = Manager(SiteConfig("reg_a", CouchSettings(store.url), workers=1), store, SITES,
-                      Journal(tmp_path / "journal"))
+    manager = Manager(in_tmp(SiteConfig("reg_a", CouchSettings(store.url), workers=1), tmp_path),
+                      store, SITES, Journal(tmp_path / "journal"))
     try:
         running = new_job("global", [new_step("true")])
         running["job"][0].update(claimed_by="global", winner="global", epoch=1,
@@ -373,8 +374,8 @@ def test_a_revision_whose_leases_cannot_be_read_leaves_the_silence_seen_as_it_wa
     nothing here): one that breaks the reading of its leases must not make this site
     forget how long it has seen the job's lease unchanged (a revocation would wait)."""
     store = SimStore(Replica(), "reg_a")
-    manager = Manager(SiteConfig("reg_a", CouchSettings(store.url), workers=1), store, SITES,
-                      Journal(tmp_path / "journal"))
+    manager = Manager(in_tmp(SiteConfig("reg_a", CouchSettings(store.url), workers=1), tmp_path),
+                      store, SITES, Journal(tmp_path / "journal"))
     try:
         doc = won_here("reg_b", "true")
         doc["job"][0]["step_status"] = "running"
@@ -402,7 +403,7 @@ def holding_a_win(tmp_path: Path, store: SimStore, busy_command: str = "sleep 5"
     """reg_a with one worker: a win it started (running `busy_command`), and one it holds."""
     config = SiteConfig("reg_a", CouchSettings(store.url), workers=1,
                         daemon=DaemonSettings(**daemon))
-    manager = Manager(config, store, SITES, Journal(tmp_path / "journal"))
+    manager = Manager(in_tmp(config, tmp_path), store, SITES, Journal(tmp_path / "journal"))
     busy, held = won_here("reg_a", busy_command), won_here("reg_a", "true")
     assert all(store.write([busy, held]))
     manager.settle([manager.decide_task(busy["_id"]), manager.decide_task(held["_id"])])
@@ -487,7 +488,7 @@ class FlakyStore(SimStore):
 def creator_alone(tmp_path: Path, store: SimStore, **settings: Any) -> Manager:
     config = SiteConfig("global", CouchSettings(store.url), workers=1,
                         daemon=DaemonSettings(**settings))
-    return Manager(config, store, SITES, Journal(tmp_path / "journal"))
+    return Manager(in_tmp(config, tmp_path), store, SITES, Journal(tmp_path / "journal"))
 
 
 def test_a_decision_a_failed_read_lost_is_taken_again(tmp_path: Path) -> None:
@@ -910,8 +911,8 @@ def test_a_run_launched_after_an_end_a_revocation_superseded_is_a_stale_finish(
 
 def test_a_won_steps_start_is_written_with_its_end_too(tmp_path: Path) -> None:
     store = CountingStore(Replica(), "reg_a")
-    manager = Manager(SiteConfig("reg_a", CouchSettings(store.url), workers=1), store, SITES,
-                      Journal(tmp_path / "journal"))
+    manager = Manager(in_tmp(SiteConfig("reg_a", CouchSettings(store.url), workers=1), tmp_path),
+                      store, SITES, Journal(tmp_path / "journal"))
     try:
         job = won_here("reg_a", "true")
         assert all(store.write([job]))

@@ -41,7 +41,8 @@ def site() -> None:
 @click.option("--log-file", type=click.Path(path_type=Path), help="Log here, not stderr.")
 @click.option("--log-level", default="INFO", show_default=True)
 @click.option("--journal", type=click.Path(path_type=Path),
-              help="Keep results CouchDB did not take here (default: [daemon] journal).")
+              help="Keep results CouchDB did not take in DIR/SITE (default: [daemon] "
+                   "journal).")
 def site_run(config_path: Path, sites_dir: Path | None, ready_file: Path | None,
              log_file: Path | None, log_level: str, journal: Path | None) -> None:
     """Run the daemon of one site until SIGTERM or SIGINT."""

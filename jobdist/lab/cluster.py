@@ -265,7 +265,7 @@ class LocalCluster:
         args = [sys.executable, "-m", "jobdist", "site", "run", "--config", str(site.path),
                 "--sites", str(self.sites_dir), "--ready-file", str(ready),
                 "--log-file", str(directory / "daemon.log"),
-                "--journal", str(directory / "journal")]
+                "--journal", str(self.state_dir.resolve() / "journal")]  # (in it: SITE/)
         process = subprocess.Popen(self._on_host(site.name, args), stdin=subprocess.DEVNULL,
                                    env={**os.environ, **(env or {})},
                                    stdout=subprocess.DEVNULL,
