@@ -26,8 +26,9 @@ from jobdist.lab.localserver import LocalServer, free_port
 from jobdist.model import new_job, new_step
 
 INSTALL_HINT = ("headless Chromium is needed for the Fauxton test: install Debian's package "
-                "with `apt-get update && apt-get install -y chromium` (the README's test "
-                "command does), or point $JOBDIST_CHROMIUM at a chromium binary")
+                "with `apt-get update && apt-get install -y --no-install-recommends "
+                "chromium` (the README's test command does), or point $JOBDIST_CHROMIUM at "
+                "a chromium binary")
 CHROMIUM_FLAGS = (
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
