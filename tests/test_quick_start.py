@@ -3,6 +3,7 @@ as written, and what it installs it installs quietly."""
 
 from __future__ import annotations
 
+import json
 import re
 
 from .helpers import README
@@ -29,3 +30,15 @@ def test_chromium_is_installed_without_recommends_and_its_output_in_a_log() -> N
     # apt's ~hundreds of lines go to the log; the terminal gets one line, or the log's tail.
     assert ") >/tmp/chromium-install.log 2>&1 || (tail -n 20 /tmp/chromium-install.log" \
         in command
+
+
+def test_every_install_script_npm_runs_is_allowed_by_name() -> None:
+    """npm 11.16+ warns of, and later npm versions skip, the install scripts of packages
+    `allowScripts` does not name: leveldown and sqlite3 would be left without their
+    native bindings. Name-only entries: the lockfile has no `resolved` URLs to pin by."""
+    lock = json.loads((README.parent / "package-lock.json").read_text())
+    scripted = {path.rsplit("node_modules/", 1)[1] for path, package in lock["packages"].items()
+                if path and package.get("hasInstallScript")}
+    allowed = json.loads((README.parent / "package.json").read_text()).get("allowScripts", {})
+    assert scripted == {"leveldown", "sqlite3"}
+    assert allowed == dict.fromkeys(scripted, True)
