@@ -47,8 +47,6 @@ PAGE_SIZE = 50
 HEARTBEAT = 15.0  # seconds between keep-alive comments on an idle event stream
 MIN_EVENT_GAP = 0.3  # seconds: a burst of changes reaches a tab as one event
 CANCEL_REASON = "cancelled by the dashboard"
-# A step after the current one: "waiting" is the word of a job waiting for other jobs.
-NOT_STARTED = "not started"
 STATIC_TYPES = {"dashboard.js": "text/javascript; charset=utf-8",
                 "dashboard.css": "text/css; charset=utf-8"}
 SECURITY_HEADERS = {
@@ -129,17 +127,12 @@ def step_rows(doc: Doc) -> list[Doc]:
     rows = []
     for index, step in enumerate(doc["job"]):
         rows.append({
-            "index": index, "state": shown_step_state(doc, index),
+            "index": index, "state": render.step_state(doc, index),
             "target": ", ".join(targets(step)), "where": render.step_where(step),
             "command": step.get("do"), "alt_do": step.get("alt_do"),
             **execution(step, render.tries(doc, index)), "sites": sub_run_rows(doc, index),
         })
     return rows
-
-
-def shown_step_state(doc: Doc, index: int) -> str:
-    state = render.step_state(doc, index)
-    return NOT_STARTED if state == "waiting" else state
 
 
 def sub_run_rows(doc: Doc, index: int) -> list[Doc]:

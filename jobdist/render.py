@@ -97,7 +97,7 @@ def step_state(doc: Doc, index: int) -> str:
     if status is not None and index >= doc["step"]:
         return "not run"
     if index > doc["step"]:
-        return "waiting"
+        return "not started"  # ("waiting" is the word of a job that waits for others)
     return {Phase.OPEN: "open", Phase.CLAIMED: "claimed", Phase.WON: "won",
             Phase.RUNNING: "running"}[phase]
 

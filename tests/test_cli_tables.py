@@ -227,3 +227,10 @@ def test_a_running_step_counts_the_try_in_progress() -> None:
         "reg_b": new_sub_run()})
     assert [show.tries(doc, 1, site) for site in ("reg_a", "reg_b")] == [1, 0]
     assert tries_cell(doc, "running") == "1"  # the row at reg_a
+
+
+def test_a_step_after_the_current_one_is_not_started_not_waiting() -> None:
+    # "waiting" is what a job that waits for other jobs or a time is said to be.
+    doc = new_job("global", [new_step("true"), new_step("true")])
+    assert show.step_state(doc, 0) == "open"
+    assert show.step_state(doc, 1) == "not started"
