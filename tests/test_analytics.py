@@ -20,7 +20,7 @@ from click.testing import CliRunner
 pytest.importorskip("pyspark")
 pytest.importorskip("matplotlib")
 
-from jobdist import analytics
+from jobdist.analytics import page, source, tables
 from jobdist.clock import format_time
 from jobdist.couch import Couch, Database, Saved
 from jobdist.lab.localserver import LocalServer, free_port
@@ -138,7 +138,7 @@ def write_jobs(database: Database) -> None:
 
 @pytest.fixture(scope="module")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    session = analytics.start_spark("local[2]", tmp_path_factory.mktemp("spark") / "spark.log")
+    session = source.start_spark("local[2]", tmp_path_factory.mktemp("spark") / "spark.log")
     try:
         yield session
     finally:
@@ -160,7 +160,7 @@ def jobs_db(couch_server: LocalServer) -> Iterator[str]:
 def result(spark: Any, couch_server: LocalServer, jobs_db: str,
            tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
     out = tmp_path_factory.mktemp("report")
-    return analytics.run_report(couch_server.url, jobs_db, out, "local[2]", WORKERS), out
+    return page.run_report(couch_server.url, jobs_db, out, "local[2]", WORKERS), out
 
 
 def rows_by(spark: Any, out: Path, table: str, *key: str) -> dict:
@@ -299,7 +299,7 @@ def test_summary_figures(result: tuple[dict, Path]) -> None:
 def test_parquet_and_csv_tables_read_back(spark: Any, result: tuple[dict, Path]) -> None:
     out = result[1]
     expected_rows = {"jobs": 5, "steps": 11, "sites": 2, "failures": 1, "broadcasts": 0}
-    for table in analytics.TABLES:
+    for table in tables.TABLES:
         parquet = spark.read.parquet(str(out / f"{table}.parquet"))
         with (out / f"{table}.csv").open(newline="") as handle:
             reader = csv.DictReader(handle)
@@ -316,20 +316,20 @@ def test_parquet_and_csv_tables_read_back(spark: Any, result: tuple[dict, Path])
 
 def test_html_report_is_self_contained(result: tuple[dict, Path]) -> None:
     summary, out = result
-    page = (out / "report.html").read_text()
-    assert page.count('src="data:image/png;base64,') == 4
-    assert "<script" not in page and "<link" not in page and 'src="http' not in page
+    html_page = (out / "report.html").read_text()
+    assert html_page.count('src="data:image/png;base64,') == 4
+    assert "<script" not in html_page and "<link" not in html_page and 'src="http' not in html_page
     utilisation_a, utilisation_b = 6.0 / (WORKERS * WINDOW), 8.5 / (WORKERS * WINDOW)
     for text in ("5 (3 success, 1 failed, 1 live)", "9 of 11", "4.400 s / 5.465 s",
                  "0.400 s / 0.560 s", FAILURE_REASON, f"{utilisation_a:.1%}",
                  f"{utilisation_b:.1%}"):
-        assert text in page, text
+        assert text in html_page, text
     assert summary["report"] == str(out / "report.html")
 
 
 def test_empty_database(spark: Any, db_url: str, tmp_path: Path) -> None:
     couch_url, _, name = db_url.rpartition("/")
-    summary = analytics.run_report(couch_url, name, tmp_path, "local[2]")
+    summary = page.run_report(couch_url, name, tmp_path, "local[2]")
     assert (summary["jobs"], summary["steps"], summary["sites"]) == (0, 0, {})
     assert summary["makespan_s"]["p50"] is None
     assert "data:image/png;base64," in (tmp_path / "report.html").read_text()
@@ -337,10 +337,10 @@ def test_empty_database(spark: Any, db_url: str, tmp_path: Path) -> None:
 
 def test_executors_fetch_in_partitions(spark: Any, couch_server: LocalServer, jobs_db: str,
                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(analytics, "IDS_PER_PARTITION", 2)
-    ids = analytics.list_job_ids(Couch(couch_server.url).database(jobs_db), page_size=2)
+    monkeypatch.setattr(source, "IDS_PER_PARTITION", 2)
+    ids = source.list_job_ids(Couch(couch_server.url).database(jobs_db), page_size=2)
     assert ids == ["job-a", "job-b", "job-c", "job-d", "job-e"]
-    raw = analytics.load_jobs(spark, couch_server.url, jobs_db, ids)
+    raw = source.load_jobs(spark, couch_server.url, jobs_db, ids)
     assert raw.rdd.getNumPartitions() == 3
     assert sorted(row["job_id"] for row in raw.collect()) == ids
 
@@ -350,16 +350,16 @@ def test_executor_fetch_failure_is_one_line(spark: Any, couch_server: LocalServe
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     database = Couch(couch_server.url).ensure_database(f"t_gone_{uuid.uuid4().hex[:8]}")
     write_jobs(database)
-    list_ids = analytics.list_job_ids
+    list_ids = source.list_job_ids
 
-    def list_then_drop(db: Database, page_size: int = analytics.ID_PAGE) -> list[str]:
+    def list_then_drop(db: Database, page_size: int = source.ID_PAGE) -> list[str]:
         ids = list_ids(db, page_size)
         requests.delete(db.url, timeout=10).raise_for_status()  # gone before the executors read
         return ids
 
-    monkeypatch.setattr(analytics, "list_job_ids", list_then_drop)
-    with pytest.raises(analytics.ReportError) as failure:
-        analytics.run_report(couch_server.url, database.name, tmp_path, "local[2]")
+    monkeypatch.setattr(page, "list_job_ids", list_then_drop)
+    with pytest.raises(source.ReportError) as failure:
+        page.run_report(couch_server.url, database.name, tmp_path, "local[2]")
     message = str(failure.value)
     assert "\n" not in message and message.startswith("read documents in "), message
     assert "HTTP 404" in message
@@ -369,7 +369,7 @@ def test_job_row_is_lenient() -> None:
     doc = job_d() | {"_rev": "7-abc"}
     doc["job"][0]["exec_time"] = 2  # an integer where a float is usual
     doc["job"][1]["start_time"] = "yesterday"
-    row = analytics.job_row(doc)
+    row = source.job_row(doc)
     assert row[7] == 7
     assert row[8][0][6] == 2.0 and isinstance(row[8][0][6], float)
     assert row[8][1][7] is None
@@ -379,7 +379,7 @@ def test_job_row_is_lenient() -> None:
 def test_job_row_reads_a_field_left_out_as_its_default() -> None:
     doc = {"_id": "j", "_rev": "1-a", "type": "job", "creator": "global",
            "job": [{"do": "make"}]}
-    row = analytics.job_row(doc)
+    row = source.job_row(doc)
     assert row[1:5] == ("global", 0, None, 0)  # creator, priority, status, current step
     assert row[5] is None and row[9] == []  # not yet accepted; no history
     assert row[8][0][:3] == ("any", False, 0)  # target, targeted, epoch
@@ -392,7 +392,7 @@ def test_job_row_reads_a_field_left_out_as_its_default() -> None:
 
 def test_command_runs_and_prints_the_summary(couch_server: LocalServer, jobs_db: str,
                                               spark: Any, tmp_path: Path) -> None:
-    answer = CliRunner().invoke(analytics.report, ["--couch", couch_server.url, "--db", jobs_db,
+    answer = CliRunner().invoke(page.report, ["--couch", couch_server.url, "--db", jobs_db,
                                        "--out", str(tmp_path), "--master", "local[2]"])
     assert answer.exit_code == 0, answer.output
     assert "report: " in answer.output and "0.400 s / 0.560 s" in answer.output
@@ -407,7 +407,7 @@ def test_command_errors_are_one_line(problem: str, couch_server: LocalServer,
         url, db = f"http://admin:{password}@127.0.0.1:{free_port()}", "jobs"
     else:
         url, db = couch_server.url, f"t_missing_{uuid.uuid4().hex[:8]}"
-    answer = CliRunner().invoke(analytics.report, ["--couch", url, "--db", db,
+    answer = CliRunner().invoke(page.report, ["--couch", url, "--db", db,
                                        "--out", str(tmp_path)])
     assert answer.exit_code == 2
     lines = answer.output.strip().splitlines()
@@ -423,7 +423,7 @@ def test_command_without_java(couch_server: LocalServer, jobs_db: str, tmp_path:
 
     monkeypatch.setenv("JAVA_HOME", str(tmp_path / "no-jdk"))
     monkeypatch.setattr(SparkSession, "getActiveSession", classmethod(lambda cls: None))
-    answer = CliRunner().invoke(analytics.report, ["--couch", couch_server.url, "--db", jobs_db,
+    answer = CliRunner().invoke(page.report, ["--couch", couch_server.url, "--db", jobs_db,
                                        "--out", str(tmp_path)])
     assert answer.exit_code == 2
     assert answer.output.strip() == (
@@ -463,7 +463,7 @@ def test_broadcast_fan_out_and_the_slowest_sites_lag(spark: Any, couch_server: L
             broadcast_job("y", {"global": 2.5, "reg_a": 4.0, "reg_c": None}, ["reg_c"]),
             job_d(),  # no broadcast: no row
         ])
-        summary = analytics.run_report(couch_server.url, name, tmp_path, "local[2]")
+        summary = page.run_report(couch_server.url, name, tmp_path, "local[2]")
         rows = rows_by(spark, tmp_path, "broadcasts", "job_id")
         sites = rows_by(spark, tmp_path, "sites", "site")
     finally:
@@ -478,8 +478,8 @@ def test_broadcast_fan_out_and_the_slowest_sites_lag(spark: Any, couch_server: L
     assert broadcast["steps"] == 2 and broadcast["sites_per_step"]["mean"] == 2.5
     assert broadcast["lag_s"]["max"] == pytest.approx(3.5)
     assert broadcast["slowest_sites"] == {"reg_a": 1, "reg_b": 1}
-    page = (tmp_path / "report.html").read_text()
-    assert "broadcast steps (sites each, mean)" in page and "2 (2.50)" in page
+    html_page = (tmp_path / "report.html").read_text()
+    assert "broadcast steps (sites each, mean)" in html_page and "2 (2.50)" in html_page
     # Each site's part counts as a step it ran (reg_b also ran job-d's two steps; the
     # dropped reg_c's part counts nowhere), runnable from the step's opening at 1 s.
     assert {site: (row["steps"], row["busy_s"]) for site, row in sites.items()} == {
@@ -539,7 +539,7 @@ def waits_result(spark: Any, couch_server: LocalServer,
     assert all(isinstance(r, Saved) for r in database.bulk_docs(waits_jobs()))
     out = tmp_path_factory.mktemp("waits")
     try:
-        yield analytics.run_report(couch_server.url, name, out, "local[2]", WORKERS), out
+        yield page.run_report(couch_server.url, name, out, "local[2]", WORKERS), out
     finally:
         requests.delete(f"{couch_server.url}/{name}", timeout=10)
 
@@ -566,9 +566,9 @@ def test_waits_summary_and_report(waits_result: tuple[dict, Path]) -> None:
     assert waits["wait_s"]["p50"] == pytest.approx(1.7)  # 1.4 1.7 4.1
     assert waits["wait_s"]["max"] == pytest.approx(4.1)
     assert waits["start_lateness_s"]["max"] == pytest.approx(0.2)
-    page = (out / "report.html").read_text()
+    html_page = (out / "report.html").read_text()
     for text in ("4: 2 / 1 / 1", "1.700 s / 4.100 s", "1: 0.200 s / 0.200 s"):
-        assert text in page, text
+        assert text in html_page, text
 
 
 def test_ticks_table_says_how_late_each_scheduled_job_was_made_and_started(
@@ -585,6 +585,6 @@ def test_ticks_table_says_how_late_each_scheduled_job_was_made_and_started(
     assert (figures["ticks"], figures["by_schedule"]) == (3, {"nightly": 2, "hourly": 1})
     assert figures["creation_lateness_s"]["p50"] == pytest.approx(0.5)  # 0.25 0.5 2.0
     assert figures["start_lateness_s"]["max"] == pytest.approx(1.0)
-    page = (out / "report.html").read_text()
+    html_page = (out / "report.html").read_text()
     for text in ("3 (2)", "0.500 s / 2.000 s", "0.750 s / 1.000 s"):
-        assert text in page, text
+        assert text in html_page, text

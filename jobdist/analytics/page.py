@@ -1,0 +1,387 @@
+"""`jobdist report`'s page and command: charts and one self-contained HTML page from
+the tables, the pipeline from CouchDB to them, and the command that runs it.
+matplotlib is imported inside functions, like pyspark."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import click
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from jobdist.analytics.source import (
+    ReportError,
+    list_job_ids,
+    load_jobs,
+    open_database,
+    spark_failure,
+    start_spark,
+)
+from jobdist.analytics.tables import TABLES, build_tables, counts, summarise, write_tables
+from jobdist.couch import CouchError, Database
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+EXIT_ERROR = 2
+HISTOGRAM_BINS = 30
+OPTIONAL_MODULES = frozenset({"pyspark", "py4j", "matplotlib"})  # the `analytics` extra
+
+Stage = Callable[[str], None]
+
+
+# -- charts and the HTML page ----------------------------------------------------------
+
+
+def histogram(df: DataFrame, column: str, low: float | None, high: float | None,
+              bins: int = HISTOGRAM_BINS) -> tuple[list[float], list[int]]:
+    """Bin edges and counts, binned by Spark; values past `high` land in the last bin."""
+    from pyspark.sql import functions as F
+
+    if low is None or high is None:
+        return [], []
+    width = (high - low) / bins if high > low else 1.0
+    bin_of = F.least(F.greatest(F.floor((F.col(column) - low) / width), F.lit(0)), F.lit(bins - 1))
+    found = {row["bin"]: row["count"] for row in
+             df.where(F.col(column).isNotNull()).groupBy(bin_of.alias("bin")).count().collect()}
+    return [low + i * width for i in range(bins + 1)], [found.get(i, 0) for i in range(bins)]
+
+
+def png_data_uri(figure: Any) -> str:
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=100, bbox_inches="tight")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def whole_numbers(axes: Any) -> None:
+    """Counts get integer ticks: no "0.5 jobs" on a small run."""
+    from matplotlib.ticker import MaxNLocator
+
+    axes.yaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def histogram_chart(edges: list[float], bin_counts: list[int], title: str, xlabel: str,
+                    marks: dict[str, float | None]) -> str:
+    # Figure without pyplot: no global state and no GUI backend (the Agg canvas draws it).
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(7, 3.2))
+    axes = figure.subplots()
+    if bin_counts:
+        axes.stairs(bin_counts, edges, fill=True, alpha=0.6)
+    for (label, value), colour in zip(marks.items(), ("tab:orange", "tab:red"), strict=False):
+        if value is not None:
+            axes.axvline(value, color=colour, linestyle="--", label=f"{label} {value:.3f} s")
+    if any(value is not None for value in marks.values()):
+        axes.legend()
+    axes.set(title=title, xlabel=xlabel, ylabel="count")
+    whole_numbers(axes)
+    return png_data_uri(figure)
+
+
+def bar_chart(labels: list[str], values: list[float], title: str, ylabel: str,
+              percent: bool = False) -> str:
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(7, 3.2))
+    axes = figure.subplots()
+    bars = axes.bar(labels, values, color="tab:blue")
+    axes.bar_label(bars, labels=[f"{v:.0%}" if percent else f"{v:g}" for v in values])
+    axes.set(title=title, ylabel=ylabel)
+    axes.set_ylim(0, max([1.0 if percent else 0.0, *values]) * 1.15 or 1.0)  # room for labels
+    if not percent:
+        whole_numbers(axes)
+    return png_data_uri(figure)
+
+
+def draw_charts(tables: dict[str, DataFrame], summary: dict) -> dict[str, str]:
+    """The report's charts as PNG data URIs, by title."""
+    makespan, overhead = summary["makespan_s"], summary["overhead_s"]
+    sites = summary["sites"]
+    revisions = dict(sorted(counts(tables["jobs"], "revisions").items()))
+    # The overhead axis stops at p99: one stuck step must not squeeze the rest into one bar.
+    overhead_high = overhead["p99"]
+    return {
+        "Makespan per job": histogram_chart(
+            *histogram(tables["jobs"], "makespan_s", makespan["min"], makespan["max"]),
+            "Makespan per job (first start to last finish)", "seconds",
+            {"p50": makespan["p50"], "p95": makespan["p95"]}),
+        "Scheduling overhead per step": histogram_chart(
+            *histogram(tables["steps"], "overhead_s", min(overhead["min"] or 0.0, 0.0),
+                       overhead_high),
+            "Scheduling overhead per step (runnable to start; steps past p99 in the last bar)",
+            "seconds", {"p50": overhead["p50"], "p95": overhead["p95"]}),
+        "Utilisation per site": bar_chart(
+            list(sites), [s["utilisation"] or 0.0 for s in sites.values()],
+            f"Utilisation per site ({summary['workers_per_site']} workers a site)",
+            "busy / (workers x window)", percent=True),
+        "Revisions per job": bar_chart(
+            [str(r) for r in revisions], list(revisions.values()),
+            "Revisions per job (replication cost)", "jobs"),
+    }
+
+
+def fmt(value: Any, unit: str = "", digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}{unit}"
+    return f"{value}{unit}"
+
+
+def percent(fraction: float | None) -> str:
+    return "-" if fraction is None else f"{fraction:.1%}"
+
+
+def headline(summary: dict) -> list[tuple[str, str]]:
+    """The figures at the top of the report, as (label, text)."""
+    makespan, overhead = summary["makespan_s"], summary["overhead_s"]
+    revisions = summary["revisions_per_job"]
+    status = ", ".join(f"{count} {name}" for name, count in summary["status"].items())
+    return [
+        ("jobs", f"{summary['jobs']} ({status or 'none'})"),
+        ("steps run", f"{summary['steps_run']} of {summary['steps']}"),
+        ("makespan p50 / p95", f"{fmt(makespan['p50'], ' s')} / {fmt(makespan['p95'], ' s')}"),
+        ("makespan / ideal (mean)", fmt(summary["makespan_ratio"]["mean"])),
+        ("overhead p50 / p95", f"{fmt(overhead['p50'], ' s')} / {fmt(overhead['p95'], ' s')}"),
+        ("revisions per job min / mean / max",
+         f"{fmt(revisions['min'])} / {fmt(revisions['mean'], digits=2)} / "
+         f"{fmt(revisions['max'])}"),
+        ("revisions per step (mean)", fmt(summary["revisions_per_step"], digits=2)),
+        ("lost claims", fmt(summary["lost_claims"])),
+        ("retries", fmt(summary["retries"])),
+        ("failures", fmt(summary["failures"])),
+        ("steps saved by alt_do", fmt(summary["alt_do_steps"])),
+        *wait_headline(summary["waits"]),
+        *broadcast_headline(summary["broadcast"]),
+        *tick_headline(summary["ticks"]),
+        ("window", fmt(summary["window_s"], " s")),
+    ]
+
+
+def wait_headline(waits: dict) -> list[tuple[str, str]]:
+    wait, late = waits["wait_s"], waits["start_lateness_s"]
+    return [
+        ("waiting jobs: released / failed by a dependency / not released",
+         f"{waits['jobs']}: {waits['released']} / {waits['failed_by_dependency']} / "
+         f"{waits['not_released']}"),
+        ("wait p50 / max", f"{fmt(wait['p50'], ' s')} / {fmt(wait['max'], ' s')}"),
+        ("delayed jobs, start lateness p50 / max",
+         f"{waits['delayed']}: {fmt(late['p50'], ' s')} / {fmt(late['max'], ' s')}"),
+    ]
+
+
+def broadcast_headline(broadcast: dict) -> list[tuple[str, str]]:
+    """The broadcast figures, when the run had broadcast steps."""
+    if not broadcast["steps"]:
+        return []
+    lag = broadcast["lag_s"]
+    return [("broadcast steps (sites each, mean)",
+             f"{broadcast['steps']} ({fmt(broadcast['sites_per_step']['mean'], digits=2)})"),
+            ("slowest site's lag p50 / max", f"{fmt(lag['p50'], ' s')} / {fmt(lag['max'], ' s')}")]
+
+
+def tick_headline(ticks: dict) -> list[tuple[str, str]]:
+    """The schedule figures, when the run had jobs that schedules made."""
+    if not ticks["ticks"]:
+        return []
+    made, started = ticks["creation_lateness_s"], ticks["start_lateness_s"]
+    return [("scheduled jobs (schedules)", f"{ticks['ticks']} ({len(ticks['by_schedule'])})"),
+            ("tick to job created p50 / max", f"{fmt(made['p50'], ' s')} / "
+                                              f"{fmt(made['max'], ' s')}"),
+            ("tick to first start p50 / max", f"{fmt(started['p50'], ' s')} / "
+                                              f"{fmt(started['max'], ' s')}")]
+
+
+def html_table(header: list[str], rows: list[list[Any]]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(fmt(cell))}</td>" for cell in row) + "</tr>"
+        for row in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+PAGE_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 60em; color: #222; }
+table { border-collapse: collapse; margin: 1em 0; }
+td, th { border: 1px solid #ccc; padding: .3em .7em; text-align: left; }
+th { background: #f3f3f3; }
+img { display: block; margin: 1em 0; max-width: 100%; }
+.small { color: #666; font-size: .9em; }
+"""
+
+
+def render_page(summary: dict, charts: dict[str, str], source: str) -> str:
+    """The self-contained HTML report: figures, charts (data URIs) and small tables."""
+    site_rows = [[name, s["steps"], s["busy_s"], percent(s["utilisation"]), s["retries"],
+                  s["failures"], s["overhead_p50_s"], s["overhead_p95_s"]]
+                 for name, s in summary["sites"].items()]
+    reasons = [[reason, count] for reason, count in summary["failure_reasons"].items()]
+    images = "".join(f'<h3>{html.escape(title)}</h3><img alt="{html.escape(title)}" src="{uri}">'
+                     for title, uri in charts.items())
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'><title>jobdist report</title>"
+        f"<style>{PAGE_STYLE}</style></head><body>"
+        f"<h1>jobdist report</h1><p class='small'>{html.escape(source)}</p>"
+        + html_table(["figure", "value"], [list(pair) for pair in headline(summary)])
+        + "<h2>Sites</h2>"
+        + html_table(["site", "steps", "busy s", "utilisation", "retries", "failures",
+                      "overhead p50 s", "overhead p95 s"], site_rows)
+        + f"<p class='small'>Utilisation assumes {summary['workers_per_site']} workers a site "
+          "(documents do not say how many a site has).</p>"
+        + "<h2>Failure reasons</h2>"
+        + (html_table(["reason", "failures"], reasons) if reasons else "<p>None.</p>")
+        + f"<h2>Charts</h2>{images}"
+        + "<p class='small'>Definitions: docs/analytics.md.</p></body></html>"
+    )
+
+
+# -- the pipeline ----------------------------------------------------------------------
+
+
+def run_report(
+    couch_url: str,
+    db: str,
+    out: Path,
+    master: str = "local[*]",
+    workers: int = 2,
+    *,
+    on_stage: Stage | None = None,
+) -> dict:
+    """Read every job in `db`, write the tables and report.html under `out`; the summary.
+
+    Uses the caller's active Spark session when there is one (and leaves it running);
+    otherwise starts one on `master` and always stops it. `workers` is the worker count
+    assumed for every site in utilisation: documents do not record it.
+    """
+    from pyspark.sql import SparkSession
+
+    stage = on_stage or (lambda _: None)
+    started = time.monotonic()
+    database = open_database(couch_url, db)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    active = SparkSession.getActiveSession()
+    if active is None:
+        stage(f"starting Spark on {master}")
+    spark = active or start_spark(master, out / "spark.log")
+    try:
+        summary = _pipeline(spark, couch_url, database, out, workers, stage)
+    finally:
+        if active is None:
+            spark.stop()
+    summary["seconds"] = round(time.monotonic() - started, 3)
+    return summary
+
+
+def _pipeline(spark: SparkSession, couch_url: str, database: Database, out: Path,
+              workers: int, stage: Stage) -> dict:
+    from py4j.protocol import Py4JError  # type: ignore[import-untyped]
+    from pyspark.errors import PySparkException
+
+    stage("listing job ids")
+    try:
+        ids = list_job_ids(database)
+    except CouchError as error:
+        raise ReportError(str(error)) from None
+    try:
+        return _analyse(spark, couch_url, database, ids, out, workers, stage)
+    except (PySparkException, Py4JError) as error:
+        raise spark_failure(error) from error
+
+
+def _analyse(spark: SparkSession, couch_url: str, database: Database, ids: list[str],
+             out: Path, workers: int, stage: Stage) -> dict:
+    stage(f"fetching {len(ids)} jobs")
+    raw = load_jobs(spark, couch_url, database.name, ids)
+    tables: dict[str, DataFrame] = {}
+    try:
+        raw.count()  # fetch once, here, so that the stage shows where the time goes
+        stage("computing tables")
+        tables, window_s = build_tables(raw, workers)
+        summary = summarise(tables, workers, window_s)
+        stage(f"writing {len(tables)} tables")
+        write_tables(tables, out)
+        stage("drawing charts")
+        charts = draw_charts(tables, summary)
+    finally:
+        for df in (raw, *tables.values()):  # a caller's session outlives this report
+            df.unpersist()
+    stage("writing report.html")
+    report = out / "report.html"
+    report.write_text(render_page(summary, charts, f"{database.url} · {len(ids)} jobs"),
+                      encoding="utf-8")
+    return summary | {"out": str(out), "report": str(report), "tables": list(TABLES)}
+
+
+# -- the command -----------------------------------------------------------------------
+
+
+class StageDisplay:
+    """A spinner on the current stage, and a line with the time of each finished one."""
+
+    def __init__(self, status: Any, console: Console) -> None:
+        self.status, self.console = status, console
+        self.current: str | None = None
+        self.since = time.monotonic()
+
+    def __call__(self, name: str) -> None:
+        self.done()
+        self.current, self.since = escape(name), time.monotonic()  # "local[2]" is no markup
+        self.status.update(f"{self.current} …")
+
+    def done(self) -> None:
+        if self.current is not None:
+            elapsed = time.monotonic() - self.since
+            self.console.print(f"[green]✓[/] {self.current} ({elapsed:.1f} s)")
+        self.current = None
+
+
+def print_summary(console: Console, summary: dict) -> None:
+    table = Table(show_header=False, box=None)
+    for label, value in headline(summary):
+        table.add_row(label, value)
+    console.print(table)
+    console.print(f"report: {summary['report']} ({summary['seconds']:.1f} s)")
+
+
+@click.option("--couch", "couch_url", required=True, metavar="URL",
+              help="The site's CouchDB, e.g. http://127.0.0.1:5984 (credentials may be in it).")
+@click.option("--db", "db_name", required=True, metavar="NAME", help="The jobs database.")
+@click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Directory for the tables (Parquet and CSV) and report.html.")
+@click.option("--master", default="local[*]", show_default=True, help="Spark master.")
+@click.option("--workers", default=2, show_default=True, type=click.IntRange(min=1),
+              help="Workers per site, for utilisation (documents do not record it).")
+def _report(couch_url: str, db_name: str, out: Path, master: str, workers: int) -> None:
+    """Analyse every job in a site's database with Spark: tables and an HTML report."""
+    console = Console()  # stdout: stderr is the JVM's log while Spark starts
+    try:
+        with console.status("starting …") as status:
+            display = StageDisplay(status, console)
+            summary = run_report(couch_url, db_name, out, master, workers, on_stage=display)
+            display.done()
+    except ModuleNotFoundError as error:
+        if error.name not in OPTIONAL_MODULES:
+            raise
+        _fail(f"{error.name} is not installed: pip install 'jobdist[analytics]'")
+    except (ReportError, CouchError, OSError) as error:
+        _fail(" ".join(str(error).split()))
+    print_summary(console, summary)
+
+
+def _fail(message: str) -> NoReturn:
+    click.echo(f"jobdist report: {message}", err=True)
+    sys.exit(EXIT_ERROR)
+
+
+report = click.command("report")(_report)

@@ -1,0 +1,307 @@
+"""`jobdist report`'s source: a site's CouchDB read into one Spark row per job.
+
+The driver lists job ids only; the executors fetch their share of the documents
+over HTTP, so no single process ever holds every document. Each document
+becomes one row with its steps and history as nested arrays (`raw_schema`).
+Starting the Spark session that does this is here too. pyspark is imported
+inside functions, so the rest of the `jobdist` command works without it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import os
+import re
+import shutil
+import sys
+from collections.abc import Iterable, Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from jobdist.couch import Couch, CouchError, Database, NotFound
+from jobdist.model import Leaf, awaited, dropped_sites, is_broadcast, normalise, sub_runs
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+
+ID_PAGE = 200  # ids per `_all_docs` page on the driver: the SDK pager's largest
+IDS_PER_PARTITION = 2000  # documents one task fetches and holds at a time
+
+# Sized for a 2-core, 24 GB machine: in local mode the driver JVM is also the executor.
+SPARK_CONF = {
+    "spark.driver.memory": "4g",
+    "spark.sql.shuffle.partitions": "4",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    # A short-lived JVM: C2's compiler threads cost more of 2 cores than they win back.
+    "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1",
+}
+LOCAL_SPARK_CONF = {  # only for local masters: a cluster's executors must reach the driver
+    "spark.driver.host": "127.0.0.1",
+    "spark.driver.bindAddress": "127.0.0.1",
+    "spark.pyspark.python": os.environ.get("PYSPARK_PYTHON", sys.executable),
+    # The Python workers import this very jobdist, not whichever one is installed.
+    "spark.executorEnv.PYTHONPATH": os.pathsep.join(
+        filter(None, [str(Path(__file__).resolve().parents[2]),
+                      os.environ.get("PYTHONPATH")])),
+}
+
+class ReportError(Exception):
+    """A failure a person can act on; the message is one line without credentials."""
+
+
+# -- the driver: which documents exist ------------------------------------------------
+
+
+def open_database(couch_url: str, db_name: str) -> Database:
+    """The database, checked to exist: a wrong name fails here, before Spark starts."""
+    database = Couch(couch_url).database(db_name)
+    try:
+        database.info()
+    except NotFound:
+        raise ReportError(
+            f"database {db_name!r} does not exist at {database.couch.url}"
+        ) from None
+    except CouchError as error:
+        raise ReportError(str(error)) from None
+    return database
+
+
+def list_job_ids(database: Database, page_size: int = ID_PAGE) -> list[str]:
+    """Every job id, in pages of `_all_docs` without documents (the SDK's pager)."""
+    return list(database.list_ids("job-", "job-\ufff0", page_size=page_size))
+
+
+# -- the executors: fetch documents and shape them as rows ----------------------------
+
+
+def fetch_partition(couch_url: str, db_name: str, ids: Iterable[str]) -> Iterator[tuple]:
+    """The job rows for `ids`, fetched by whichever executor runs this partition."""
+    database = Couch(couch_url).database(db_name)
+    for doc in database.bulk_get(list(ids)):
+        if doc.get("type") == "job":
+            yield job_row(doc)
+
+
+def job_row(doc: Leaf) -> tuple:
+    """A job document as a tuple in `raw_schema()` order; a field it leaves out reads
+    as its default (a job written over HTTP)."""
+    doc = normalise(doc)
+    return (
+        doc["_id"],
+        doc.get("creator"),
+        _int(doc.get("priority")),
+        doc.get("job_status"),
+        _int(doc.get("step")),
+        _moment(doc.get("created_at")),
+        _moment(doc.get("updated_at")),
+        _int(str(doc.get("_rev", "0")).split("-")[0]),
+        [step_row(step) for step in doc.get("job") or []],
+        [event_row(event) for event in doc.get("history") or []],
+        len(awaited(doc)),  # waiting: how many jobs it names, and its time
+        _moment(doc.get("not_before")),
+        *_schedule_tick(doc.get("schedule")),
+    )
+
+
+def _schedule_tick(made_by: Any) -> tuple[str | None, datetime | None]:
+    """(schedule name, tick) of a job a schedule made (its `schedule` field)."""
+    if not isinstance(made_by, dict):
+        return None, None
+    name = made_by.get("name")
+    return (name if isinstance(name, str) else None), _moment(made_by.get("tick"))
+
+
+def step_row(step: Leaf) -> tuple:
+    target = step.get("target")
+    targets = [str(t) for t in target] if isinstance(target, list) else [str(target)]
+    return (
+        ",".join(targets),
+        len(targets) == 1 and targets[0] != "any",
+        _int(step.get("epoch")),
+        step.get("winner"),
+        step.get("executioner"),
+        step.get("step_status"),
+        _float(step.get("exec_time")),
+        _moment(step.get("start_time")),
+        _moment(step.get("finish_time")),
+        _int(step.get("attempts")),
+        _int(step.get("exit_code")),
+        *_progress(step.get("progress")),
+        is_broadcast(step),
+        [sub_run_row(site, run, site in dropped_sites(step))
+         for site, run in sorted(sub_runs(step).items())],
+    )
+
+
+def sub_run_row(site: str, run: Leaf, dropped: bool) -> tuple:
+    """One site's part of a broadcast step."""
+    return (site, run.get("status"), dropped, _int(run.get("attempts")),
+            _int(run.get("exit_code")), _float(run.get("exec_time")),
+            _moment(run.get("start_time")), _moment(run.get("finish_time")))
+
+
+def _progress(report: Any) -> tuple[float | None, Any]:
+    """The step's last progress report: (fraction, message), or nothing."""
+    if not isinstance(report, dict):
+        return None, None
+    return _float(report.get("fraction")), report.get("message")
+
+
+def event_row(event: Leaf) -> tuple:
+    return (
+        event.get("event"),
+        _int(event.get("step")),
+        event.get("site"),
+        event.get("worker"),
+        _int(event.get("epoch")),
+        _moment(event.get("at")),
+        event.get("detail"),
+    )
+
+
+def _moment(text: Any) -> datetime | None:
+    # Lenient: one odd timestamp must not fail the whole report.
+    try:
+        return datetime.fromisoformat(text) if isinstance(text, str) else None
+    except ValueError:
+        return None
+
+
+def _int(value: Any) -> int | None:
+    # JSON numbers may arrive as floats, and Spark will not take 3.0 as an integer.
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        return None
+    try:
+        return int(value)
+    except (ValueError, OverflowError):
+        return None
+
+
+def _float(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def raw_schema() -> StructType:
+    from pyspark.sql.types import (
+        ArrayType,
+        BooleanType,
+        DoubleType,
+        IntegerType,
+        StringType,
+        StructField,
+        StructType,
+        TimestampType,
+    )
+
+    def struct(*fields: tuple[str, Any]) -> StructType:
+        return StructType([StructField(name, kind(), True) for name, kind in fields])
+
+    step = struct(
+        ("target", StringType), ("targeted", BooleanType), ("epoch", IntegerType),
+        ("winner", StringType), ("executioner", StringType), ("step_status", StringType),
+        ("exec_time", DoubleType), ("start_time", TimestampType),
+        ("finish_time", TimestampType), ("attempts", IntegerType), ("exit_code", IntegerType),
+        ("progress", DoubleType), ("progress_message", StringType),
+    )
+    sub_run = struct(
+        ("site", StringType), ("status", StringType), ("dropped", BooleanType),
+        ("attempts", IntegerType), ("exit_code", IntegerType), ("exec_time", DoubleType),
+        ("start_time", TimestampType), ("finish_time", TimestampType),
+    )
+    step.add("broadcast", BooleanType()).add("runs", ArrayType(sub_run, True))
+    event = struct(
+        ("event", StringType), ("step", IntegerType), ("site", StringType),
+        ("worker", StringType), ("epoch", IntegerType), ("at", TimestampType),
+        ("detail", StringType),
+    )
+    job = struct(
+        ("job_id", StringType), ("creator", StringType), ("priority", IntegerType),
+        ("job_status", StringType), ("current_step", IntegerType),
+        ("created_at", TimestampType), ("updated_at", TimestampType),
+        ("revisions", IntegerType),
+    )
+    job.add("steps", ArrayType(step, True)).add("history", ArrayType(event, True))
+    job.add("after_count", IntegerType(), True).add("not_before", TimestampType(), True)
+    job.add("schedule", StringType(), True).add("tick", TimestampType(), True)
+    return job
+
+
+def load_jobs(spark: SparkSession, couch_url: str, db_name: str, ids: list[str]) -> DataFrame:
+    """One row per job, fetched by the executors and kept (memory, then disk) for reuse."""
+    from pyspark import StorageLevel
+
+    partitions = max(spark.sparkContext.defaultParallelism,
+                     math.ceil(len(ids) / IDS_PER_PARTITION), 1)
+    fetch = functools.partial(fetch_partition, couch_url, db_name)
+    rows = spark.sparkContext.parallelize(ids, partitions).mapPartitions(fetch)
+    raw = spark.createDataFrame(rows, raw_schema(), verifySchema=False)
+    return raw.persist(StorageLevel.MEMORY_AND_DISK)
+
+
+
+# -- Spark session ---------------------------------------------------------------------
+
+
+def require_java() -> None:
+    java_home = os.environ.get("JAVA_HOME")
+    if java_home and Path(java_home, "bin", "java").exists():
+        return
+    if not java_home and shutil.which("java"):
+        return
+    raise ReportError("Java not found: Spark needs Java 17 or 21 "
+                      "(install a JDK or set JAVA_HOME)")
+
+
+@contextlib.contextmanager
+def stderr_to(path: Path) -> Iterator[None]:
+    """Point file descriptor 2 at `path` meanwhile: a JVM started now writes its log there
+    for good (so do the Python workers it forks), while ours comes back afterwards."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with path.open("ab") as log:
+        os.dup2(log.fileno(), 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def start_spark(master: str = "local[*]", log_path: Path | None = None) -> SparkSession:
+    """A quiet Spark session: its console output goes to `log_path` (or nowhere)."""
+    require_java()
+    from pyspark.errors import PySparkException
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.master(master).appName("jobdist-report")
+    local = master.startswith("local")
+    for key, value in {**SPARK_CONF, **(LOCAL_SPARK_CONF if local else {})}.items():
+        builder = builder.config(key, value)
+    try:
+        with stderr_to(log_path or Path(os.devnull)):
+            session = builder.getOrCreate()
+    except (PySparkException, OSError) as error:
+        where = f"; see {log_path}" if log_path else ""
+        raise ReportError(f"Spark did not start on {master}: {_first_line(error)}{where}") from None
+    session.sparkContext.setLogLevel("ERROR")
+    return session
+
+
+def _first_line(error: BaseException) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[0][:300] if lines else type(error).__name__
+
+
+def spark_failure(error: BaseException) -> ReportError:
+    """One line from a failed Spark job: the CouchDB error an executor met, when it was one."""
+    text = str(error)
+    found = re.findall(r"jobdist\.couch\.\w+: (.+)", text)
+    return ReportError(found[-1].strip() if found else f"Spark job failed: {_first_line(error)}")
