@@ -23,6 +23,7 @@ pytest.importorskip("matplotlib")
 from jobdist.analytics import page, source, tables
 from jobdist.clock import format_time
 from jobdist.couch import Couch, Database, Saved
+from jobdist.design import load_design_docs
 from jobdist.lab.localserver import LocalServer, free_port
 from jobdist.model import Doc, event, new_job, new_step
 
@@ -134,6 +135,13 @@ def write_jobs(database: Database) -> None:
         for doc, result in zip(batch, database.bulk_docs(batch), strict=True):
             assert isinstance(result, Saved), result
             doc["_rev"] = result.rev
+    add_views(database)
+
+
+def add_views(database: Database) -> None:
+    """The design documents `jobdist setup` uploads: the report lists jobs with a view.
+    Uploaded last, so that their validation does not judge what the test wrote."""
+    database.sync_design_docs(load_design_docs())
 
 
 @pytest.fixture(scope="module")
@@ -329,6 +337,7 @@ def test_html_report_is_self_contained(result: tuple[dict, Path]) -> None:
 
 def test_empty_database(spark: Any, db_url: str, tmp_path: Path) -> None:
     couch_url, _, name = db_url.rpartition("/")
+    add_views(Couch(couch_url).database(name))
     summary = page.run_report(couch_url, name, tmp_path, "local[2]")
     assert (summary["jobs"], summary["steps"], summary["sites"]) == (0, 0, {})
     assert summary["makespan_s"]["p50"] is None
@@ -338,7 +347,7 @@ def test_empty_database(spark: Any, db_url: str, tmp_path: Path) -> None:
 def test_executors_fetch_in_partitions(spark: Any, couch_server: LocalServer, jobs_db: str,
                                        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(source, "IDS_PER_PARTITION", 2)
-    ids = source.list_job_ids(Couch(couch_server.url).database(jobs_db), page_size=2)
+    ids = sorted(source.list_job_ids(Couch(couch_server.url).database(jobs_db), page_size=2))
     assert ids == ["job-a", "job-b", "job-c", "job-d", "job-e"]
     raw = source.load_jobs(spark, couch_server.url, jobs_db, ids)
     assert raw.rdd.getNumPartitions() == 3
@@ -397,6 +406,37 @@ def test_command_runs_and_prints_the_summary(couch_server: LocalServer, jobs_db:
     assert answer.exit_code == 0, answer.output
     assert "report: " in answer.output and "0.400 s / 0.560 s" in answer.output
     assert (tmp_path / "report.html").exists()
+
+
+def test_every_job_is_read_whatever_its_id_and_a_malformed_one_is_skipped(
+        spark: Any, couch_server: LocalServer, tmp_path: Path) -> None:
+    name = f"t_any_id_{uuid.uuid4().hex[:8]}"
+    database = Couch(couch_server.url).ensure_database(name)
+    try:
+        # As the README's curl does: CouchDB picks a random id.
+        posted = requests.post(database.url, timeout=10, json={
+            "type": "job", "creator": "global",
+            "job": [{"target": "any", "do": "hostname"}]}).json()["id"]
+        database.bulk_docs([
+            job_d(),
+            {"_id": "job-bad", "type": "job", "creator": "global", "job": []},
+            {"_id": "site-global", "type": "site", "site": "global"},
+            {"_id": "schedule-nightly", "type": "schedule", "name": "nightly"},
+        ])
+        add_views(database)
+        answer = CliRunner().invoke(page.report, ["--couch", couch_server.url, "--db", name,
+                                                  "--out", str(tmp_path),
+                                                  "--master", "local[2]"])
+    finally:
+        requests.delete(database.url, timeout=10)
+    assert answer.exit_code == 0, answer.output
+    jobs = rows_by(spark, tmp_path, "jobs", "job_id")
+    assert set(jobs) == {"job-d", posted} and jobs[posted]["status"] == "live"
+    assert answer.stderr.splitlines() == [
+        "jobdist: skipped 1 job documents that break the job rules "
+        "(job-bad: job: must be a non-empty list of steps); see report.html"]
+    html_page = (tmp_path / "report.html").read_text()
+    assert "Skipped jobs" in html_page and "job-bad" in html_page and "2 jobs" in html_page
 
 
 @pytest.mark.parametrize("problem", ["unreachable", "missing database"])
@@ -463,6 +503,7 @@ def test_broadcast_fan_out_and_the_slowest_sites_lag(spark: Any, couch_server: L
             broadcast_job("y", {"global": 2.5, "reg_a": 4.0, "reg_c": None}, ["reg_c"]),
             job_d(),  # no broadcast: no row
         ])
+        add_views(database)
         summary = page.run_report(couch_server.url, name, tmp_path, "local[2]")
         rows = rows_by(spark, tmp_path, "broadcasts", "job_id")
         sites = rows_by(spark, tmp_path, "sites", "site")
@@ -537,6 +578,7 @@ def waits_result(spark: Any, couch_server: LocalServer,
     name = f"t_waits_{uuid.uuid4().hex[:8]}"
     database = Couch(couch_server.url).ensure_database(name)
     assert all(isinstance(r, Saved) for r in database.bulk_docs(waits_jobs()))
+    add_views(database)
     out = tmp_path_factory.mktemp("waits")
     try:
         yield page.run_report(couch_server.url, name, out, "local[2]", WORKERS), out

@@ -23,6 +23,7 @@ from jobdist.analytics.source import (
     list_job_ids,
     load_jobs,
     open_database,
+    skipped_jobs,
     spark_failure,
     start_spark,
 )
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
 
 EXIT_ERROR = 2
 HISTOGRAM_BINS = 30
+SKIPPED_SHOWN = 20  # skipped jobs the page names (all are counted); the terminal names 3
 OPTIONAL_MODULES = frozenset({"pyspark", "py4j", "matplotlib"})  # the `analytics` extra
 
 Stage = Callable[[str], None]
@@ -161,6 +163,8 @@ def headline(summary: dict) -> list[tuple[str, str]]:
         ("retries", fmt(summary["retries"])),
         ("failures", fmt(summary["failures"])),
         ("steps saved by alt_do", fmt(summary["alt_do_steps"])),
+        *([("skipped jobs (break the job rules)", str(len(summary["skipped"])))]
+          if summary["skipped"] else []),
         *wait_headline(summary["waits"]),
         *broadcast_headline(summary["broadcast"]),
         *tick_headline(summary["ticks"]),
@@ -220,6 +224,29 @@ img { display: block; margin: 1em 0; max-width: 100%; }
 """
 
 
+def skipped_section(skipped: list[dict[str, str]]) -> str:
+    """The jobs left out for breaking the job rules, when there are any."""
+    if not skipped:
+        return ""
+    rows = [[job["job_id"], job["reason"]] for job in skipped[:SKIPPED_SHOWN]]
+    more = len(skipped) - len(rows)
+    return ("<h2>Skipped jobs</h2>"
+            f"<p>{len(skipped)} job documents break the job rules (`jobdist validate`): "
+            "no table counts them. The first rule each breaks:</p>"
+            + html_table(["job", "reason"], rows)
+            + (f"<p class='small'>and {more} more</p>" if more else ""))
+
+
+def skipped_line(skipped: list[dict[str, str]]) -> str | None:
+    """One line for stderr: how many jobs were left out, and why (the first three)."""
+    if not skipped:
+        return None
+    named = "; ".join(f"{job['job_id']}: {job['reason']}" for job in skipped[:3])
+    more = f"; and {len(skipped) - 3} more" if len(skipped) > 3 else ""
+    return (f"skipped {len(skipped)} job documents that break the job rules "
+            f"({named}{more}); see report.html")
+
+
 def render_page(summary: dict, charts: dict[str, str], source: str) -> str:
     """The self-contained HTML report: figures, charts (data URIs) and small tables."""
     site_rows = [[name, s["steps"], s["busy_s"], percent(s["utilisation"]), s["retries"],
@@ -240,6 +267,7 @@ def render_page(summary: dict, charts: dict[str, str], source: str) -> str:
           "(documents do not say how many a site has).</p>"
         + "<h2>Failure reasons</h2>"
         + (html_table(["reason", "failures"], reasons) if reasons else "<p>None.</p>")
+        + skipped_section(summary["skipped"])
         + f"<h2>Charts</h2>{images}"
         + "<p class='small'>Definitions: docs/analytics.md.</p></body></html>"
     )
@@ -307,8 +335,9 @@ def _analyse(spark: SparkSession, couch_url: str, database: Database, ids: list[
     try:
         raw.count()  # fetch once, here, so that the stage shows where the time goes
         stage("computing tables")
-        tables, window_s = build_tables(raw, workers)
-        summary = summarise(tables, workers, window_s)
+        skipped = skipped_jobs(raw)
+        tables, window_s = build_tables(raw.where("skipped IS NULL"), workers)
+        summary = summarise(tables, workers, window_s) | {"skipped": skipped}
         stage(f"writing {len(tables)} tables")
         write_tables(tables, out)
         stage("drawing charts")
@@ -318,8 +347,8 @@ def _analyse(spark: SparkSession, couch_url: str, database: Database, ids: list[
             df.unpersist()
     stage("writing report.html")
     report = out / "report.html"
-    report.write_text(render_page(summary, charts, f"{database.url} · {len(ids)} jobs"),
-                      encoding="utf-8")
+    read = f"{database.url} · {len(ids) - len(skipped)} jobs"
+    report.write_text(render_page(summary, charts, read), encoding="utf-8")
     return summary | {"out": str(out), "report": str(report), "tables": list(TABLES)}
 
 
@@ -377,6 +406,8 @@ def _report(couch_url: str, db_name: str, out: Path, master: str, workers: int) 
     except (ReportError, CouchError, OSError) as error:
         _fail(" ".join(str(error).split()))
     print_summary(console, summary)
+    if (line := skipped_line(summary["skipped"])) is not None:
+        click.echo(f"jobdist: {line}", err=True)
 
 
 def _fail(message: str) -> NoReturn:

@@ -1,8 +1,10 @@
 """`jobdist report`'s source: a site's CouchDB read into one Spark row per job.
 
-The driver lists job ids only; the executors fetch their share of the documents
-over HTTP, so no single process ever holds every document. Each document
-becomes one row with its steps and history as nested arrays (`raw_schema`).
+The driver lists job ids only (the `by_status` view: every document of type
+job, whatever its id); the executors fetch their share of the documents over
+HTTP, so no single process ever holds every document. Each document becomes
+one row with its steps and history as nested arrays (`raw_schema`); a job that
+breaks the job rules becomes a row that says why, and the tables leave it out.
 Starting the Spark session that does this is here too. pyspark is imported
 inside functions, so the rest of the `jobdist` command works without it.
 """
@@ -22,13 +24,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jobdist.couch import Couch, CouchError, Database, NotFound
+from jobdist.design import DDOC
 from jobdist.model import Leaf, awaited, dropped_sites, is_broadcast, normalise, sub_runs
+from jobdist.validation import validate_job
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
-ID_PAGE = 200  # ids per `_all_docs` page on the driver: the SDK pager's largest
+ID_PAGE = 1000  # rows per page of the view that lists the job ids on the driver
+SKIPPED_REASON_LENGTH = 200  # characters of the first rule a skipped job breaks
 IDS_PER_PARTITION = 2000  # documents one task fetches and holds at a time
 
 # Sized for a 2-core, 24 GB machine: in local mode the driver JVM is also the executor.
@@ -73,19 +78,31 @@ def open_database(couch_url: str, db_name: str) -> Database:
 
 
 def list_job_ids(database: Database, page_size: int = ID_PAGE) -> list[str]:
-    """Every job id, in pages of `_all_docs` without documents (the SDK's pager)."""
-    return list(database.list_ids("job-", "job-\ufff0", page_size=page_size))
+    """The id of every document of type job, malformed ones too, in pages of the
+    `by_status` view without documents: design, site status and schedule documents
+    are not jobs, and a job's id need not start with `job-` (one POSTed over HTTP)."""
+    rows = database.iter_view(DDOC, "by_status", page_size=page_size, reduce=False)
+    return [row["id"] for row in rows]
 
 
 # -- the executors: fetch documents and shape them as rows ----------------------------
 
 
 def fetch_partition(couch_url: str, db_name: str, ids: Iterable[str]) -> Iterator[tuple]:
-    """The job rows for `ids`, fetched by whichever executor runs this partition."""
+    """The job rows for `ids`, fetched by whichever executor runs this partition; a job
+    that breaks the job rules (written before they held) as a skipped row."""
     database = Couch(couch_url).database(db_name)
     for doc in database.bulk_get(list(ids)):
-        if doc.get("type") == "job":
-            yield job_row(doc)
+        if doc.get("type") != "job":  # replaced since it was listed
+            continue
+        broken = validate_job(doc)
+        yield skipped_row(doc["_id"], broken[0]) if broken else job_row(doc)
+
+
+def skipped_row(doc_id: str, reason: str) -> tuple:
+    """A row the tables leave out: the job's id and the first rule it breaks."""
+    blanks = (None,) * (len(raw_schema().fields) - 2)
+    return (doc_id, *blanks, reason[:SKIPPED_REASON_LENGTH])
 
 
 def job_row(doc: Leaf) -> tuple:
@@ -106,6 +123,7 @@ def job_row(doc: Leaf) -> tuple:
         len(awaited(doc)),  # waiting: how many jobs it names, and its time
         _moment(doc.get("not_before")),
         *_schedule_tick(doc.get("schedule")),
+        None,  # skipped: no, the job follows the rules
     )
 
 
@@ -231,7 +249,7 @@ def raw_schema() -> StructType:
     job.add("steps", ArrayType(step, True)).add("history", ArrayType(event, True))
     job.add("after_count", IntegerType(), True).add("not_before", TimestampType(), True)
     job.add("schedule", StringType(), True).add("tick", TimestampType(), True)
-    return job
+    return job.add("skipped", StringType(), True)  # why the tables leave the job out
 
 
 def load_jobs(spark: SparkSession, couch_url: str, db_name: str, ids: list[str]) -> DataFrame:
@@ -244,6 +262,15 @@ def load_jobs(spark: SparkSession, couch_url: str, db_name: str, ids: list[str])
     rows = spark.sparkContext.parallelize(ids, partitions).mapPartitions(fetch)
     raw = spark.createDataFrame(rows, raw_schema(), verifySchema=False)
     return raw.persist(StorageLevel.MEMORY_AND_DISK)
+
+
+def skipped_jobs(raw: DataFrame) -> list[dict[str, str]]:
+    """The jobs the tables leave out, by id: {"job_id", "reason"} each."""
+    from pyspark.sql import functions as F
+
+    skipped = raw.where(F.col("skipped").isNotNull()).orderBy("job_id")
+    return [{"job_id": row["job_id"], "reason": row["skipped"]}
+            for row in skipped.select("job_id", "skipped").collect()]
 
 
 
