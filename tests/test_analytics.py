@@ -507,6 +507,7 @@ def test_broadcast_fan_out_and_the_slowest_sites_lag(spark: Any, couch_server: L
         summary = page.run_report(couch_server.url, name, tmp_path, "local[2]")
         rows = rows_by(spark, tmp_path, "broadcasts", "job_id")
         sites = rows_by(spark, tmp_path, "sites", "site")
+        jobs = rows_by(spark, tmp_path, "jobs", "job_id")
     finally:
         requests.delete(f"{couch_server.url}/{name}", timeout=10)
     assert set(rows) == {"job-x", "job-y"}
@@ -526,6 +527,10 @@ def test_broadcast_fan_out_and_the_slowest_sites_lag(spark: Any, couch_server: L
     assert {site: (row["steps"], row["busy_s"]) for site, row in sites.items()} == {
         "global": (2, 1.5), "reg_a": (2, 4.0), "reg_b": (3, 5.5)}
     assert sites["global"]["overhead_p50_s"] == pytest.approx(0.5)
+    # The sites run a broadcast step in parallel: its part of the ideal is the longest
+    # sub-run (reg_b's 1.5 -> 5.5 in job-x; reg_a's 1.5 -> 4.0 in job-y, reg_c dropped).
+    assert jobs["job-x"]["ideal_s"] == pytest.approx(4.0)
+    assert jobs["job-y"]["ideal_s"] == pytest.approx(2.5)
 
 
 # -- waiting jobs (docs/analytics.md, "waits") -----------------------------------------
@@ -597,6 +602,18 @@ def test_waits_table_times_each_wait_and_the_lateness_of_delayed_starts(
         "job-w-c": ("failed", 2, True, pytest.approx(2.0 - 0.3), None),
         "job-w-d": ("success", 0, False, pytest.approx(5.1 - 1.0), pytest.approx(5.2 - 5.0)),
         "job-w-e": ("live", 1, False, None, None),
+    }
+
+
+def test_overhead_leaves_out_the_time_a_job_was_meant_to_wait(
+        spark: Any, waits_result: tuple[dict, Path]) -> None:
+    steps = rows_by(spark, waits_result[1], "steps", "job_id", "step")
+    overheads = {job_id: steps[(job_id, 0)]["overhead_s"]
+                 for job_id in ("job-w-a", "job-w-b", "job-w-d")}
+    assert overheads == {
+        "job-w-a": pytest.approx(0.5 - 0.0),  # waits for nothing: from its creation
+        "job-w-b": pytest.approx(1.7 - 1.6),  # from its release after job-w-a
+        "job-w-d": pytest.approx(5.2 - 5.1),  # not before 5.0, released at 5.1
     }
 
 

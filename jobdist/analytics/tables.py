@@ -36,12 +36,12 @@ def history_count(condition: Callable[[Column], Column]) -> Column:
 
 
 def steps_table(raw: DataFrame) -> DataFrame:
-    """One row per step; a step became runnable at creation (step 0) or when the one before
-    it finished."""
+    """One row per step; a step became runnable when the job did (step 0) or when the one
+    before it finished."""
     from pyspark.sql import functions as F
 
-    exploded = raw.select("job_id", "created_at", "steps", "history",
-                          F.posexplode("steps").alias("step", "s"))
+    exploded = raw.select("job_id", job_runnable_at().alias("job_runnable_at"), "steps",
+                          "history", F.posexplode("steps").alias("step", "s"))
     index = F.col("step")
     previous = F.col("steps")[F.greatest(index - 1, F.lit(0))]["finish_time"]
     return exploded.select(
@@ -59,12 +59,32 @@ def steps_table(raw: DataFrame) -> DataFrame:
         F.col("s.exec_time").alias("exec_time_s"),
         F.col("s.progress").alias("progress"),  # the last value the command reported
         F.col("s.progress_message").alias("progress_message"),
-        F.when(index == 0, F.col("created_at")).otherwise(previous).alias("runnable_at"),
+        F.when(index == 0, F.col("job_runnable_at")).otherwise(previous).alias("runnable_at"),
         F.col("s.start_time").alias("start_time"),
         F.col("s.finish_time").alias("finish_time"),
         F.exists("history", lambda e: _event_at(index, e) & _mentions(e, ALT_DO_MARK))
         .alias("alt_do_used"),
     ).withColumn("overhead_s", seconds_between("runnable_at", "start_time"))
+
+
+def job_runnable_at() -> Column:
+    """When the job's first step could start: its creation, or the end of a deliberate
+    wait (its not-before time, its creator's release from waiting), whichever is last;
+    the wait itself is no scheduling overhead."""
+    from pyspark.sql import functions as F
+
+    released = first_event(lambda e: e["event"] == "ready")
+    return F.greatest("created_at", "not_before", released)
+
+
+def step_ideal(step: Column) -> Column:
+    """A step's part of the ideal: its `exec_time`, or a broadcast step's longest sub-run
+    (its sites run it in parallel; dropped sites are not waited for); 0 if none ran."""
+    from pyspark.sql import functions as F
+
+    runs = F.filter(step["runs"], lambda r: ~r["dropped"])
+    longest_run = F.array_max(F.transform(runs, lambda r: r["exec_time"]))
+    return F.coalesce(step["exec_time"], longest_run, F.lit(0.0))
 
 
 def _event_at(index: Column, event: Column, name: str | None = None) -> Column:
@@ -81,7 +101,8 @@ def _mentions(event: Column, text: str) -> Column:
 
 
 def jobs_table(raw: DataFrame) -> DataFrame:
-    """One row per job: makespans, the ideal (its steps back to back), revisions, claims."""
+    """One row per job: makespans, the ideal (its steps back to back, a broadcast step as
+    its longest sub-run), revisions, claims."""
     from pyspark.sql import functions as F
 
     def over_steps(field: str) -> Column:
@@ -105,7 +126,8 @@ def jobs_table(raw: DataFrame) -> DataFrame:
         "created_at",
         F.array_min(over_steps("start_time")).alias("first_start"),
         F.when(ended, F.array_max(over_steps("finish_time"))).alias("last_finish"),
-        F.round(sum_steps("exec_time", F.lit(0.0)), 6).alias("ideal_s"),
+        F.round(F.aggregate("steps", F.lit(0.0), lambda total, s: total + step_ideal(s)), 6)
+        .alias("ideal_s"),
         sum_steps("attempts", F.lit(0)).alias("attempts"),
         history_count(named("retried")).alias("retries"),
         history_count(named("failed")).alias("failures"),
