@@ -15,13 +15,16 @@ from typing import Any
 
 import pytest
 import requests
-from click.testing import CliRunner
+from click.testing import CliRunner, Result
 
 pytest.importorskip("pyspark")
 pytest.importorskip("matplotlib")
 
 from jobdist.analytics import page, source, tables
+from jobdist.analytics.source import CouchSource
+from jobdist.cli import main
 from jobdist.clock import format_time
+from jobdist.config import write_credentials
 from jobdist.couch import Couch, Database, Saved
 from jobdist.design import load_design_docs
 from jobdist.lab.localserver import LocalServer, free_port
@@ -31,6 +34,7 @@ pytestmark = pytest.mark.spark
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 WORKERS = 2
+ADMIN = ("admin", "admin-pw-of-the-test")
 ALT_DO_DETAIL = "alt_do succeeded after do failed (exit 1 after 1 attempt)"
 FAILURE_REASON = "exit 1 after 2 attempts"
 
@@ -168,7 +172,8 @@ def jobs_db(couch_server: LocalServer) -> Iterator[str]:
 def result(spark: Any, couch_server: LocalServer, jobs_db: str,
            tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
     out = tmp_path_factory.mktemp("report")
-    return page.run_report(couch_server.url, jobs_db, out, "local[2]", WORKERS), out
+    return page.run_report(CouchSource(couch_server.url, jobs_db), out, "local[2]",
+                           WORKERS), out
 
 
 def rows_by(spark: Any, out: Path, table: str, *key: str) -> dict:
@@ -338,7 +343,7 @@ def test_html_report_is_self_contained(result: tuple[dict, Path]) -> None:
 def test_empty_database(spark: Any, db_url: str, tmp_path: Path) -> None:
     couch_url, _, name = db_url.rpartition("/")
     add_views(Couch(couch_url).database(name))
-    summary = page.run_report(couch_url, name, tmp_path, "local[2]")
+    summary = page.run_report(CouchSource(couch_url, name), tmp_path, "local[2]")
     assert (summary["jobs"], summary["steps"], summary["sites"]) == (0, 0, {})
     assert summary["makespan_s"]["p50"] is None
     assert "data:image/png;base64," in (tmp_path / "report.html").read_text()
@@ -349,7 +354,7 @@ def test_executors_fetch_in_partitions(spark: Any, couch_server: LocalServer, jo
     monkeypatch.setattr(source, "IDS_PER_PARTITION", 2)
     ids = sorted(source.list_job_ids(Couch(couch_server.url).database(jobs_db), page_size=2))
     assert ids == ["job-a", "job-b", "job-c", "job-d", "job-e"]
-    raw = source.load_jobs(spark, couch_server.url, jobs_db, ids)
+    raw = source.load_jobs(spark, CouchSource(couch_server.url, jobs_db), ids)
     assert raw.rdd.getNumPartitions() == 3
     assert sorted(row["job_id"] for row in raw.collect()) == ids
 
@@ -368,7 +373,7 @@ def test_executor_fetch_failure_is_one_line(spark: Any, couch_server: LocalServe
 
     monkeypatch.setattr(page, "list_job_ids", list_then_drop)
     with pytest.raises(source.ReportError) as failure:
-        page.run_report(couch_server.url, database.name, tmp_path, "local[2]")
+        page.run_report(CouchSource(couch_server.url, database.name), tmp_path, "local[2]")
     message = str(failure.value)
     assert "\n" not in message and message.startswith("read documents in "), message
     assert "HTTP 404" in message
@@ -399,13 +404,56 @@ def test_job_row_reads_a_field_left_out_as_its_default() -> None:
 # -- the command -----------------------------------------------------------------------
 
 
+def sites_dir(directory: Path, url: str, database: str,
+              login: tuple[str, str] | None = None) -> Path:
+    """A sites directory whose one site, global, is `database` at `url`, logging in
+    with `login` from a credentials file when given."""
+    lines = ['name = "global"', "[couch]", f'url = "{url}"', f'database = "{database}"']
+    if login is not None:
+        write_credentials(directory / "secrets" / "global.toml", *login)
+        lines.append('credentials = "secrets/global.toml"')
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "global.toml").write_text("\n".join(lines) + "\n")
+    return directory
+
+
+def run_command(sites: Path, out: Path, *options: str) -> Result:
+    """`jobdist report` as a person runs it, the environment's logins left out."""
+    runner = CliRunner(env={name: None for name in (
+        "JOBDIST_SITE", "JOBDIST_COUCH_USER", "JOBDIST_COUCH_PASSWORD")})
+    return runner.invoke(main, ["report", "--sites", str(sites), "--out", str(out), *options])
+
+
 def test_command_runs_and_prints_the_summary(couch_server: LocalServer, jobs_db: str,
                                               spark: Any, tmp_path: Path) -> None:
-    answer = CliRunner().invoke(page.report, ["--couch", couch_server.url, "--db", jobs_db,
-                                       "--out", str(tmp_path), "--master", "local[2]"])
+    sites = sites_dir(tmp_path / "sites", couch_server.url, jobs_db)
+    answer = run_command(sites, tmp_path / "out", "--master", "local[2]")
     assert answer.exit_code == 0, answer.output
     assert "report: " in answer.output and "0.400 s / 0.560 s" in answer.output
-    assert (tmp_path / "report.html").exists()
+    assert (tmp_path / "out" / "report.html").exists()
+
+
+@pytest.fixture(scope="module")
+def locked_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
+    """A server with authentication on, as `jobdist cluster up` runs them: job-d in `jobs`,
+    which only logged-in members may read."""
+    with LocalServer(free_port(), tmp_path_factory.mktemp("locked"), in_memory=True,
+                     admin=ADMIN) as server:
+        database = Couch(server.url, user=ADMIN[0], password=ADMIN[1]).ensure_database("jobs")
+        database.bulk_docs([job_d()])
+        add_views(database)
+        database.put_security({"admins": {"names": [], "roles": []},
+                               "members": {"names": [], "roles": ["site"]}})
+        assert requests.get(database.url, timeout=10).status_code == 401
+        yield server
+
+
+def test_command_logs_in_as_the_sites_config_says(locked_server: LocalServer, spark: Any,
+                                                  tmp_path: Path) -> None:
+    sites = sites_dir(tmp_path / "sites", locked_server.url, "jobs", login=ADMIN)
+    answer = run_command(sites, tmp_path / "out", "--site", "global", "--master", "local[2]")
+    assert answer.exit_code == 0, answer.output
+    assert set(rows_by(spark, tmp_path / "out", "jobs", "job_id")) == {"job-d"}
 
 
 def test_every_job_is_read_whatever_its_id_and_a_malformed_one_is_skipped(
@@ -424,9 +472,8 @@ def test_every_job_is_read_whatever_its_id_and_a_malformed_one_is_skipped(
             {"_id": "schedule-nightly", "type": "schedule", "name": "nightly"},
         ])
         add_views(database)
-        answer = CliRunner().invoke(page.report, ["--couch", couch_server.url, "--db", name,
-                                                  "--out", str(tmp_path),
-                                                  "--master", "local[2]"])
+        answer = run_command(sites_dir(tmp_path / "sites", couch_server.url, name), tmp_path,
+                             "--master", "local[2]")
     finally:
         requests.delete(database.url, timeout=10)
     assert answer.exit_code == 0, answer.output
@@ -439,22 +486,31 @@ def test_every_job_is_read_whatever_its_id_and_a_malformed_one_is_skipped(
     assert "Skipped jobs" in html_page and "job-bad" in html_page and "2 jobs" in html_page
 
 
-@pytest.mark.parametrize("problem", ["unreachable", "missing database"])
-def test_command_errors_are_one_line(problem: str, couch_server: LocalServer,
-                                     tmp_path: Path) -> None:
+@pytest.mark.parametrize(("problem", "says"), [
+    ("unreachable", "cannot reach the CouchDB of site global"),
+    ("wrong password", "check the site's credentials"),
+    ("missing database", "no_db_file (run `jobdist setup`"),
+    ("no design documents", "run `jobdist setup`"),
+])
+def test_command_errors_are_one_line(problem: str, says: str, couch_server: LocalServer,
+                                     locked_server: LocalServer, tmp_path: Path) -> None:
     password = "s3cret-pw"
+    url, db, login = couch_server.url, f"t_missing_{uuid.uuid4().hex[:8]}", None
     if problem == "unreachable":
-        url, db = f"http://admin:{password}@127.0.0.1:{free_port()}", "jobs"
-    else:
-        url, db = couch_server.url, f"t_missing_{uuid.uuid4().hex[:8]}"
-    answer = CliRunner().invoke(page.report, ["--couch", url, "--db", db,
-                                       "--out", str(tmp_path)])
+        url, login = f"http://127.0.0.1:{free_port()}", (ADMIN[0], password)
+    elif problem == "wrong password":
+        url, db, login = locked_server.url, "jobs", (ADMIN[0], password)
+    elif problem == "no design documents":
+        Couch(url).ensure_database(db)
+    try:
+        answer = run_command(sites_dir(tmp_path, url, db, login), tmp_path / "out")
+    finally:
+        requests.delete(f"{couch_server.url}/{db}", timeout=10)
     assert answer.exit_code == 2
-    lines = answer.output.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("jobdist report: "), answer.output
+    lines = answer.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("jobdist: "), answer.output
+    assert says in lines[0], lines[0]
     assert password not in answer.output and "Traceback" not in answer.output
-    if problem == "missing database":
-        assert "does not exist" in lines[0]
 
 
 def test_command_without_java(couch_server: LocalServer, jobs_db: str, tmp_path: Path,
@@ -463,12 +519,10 @@ def test_command_without_java(couch_server: LocalServer, jobs_db: str, tmp_path:
 
     monkeypatch.setenv("JAVA_HOME", str(tmp_path / "no-jdk"))
     monkeypatch.setattr(SparkSession, "getActiveSession", classmethod(lambda cls: None))
-    answer = CliRunner().invoke(page.report, ["--couch", couch_server.url, "--db", jobs_db,
-                                       "--out", str(tmp_path)])
-    assert answer.exit_code == 2
-    assert answer.output.strip() == (
-        "jobdist report: Java not found: Spark needs Java 17 or 21 "
-        "(install a JDK or set JAVA_HOME)")
+    answer = run_command(sites_dir(tmp_path / "sites", couch_server.url, jobs_db), tmp_path)
+    assert answer.exit_code == 2 and "Traceback" not in answer.output
+    assert answer.stderr.strip() == (
+        "jobdist: Java not found: Spark needs Java 17 or 21 (install a JDK or set JAVA_HOME)")
 
 
 # -- broadcast fan-out ---------------------------------------------------------------------
@@ -504,7 +558,7 @@ def test_broadcast_fan_out_and_the_slowest_sites_lag(spark: Any, couch_server: L
             job_d(),  # no broadcast: no row
         ])
         add_views(database)
-        summary = page.run_report(couch_server.url, name, tmp_path, "local[2]")
+        summary = page.run_report(CouchSource(couch_server.url, name), tmp_path, "local[2]")
         rows = rows_by(spark, tmp_path, "broadcasts", "job_id")
         sites = rows_by(spark, tmp_path, "sites", "site")
         jobs = rows_by(spark, tmp_path, "jobs", "job_id")
@@ -586,7 +640,8 @@ def waits_result(spark: Any, couch_server: LocalServer,
     add_views(database)
     out = tmp_path_factory.mktemp("waits")
     try:
-        yield page.run_report(couch_server.url, name, out, "local[2]", WORKERS), out
+        yield page.run_report(CouchSource(couch_server.url, name), out, "local[2]",
+                              WORKERS), out
     finally:
         requests.delete(f"{couch_server.url}/{name}", timeout=10)
 

@@ -7,11 +7,10 @@ from __future__ import annotations
 import base64
 import html
 import io
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
@@ -19,7 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from jobdist.analytics.source import (
-    ReportError,
+    CouchSource,
     list_job_ids,
     load_jobs,
     open_database,
@@ -28,12 +27,19 @@ from jobdist.analytics.source import (
     start_spark,
 )
 from jobdist.analytics.tables import TABLES, build_tables, counts, summarise, write_tables
-from jobdist.couch import CouchError, Database
+from jobdist.cli.common import (
+    CliError,
+    connect,
+    load_site_configs,
+    pick_site,
+    site_option,
+    sites_option,
+)
+from jobdist.couch import Database
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-EXIT_ERROR = 2
 HISTOGRAM_BINS = 30
 SKIPPED_SHOWN = 20  # skipped jobs the page names (all are counted); the terminal names 3
 OPTIONAL_MODULES = frozenset({"pyspark", "py4j", "matplotlib"})  # the `analytics` extra
@@ -277,15 +283,16 @@ def render_page(summary: dict, charts: dict[str, str], source: str) -> str:
 
 
 def run_report(
-    couch_url: str,
-    db: str,
+    source: CouchSource,
     out: Path,
     master: str = "local[*]",
     workers: int = 2,
     *,
     on_stage: Stage | None = None,
 ) -> dict:
-    """Read every job in `db`, write the tables and report.html under `out`; the summary.
+    """Read every job in `source`, write the tables and report.html under `out`; the
+    summary. A CouchDB error reaching the database is a CouchError, any other failure a
+    one-line ReportError.
 
     Uses the caller's active Spark session when there is one (and leaves it running);
     otherwise starts one on `master` and always stops it. `workers` is the worker count
@@ -295,7 +302,9 @@ def run_report(
 
     stage = on_stage or (lambda _: None)
     started = time.monotonic()
-    database = open_database(couch_url, db)
+    database = open_database(source)
+    stage("listing job ids")  # before Spark: a database without the views fails at once
+    ids = list_job_ids(database)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     active = SparkSession.getActiveSession()
@@ -303,7 +312,7 @@ def run_report(
         stage(f"starting Spark on {master}")
     spark = active or start_spark(master, out / "spark.log")
     try:
-        summary = _pipeline(spark, couch_url, database, out, workers, stage)
+        summary = _pipeline(spark, source, database, ids, out, workers, stage)
     finally:
         if active is None:
             spark.stop()
@@ -311,26 +320,22 @@ def run_report(
     return summary
 
 
-def _pipeline(spark: SparkSession, couch_url: str, database: Database, out: Path,
-              workers: int, stage: Stage) -> dict:
+def _pipeline(spark: SparkSession, source: CouchSource, database: Database, ids: list[str],
+              out: Path, workers: int, stage: Stage) -> dict:
+    """The analysis, a failed Spark job turned into one line."""
     from py4j.protocol import Py4JError  # type: ignore[import-untyped]
     from pyspark.errors import PySparkException
 
-    stage("listing job ids")
     try:
-        ids = list_job_ids(database)
-    except CouchError as error:
-        raise ReportError(str(error)) from None
-    try:
-        return _analyse(spark, couch_url, database, ids, out, workers, stage)
+        return _analyse(spark, source, database, ids, out, workers, stage)
     except (PySparkException, Py4JError) as error:
         raise spark_failure(error) from error
 
 
-def _analyse(spark: SparkSession, couch_url: str, database: Database, ids: list[str],
+def _analyse(spark: SparkSession, source: CouchSource, database: Database, ids: list[str],
              out: Path, workers: int, stage: Stage) -> dict:
     stage(f"fetching {len(ids)} jobs")
-    raw = load_jobs(spark, couch_url, database.name, ids)
+    raw = load_jobs(spark, source, ids)
     tables: dict[str, DataFrame] = {}
     try:
         raw.count()  # fetch once, here, so that the stage shows where the time goes
@@ -383,36 +388,38 @@ def print_summary(console: Console, summary: dict) -> None:
     console.print(f"report: {summary['report']} ({summary['seconds']:.1f} s)")
 
 
-@click.option("--couch", "couch_url", required=True, metavar="URL",
-              help="The site's CouchDB, e.g. http://127.0.0.1:5984 (credentials may be in it).")
-@click.option("--db", "db_name", required=True, metavar="NAME", help="The jobs database.")
+@sites_option
+@site_option
 @click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Directory for the tables (Parquet and CSV) and report.html.")
 @click.option("--master", default="local[*]", show_default=True, help="Spark master.")
 @click.option("--workers", default=2, show_default=True, type=click.IntRange(min=1),
               help="Workers per site, for utilisation (documents do not record it).")
-def _report(couch_url: str, db_name: str, out: Path, master: str, workers: int) -> None:
-    """Analyse every job in a site's database with Spark: tables and an HTML report."""
+def _report(sites_dir: Path, site_name: str | None, out: Path, master: str,
+            workers: int) -> None:
+    """Analyse every job in a site's database with Spark: tables and an HTML report.
+
+    The site's CouchDB, database and login come from its config in the sites
+    directory, as for every command."""
+    site = pick_site(load_site_configs(sites_dir), site_name)
+    connect(site)  # a CouchDB error now names the site
     console = Console()  # stdout: stderr is the JVM's log while Spark starts
     try:
         with console.status("starting …") as status:
             display = StageDisplay(status, console)
-            summary = run_report(couch_url, db_name, out, master, workers, on_stage=display)
+            summary = run_report(CouchSource.of_site(site), out, master, workers,
+                                 on_stage=display)
             display.done()
     except ModuleNotFoundError as error:
         if error.name not in OPTIONAL_MODULES:
             raise
-        _fail(f"{error.name} is not installed: pip install 'jobdist[analytics]'")
-    except (ReportError, CouchError, OSError) as error:
-        _fail(" ".join(str(error).split()))
+        raise CliError(f"{error.name} is not installed: pip install 'jobdist[analytics]'") \
+            from None
+    except OSError as error:
+        raise CliError(" ".join(str(error).split())) from None
     print_summary(console, summary)
     if (line := skipped_line(summary["skipped"])) is not None:
         click.echo(f"jobdist: {line}", err=True)
-
-
-def _fail(message: str) -> NoReturn:
-    click.echo(f"jobdist report: {message}", err=True)
-    sys.exit(EXIT_ERROR)
 
 
 report = click.command("report")(_report)

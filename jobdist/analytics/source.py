@@ -19,12 +19,15 @@ import re
 import shutil
 import sys
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from jobdist.couch import Couch, CouchError, Database, NotFound
+from jobdist.config import SiteConfig
+from jobdist.couch import Couch, Database
 from jobdist.design import DDOC
+from jobdist.errors import JobdistError
 from jobdist.model import Leaf, awaited, dropped_sites, is_broadcast, normalise, sub_runs
 from jobdist.validation import validate_job
 
@@ -56,24 +59,38 @@ LOCAL_SPARK_CONF = {  # only for local masters: a cluster's executors must reach
                       os.environ.get("PYTHONPATH")])),
 }
 
-class ReportError(Exception):
+class ReportError(JobdistError):
     """A failure a person can act on; the message is one line without credentials."""
+
+
+@dataclass(frozen=True)
+class CouchSource:
+    """The jobs database and how to log in to it: what the driver and every executor
+    connect with (the password travels to the executors, and is never shown)."""
+
+    url: str
+    database: str
+    user: str | None = None
+    password: str | None = field(default=None, repr=False)
+
+    @classmethod
+    def of_site(cls, site: SiteConfig) -> CouchSource:
+        """A site's database with its credentials (file or environment, as its config says)."""
+        couch = site.couch
+        return cls(couch.url, couch.database, couch.user, couch.password)
+
+    def open(self) -> Database:
+        return Couch(self.url, user=self.user, password=self.password).database(self.database)
 
 
 # -- the driver: which documents exist ------------------------------------------------
 
 
-def open_database(couch_url: str, db_name: str) -> Database:
-    """The database, checked to exist: a wrong name fails here, before Spark starts."""
-    database = Couch(couch_url).database(db_name)
-    try:
-        database.info()
-    except NotFound:
-        raise ReportError(
-            f"database {db_name!r} does not exist at {database.couch.url}"
-        ) from None
-    except CouchError as error:
-        raise ReportError(str(error)) from None
+def open_database(source: CouchSource) -> Database:
+    """The database, checked to exist and to let us in: a wrong name or login fails here,
+    before Spark starts (a CouchError)."""
+    database = source.open()
+    database.info()
     return database
 
 
@@ -88,10 +105,10 @@ def list_job_ids(database: Database, page_size: int = ID_PAGE) -> list[str]:
 # -- the executors: fetch documents and shape them as rows ----------------------------
 
 
-def fetch_partition(couch_url: str, db_name: str, ids: Iterable[str]) -> Iterator[tuple]:
+def fetch_partition(source: CouchSource, ids: Iterable[str]) -> Iterator[tuple]:
     """The job rows for `ids`, fetched by whichever executor runs this partition; a job
     that breaks the job rules (written before they held) as a skipped row."""
-    database = Couch(couch_url).database(db_name)
+    database = source.open()
     for doc in database.bulk_get(list(ids)):
         if doc.get("type") != "job":  # replaced since it was listed
             continue
@@ -252,13 +269,13 @@ def raw_schema() -> StructType:
     return job.add("skipped", StringType(), True)  # why the tables leave the job out
 
 
-def load_jobs(spark: SparkSession, couch_url: str, db_name: str, ids: list[str]) -> DataFrame:
+def load_jobs(spark: SparkSession, source: CouchSource, ids: list[str]) -> DataFrame:
     """One row per job, fetched by the executors and kept (memory, then disk) for reuse."""
     from pyspark import StorageLevel
 
     partitions = max(spark.sparkContext.defaultParallelism,
                      math.ceil(len(ids) / IDS_PER_PARTITION), 1)
-    fetch = functools.partial(fetch_partition, couch_url, db_name)
+    fetch = functools.partial(fetch_partition, source)
     rows = spark.sparkContext.parallelize(ids, partitions).mapPartitions(fetch)
     raw = spark.createDataFrame(rows, raw_schema(), verifySchema=False)
     return raw.persist(StorageLevel.MEMORY_AND_DISK)
