@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from .clock import utc_now
-from .workers import StepResult
+from .step_run import StepResult
 
 log = logging.getLogger("jobdist.journal")
 

@@ -18,7 +18,8 @@ from typing import Any
 
 from .listener import Changed
 from .model import StepKey
-from .workers import Execution, StepResult
+from .step_run import StepResult
+from .workers import Execution
 
 INBOX_SIZE = 1_000  # changes waiting: a burst pushes back on the feed, not on memory
 GATHER_QUIET = 0.002  # seconds without a new change that end a burst (see gather)
@@ -61,7 +62,7 @@ class Mailbox:
         self.wake.set()
 
     def retry_reporter(self, key: StepKey, epoch: int, worker: str) -> Callable[[int, str], None]:
-        """What a step's run calls before each retry (workers.run_step's on_retry)."""
+        """What a step's run calls before each retry (step_run.run_step's on_retry)."""
         def report(attempt: int, detail: str) -> None:
             self.reports.put(Retried(key, epoch, worker, f"attempt {attempt}: {detail}"))
             self.wake.set()

@@ -49,10 +49,11 @@ from .periodic_work import PeriodicWork
 from .plan_runner import PlanRunner
 from .revisions_seen import RevisionsSeen
 from .settle import BATCH, Settler, Task
+from .step_run import StepResult
 from .store import JobStore
 from .verdicts import Verdicts
 from .waiting import WaitingJobs
-from .workers import Execution, StepResult, WorkerPool, kill_orphans
+from .workers import Execution, WorkerPool, kill_orphans
 
 ROOM_SEEN_INTERVAL = 1.0  # seconds between two refreshes of Manager.room_seen
 

@@ -20,8 +20,8 @@ from jobdist.journal import STOPPED_UNWRITTEN, Held, Journal, JournalFull
 from jobdist.lab.localserver import LocalServer, free_port
 from jobdist.manager import Manager
 from jobdist.model import Doc, new_job, new_step
+from jobdist.step_run import StepResult
 from jobdist.store import CouchStore
-from jobdist.workers import StepResult
 
 from .helpers import in_tmp, wait_for
 

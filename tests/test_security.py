@@ -25,7 +25,7 @@ from jobdist.lab.scenarios import site_db, wait_until_done, write_sites
 from jobdist.model import new_job, new_step
 from jobdist.secret_files import write_credentials
 from jobdist.setup import setup_sites
-from jobdist.workers import run_step
+from jobdist.step_run import run_step
 
 from .helpers import README
 

@@ -13,16 +13,16 @@ from typing import Any
 
 import pytest
 
-from jobdist import workers
-from jobdist.workers import (
+from jobdist import step_run
+from jobdist.step_output import (
     OUTPUT_TAIL_BYTES,
-    Execution,
-    StepResult,
-    WorkerPool,
-    _exit_watch,
-    retry_delays,
-    run_step,
+    PROGRESS_PREFIX,
+    Output,
+    ProgressScanner,
+    parse_progress,
 )
+from jobdist.step_run import StepResult, _exit_watch, retry_delays, run_step
+from jobdist.workers import Execution, WorkerPool
 
 ISO_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
 JOB_ENV = {
@@ -230,7 +230,7 @@ def test_timed_out_attempts_are_retried() -> None:
 def test_group_ignoring_sigterm_gets_sigkill(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(workers, "KILL_GRACE_SECONDS", 0.3)
+    monkeypatch.setattr(step_run, "KILL_GRACE_SECONDS", 0.3)
     pid_file = tmp_path / "child.pid"
     # An ignored signal stays ignored across exec, so the sleep ignores SIGTERM too.
     step = make_step(f"trap '' TERM; sleep 100 & echo $! > {pid_file}; wait", timeout=0.3)
@@ -266,7 +266,7 @@ def test_a_process_that_left_the_group_keeps_its_output_pipe(
     # setsid takes it out of the step's group, which is killed at the end: it lives on,
     # holding stdout. The step ends without waiting for it, and the pipe is read on, so
     # its later writes neither block nor kill it.
-    monkeypatch.setattr(workers, "READER_JOIN_SECONDS", 0.3)
+    monkeypatch.setattr(step_run, "READER_JOIN_SECONDS", 0.3)
     alive, left = tmp_path / "alive", tmp_path / "left"
     # The step waits until the process has left its group (it writes its pid from its
     # new session), or the group's kill at the end could still reach it.
@@ -563,7 +563,7 @@ def test_snapshot_shape(
     ("echo JOBDIST_PROGRESS 0.4", None),
 ])
 def test_parse_progress(line: str, expected: tuple[float, str] | None) -> None:
-    parsed = workers.parse_progress(line)
+    parsed = parse_progress(line)
     if expected is None:
         assert parsed is None
     else:
@@ -572,13 +572,13 @@ def test_parse_progress(line: str, expected: tuple[float, str] | None) -> None:
 
 
 def test_a_long_message_is_cut_to_what_the_document_allows() -> None:
-    parsed = workers.parse_progress("JOBDIST_PROGRESS 0.5 " + "\U0001f600" * 150)
+    parsed = parse_progress("JOBDIST_PROGRESS 0.5 " + "\U0001f600" * 150)
     assert parsed is not None and parsed["message"] == "\U0001f600" * 100  # 200 UTF-16 units
 
 
 def test_reports_are_found_however_the_output_is_cut_into_chunks() -> None:
     reports: list[dict[str, Any]] = []
-    scanner = workers._ProgressScanner(reports.append)
+    scanner = ProgressScanner(reports.append)
     stream = (b"noise\nJOBDIST_PROGRESS 0.1 one\n" + b"x" * 5000 + b" JOBDIST_PROGRESS 0.2 in a"
               b" long line\nJOBDIST_PROGRESS 0.3 three\nJOBDIST_PROGRESS 0.4 at EOF")
     for size in (1, 7, 4096):
@@ -645,7 +645,7 @@ def test_a_pool_keeps_progress_files_in_its_own_directory_and_clears_what_a_kill
         done: DoneLog, tmp_path: Path) -> None:
     directory = tmp_path / "journal" / "progress"
     directory.mkdir(parents=True)
-    leftover = directory / f"{workers.PROGRESS_PREFIX}a-killed-daemons"
+    leftover = directory / f"{PROGRESS_PREFIX}a-killed-daemons"
     leftover.write_text("0.5 cut short\n")
     unrelated = directory / "notes.txt"
     unrelated.write_text("not ours")
@@ -658,7 +658,7 @@ def test_a_pool_keeps_progress_files_in_its_own_directory_and_clears_what_a_kill
     finally:
         pool.shutdown(grace=0)
     used = Path(done.calls[0][1].stdout.strip())
-    assert used.parent == directory and used.name.startswith(workers.PROGRESS_PREFIX)
+    assert used.parent == directory and used.name.startswith(PROGRESS_PREFIX)
     assert sorted(directory.iterdir()) == [unrelated]  # removed after the step
 
 
@@ -667,7 +667,7 @@ def test_the_exit_watch_reads_the_output_while_it_waits() -> None:
     proc = subprocess.Popen(["sh", "-c", "head -c 300000 /dev/zero; echo end >&2"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0)
     assert proc.stdout is not None and proc.stderr is not None
-    output = workers._Output(proc.stdout, proc.stderr)
+    output = Output(proc.stdout, proc.stderr)
     try:
         with _exit_watch(proc, output) as exits_within:
             assert wait_until(lambda: exits_within(0.05))
@@ -686,7 +686,7 @@ def test_output_read_to_its_end_is_done_at_once() -> None:
         os.write(write_end, b"bye\n")
         os.close(write_end)
         read_ends.append(open(read_end, "rb", buffering=0))  # noqa: SIM115 (closed at EOF)
-    output = workers._Output(*read_ends)
+    output = Output(*read_ends)
     began = time.monotonic()
     assert output.drain(60.0)
     assert time.monotonic() - began < 30.0
@@ -712,7 +712,7 @@ def test_output_is_read_on_descriptors_past_1024() -> None:
     os.close(write_end)
     stderr_read, stderr_write = os.pipe()
     os.close(stderr_write)
-    output = workers._Output(open(high, "rb", buffering=0),  # noqa: SIM115 (closed at EOF)
+    output = Output(open(high, "rb", buffering=0),  # noqa: SIM115 (closed at EOF)
                              open(stderr_read, "rb", buffering=0))  # noqa: SIM115
     assert output.drain(10.0)
     assert output.stdout.text() == "high\n"
@@ -723,7 +723,7 @@ def test_the_exit_watch_tells_a_running_process_from_one_that_exited() -> None:
                             bufsize=0)
     assert proc.stdout is not None and proc.stderr is not None
     try:
-        with _exit_watch(proc, workers._Output(proc.stdout, proc.stderr)) as exits_within:
+        with _exit_watch(proc, Output(proc.stdout, proc.stderr)) as exits_within:
             assert not exits_within(0.01)
             proc.kill()
             assert exits_within(10.0)

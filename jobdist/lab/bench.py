@@ -39,7 +39,7 @@ from ..design import load_design_docs
 from ..model import Doc, new_job, new_step, normalise
 from ..setup import admin_couch_of
 from ..status import status_id
-from ..workers import StepResult
+from ..step_run import StepResult
 from .cluster import LocalCluster
 from .faults import SEED_VARIABLE, fault_seed, fault_table, soak
 from .localserver import LocalServer, free_port

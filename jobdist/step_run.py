@@ -1,0 +1,438 @@
+"""One run of a step: its `do` with timeout and retries, then `alt_do` if `do` failed.
+
+`run_step` runs each attempt's command with /bin/sh in a process group of its own, so a
+timeout or a cancel can kill everything the command started, reads its output
+(step_output) and applies the step's retry strategy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .clock import utc_now
+from .logs import EventLog
+from .processes import group_has_live_members, signal_group
+from .step_output import Output, ProgressCallback, ProgressScanner, Report
+
+KILL_GRACE_SECONDS = 2.0  # between SIGTERM and SIGKILL of a process group
+POLL_SECONDS = 0.05  # how often waits look at the cancel event and the deadline
+READER_JOIN_SECONDS = 2.0  # how long to read on to EOF once the process group is gone
+
+RetryCallback = Callable[[int, str], None]
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """How a step ended; the fields map onto the job document's step fields."""
+
+    ok: bool  # do (or alt_do) finally exited 0
+    used_alt: bool  # the result comes from alt_do
+    exit_code: int | None  # of the last attempt (None if killed by timeout/cancel)
+    attempts: int  # attempts made, do retries and alt_do included
+    exec_time: float  # seconds from the first attempt's start to the end
+    start_time: str  # ISO 8601 UTC with microseconds and "Z"
+    finish_time: str
+    stdout: str  # last OUTPUT_TAIL_BYTES of the last attempt's stdout
+    stderr: str
+    reason: str  # human-readable outcome, e.g. "exit 3 after 4 attempts"
+    cancelled: bool = False
+    timed_out: bool = False
+    progress: Report | None = None  # the last progress report the command printed
+
+
+def retry_delays(strategy: Mapping[str, Any]) -> Iterator[float]:
+    """The sleeps before retries 1..max_retries, in order (pure; max_time is applied later).
+
+    `sleep` before the first retry, multiplied by `sleep_factor` for each later one
+    (None: fixed), never above `sleep_max` (None: no cap); None sleep means 0.
+    """
+    delay = float(strategy.get("sleep") or 0)
+    factor = strategy.get("sleep_factor")
+    cap = strategy.get("sleep_max")
+    for _ in range(int(strategy.get("max_retries") or 0)):
+        yield delay if cap is None else min(delay, float(cap))
+        if factor is not None:
+            delay *= factor  # float multiplication saturates at inf instead of raising
+
+
+# --- one attempt: a process group, its output, its end --------------------------------
+
+
+@dataclass(frozen=True)
+class _Attempt:
+    """The end of one attempt of `do` or `alt_do`."""
+
+    number: int
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    timed_out: bool = False
+    cancelled: bool = False
+    refused: bool = False  # the site's allow-list forbids the command: it never ran
+    outcome: str = ""  # "exit 3", "timed out after 2.0 s", "killed by SIGSEGV", "cancelled"
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not (self.timed_out or self.cancelled)
+
+
+def step_log(env: Mapping[str, str]) -> EventLog:
+    """The log of one step's run: its job, step, site and worker, from the env the
+    caller passes to the command."""
+    return EventLog("jobdist.workers", **{
+        field: env.get(variable, "-")
+        for field, variable in (("job", "JOBDIST_JOB_ID"), ("step", "JOBDIST_STEP"),
+                                ("site", "JOBDIST_SITE"), ("worker", "JOBDIST_WORKER"))
+    })
+
+
+def _terminate_group(proc: subprocess.Popen[bytes], log: EventLog, output: Output) -> None:
+    """SIGTERM the command's whole process group, then SIGKILL what outlives the grace
+    (reading its output meanwhile: a process may write on its way out)."""
+    pgid = proc.pid  # start_new_session made the shell its group's leader
+    signal_group(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + KILL_GRACE_SECONDS
+    while time.monotonic() < deadline:
+        proc.poll()  # reap the shell so it does not count as alive
+        if not group_has_live_members(pgid):
+            break
+        output.read_for(POLL_SECONDS)
+    else:
+        log.warning("process group survived SIGTERM, sending SIGKILL", pgid=pgid)
+        signal_group(pgid, signal.SIGKILL)
+    proc.wait()
+
+
+def _wait_for_exit(
+    proc: subprocess.Popen[bytes], timeout: float | None, cancel: threading.Event,
+    output: Output,
+) -> str:
+    """Wait for the shell to exit, reading its output; returns "exited", "timed_out" or
+    "cancelled"."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    with _exit_watch(proc, output) as exits_within:
+        while True:
+            if cancel.is_set():
+                return "cancelled"
+            remaining = math.inf if deadline is None else deadline - time.monotonic()
+            if remaining <= 0:
+                return "timed_out"
+            if exits_within(min(POLL_SECONDS, remaining)):
+                return "exited"
+
+
+@contextlib.contextmanager
+def _exit_watch(proc: subprocess.Popen[bytes],
+                output: Output) -> Iterator[Callable[[float], bool]]:
+    """A wait for the process's exit that returns the moment it exits, reading `output`
+    while it waits.
+
+    `Popen.wait` with a timeout sleeps in steps that grow to POLL_SECONDS, so a
+    step's end was noticed 25 ms late on average; a pidfd (Linux 5.3+) wakes the
+    wait at once. Elsewhere, the process is polled every few milliseconds.
+    """
+    try:
+        pidfd: int | None = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):  # not Linux, or an old kernel
+        pidfd = None
+
+    def exits_within(seconds: float) -> bool:
+        if pidfd is None:
+            return _polled_exit(proc, output, seconds)
+        exited = output.read_for(seconds, also=pidfd)
+        if exited:
+            proc.wait()  # it exited: reap it, which sets its returncode
+        return exited
+
+    try:
+        yield exits_within
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+
+
+EXIT_POLL_SECONDS = 0.005  # without a pidfd
+
+
+def _polled_exit(proc: subprocess.Popen[bytes], output: Output, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while proc.poll() is None:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return False
+        output.read_for(min(EXIT_POLL_SECONDS, remaining))
+    return True
+
+
+def _exit_outcome(returncode: int) -> tuple[int, str]:
+    """The exit code to record (shell convention 128+N for a signal) and its description."""
+    if returncode >= 0:
+        return returncode, f"exit {returncode}"
+    signum = -returncode
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = f"signal {signum}"
+    return 128 + signum, f"killed by {name}"
+
+
+SECRET_VARIABLES = ("JOBDIST_COUCH_", "JOBDIST_ADMIN_TOKEN")
+
+
+def step_environment() -> dict[str, str]:
+    """The daemon's environment without its secrets: a step's output is stored in the
+    job document and replicated everywhere, and `env` would print them."""
+    return {name: value for name, value in os.environ.items()
+            if not name.startswith(SECRET_VARIABLES)}
+
+
+def _run_attempt(
+    command: str,
+    env: Mapping[str, str],
+    number: int,
+    timeout: float | None,
+    cancel: threading.Event,
+    log: EventLog,
+    on_progress: ProgressCallback | None = None,
+) -> _Attempt:
+    """Run `command` once with /bin/sh in a new process group and wait for its end."""
+    log.info("attempt started", attempt=number, command=command)
+    try:
+        proc = subprocess.Popen(
+            ["/bin/sh", "-c", command],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={**step_environment(), **env, "JOBDIST_ATTEMPT": str(number)},
+            start_new_session=True,
+            bufsize=0,  # raw pipes: readers get whatever is there, no buffering here
+        )
+    except (OSError, ValueError) as error:  # e.g. a NUL byte in the command
+        log.error("attempt could not start", attempt=number, error=error)
+        return _Attempt(number, None, "", "", outcome=f"could not start: {error}")
+    assert proc.stdout is not None and proc.stderr is not None  # both are PIPE
+    scanner = None if on_progress is None else ProgressScanner(on_progress)
+    output = Output(proc.stdout, proc.stderr, scanner)
+    ending = _wait_for_exit(proc, timeout, cancel, output)
+    if ending != "exited" or group_has_live_members(proc.pid):
+        # Also after a normal exit: a step's processes must not outlive it, and
+        # leftovers would keep our pipes open.
+        log.warning("killing process group", attempt=number, ending=ending)
+        _terminate_group(proc, log, output)
+    if not output.drain(READER_JOIN_SECONDS):
+        log.warning("a process that left the group still holds an output pipe")
+    return _attempt_from_ending(ending, proc.returncode, number, timeout, output, log)
+
+
+def _attempt_from_ending(
+    ending: str,
+    returncode: int,
+    number: int,
+    timeout: float | None,
+    output: Output,
+    log: EventLog,
+) -> _Attempt:
+    out, err = output.stdout.text(), output.stderr.text()
+    if ending == "timed_out":
+        outcome = f"timed out after {float(timeout or 0)} s"
+        attempt = _Attempt(number, None, out, err, timed_out=True, outcome=outcome)
+    elif ending == "cancelled":
+        attempt = _Attempt(number, None, out, err, cancelled=True, outcome="cancelled")
+    else:
+        exit_code, outcome = _exit_outcome(returncode)
+        attempt = _Attempt(number, exit_code, out, err, outcome=outcome)
+    log.info("attempt ended", attempt=number, outcome=attempt.outcome)
+    return attempt
+
+
+# --- a whole step: retries, alt_do, the result --------------------------------------------
+
+
+@dataclass(frozen=True)
+class _DoPhase:
+    """How `do` ended after its retries."""
+
+    last: _Attempt
+    summary: str  # e.g. "exit 1 after 3 attempts (max_time 10 s reached)"
+    cancelled_while_waiting: bool = False
+
+
+class _StepRun:
+    """One execution of a step. A plain loop rather than tenacity.Retrying: the stop rule
+    (retries, elapsed + next sleep vs max_time, cancel), the cancel-aware sleep, alt_do and
+    per-attempt env all sit outside tenacity's model, so it would need four custom hooks
+    to say what this loop says directly.
+    """
+
+    def __init__(
+        self,
+        step: Mapping[str, Any],
+        env: Mapping[str, str],
+        cancel: threading.Event,
+        on_retry: RetryCallback | None,
+        allows: Callable[[str], bool],
+        on_progress: ProgressCallback | None = None,
+    ) -> None:
+        self._on_progress = on_progress
+        self._progress: Report | None = None
+        self._step = step
+        self._env = env
+        self._allows = allows
+        self._cancel = cancel
+        self._on_retry = on_retry
+        self._log = step_log(env)
+        self._attempts = 0
+        self._start_time = utc_now()
+        self._started = time.monotonic()
+
+    def run(self) -> StepResult:
+        if self._cancel.is_set():
+            return self._cancelled_before_start()
+        do = self._run_do()
+        if do.cancelled_while_waiting:
+            reason = f"cancelled while waiting to retry ({do.summary})"
+            return self._result(do.last, reason, cancelled=True)
+        if do.last.ok or do.last.cancelled:
+            return self._result(do.last, do.summary)
+        alt_do = self._step.get("alt_do")
+        if not (isinstance(alt_do, str) and alt_do.strip()):
+            return self._result(do.last, do.summary)
+        if self._cancel.is_set():
+            return self._result(do.last, f"cancelled before alt_do ({do.summary})", cancelled=True)
+        self._log.info("do failed, running alt_do", reason=do.summary)
+        alt = self._attempt(alt_do)
+        return self._result(alt, self._alt_reason(alt, do), used_alt=True)
+
+    def _attempt(self, command: str) -> _Attempt:
+        self._attempts += 1
+        if not self._allows(command):
+            self._log.warning("command refused", command=command)
+            return _Attempt(self._attempts, None, "", "", refused=True,
+                            outcome="refused: the command matches no pattern of this "
+                                    "site's [commands] allow list (or uses shell operators "
+                                    "it does not allow)")
+        timeout = self._step.get("timeout")
+        return _run_attempt(command, self._env, self._attempts, timeout, self._cancel, self._log,
+                            self._note_progress)
+
+    def _note_progress(self, report: Report) -> None:
+        """From the thread that waits for the attempt: keep the latest, and pass it on."""
+        self._progress = report
+        if self._on_progress is not None:
+            self._on_progress(report)
+
+    def _run_do(self) -> _DoPhase:
+        strategy = self._step.get("retry_strategy") or {}
+        max_time = strategy.get("max_time")
+        attempt = self._attempt(self._step["do"])
+        for retry_number, delay in enumerate(retry_delays(strategy), start=1):
+            if attempt.ok or attempt.cancelled or attempt.refused:
+                break  # a refused command would be refused again
+            if max_time is not None and self._elapsed() + delay > max_time:
+                self._log.info("no retry: max_time reached", max_time=max_time)
+                summary = f"{self._summary(attempt)} (max_time {max_time} s reached)"
+                return _DoPhase(attempt, summary)
+            if self._cancel.is_set():  # no "retried" event for a retry that cannot happen
+                return _DoPhase(attempt, self._summary(attempt), cancelled_while_waiting=True)
+            self._announce_retry(attempt, retry_number, delay)
+            if self._cancel.wait(min(delay, threading.TIMEOUT_MAX)):
+                return _DoPhase(attempt, self._summary(attempt), cancelled_while_waiting=True)
+            attempt = self._attempt(self._step["do"])
+        return _DoPhase(attempt, self._summary(attempt))
+
+    def _announce_retry(self, failed: _Attempt, retry_number: int, delay: float) -> None:
+        reason = f"{failed.outcome}; retry {retry_number} in {delay} s"
+        self._log.info("retrying", attempt=failed.number, reason=reason)
+        if self._on_retry is None:
+            return
+        try:
+            self._on_retry(failed.number, reason)
+        except Exception:  # a broken history writer must not abort the step
+            self._log.exception("on_retry callback failed")
+
+    def _summary(self, attempt: _Attempt) -> str:
+        if self._attempts <= 1:
+            return attempt.outcome
+        return f"{attempt.outcome} after {self._attempts} attempts"
+
+    def _alt_reason(self, alt: _Attempt, do: _DoPhase) -> str:
+        if alt.ok:
+            return f"alt_do succeeded after do failed ({do.summary})"
+        if alt.cancelled:
+            return f"cancelled during alt_do after do failed ({do.summary})"
+        return f"alt_do failed ({alt.outcome}) after do failed ({do.summary})"
+
+    def _elapsed(self) -> float:
+        return time.monotonic() - self._started
+
+    def _result(
+        self, last: _Attempt, reason: str, used_alt: bool = False, cancelled: bool = False
+    ) -> StepResult:
+        cancelled = cancelled or last.cancelled
+        self._log.info("step finished", exit=last.exit_code, reason=reason)
+        return StepResult(
+            ok=last.ok and not cancelled,
+            used_alt=used_alt,
+            exit_code=last.exit_code,
+            attempts=self._attempts,
+            exec_time=self._elapsed(),
+            start_time=self._start_time,
+            finish_time=utc_now(),
+            stdout=last.stdout,
+            stderr=last.stderr,
+            reason=reason,
+            cancelled=cancelled,
+            timed_out=last.timed_out,
+            progress=self._progress,
+        )
+
+    def _cancelled_before_start(self) -> StepResult:
+        self._log.info("step cancelled before its first attempt")
+        return not_run("cancelled before start", 0.0, cancelled=True)
+
+
+def allow_all(command: str) -> bool:
+    return True
+
+
+def run_step(
+    step: Mapping[str, Any],
+    env: Mapping[str, str],
+    cancel: threading.Event | None = None,
+    on_retry: RetryCallback | None = None,
+    allows: Callable[[str], bool] = allow_all,
+    on_progress: ProgressCallback | None = None,
+) -> StepResult:
+    """Run a step's `do` with its timeout and retries, then `alt_do` if `do` failed.
+
+    `env` is added to the current environment (the caller passes JOBDIST_JOB_ID,
+    JOBDIST_STEP, JOBDIST_SITE, JOBDIST_EPOCH; JOBDIST_ATTEMPT is set here, 1, 2, ...).
+    Setting `cancel` kills the running attempt's process group and ends the step at
+    once, with no more retries nor alt_do. `on_retry(failed_attempt_number, reason)`
+    is called before each retry's sleep. A command `allows` refuses is not run: the
+    attempt fails at once, without retries (alt_do, if allowed, still runs).
+    `on_progress(report)` is called for each progress line the command prints on stdout
+    (`parse_progress`), from the thread that runs the step (or, once the step is over,
+    the one reading a pipe that a process outside its group still holds); the result
+    keeps the last one. An exception it raises is logged and ignored.
+    """
+    return _StepRun(step, env, cancel or threading.Event(), on_retry, allows,
+                    on_progress).run()
+
+
+def not_run(reason: str, exec_time: float, *, cancelled: bool = False) -> StepResult:
+    """A result for a step whose command never ran to an exit code."""
+    now = utc_now()
+    return StepResult(ok=False, used_alt=False, exit_code=None, attempts=0,
+                      exec_time=exec_time, start_time=now, finish_time=now,
+                      stdout="", stderr="", reason=reason, cancelled=cancelled)
+
