@@ -21,6 +21,7 @@ from jobdist import core
 from jobdist.clock import utc_now
 from jobdist.config import SiteConfig
 from jobdist.couch import Conflict, Couch, CouchError, Database, Saved
+from jobdist.couch_views import iter_view
 from jobdist.design import DDOC
 from jobdist.errors import JobdistError
 from jobdist.model import (
@@ -200,7 +201,7 @@ def _view_rows(db: Database, view: str, prefix: list[Any], before: str | None,
                               "startkey": [*prefix, before if before else {}]}
     if view == "by_status":
         params |= {"include_docs": True, "reduce": False}
-    for row in db.iter_view(DDOC, view, page_size=page_size, **params):
+    for row in iter_view(db, DDOC, view, page_size=page_size, **params):
         created_at = row["key"][-1]
         if before and created_at >= before:
             continue

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .couch import CouchError, Database
+from .couch_changes import changes
 from .periodic import Periodic
 
 CHECKPOINT = "jobdist-checkpoint"
@@ -112,9 +113,8 @@ class Listener(Periodic):
 
     def follow(self) -> None:
         with_docs = self.with_docs
-        for change in self.db.changes(self.since, heartbeat_ms=self.heartbeat_ms,
-                                      stop=self.stop_event, include_docs=with_docs,
-                                      conflicts=True):
+        for change in changes(self.db, self.since, heartbeat_ms=self.heartbeat_ms,
+                              stop=self.stop_event, include_docs=with_docs, conflicts=True):
             if not change.id.startswith("_design/") and change.revs:
                 self.hand_over(Changed(change.id, change.revs[0], change.seq, change.doc))
                 if self.on_change is not None:

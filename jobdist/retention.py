@@ -31,6 +31,7 @@ from typing import IO, Any
 from .clock import format_time
 from .core import merge
 from .couch import Conflict, Database, Rejected, Saved
+from .couch_views import iter_view
 from .design import DDOC
 from .model import FINAL_STATUSES, Doc, as_doc
 from .periodic import Periodic
@@ -89,7 +90,7 @@ def _window(db: Database, cutoff: str, after: str | None, size: int,
     if after is not None:
         params["startkey"] = after
     found: list[tuple[str, str]] = []
-    rows = db.iter_view(DDOC, VIEW, page_size=page_size, **params)
+    rows = iter_view(db, DDOC, VIEW, page_size=page_size, **params)
     try:
         for row in rows:
             key = row["key"]

@@ -26,6 +26,7 @@ import click
 
 from .config import ConfigError, SiteConfig, load_sites
 from .couch import Couch, CouchError, Database, Forbidden, Saved
+from .couch_sync import put_replication, sync_design_docs
 from .design import load_design_docs
 from .topology import OWNED_PREFIX, Replication, owned_by_us, replications
 
@@ -114,7 +115,7 @@ def setup_database(site: SiteConfig, report: Say, logins: dict[str, str] | None 
         couch.ensure_database(site.couch.database)
         changes += 1
         report(f"{site.name}: created database {site.couch.database}")
-    for doc_id in db.sync_design_docs(load_design_docs()):
+    for doc_id in sync_design_docs(db, load_design_docs()):
         changes += 1
         report(f"{site.name}: wrote {doc_id}")
     if site.couch.admin_user is not None:  # without an admin there is no one to lock out
@@ -164,11 +165,11 @@ def sync_replications(site: SiteConfig, wanted: list[Replication], keep: set[str
     changes = 0
     for link in wanted:
         try:
-            written = replicator.put_replication(
-                link.doc_id, source_address(couch, link), link.target_endpoint,
+            written = put_replication(
+                replicator, link.doc_id, source_address(couch, link), link.target_endpoint,
                 filter=link.filter, query_params=link.query_params)
         except Forbidden as error:
-            # pouchdb-server refuses edits to a running replication (see couch.py).
+            # pouchdb-server refuses edits to a running replication (see couch_sync.py).
             problem(f"{site.name}: cannot update replication {link.doc_id}: {error.reason}")
             continue
         if written:

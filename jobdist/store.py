@@ -18,6 +18,7 @@ from typing import Protocol
 
 from . import keepalive, listener, status
 from .couch import Conflict, Database, Rejected, Saved
+from .couch_views import iter_view
 from .design import DDOC
 from .model import Doc, Leaf
 
@@ -119,7 +120,7 @@ class CouchStore:
         return [row["id"] for row in rows]
 
     def involving(self, site: str) -> Iterator[str]:
-        return (row["id"] for row in self.db.iter_view(DDOC, "involving", key=site))
+        return (row["id"] for row in iter_view(self.db, DDOC, "involving", key=site))
 
     def open_created(self, creator: str, limit: int) -> list[str]:
         rows = self.db.view(DDOC, "stale_open", startkey=[creator], endkey=[creator, {}],
@@ -132,8 +133,8 @@ class CouchStore:
         return [row["doc"] for row in rows if row.get("doc")]
 
     def waiting(self, creator: str) -> list[str]:
-        return [row["id"] for row in self.db.iter_view(DDOC, "waiting", startkey=[creator],
-                                                       endkey=[creator, {}])]
+        return [row["id"] for row in iter_view(self.db, DDOC, "waiting", startkey=[creator],
+                                               endkey=[creator, {}])]
 
     def waiting_on(self, ids: Sequence[str]) -> list[tuple[str, str]]:
         rows = self.db.view(DDOC, "waiting_on", keys=list(ids))

@@ -19,6 +19,7 @@ from click.testing import CliRunner, Result
 from jobdist.cli import main
 from jobdist.core import merge
 from jobdist.couch import Couch, Database
+from jobdist.couch_sync import put_replication
 from jobdist.lab.cluster import LocalCluster, process_start_time
 from jobdist.lab.localserver import LocalServer, free_port
 from jobdist.lab.scenarios import site_db, write_sites
@@ -385,9 +386,9 @@ def test_setup_creates_everything_then_changes_nothing(tmp_path: Path) -> None:
         # Stale replications we own: a finished one goes; a running one stays on
         # pouchdb-server (deleting it would crash the server), with a warning.
         s1, s2 = f"{server.url}/jobs_s1", f"{server.url}/jobs_s2"
-        replicator.put_replication("jobdist-s1-to-old", s1, s2, continuous=False)
-        replicator.put_replication("jobdist-s2-to-gone", s2, s1)
-        replicator.put_replication("theirs-s1-to-s2", s1, s2, continuous=False)
+        put_replication(replicator, "jobdist-s1-to-old", s1, s2, continuous=False)
+        put_replication(replicator, "jobdist-s2-to-gone", s2, s1)
+        put_replication(replicator, "theirs-s1-to-s2", s1, s2, continuous=False)
         wait_for(lambda: replicator.get("jobdist-s1-to-old").get("_replication_state")
                  == "completed", what="the one-shot replication completes")
         third = runner.invoke(main, ["setup"])

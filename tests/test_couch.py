@@ -13,7 +13,6 @@ import pytest
 import requests
 
 from jobdist.couch import (
-    Change,
     Conflict,
     Couch,
     CouchError,
@@ -23,9 +22,10 @@ from jobdist.couch import (
     Rejected,
     Saved,
     Unavailable,
-    _continuous_items,
-    _eventsource_items,
 )
+from jobdist.couch_changes import Change, changes, continuous_items, eventsource_items
+from jobdist.couch_sync import put_replication, sync_design_docs
+from jobdist.couch_views import iter_view
 from jobdist.lab.localserver import LocalServer, free_port
 
 from .helpers import wait_for
@@ -126,7 +126,7 @@ def test_leaves_and_conflicts(db: Database) -> None:
 
 
 def test_bulk_docs_mixed_results_in_input_order(db: Database) -> None:
-    assert db.sync_design_docs([VALIDATOR]) == ["_design/rules"]
+    assert sync_design_docs(db, [VALIDATOR]) == ["_design/rules"]
     old = db.save({"_id": "old", "v": 0})
     assert isinstance(old, Saved)
     docs = [
@@ -146,7 +146,7 @@ def test_bulk_docs_mixed_results_in_input_order(db: Database) -> None:
 
 
 def test_save_refused_by_validator_raises_forbidden(db: Database) -> None:
-    db.sync_design_docs([VALIDATOR])
+    sync_design_docs(db, [VALIDATOR])
     with pytest.raises(Forbidden) as caught:
         db.save({"_id": "bad", "forbidden_field": 1})
     assert caught.value.reason == "forbidden_field is not allowed"
@@ -166,7 +166,7 @@ def test_bulk_get(db: Database) -> None:
 
 
 def test_view_and_paging_with_duplicate_keys(db: Database) -> None:
-    db.sync_design_docs([BY_GROUP])
+    sync_design_docs(db, [BY_GROUP])
     # 25 rows over keys 0, 1, 2: key 0 has 10 rows, more than a page.
     db.bulk_docs([{"_id": f"d{n:02d}", "g": n // 10, "n": n} for n in range(25)])
     rows = db.view("q", "by_group")
@@ -178,22 +178,22 @@ def test_view_and_paging_with_duplicate_keys(db: Database) -> None:
     ]
 
     def paged(**params: Any) -> list[str]:
-        return [r["id"] for r in db.iter_view("q", "by_group", page_size=7, **params)]
+        return [r["id"] for r in iter_view(db, "q", "by_group", page_size=7, **params)]
 
     assert paged() == [r["id"] for r in rows]
     assert paged(descending=True) == [r["id"] for r in reversed(rows)]
     assert paged(key=0) == [f"d{n:02d}" for n in range(10)]
     assert paged(startkey=1, endkey=1, limit=8) == [f"d{n}" for n in range(10, 18)]
     assert paged(startkey=3) == []
-    assert [r["id"] for r in db.iter_view("q", "by_group", page_size=1)] == paged()
+    assert [r["id"] for r in iter_view(db, "q", "by_group", page_size=1)] == paged()
     with pytest.raises(ValueError):
-        next(db.iter_view("q", "by_group", skip=3))
+        next(iter_view(db, "q", "by_group", skip=3))
 
 
 def test_a_lazy_view_query_answers_from_the_index_as_it_stands(db: Database) -> None:
     """`update=lazy` (CouchDB 3; the embedded server by our patch): the rows as indexed,
     the index brought up to date afterwards, never while the caller waits."""
-    db.sync_design_docs([BY_GROUP])
+    sync_design_docs(db, [BY_GROUP])
     db.save({"_id": "before", "g": 0, "n": 1})
     assert [r["id"] for r in db.view("q", "by_group")] == ["before"]  # indexed
     db.save({"_id": "after", "g": 0, "n": 2})
@@ -235,22 +235,22 @@ def test_changes_normal_since(db: Database) -> None:
     start = db.last_seq()
     db.save({"_id": "a"})
     db.save({"_id": "b", "n": 1})
-    batch = list(db.changes(start, feed="normal", include_docs=True))
+    batch = list(changes(db, start, feed="normal", include_docs=True))
     assert [c.id for c in batch] == ["a", "b"]
     assert batch[1].doc["n"] == 1 and not batch[1].deleted and len(batch[1].revs) == 1
     # A seq from a change is handed back verbatim and yields only what came after it.
     db.save({"_id": "c"})
-    assert [c.id for c in db.changes(batch[-1].seq, feed="normal")] == ["c"]
-    assert list(db.changes(db.last_seq(), feed="normal")) == []
+    assert [c.id for c in changes(db, batch[-1].seq, feed="normal")] == ["c"]
+    assert list(changes(db, db.last_seq(), feed="normal")) == []
 
 
 def test_changes_filter_and_all_revs(db: Database) -> None:
-    db.sync_design_docs([BY_GROUP])
+    sync_design_docs(db, [BY_GROUP])
     start = db.last_seq()
     db.bulk_docs([{"_id": f"n{n}", "n": n} for n in range(4)])
-    assert [c.id for c in db.changes(start, feed="normal", filter="q/odd")] == ["n1", "n3"]
+    assert [c.id for c in changes(db, start, feed="normal", filter="q/odd")] == ["n1", "n3"]
     make_conflict(db, "x")
-    (change,) = [c for c in db.changes(start, feed="normal", style="all_docs") if c.id == "x"]
+    (change,) = [c for c in changes(db, start, feed="normal", style="all_docs") if c.id == "x"]
     assert len(change.revs) == 2
 
 
@@ -258,10 +258,10 @@ def test_changes_filter_and_all_revs(db: Database) -> None:
 def test_changes_with_missing_filter_raises(
     couch_server: LocalServer, db: Database, feed: str
 ) -> None:
-    db.sync_design_docs([BY_GROUP])
+    sync_design_docs(db, [BY_GROUP])
     for missing in ("q/nope", "nope/odd", "nope"):
         with pytest.raises(NotFound, match="does not exist"):
-            next(db.changes(0, feed=feed, filter=missing, timeout=1.0))
+            next(changes(db, 0, feed=feed, filter=missing, timeout=1.0))
     assert couch_server.is_alive()  # pouchdb-server would have crashed
 
 
@@ -273,7 +273,7 @@ def test_changes_continuous_stream_and_stop(db: Database) -> None:
 
     def follow() -> None:
         try:
-            for change in db.changes(start, include_docs=True, heartbeat_ms=200, stop=stop):
+            for change in changes(db, start, include_docs=True, heartbeat_ms=200, stop=stop):
                 seen.append(change)
         except BaseException as exc:
             failures.append(exc)
@@ -294,7 +294,7 @@ def test_changes_continuous_stream_and_stop(db: Database) -> None:
     assert time.monotonic() - stopped_at < 1.5  # within a few heartbeats
     # Resuming from the last seq seen misses nothing and repeats nothing.
     db.save({"_id": "third"})
-    later = list(db.changes(seen[-1].seq, heartbeat_ms=200, timeout=1.0))
+    later = list(changes(db, seen[-1].seq, heartbeat_ms=200, timeout=1.0))
     assert [c.id for c in later] == ["third"]
 
 
@@ -308,13 +308,13 @@ def test_feed_parsers_on_couchdb_framing() -> None:
         b'data: {"seq":"3-g1","id":"job-2","changes":[{"rev":"2-b"}],"deleted":true}\n'
         b'id: "3-g1"\n\n'
     )
-    assert [i["id"] for i in _eventsource_items([sse[:17], sse[17:70], sse[70:]])] == [
+    assert [i["id"] for i in eventsource_items([sse[:17], sse[17:70], sse[70:]])] == [
         "job-1",
         "job-2",
     ]
     continuous = change + b"\n\n\n" + change + b'\n{"last_seq":"3-g1","pending":0}\n'
     parts = [continuous[:9], continuous[9:60], continuous[60:61], continuous[61:]]
-    items = list(_continuous_items(parts))
+    items = list(continuous_items(parts))
     assert [i.get("id") for i in items] == ["job-1", "job-1", None]
     assert items[0]["seq"] == "2-g1AAAA" and items[2]["last_seq"] == "3-g1"
 
@@ -322,7 +322,7 @@ def test_feed_parsers_on_couchdb_framing() -> None:
 def test_changes_on_missing_database_raises(couch: Couch) -> None:
     missing = couch.database("no_such_db_" + uuid.uuid4().hex[:8])
     with pytest.raises(CouchError):
-        list(missing.changes(0, heartbeat_ms=200, timeout=1.0))
+        list(changes(missing, 0, heartbeat_ms=200, timeout=1.0))
 
 
 def test_local_docs(db: Database) -> None:
@@ -334,12 +334,12 @@ def test_local_docs(db: Database) -> None:
 
 
 def test_sync_design_docs_is_idempotent(db: Database) -> None:
-    assert db.sync_design_docs([BY_GROUP, VALIDATOR]) == ["_design/q", "_design/rules"]
-    assert db.sync_design_docs([BY_GROUP, VALIDATOR]) == []
+    assert sync_design_docs(db, [BY_GROUP, VALIDATOR]) == ["_design/q", "_design/rules"]
+    assert sync_design_docs(db, [BY_GROUP, VALIDATOR]) == []
     changed = {**BY_GROUP, "views": {"all": {"map": "function (doc) { emit(doc._id); }"}}}
-    assert db.sync_design_docs([changed, VALIDATOR]) == ["_design/q"]
+    assert sync_design_docs(db, [changed, VALIDATOR]) == ["_design/q"]
     assert db.get("_design/q")["views"] == changed["views"]
-    assert db.sync_design_docs([{**changed, "_rev": "1-whatever"}]) == []
+    assert sync_design_docs(db, [{**changed, "_rev": "1-whatever"}]) == []
 
 
 def test_put_replication_replicates_and_is_idempotent(
@@ -350,35 +350,33 @@ def test_put_replication_replicates_and_is_idempotent(
     db.save({"_id": "before"})
     replicator = couch.replicator()
     doc_id = f"rep-{uuid.uuid4().hex[:8]}"
-    assert couch.put_replication(doc_id, db.url, other_db.url) is True
+    assert put_replication(couch.replicator(), doc_id, db.url, other_db.url) is True
     wait_for(lambda: other_db.get("before"))
     db.save({"_id": "after"})
     wait_for(lambda: other_db.get("after"))
     # The replicator's own fields (_replication_state...) are no reason to rewrite.
     assert replicator.get(doc_id)["_replication_state"] == "triggered"
-    assert replicator.put_replication(doc_id, db.url, other_db.url) is False
+    assert put_replication(replicator, doc_id, db.url, other_db.url) is False
     assert "selector" not in replicator.get(doc_id)
     with pytest.raises(ValueError):
-        db.put_replication(doc_id, db.url, other_db.url)
+        put_replication(db, doc_id, db.url, other_db.url)
 
 
 def test_put_replication_with_filter(couch: Couch, db: Database, other_db: Database) -> None:
-    db.sync_design_docs([BY_GROUP])
+    sync_design_docs(db, [BY_GROUP])
     db.bulk_docs([{"_id": f"n{n}", "n": n} for n in range(4)])
     doc_id = f"rep-{uuid.uuid4().hex[:8]}"
-    written = couch.put_replication(
-        doc_id, db.url, other_db.url, continuous=False, filter="q/odd", query_params={"x": "1"}
-    )
+    written = put_replication(couch.replicator(), doc_id, db.url, other_db.url,
+                              continuous=False, filter="q/odd", query_params={"x": "1"})
     assert written is True
     wait_for(lambda: couch.replicator().get(doc_id).get("_replication_state") == "completed")
     assert sorted(r["id"] for r in other_db.all_docs()) == ["n1", "n3"]
-    again = couch.put_replication(
-        doc_id, db.url, other_db.url, continuous=False, filter="q/odd", query_params={"x": "1"}
-    )
+    again = put_replication(couch.replicator(), doc_id, db.url, other_db.url,
+                            continuous=False, filter="q/odd", query_params={"x": "1"})
     assert again is False
     # A missing filter would crash pouchdb-server's replicator: refused before writing.
     with pytest.raises(CouchError, match="does not exist"):
-        couch.put_replication(f"{doc_id}-x", db.url, other_db.url, filter="q/nope")
+        put_replication(couch.replicator(), f"{doc_id}-x", db.url, other_db.url, filter="q/nope")
     assert couch.replicator().get(f"{doc_id}-x") is None
 
 
@@ -414,7 +412,7 @@ def test_unreachable_server_is_retried_then_unavailable(
 def test_stream_on_dead_port_raises_unavailable() -> None:
     couch = Couch(f"http://127.0.0.1:{free_port()}", retries=1)
     with pytest.raises(Unavailable):
-        next(couch.database("jobs").changes(0, feed="continuous"))
+        next(changes(couch.database("jobs"), 0, feed="continuous"))
 
 
 def test_no_retry_on_4xx(couch: Couch, db: Database, caplog: pytest.LogCaptureFixture) -> None:
@@ -422,7 +420,7 @@ def test_no_retry_on_4xx(couch: Couch, db: Database, caplog: pytest.LogCaptureFi
     hooks = couch.client.get_http_client().hooks["response"]
     hooks.append(lambda resp, **_: statuses.append(resp.status_code))
     caplog.set_level(logging.DEBUG, logger="jobdist.couch")
-    db.sync_design_docs([VALIDATOR])
+    sync_design_docs(db, [VALIDATOR])
     statuses.clear()
     with pytest.raises(Forbidden):
         db.save({"_id": "bad", "forbidden_field": 1})

@@ -15,6 +15,7 @@ import pytest
 
 from jobdist.clock import format_time
 from jobdist.couch import Couch, Database
+from jobdist.couch_sync import sync_design_docs
 from jobdist.design import load_design_docs
 from jobdist.keepalive import KeepAlive
 from jobdist.lab.localserver import LocalServer, free_port
@@ -36,7 +37,7 @@ def disk_server(tmp_path: Path) -> Iterator[LocalServer]:
 
 def jobs_db(server: LocalServer) -> Database:
     db = Couch(server.url).ensure_database("jobs")
-    db.sync_design_docs(load_design_docs())
+    sync_design_docs(db, load_design_docs())
     return db
 
 
@@ -93,7 +94,7 @@ def test_listener_hands_over_changes_resumes_from_its_checkpoint_and_reconnects(
 def test_keepalive_resaves_only_its_own_stale_open_jobs_and_only_their_timestamp(
         couch_server: LocalServer) -> None:
     db = Couch(couch_server.url).ensure_database(f"ka_{free_port()}")
-    db.sync_design_docs(load_design_docs())
+    sync_design_docs(db, load_design_docs())
     long_ago = format_time(datetime.now(UTC) - timedelta(minutes=10))
     stale, fresh, claimed, foreign = (
         new_job("global", [new_step("true")], created_at=long_ago, priority=1),
@@ -120,7 +121,7 @@ def test_keepalive_resaves_only_its_own_stale_open_jobs_and_only_their_timestamp
 def test_keepalive_resaves_no_more_stale_jobs_than_sites_have_room_for(
         couch_server: LocalServer) -> None:
     db = Couch(couch_server.url).ensure_database(f"ka_{free_port()}")
-    db.sync_design_docs(load_design_docs())
+    sync_design_docs(db, load_design_docs())
     minutes_ago = [format_time(datetime.now(UTC) - timedelta(minutes=m)) for m in (30, 20, 10)]
     # In line: the oldest first; the second may run at reg_a alone.
     first, for_a, last = (new_job("global", [new_step("true", target=target)], created_at=at)

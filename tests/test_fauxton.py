@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from jobdist.couch import Couch
+from jobdist.couch_sync import sync_design_docs
 from jobdist.design import load_design_docs
 from jobdist.lab.localserver import LocalServer, free_port
 from jobdist.model import new_job, new_step
@@ -109,7 +110,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalServer
     server.start()
     try:
         db = Couch(server.url).ensure_database("jobs")
-        db.sync_design_docs(load_design_docs())
+        sync_design_docs(db, load_design_docs())
         jobs = [new_job("global", [new_step(f"echo {n}")]) for n in range(3)]
         jobs[2]["job"][0].update(  # running at reg_a, halfway
             epoch=1, claimed_by="reg_a", winner="reg_a", step_status="running",

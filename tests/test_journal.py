@@ -15,6 +15,7 @@ import pytest
 
 from jobdist.config import CouchSettings, DaemonSettings, SiteConfig
 from jobdist.couch import Couch, Database
+from jobdist.couch_sync import sync_design_docs
 from jobdist.design import load_design_docs
 from jobdist.journal import STOPPED_UNWRITTEN, Held, Journal, JournalFull
 from jobdist.lab.localserver import LocalServer, free_port
@@ -86,7 +87,7 @@ def server(tmp_path: Path) -> Iterator[LocalServer]:
 
 def manager_for(server: LocalServer, journal_dir: Path) -> tuple[Manager, Database]:
     db = Couch(server.url, retries=2, retry_time=1.0).ensure_database("jobs")
-    db.sync_design_docs(load_design_docs())
+    sync_design_docs(db, load_design_docs())
     config = SiteConfig("global", CouchSettings(server.url, "jobs"), workers=1,
                         daemon=DaemonSettings(lease=60.0, heartbeat=15.0))
     return Manager(in_tmp(config, journal_dir.parent), CouchStore(db), {"global"},

@@ -11,6 +11,7 @@ import requests
 
 from jobdist import core, status
 from jobdist.couch import Couch, Database, Forbidden
+from jobdist.couch_sync import sync_design_docs
 from jobdist.design import load_design_docs
 from jobdist.lab.cluster import LocalCluster
 from jobdist.lab.localserver import LocalServer
@@ -256,7 +257,7 @@ def test_a_status_that_failed_is_tried_again_a_moment_later():
 def jobs_db(couch_server: LocalServer) -> Iterator[Database]:
     couch = Couch(couch_server.url)
     db = couch.ensure_database("status_rules")
-    db.sync_design_docs(load_design_docs())
+    sync_design_docs(db, load_design_docs())
     yield db
     couch.call("drop", couch.client.delete_database, db.name)
 

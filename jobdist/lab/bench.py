@@ -35,6 +35,8 @@ from .. import core
 from ..clock import seconds_between, utc_now
 from ..config import CouchSettings
 from ..couch import Couch, Database
+from ..couch_changes import changes
+from ..couch_sync import sync_design_docs
 from ..design import load_design_docs
 from ..model import Doc, new_job, new_step, normalise
 from ..setup import admin_couch_of
@@ -364,7 +366,7 @@ def raw_write_rates(couch: Couch, docs: int) -> RawRates:
     """Write job-shaped documents into a fresh database with our design documents."""
     db = couch.ensure_database(f"bench_raw_{uuid.uuid4().hex[:8]}")
     try:
-        db.sync_design_docs(load_design_docs())  # the same validation the jobs database runs
+        sync_design_docs(db, load_design_docs())  # the same validation the jobs database runs
         singles = [new_job("global", [new_step("true")]) for _ in range(docs)]
         started = time.perf_counter()
         for doc in singles:
@@ -398,11 +400,10 @@ def revision_trees(db: Database, ids: list[str]) -> dict[str, tuple[set[str], in
     """
     client = db.couch.client
     wanted_ids = set(ids)
-    changes = db.couch.call("list the leaves", client.post_changes, db.name,
-                            style="all_docs")
+    feed = db.couch.call("list the leaves", client.post_changes, db.name, style="all_docs")
     # (A clustered CouchDB may list a document twice: each leaf once.)
     wanted = [{"id": doc_id, "rev": rev} for doc_id, rev in dict.fromkeys(
-        (result["id"], change["rev"]) for result in changes["results"]
+        (result["id"], change["rev"]) for result in feed["results"]
         if result["id"] in wanted_ids for change in result["changes"])]
     trees: dict[str, tuple[set[str], int]] = {}
     for first in range(0, len(wanted), REVISIONS_BATCH):
@@ -1112,8 +1113,9 @@ def run_feed(writes: int, burst: int) -> list[FeedRun]:
             LocalServer(free_port(), Path(tmp), in_memory=in_memory()) as server:
         db = Couch(server.url).ensure_database("feed_ours")
         ours, stop = CountingCouch(server.url), threading.Event()
-        stream = (change.id for change in ours.database(db.name).changes(
-            db.last_seq(), include_docs=True, conflicts=True, heartbeat_ms=5000, stop=stop))
+        stream = (change.id for change in changes(
+            ours.database(db.name), db.last_seq(), include_docs=True, conflicts=True,
+            heartbeat_ms=5000, stop=stop))
         results = [measure_feed("stream", db, FeedProbe(stream), ours.requests, writes, burst)]
         stop.set()
         db = Couch(server.url).ensure_database("feed_sdk")

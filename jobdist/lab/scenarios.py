@@ -24,6 +24,7 @@ from typing import Any
 
 from ..config import load_sites
 from ..couch import CouchError, Database
+from ..couch_changes import changes
 from ..model import ANY, Doc, Leaf, allows, counting_runs, is_broadcast, new_job, new_step
 from ..setup import couch_of
 from .cluster import LocalCluster
@@ -279,8 +280,8 @@ def _follow_until_ended(db: Database, since: object, pending: set[str], deadline
     if on_progress:
         on_progress(total - len(pending))
     try:
-        for change in db.changes(since, include_docs=True, heartbeat_ms=1000,
-                                 timeout=max(0.0, deadline - time.monotonic())):
+        for change in changes(db, since, include_docs=True, heartbeat_ms=1000,
+                              timeout=max(0.0, deadline - time.monotonic())):
             if change.id in pending and (change.doc or {}).get("job_status"):
                 pending.discard(change.id)
                 if on_progress:
