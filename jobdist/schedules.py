@@ -38,9 +38,9 @@ from cronsim import CronSim, CronSimError
 from .clock import format_time, later, parse_time, seconds_between, utc_now
 from .couch import Conflict, Database, Saved
 from .design import DDOC
+from .document_rules import SCHEDULE_DEFAULTS, validate_schedule
 from .model import Doc, new_job
 from .periodic import Periodic
-from .validation import SCHEDULE_DEFAULTS, validate_schedule
 
 LATE_AFTER = 60.0  # seconds: a tick found later than this was missed
 MAX_CATCH_UP = 100  # missed ticks run in one pass under the "all" policy

@@ -33,8 +33,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from . import core
+from .document_rules import validate_site_status
 from .model import Doc, Leaf, Phase, StepKey, step_phase
-from .validation import validate_site_status
 
 log = logging.getLogger("jobdist.status")
 

@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import IO
 
 from .clock import utc_now
+from .javascript_json import text_length
 from .logs import EventLog
 from .model import Progress
-from .validation import MAX_PROGRESS_MESSAGE, text_length
+from .validation import MAX_PROGRESS_MESSAGE
 
 OUTPUT_TAIL_BYTES = 4096
 _READ_CHUNK = 65536

@@ -10,19 +10,44 @@ Parity with JavaScript shapes a few choices:
   `1.0` from `1`), but never a bool;
 - lengths count UTF-16 code units, as JavaScript's `.length` does;
 - the size limit measures the text `JSON.stringify` would produce.
+
+The rules are written in the vocabulary of jobdist/checks.py and measure as
+jobdist/javascript_json.py does; jobdist/document_rules.py holds the rules of
+site status and schedule documents.
 """
 
 from __future__ import annotations
 
-import json
-import math
-import operator
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from decimal import Decimal
 from typing import Any
 
+from .checks import (
+    Check,
+    Field,
+    Shape,
+    describe_choices,
+    is_list,
+    is_object,
+    is_string,
+    list_of,
+    nullable,
+    object_of,
+    one_of,
+    optional_number,
+    simple,
+    sorted_like_javascript,
+    text,
+    unchecked,
+)
+from .javascript_json import (
+    LONE_SURROGATE,
+    is_number,
+    javascript_length,
+    python_json,
+    text_length,
+    walked_json_length,
+)
 from .model import (
     AFTER_POLICIES,
     ALL,
@@ -36,7 +61,6 @@ from .model import (
     STEP_DEFAULTS,
     is_broadcast,
 )
-from .names import did_you_mean
 
 MAX_DOC_SIZE = 1024 * 1024
 MAX_DEPTH = 32  # levels of objects and lists; Python's JSON parser gives up near 1000
@@ -56,9 +80,6 @@ UNMEASURED_FIELDS = ("_rev", "_revisions")
 # CouchDB's own top-level members (it refuses any other name starting with _), not checked.
 COUCHDB_FIELDS = ("_rev", "_revisions", "_conflicts", "_deleted_conflicts", "_deleted",
                   "_attachments", "_revs_info", "_local_seq")
-# "Did you mean" hints only while fewer errors than this are found: finding the nearest
-# name costs work, and a document may hold 100,000 unknown fields.
-MAX_HINTED_ERRORS = 20
 
 SITE_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
 ISO_UTC = re.compile(
@@ -72,8 +93,6 @@ SITE_NAME_RULE = (
 SITE_NAME_REASON = "must be " + SITE_NAME_RULE
 ISO_UTC_RULE = "an ISO 8601 UTC time ending in Z (YYYY-MM-DDTHH:MM:SS[.ffffff]Z)"
 ISO_UTC_REASON = "must be " + ISO_UTC_RULE
-# In a str decoded from JSON, every surrogate code point is a lone one.
-LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 TARGET_REASON = 'must be "any", a site name or a non-empty list of site names'
 CONTROL_CHARACTER = re.compile("[\x00-\x1f\x7f]")
 ID_REASON = (
@@ -106,27 +125,6 @@ def check_job(doc: Any) -> None:
 # --- value tests -------------------------------------------------------------
 
 
-def is_object(value: Any) -> bool:
-    return isinstance(value, dict)
-
-
-def is_list(value: Any) -> bool:
-    return isinstance(value, list)
-
-
-def is_string(value: Any) -> bool:
-    return isinstance(value, str)
-
-
-def is_number(value: Any) -> bool:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return False
-    try:
-        return math.isfinite(value)
-    except OverflowError:  # an int beyond the float range: Infinity in JavaScript
-        return False
-
-
 def is_integer(value: Any) -> bool:
     return is_number(value) and float(value).is_integer()
 
@@ -156,125 +154,8 @@ def is_doc_id(value: Any) -> bool:
     )
 
 
-def text_length(text: str) -> int:
-    """The length JavaScript reports: UTF-16 code units."""
-    return len(text.encode("utf-16-le", "surrogatepass")) // 2
-
-
-def nullable(test: Callable[[Any], bool]) -> Callable[[Any], bool]:
-    return lambda value: value is None or test(value)
-
-
 def count_up_to(maximum: int) -> Callable[[Any], bool]:
     return lambda value: is_integer(value) and 0 <= value <= maximum
-
-
-def one_of(choices: tuple[Any, ...]) -> Callable[[Any], bool]:
-    # Compared by type too: in JavaScript `0 === false` is false, in Python `0 == False`.
-    return lambda value: any(type(value) is type(c) and value == c for c in choices)
-
-
-def describe_choices(choices: tuple[Any, ...]) -> str:
-    return "must be one of " + ", ".join(json.dumps(choice) for choice in choices)
-
-
-# --- checks: each appends "<path>: <reason>" for what is wrong with one value ---
-
-Check = Callable[[Any, str, list[str]], None]
-
-
-@dataclass(frozen=True)
-class Field:
-    name: str
-    check: Check
-    optional: bool = False  # may be left out with no default (a field with one always may)
-
-    def required(self, defaults: dict[str, Any]) -> bool:
-        return not self.optional and self.name not in defaults
-
-
-def simple(test: Callable[[Any], bool], reason: str) -> Check:
-    def check(value: Any, path: str, errors: list[str]) -> None:
-        if not test(value):
-            errors.append(f"{path}: {reason}")
-
-    return check
-
-
-def optional_number(comparison: str, bound: int) -> Check:
-    """null, or a number `comparison` bound (">" or ">=")."""
-    compare = operator.gt if comparison == ">" else operator.ge
-    test = nullable(lambda value: is_number(value) and compare(value, bound))
-    return simple(test, f"must be null or a number {comparison} {bound}")
-
-
-def text(max_length: int, *, non_empty: bool, allow_null: bool = False) -> Check:
-    kind = "a non-empty string" if non_empty else "a string"
-    reason = ("must be null or " if allow_null else "must be ") + kind
-
-    def check(value: Any, path: str, errors: list[str]) -> None:
-        if allow_null and value is None:
-            return
-        if not is_string(value) or (non_empty and value == ""):
-            errors.append(f"{path}: {reason}")
-        elif text_length(value) > max_length:
-            errors.append(f"{path}: must be at most {max_length} characters long")
-
-    return check
-
-
-class Shape:
-    """An object's fields, in order, with what checking it needs worked out once."""
-
-    def __init__(self, fields: list[Field], defaults: dict[str, Any]) -> None:
-        self.fields = fields
-        self.names = [field.name for field in fields]  # in order: "did you mean" ties
-        self.known = frozenset(self.names)
-        self.required = frozenset(field.name for field in fields if field.required(defaults))
-
-    def check(self, obj: dict[str, Any], prefix: str, errors: list[str]) -> None:
-        """Check each field in order; one with a default may be left out; an object
-        accepts no other fields."""
-        for field in self.fields:
-            if field.name in obj:
-                field.check(obj[field.name], prefix + field.name, errors)
-            elif field.name in self.required:
-                errors.append(f"{prefix}{field.name}: is missing")
-        unknown = [key for key in obj if key not in self.known]
-        for name in sorted_like_javascript(unknown) if unknown else ():
-            hint = did_you_mean(name, self.names) if len(errors) < MAX_HINTED_ERRORS else ""
-            errors.append(f"{prefix}{name}: unknown field{hint}")
-
-
-def sorted_like_javascript(names: Any) -> list[str]:
-    """Sorted as JavaScript's default sort does: by UTF-16 code units."""
-    return sorted(names, key=lambda name: name.encode("utf-16-be", "surrogatepass"))
-
-
-def object_of(fields: list[Field], reason: str, defaults: dict[str, Any] | None = None, *,
-              allow_null: bool = False) -> Check:
-    shape = Shape(fields, defaults or {})
-
-    def check(value: Any, path: str, errors: list[str]) -> None:
-        if allow_null and value is None:
-            return
-        if not is_object(value):
-            errors.append(f"{path}: {reason}")
-            return
-        shape.check(value, path + ".", errors)
-
-    return check
-
-
-def list_of(item_check: Check) -> Check:
-    def check(value: Any, path: str, errors: list[str]) -> None:
-        if not is_list(value):
-            errors.append(f"{path}: must be a list")
-            return
-        for index, item in enumerate(value):
-            item_check(item, f"{path}[{index}]", errors)
-
-    return check
 
 
 def check_target(value: Any, path: str, errors: list[str]) -> None:
@@ -468,10 +349,6 @@ EVENT_FIELDS = [
 EVENT = object_of(EVENT_FIELDS, "must be an object", EVENT_DEFAULTS)
 
 
-def unchecked(value: Any, path: str, errors: list[str]) -> None:
-    """A field that is known, and checked elsewhere or not at all."""
-
-
 def check_after(own_id: Any) -> Check:
     """`after`: the ids of other jobs, each once, at most MAX_AFTER of them."""
     def check(value: Any, path: str, errors: list[str]) -> None:
@@ -539,88 +416,6 @@ def validate_job(doc: Any) -> list[str]:
     return errors
 
 
-def validate_site_status(doc: Any) -> list[str]:
-    """A site's status document (jobdist/status.py); the same rules as validate_doc_update."""
-    return validate_object(doc, lambda: site_status_fields(doc.get("site")), {})
-
-
-def validate_object(doc: Any, fields: Callable[[], list[Field]],
-                    defaults: dict[str, Any]) -> list[str]:
-    """Every rule a document of a closed set of `fields` breaks."""
-    if not is_object(doc):
-        return ["document: must be a JSON object"]
-    errors: list[str] = []
-    Shape(fields(), defaults).check(doc, "", errors)
-    return errors
-
-
-FLAG = simple(lambda value: isinstance(value, bool), "must be true or false")
-
-
-def id_of(prefix: str, name: Any, what: str) -> Check:
-    """`_id` of a document named by one of its fields: `<prefix><name>`."""
-    return simple(lambda value: is_string(name) and value == prefix + name,
-                  f"must be \"{prefix}\" followed by the {what}'s name")
-
-
-def site_status_fields(site: Any) -> list[Field]:
-    return [
-        Field("_id", id_of("site-", site, "site")),
-        Field("type", unchecked),
-        Field("site", SITE),
-        Field("workers", COUNT),
-        Field("free_workers", COUNT),
-        Field("draining", FLAG),
-        Field("assigns", FLAG),
-        Field("restricted", FLAG),
-        Field("updated_at", TIME),
-        *(Field(name, unchecked, optional=True) for name in COUCHDB_FIELDS),
-    ]
-
-
-# --- schedules (jobdist/schedules.py) ------------------------------------------------
-
-CRON = re.compile(r"[0-9A-Za-z*?,/#-]+( [0-9A-Za-z*?,/#-]+){4}")
-CRON_REASON = ("must be a cron expression of 5 fields (minute hour day month weekday), "
-               "e.g. \"0 2 * * *\"")
-TIMEZONE = re.compile(r"[A-Za-z][A-Za-z0-9_+-]*(/[A-Za-z0-9_+-]+){0,2}")
-TIMEZONE_REASON = 'must be an IANA time zone name, e.g. "UTC" or "Europe/Zurich"'
-MISSED_POLICIES = ("latest", "all", "skip")
-SCHEDULE_DEFAULTS: dict[str, Any] = {"enabled": True, "missed": "latest", "timezone": "UTC"}
-
-
-def validate_schedule(doc: Any) -> list[str]:
-    """A schedule document; the same rules as validate_doc_update."""
-    return validate_object(doc, lambda: schedule_fields(doc.get("name")), SCHEDULE_DEFAULTS)
-
-
-def schedule_fields(name: Any) -> list[Field]:
-    return [
-        Field("_id", id_of("schedule-", name, "schedule")),
-        Field("type", unchecked),
-        Field("name", NAME),
-        Field("cron", simple(lambda value: is_string(value) and len(value) <= 200
-                             and CRON.fullmatch(value) is not None, CRON_REASON)),
-        Field("timezone", simple(lambda value: is_string(value) and len(value) <= 64
-                                 and TIMEZONE.fullmatch(value) is not None, TIMEZONE_REASON)),
-        Field("owner", SITE),
-        Field("enabled", FLAG),
-        Field("missed", simple(one_of(MISSED_POLICIES), describe_choices(MISSED_POLICIES))),
-        Field("job", check_template),
-        Field("created_at", TIME),
-        Field("updated_at", TIME),
-        *(Field(name, unchecked, optional=True) for name in COUCHDB_FIELDS),
-    ]
-
-
-def check_template(value: Any, path: str, errors: list[str]) -> None:
-    """The job each tick submits: a submission, with its errors under `job.`."""
-    if not is_object(value):
-        errors.append(f"{path}: must be an object: the job each tick submits")
-        return
-    errors.extend(f"{path}.{error}" for error in validate_job({**SERVER_FILLED, **value}))
-
-
 def is_design_doc(doc: dict[str, Any]) -> bool:
     return is_string(doc.get("_id")) and doc["_id"].startswith("_design/")
 
@@ -679,92 +474,6 @@ def json_length(value: Any) -> int:
     otherwise (1.0 as 1, 1e-05 as 1e-5, NaN as null)."""
     text = python_json(value)
     return walked_json_length(value) if text is None else javascript_length(text)
-
-
-def python_json(value: Any) -> str | None:
-    """json.dumps' compact text, or None: not JSON, or nested past C's stack."""
-    try:
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-    except (TypeError, ValueError, RecursionError):
-        return None
-
-
-def javascript_length(text: str) -> int:
-    """The length of `text` (Python's JSON) as JavaScript would write the same value."""
-    total = len(text) if text.isascii() else (
-        text_length(text) + 5 * len(LONE_SURROGATE.findall(text)))
-    if MAYBE_RESPELLED.search(text):  # rare: tokenise to skip what is inside strings
-        for token in PYTHON_NUMBER.findall(text):
-            if token and not SAME_SPELLING.fullmatch(token):
-                total += len(javascript_spelling(token)) - len(token)
-    return total
-
-
-# A number JavaScript may spell otherwise, or text inside a string that looks like one.
-MAYBE_RESPELLED = re.compile(
-    r"(?:^|[:,\[])(?:-?\d+[.eE][\d.eE+-]*|-?\d{16,}|-?Infinity|NaN)(?=[,\]}]|$)")
-# A JSON string (skipped) or a number token as Python writes it.
-PYTHON_NUMBER = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|(-?(?:\d[\d.eE+-]*|Infinity)|NaN)')
-# An integer JavaScript holds exactly (below 2**53) is spelled alike in both.
-SAME_SPELLING = re.compile(r"-?\d{1,15}")
-
-
-def javascript_spelling(token: str) -> str:
-    number = float(token)
-    return javascript_number(number) if math.isfinite(number) else "null"
-
-
-def walked_json_length(value: Any) -> int:
-    # Iterative: a deeply nested unknown field must not exhaust Python's stack.
-    total = 0
-    pending = [value]
-    while pending:
-        item = pending.pop()
-        if is_object(item):
-            # Braces, a colon per member and the commas between members.
-            total += 2 + len(item) + max(len(item) - 1, 0)
-            total += sum(scalar_length(str(key)) for key in item)
-            pending.extend(item.values())
-        elif is_list(item):
-            total += 2 + max(len(item) - 1, 0)
-            pending.extend(item)
-        else:
-            total += scalar_length(item)
-    return total
-
-
-def scalar_length(value: Any) -> int:
-    if is_string(value):
-        # JSON.stringify escapes lone surrogates as \udXXX: 6 units, not 1.
-        surrogates = len(LONE_SURROGATE.findall(value))
-        return text_length(json.dumps(value, ensure_ascii=False)) + 5 * surrogates
-    if value is True:
-        return 4
-    if value is False:
-        return 5
-    if is_number(value):
-        return len(javascript_number(value))
-    return 4  # null, and what JSON.stringify turns into null
-
-
-def javascript_number(value: float) -> str:
-    """Number.prototype.toString for a finite number (ECMA-262 Number::toString)."""
-    number = float(value)
-    if number == 0:
-        return "0"
-    sign = "-" if number < 0 else ""
-    shortest = Decimal(repr(abs(number))).normalize()  # repr: the shortest round trip
-    digits = "".join(map(str, shortest.as_tuple().digits))
-    point = len(digits) + int(shortest.as_tuple().exponent)
-    if len(digits) <= point <= 21:
-        return sign + digits + "0" * (point - len(digits))
-    if 0 < point <= 21:
-        return sign + digits[:point] + "." + digits[point:]
-    if -6 < point <= 0:
-        return sign + "0." + "0" * -point + digits
-    exponent = point - 1
-    mantissa = digits[0] + ("." + digits[1:] if len(digits) > 1 else "")
-    return f"{sign}{mantissa}e{'+' if exponent >= 0 else '-'}{abs(exponent)}"
 
 
 # --- submissions ---------------------------------------------------------------

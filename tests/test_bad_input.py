@@ -31,6 +31,7 @@ from urllib.parse import quote
 import pytest
 import requests
 
+from jobdist.javascript_json import text_length
 from jobdist.lab.cluster import LocalCluster
 from jobdist.lab.scenarios import site_db, submit_all, wait_until_done, write_sites
 from jobdist.model import ANY, Doc, event, new_job, new_step, new_sub_run
@@ -39,7 +40,6 @@ from jobdist.validation import (
     MAX_STREAM_LENGTH,
     format_errors,
     json_size,
-    text_length,
     validate_job,
 )
 

@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from jobdist.cli import main
 from jobdist.client import read_merged_many
 from jobdist.clock import later, utc_now
+from jobdist.document_rules import validate_schedule
 from jobdist.lab.cluster import LocalCluster
 from jobdist.lab.scenarios import site_db, wait_until_done, write_sites
 from jobdist.model import Doc
@@ -25,7 +26,7 @@ from jobdist.schedules import (
     tick_job_id,
     ticks,
 )
-from jobdist.validation import format_errors, validate_job, validate_schedule
+from jobdist.validation import format_errors, validate_job
 
 from .test_validation import upload_design_docs
 

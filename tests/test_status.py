@@ -13,12 +13,12 @@ from jobdist import core, status
 from jobdist.couch import Couch, Database, Forbidden
 from jobdist.couch_sync import sync_design_docs
 from jobdist.design import load_design_docs
+from jobdist.document_rules import validate_site_status
 from jobdist.lab.cluster import LocalCluster
 from jobdist.lab.localserver import LocalServer
 from jobdist.lab.scenarios import site_db, wait_until_done, write_sites
 from jobdist.model import new_job, new_step
 from jobdist.status import Board, Publisher, SiteStatus
-from jobdist.validation import validate_site_status
 
 from .helpers import wait_for
 

@@ -20,6 +20,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from jobdist.design import load_design_docs
+from jobdist.document_rules import SCHEDULE_DEFAULTS
+from jobdist.javascript_json import walked_json_length
 from jobdist.model import (
     EVENT_DEFAULTS,
     JOB_DEFAULTS,
@@ -36,7 +38,6 @@ from jobdist.model import (
 from jobdist.validation import (
     JS_GROWTH,
     MAX_DOC_SIZE,
-    SCHEDULE_DEFAULTS,
     InvalidJob,
     check_job,
     format_errors,
@@ -45,7 +46,6 @@ from jobdist.validation import (
     json_size_over,
     validate_job,
     validate_submission,
-    walked_json_length,
 )
 
 Doc = dict[str, Any]

@@ -10,11 +10,11 @@ from cronsim import CronSimError
 
 from jobdist import client
 from jobdist.clock import utc_now
+from jobdist.document_rules import MISSED_POLICIES
 from jobdist.jobfile import read_job_file, submission_from_flags, unknown_targets
 from jobdist.render import make_console, plain, short_time
 from jobdist.schedules import BadSchedule, new_schedule, next_ticks
 from jobdist.tables import Cell, Col, FittedTable
-from jobdist.validation import MISSED_POLICIES
 
 from .common import (
     CliError,
