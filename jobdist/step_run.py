@@ -19,9 +19,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from .clock import utc_now
+from .javascript_json import text_length
 from .logs import EventLog
 from .processes import group_has_live_members, signal_group
 from .step_output import Output, ProgressCallback, ProgressScanner, Report
+from .validation import MAX_STREAM_LENGTH
 
 KILL_GRACE_SECONDS = 2.0  # between SIGTERM and SIGKILL of a process group
 POLL_SECONDS = 0.05  # how often waits look at the cancel event and the deadline
@@ -41,8 +43,8 @@ class StepResult:
     exec_time: float  # seconds from the first attempt's start to the end
     start_time: str  # ISO 8601 UTC with microseconds and "Z"
     finish_time: str
-    stdout: str  # last OUTPUT_TAIL_BYTES of the last attempt's stdout
-    stderr: str
+    stdout: str  # last OUTPUT_TAIL_BYTES of the last attempt's stdout; when alt_do ran,
+    stderr: str  # do's last attempt's and alt_do's, labelled (labelled_outputs)
     reason: str  # human-readable outcome, e.g. "exit 3 after 4 attempts"
     cancelled: bool = False
     timed_out: bool = False
@@ -310,7 +312,8 @@ class _StepRun:
             return self._result(do.last, f"cancelled before alt_do ({do.summary})", cancelled=True)
         self._log.info("do failed, running alt_do", reason=do.summary)
         alt = self._attempt(alt_do)
-        return self._result(alt, self._alt_reason(alt, do), used_alt=True)
+        return self._result(alt, self._alt_reason(alt, do), used_alt=True,
+                            output=labelled_outputs(do.last, alt))
 
     def _attempt(self, command: str) -> _Attempt:
         self._attempts += 1
@@ -375,9 +378,12 @@ class _StepRun:
         return time.monotonic() - self._started
 
     def _result(
-        self, last: _Attempt, reason: str, used_alt: bool = False, cancelled: bool = False
+        self, last: _Attempt, reason: str, used_alt: bool = False, cancelled: bool = False,
+        output: tuple[str, str] | None = None,
     ) -> StepResult:
+        """The step's end, from its `last` attempt; `output`: (stdout, stderr) if not its."""
         cancelled = cancelled or last.cancelled
+        stdout, stderr = output or (last.stdout, last.stderr)
         self._log.info("step finished", exit=last.exit_code, reason=reason)
         return StepResult(
             ok=last.ok and not cancelled,
@@ -387,8 +393,8 @@ class _StepRun:
             exec_time=self._elapsed(),
             start_time=self._start_time,
             finish_time=utc_now(),
-            stdout=last.stdout,
-            stderr=last.stderr,
+            stdout=stdout,
+            stderr=stderr,
             reason=reason,
             cancelled=cancelled,
             timed_out=last.timed_out,
@@ -398,6 +404,44 @@ class _StepRun:
     def _cancelled_before_start(self) -> StepResult:
         self._log.info("step cancelled before its first attempt")
         return not_run("cancelled before start", 0.0, cancelled=True)
+
+
+def labelled_outputs(do: _Attempt, alt: _Attempt) -> tuple[str, str]:
+    """(stdout, stderr) of a step whose alt_do ran: in each, the main command's last
+    attempt's output (why it failed), then alt_do's, each under a label, within the
+    document's limit for a stream."""
+    do_label = f"--- do ({_short(do.outcome)}) ---\n"
+    alt_label = f"--- alt_do ({_short(alt.outcome)}) ---\n"
+    return (_joined(do_label, do.stdout, alt_label, alt.stdout),
+            _joined(do_label, do.stderr, alt_label, alt.stderr))
+
+
+def _short(outcome: str) -> str:
+    """The outcome as a label says it: "exit 3", "killed by SIGKILL", "refused" (no why)."""
+    return outcome.partition(":")[0]
+
+
+def _joined(first_label: str, first: str, second_label: str, second: str) -> str:
+    """Both texts labelled, each keeping its end; when both are long each keeps half
+    the room, else the shorter one is whole and the other takes the rest."""
+    if not (first or second):
+        return ""
+    room = MAX_STREAM_LENGTH - text_length(first_label + second_label) - 1  # 1: "\n" after first
+    second = _last_units(second, max(room // 2, room - text_length(first)))
+    first = _last_units(first, room - text_length(second))
+    if first and not first.endswith("\n"):
+        first += "\n"
+    return first_label + first + second_label + second
+
+
+def _last_units(text: str, units: int) -> str:
+    """The end of `text` that is at most `units` UTF-16 code units long."""
+    kept = text[-units:] if units > 0 else ""
+    excess, start = text_length(kept) - units, 0
+    while excess > 0:  # characters beyond U+FFFF take two units
+        excess -= 2 if ord(kept[start]) > 0xFFFF else 1
+        start += 1
+    return kept[start:]
 
 
 def allow_all(command: str) -> bool:

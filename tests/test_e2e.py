@@ -86,11 +86,14 @@ def test_retries_then_success(cluster: LocalCluster, tmp_path: Path) -> None:
 
 def test_retries_exhausted_then_alt_do_succeeds(cluster: LocalCluster, tmp_path: Path) -> None:
     marker = tmp_path / "alt"
-    doc = run_job(cluster, [new_step("exit 3", max_retries=2, sleep=0.05,
+    doc = run_job(cluster, [new_step("echo why >&2; exit 3", max_retries=2, sleep=0.05,
                                      alt_do=f"touch {marker}"), new_step("true")])
     assert doc["job_status"] == "success"  # an alt_do that succeeds lets the job go on
     assert marker.exists()
     assert doc["job"][0]["attempts"] == 4
+    # `jobdist logs` shows why do failed, not only what alt_do printed.
+    assert doc["job"][0]["output"] == {
+        "stdout": "", "stderr": "--- do (exit 3) ---\nwhy\n--- alt_do (exit 0) ---\n"}
     assert "alt_do succeeded" in next(
         h["detail"] for h in doc["history"] if h["event"] == "finished")
 

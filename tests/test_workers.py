@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from jobdist import step_run
+from jobdist.javascript_json import text_length
 from jobdist.step_output import (
     OUTPUT_TAIL_BYTES,
     PROGRESS_PREFIX,
@@ -22,6 +23,7 @@ from jobdist.step_output import (
     parse_progress,
 )
 from jobdist.step_run import StepResult, _exit_watch, retry_delays, run_step
+from jobdist.validation import MAX_STREAM_LENGTH
 from jobdist.workers import Execution, WorkerPool
 
 ISO_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
@@ -135,8 +137,39 @@ def test_retries_exhausted_then_alt_do_succeeds() -> None:
     step = make_step("exit 1", alt_do="echo alt $JOBDIST_ATTEMPT", retry={"max_retries": 2})
     result = run_step(step, JOB_ENV)
     assert result.ok and result.used_alt
-    assert (result.exit_code, result.attempts, result.stdout) == (0, 4, "alt 4\n")
+    assert (result.exit_code, result.attempts) == (0, 4)
+    assert result.stdout == "--- do (exit 1) ---\n--- alt_do (exit 0) ---\nalt 4\n"
+    assert result.stderr == ""  # neither wrote to it
     assert result.reason == "alt_do succeeded after do failed (exit 1 after 3 attempts)"
+
+
+def test_alt_do_keeps_the_main_commands_output_labelled() -> None:
+    step = make_step("echo why; echo it failed >&2; exit 3", alt_do="echo fallback")
+    result = run_step(step, JOB_ENV)
+    assert result.ok and result.used_alt
+    assert result.stdout == "--- do (exit 3) ---\nwhy\n--- alt_do (exit 0) ---\nfallback\n"
+    assert result.stderr == "--- do (exit 3) ---\nit failed\n--- alt_do (exit 0) ---\n"
+
+
+EMOJI_6000_BYTES = "i=0; while [ $i -lt 1500 ]; do printf '\\360\\237\\230\\200'; i=$((i+1)); done"
+
+
+def test_both_outputs_of_an_alt_do_step_share_the_documents_limit() -> None:
+    # Each fills its tail: do with 4-byte characters (2 UTF-16 units each), no final newline.
+    step = make_step(f"{EMOJI_6000_BYTES}; exit 1", alt_do="yes b | head -c 6000")
+    result = run_step(step, JOB_ENV)
+    do_part, alt_part = result.stdout.split("\n--- alt_do (exit 0) ---\n")
+    assert do_part.startswith("--- do (exit 1) ---\n\U0001f600")
+    assert set(do_part.split("\n", 1)[1]) == {"\U0001f600"}  # the end of it, whole characters
+    assert alt_part.endswith("b\nb\n") and text_length(alt_part) > MAX_STREAM_LENGTH // 2 - 40
+    assert MAX_STREAM_LENGTH - 4 < text_length(result.stdout) <= MAX_STREAM_LENGTH
+
+
+def test_a_short_alt_do_output_leaves_the_room_to_the_main_commands() -> None:
+    result = run_step(make_step("yes a | head -c 6000; exit 1", alt_do="echo short"), JOB_ENV)
+    do_part, alt_part = result.stdout.split("\n--- alt_do (exit 0) ---\n")
+    assert do_part.endswith("a\na") and alt_part == "short\n"
+    assert MAX_STREAM_LENGTH - 4 < text_length(result.stdout) <= MAX_STREAM_LENGTH
 
 
 def test_alt_do_failure() -> None:
