@@ -2,8 +2,9 @@
 
 Our client is IBM's Cloudant SDK (`ibmcloudant.CloudantV1` with its
 `BasicAuthenticator`): every document, bulk, view, `_all_docs`, `_changes`,
-`_local`, design, `_replicator`, `_security` and session call goes through it,
-and `list_ids` pages `_all_docs` with its `Pagination`. This module is the thin
+`_local`, design, `_replicator`, `_security` and session call goes through it.
+Views are paged by hand (couch_views.iter_view): the SDK's view pager restarts
+each page at `startkey_docid`, which pouchdb-server ignores. This module is the thin
 layer above it that the rest of jobdist sees: typed results (`Saved`,
 `Conflict`, `Rejected`), one error family (`CouchError`) with one-line messages
 that never show credentials, retries bounded in time, and what the SDK cannot
@@ -33,7 +34,7 @@ from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 import requests
 from ibm_cloud_sdk_core import ApiException, DetailedResponse
-from ibmcloudant import CloudantV1, PagerType, Pagination
+from ibmcloudant import CloudantV1
 from tenacity import (
     RetryCallState,
     Retrying,
@@ -461,19 +462,6 @@ class Database:
     def all_docs(self, **params: Any) -> list[Doc]:
         return self.call("list documents", self.couch.client.post_all_docs,
                          **sdk_params(params))["rows"]
-
-    def list_ids(self, start: str, end: str, page_size: int = _ID_PAGE) -> Iterator[str]:
-        """The ids from `start` to `end`, paged by the SDK's `_all_docs` pager."""
-        pages = Pagination.new_pagination(self.couch.client, PagerType.POST_ALL_DOCS,
-                                          db=self.name, start_key=start, end_key=end,
-                                          limit=min(page_size, _ID_PAGE))
-        rows = iter(pages.rows())
-        while True:
-            with self.couch.errors(f"list documents in {self.url}"):
-                row = next(rows, None)
-            if row is None:
-                return
-            yield row.id
 
     # -- filters --------------------------------------------------------------------
 

@@ -26,6 +26,7 @@ from jobdist.cli import main
 from jobdist.clock import format_time
 from jobdist.config import write_credentials
 from jobdist.couch import Couch, Database, Saved
+from jobdist.couch_sync import sync_design_docs
 from jobdist.design import load_design_docs
 from jobdist.lab.localserver import LocalServer, free_port
 from jobdist.model import Doc, event, new_job, new_step
@@ -145,7 +146,7 @@ def write_jobs(database: Database) -> None:
 def add_views(database: Database) -> None:
     """The design documents `jobdist setup` uploads: the report lists jobs with a view.
     Uploaded last, so that their validation does not judge what the test wrote."""
-    database.sync_design_docs(load_design_docs())
+    sync_design_docs(database, load_design_docs())
 
 
 @pytest.fixture(scope="module")
