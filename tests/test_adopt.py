@@ -16,15 +16,9 @@ import pytest
 from click.testing import CliRunner
 
 from jobdist.cli import main
+from jobdist.lab.audit import read_ledger
 from jobdist.lab.cluster import LocalCluster
-from jobdist.lab.scenarios import (
-    ledger_command,
-    read_ledger,
-    site_db,
-    submit_all,
-    wait_until_done,
-    write_sites,
-)
+from jobdist.lab.scenarios import ledger_command, site_db, submit_all, wait_until_done, write_sites
 from jobdist.model import new_step
 
 from .helpers import wait_for

@@ -15,28 +15,24 @@ import requests
 from click.testing import CliRunner
 
 from jobdist.couch import Couch
-from jobdist.lab.bench import (
-    Memory,
-    RawRates,
-    ReplicationRow,
-    Request,
-    Throughput,
-    bench,
+from jobdist.lab.bench.common import Request, bench, parse_requests, percentile, request_kind
+from jobdist.lab.bench.memory import Memory
+from jobdist.lab.bench.replication import ReplicationRow, parse_site_range, replication_table
+from jobdist.lab.bench.targets import (
     burst_targets,
-    busy_shares,
     busy_targets,
-    census_table,
     latency_targets,
     memory_target,
-    parse_requests,
-    parse_site_range,
-    percentile,
-    replication_table,
-    request_kind,
-    revision_trees,
-    scheduling_overheads,
     tally,
     targets_table,
+)
+from jobdist.lab.bench.throughput import (
+    RawRates,
+    Throughput,
+    busy_shares,
+    census_table,
+    revision_trees,
+    scheduling_overheads,
     throughput_table,
 )
 
@@ -245,7 +241,7 @@ def test_priorities_small() -> None:
 @pytest.mark.parametrize("batch", [1, 500])
 def test_revision_trees_name_every_revision_and_leaf_of_the_documents_asked(
         db_url: str, batch: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("jobdist.lab.bench.REVISIONS_BATCH", batch)  # one leaf a request
+    monkeypatch.setattr("jobdist.lab.bench.throughput.REVISIONS_BATCH", batch)  # one leaf a request
     base, name = db_url.rsplit("/", 1)
     db = Couch(base).database(name)
     db.bulk_docs([{"_id": "a", "n": 1}, {"_id": "b"}, {"_id": "other"}])

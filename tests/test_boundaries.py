@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "jobdist"
+MAX_MODULE_LINES = 600
 
 
 # The decision core's layers (jobdist/core/__init__.py): a module imports only from its
@@ -45,6 +46,13 @@ def test_imports_resolve_relative_to_their_package() -> None:
     assert "jobdist.model" in imported_modules(PACKAGE / "core" / "leaves.py")
     assert "jobdist.core.types" in imported_modules(PACKAGE / "core" / "leaves.py")
     assert "jobdist.core" in imported_modules(PACKAGE / "manager.py")
+
+
+def test_no_module_passes_the_line_limit() -> None:
+    # The lab's modules too: one reads them to run or change a benchmark.
+    lengths = {str(path.relative_to(PACKAGE)): len(path.read_text().splitlines())
+               for path in PACKAGE.rglob("*.py")}
+    assert {name: lines for name, lines in lengths.items() if lines > MAX_MODULE_LINES} == {}
 
 
 def test_each_core_module_imports_only_its_own_layer_or_those_before() -> None:

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from jobdist import core
-from jobdist.lab.scenarios import counted, why_superseded
+from jobdist.lab.audit import counted, why_superseded
 from jobdist.model import Doc, is_broadcast, is_live, new_job, new_step, normalise
 
 from .sim import (

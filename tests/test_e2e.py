@@ -23,14 +23,13 @@ from jobdist import client
 from jobdist.cli import main
 from jobdist.clock import later, parse_time, utc_now
 from jobdist.couch import Database
+from jobdist.lab.audit import audit_run, read_ledger
 from jobdist.lab.cluster import LocalCluster
 from jobdist.lab.scenarios import (
     THESIS_SCENARIOS,
-    audit_run,
     check_ledger,
     ledger_command,
     proxied_sites,
-    read_ledger,
     regions_apart,
     run_scenario,
     site_db,

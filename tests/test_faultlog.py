@@ -4,6 +4,7 @@ lasted. Pure: ledgers, fault logs and final documents written by hand."""
 
 from __future__ import annotations
 
+from jobdist.lab.audit import LedgerRow, audit_run
 from jobdist.lab.faultlog import (
     REPLICATION_RETRY_SECONDS,
     Fault,
@@ -16,7 +17,6 @@ from jobdist.lab.faultlog import (
     settled,
     spans,
 )
-from jobdist.lab.scenarios import LedgerRow, audit_run
 from jobdist.model import Doc
 
 LEASE = 6.0

@@ -18,17 +18,10 @@ import pytest
 from jobdist.client import read_merged_many
 from jobdist.couch import Saved
 from jobdist.lab import netns
+from jobdist.lab.audit import audit_run, read_ledger
 from jobdist.lab.cluster import LocalCluster
 from jobdist.lab.netns import HostNetwork
-from jobdist.lab.scenarios import (
-    audit_run,
-    ledger_command,
-    read_ledger,
-    site_db,
-    site_names,
-    wait_until_done,
-    write_sites,
-)
+from jobdist.lab.scenarios import ledger_command, site_db, site_names, wait_until_done, write_sites
 from jobdist.model import Doc, Phase, new_job, new_step, step_phase
 
 from .helpers import wait_for

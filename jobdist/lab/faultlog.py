@@ -3,7 +3,7 @@
 Pure functions over what a run recorded: the faults it injected (kind, sites, from
 when to when, Unix times), the ledger its steps wrote (each line with its time)
 and the jobs' final documents. A duplicate run (a start whose run did not count)
-is allowed only when its history explains it (scenarios.why_superseded) *and* an
+is allowed only when its history explains it (audit.why_superseded) *and* an
 injected fault made it unavoidable: a daemon killed, or stopped or cut off for
 longer than the lease, near the run, on a site the step ran on; a creator lost or
 cut off under succession; a clock skewed beyond the margin. A CouchDB outage
@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ..model import Doc
-from .scenarios import Audit, LedgerRow, Run
+from .audit import Audit, LedgerRow, Run
 
 
 class Effect(enum.Enum):

@@ -5,7 +5,7 @@ and the soak that runs storms for a chosen time. The fault suite (tests/faults) 
 `jobdist bench soak` share all of it.
 
 Every fault is logged once per injection with its sites and the times it began and
-was healed; `Trial.finish` audits the run (scenarios.audit_run) and then names,
+was healed; `Trial.finish` audits the run (audit.audit_run) and then names,
 for every duplicate run, the fault that made it unavoidable (faultlog.audit_faults):
 a duplicate no fault explains is a problem, as is one its history does not.
 """
@@ -32,17 +32,14 @@ from ..client import read_merged_many
 from ..couch import CouchError, Database, Saved
 from ..errors import JobdistError
 from ..model import Doc, new_job, new_step
+from .audit import Audit, audit_run, ledger_times, read_ledger
 from .cluster import LocalCluster
 from .faultlog import Fault, audit_faults
 from .proxy import FaultProxy, LinkShape
 from .scenarios import (
-    Audit,
     Link,
-    audit_run,
     ledger_command,
-    ledger_times,
     proxied_sites,
-    read_ledger,
     regions_apart,
     site_db,
     wait_until_done,

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from jobdist.lab.audit import read_ledger
 from jobdist.lab.faults import LEASE, Trial, trial
-from jobdist.lab.scenarios import read_ledger
 
 from ..helpers import wait_for
 

@@ -12,10 +12,11 @@ from typing import Any
 import pytest
 
 from jobdist.clock import seconds_between, utc_now
+from jobdist.lab.audit import read_ledger
 from jobdist.lab.faultlog import Fault
 from jobdist.lab.faults import LEASE, Trial, trial
 from jobdist.lab.proxy import LinkShape
-from jobdist.lab.scenarios import Link, ledger_command, read_ledger, regions_apart
+from jobdist.lab.scenarios import Link, ledger_command, regions_apart
 from jobdist.model import Doc, Phase, new_step, step_phase
 
 from ..helpers import wait_for

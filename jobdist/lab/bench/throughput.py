@@ -1,0 +1,330 @@
+"""`jobdist bench throughput`: steps per second, latency and revisions a step under a burst.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from ...clock import seconds_between, utc_now
+from ...config import CouchSettings
+from ...couch import Couch, Database
+from ...couch_sync import sync_design_docs
+from ...design import load_design_docs
+from ...model import Doc, new_job, new_step
+from ...setup import admin_couch_of
+from ..cluster import LocalCluster
+from ..scenarios import (
+    site_db,
+    submit_all,
+    wait_until_done,
+)
+from .common import (
+    ServerLog,
+    bench,
+    cluster_pids,
+    cpu_seconds,
+    json_option,
+    local_cluster,
+    percentile,
+    print_json,
+    request_census,
+    servers_kind,
+    sites_option,
+    timeout_option,
+    workers_option,
+)
+
+
+@dataclass(frozen=True)
+class RawRates:
+    """What the server itself sustains: docs per second, one PUT each and in one _bulk_docs."""
+
+    docs: int
+    single_put_per_s: float
+    bulk_docs_per_s: float
+
+
+def raw_write_rates(couch: Couch, docs: int) -> RawRates:
+    """Write job-shaped documents into a fresh database with our design documents."""
+    db = couch.ensure_database(f"bench_raw_{uuid.uuid4().hex[:8]}")
+    try:
+        sync_design_docs(db, load_design_docs())  # the same validation the jobs database runs
+        singles = [new_job("global", [new_step("true")]) for _ in range(docs)]
+        started = time.perf_counter()
+        for doc in singles:
+            db.save(doc)
+        single_rate = docs / (time.perf_counter() - started)
+        batch = [new_job("global", [new_step("true")]) for _ in range(docs)]
+        started = time.perf_counter()
+        db.bulk_docs(batch)
+        bulk_rate = docs / (time.perf_counter() - started)
+    finally:
+        couch.call(f"delete {db.url}", couch.client.delete_database, db.name)
+    return RawRates(docs, single_rate, bulk_rate)
+
+
+REVISIONS_BATCH = 500  # leaves a `_bulk_get` of count_revisions reads at once
+
+
+@dataclass(frozen=True)
+class Revisions:
+    """Every revision of some documents: the winning branches, conflicts and deletions."""
+
+    total: int  # distinct revisions in the revision trees, creations included
+    conflict_leaves: int  # leaves beside the winner, live or deleted
+
+
+def revision_trees(db: Database, ids: list[str]) -> dict[str, tuple[set[str], int]]:
+    """For each of some documents: the ids of every revision in its tree, and how many
+    leaves it has (a document this database lacks is left out).
+
+    One `_changes` with `style=all_docs` names every leaf, deleted ones included (the
+    SDK has no `open_revs`); `_bulk_get` with `revs` brings their histories, in batches.
+    (A `_changes` filtered by id for each document read the whole feed each time: a
+    4,000-job run spent minutes counting.)
+    """
+    client = db.couch.client
+    wanted_ids = set(ids)
+    feed = db.couch.call("list the leaves", client.post_changes, db.name, style="all_docs")
+    # (A clustered CouchDB may list a document twice: each leaf once.)
+    wanted = [{"id": doc_id, "rev": rev} for doc_id, rev in dict.fromkeys(
+        (result["id"], change["rev"]) for result in feed["results"]
+        if result["id"] in wanted_ids for change in result["changes"])]
+    trees: dict[str, tuple[set[str], int]] = {}
+    for first in range(0, len(wanted), REVISIONS_BATCH):
+        answer = db.couch.call("read the leaves", client.post_bulk_get, db.name,
+                               docs=wanted[first:first + REVISIONS_BATCH], revs=True)
+        for result in answer["results"]:
+            for item in result["docs"]:
+                if "ok" in item:
+                    revs, leaves = trees.setdefault(result["id"], (set(), 0))
+                    trees[result["id"]] = (revs | history_revs(item["ok"]), leaves + 1)
+    return trees
+
+
+def history_revs(leaf: Doc) -> set[str]:
+    history = leaf.get("_revisions") or {}
+    start = history.get("start", 0)
+    return {f"{start - i}-{rev}" for i, rev in enumerate(history.get("ids", []))}
+
+
+def count_revisions(db: Database, ids: list[str]) -> Revisions:
+    trees = revision_trees(db, ids).values()
+    return Revisions(sum(len(revs) for revs, _ in trees),
+                     sum(leaves - 1 for _, leaves in trees))
+
+
+def scheduling_overheads(docs: list[Doc], since: str) -> list[float]:
+    """Per step: its start minus when both it was runnable and its worker was free.
+
+    A worker is free from the end of its previous step (or from `since`, when
+    the sites were ready); the step is runnable from its job's creation. What
+    remains is the time the protocol took: feeds, claims, replication, writes.
+    """
+    starts = sorted(
+        (step["start_time"], step["winner"], step["executioner"], step["finish_time"],
+         doc["created_at"])
+        for doc in docs for step in doc["job"][:1] if step.get("start_time"))
+    free_since: dict[tuple[str, str], str] = {}
+    overheads = []
+    for start, site, worker, finish, created in starts:
+        free = free_since.get((site, worker), since)
+        overheads.append(seconds_between(max(created, free), start))
+        free_since[(site, worker)] = finish
+    return overheads
+
+
+@dataclass(frozen=True)
+class Throughput:
+    jobs: int
+    command: str  # each job's single step
+    sites: int
+    workers: int
+    wall: float  # submission until every job is seen done at the submitting site
+    execution_window: float  # first creation to last step's end, from the documents
+    latency: dict[str, float]  # submit-to-start, seconds
+    remote_latency: dict[str, float]  # the same, of the steps that ran away from global
+    overhead: dict[str, float]  # scheduling overhead, seconds (see scheduling_overheads)
+    busy: dict[str, float]  # each site's share of worker time busy while work waited
+    revisions_per_step: float  # writes per step after the submission, conflicts included
+    conflict_leaves: int
+    raw: RawRates
+    cpu: dict[str, float]  # CPU seconds during the run, by role
+    jobs_ok: int
+    requests: dict[str, int]  # by sender and kind, when asked for (see ServerLog)
+
+    @property
+    def steps_per_s(self) -> float:
+        return self.jobs / self.wall
+
+    @property
+    def writes_per_s(self) -> float:
+        """Writes the jobs caused, submissions included, per second of wall time."""
+        return self.jobs * (self.revisions_per_step + 1) / self.wall
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self) | {"steps_per_s": self.steps_per_s,
+                               "writes_per_s": self.writes_per_s,
+                               "steps_per_s_in_window": self.jobs / self.execution_window,
+                               "writes_per_s_vs_single_put": self.writes_per_s
+                               / self.raw.single_put_per_s}
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    return {"p50": percentile(values, 50), "p95": percentile(values, 95),
+            "p99": percentile(values, 99), "max": max(values)}
+
+
+def busy_shares(docs: list[Doc], workers: int) -> dict[str, float]:
+    """Each site's busy worker-seconds over what its workers could give while work
+    waited: from the first step's start to the last one's (after it, nothing waits)."""
+    steps = [step for doc in docs for step in doc["job"] if step.get("start_time")]
+    if not steps:
+        return {}
+    first = min(step["start_time"] for step in steps)
+    last = max(step["start_time"] for step in steps)
+    window = seconds_between(first, last)
+    busy: dict[str, float] = {}
+    for step in steps:  # ISO 8601 UTC times, all alike: they compare as strings
+        start, end = step["start_time"], min(step.get("finish_time") or last, last)
+        used = seconds_between(start, end) if end > start else 0.0
+        busy[step["winner"]] = busy.get(step["winner"], 0.0) + used
+    return {site: (used / (workers * window) if window > 0 else 0.0)
+            for site, used in sorted(busy.items())}
+
+
+def server_logs(cluster: LocalCluster) -> list[ServerLog]:
+    return [ServerLog(site.couch.url, cluster.site_dir(name) / "couch" / "log.txt",
+                      admin_login(site.couch)) for name, site in cluster.sites.items()]
+
+
+def admin_login(couch: CouchSettings) -> tuple[str, str] | None:
+    return (couch.admin_user, couch.admin_password or "") if couch.admin_user else None
+
+
+def run_throughput(jobs: int, sites: int, workers: int, raw_docs: int,
+                   timeout: float, census: bool = False, command: str = "true") -> Throughput:
+    with local_cluster(sites, workers) as cluster:
+        db = site_db(cluster, "global")
+        raw = raw_write_rates(admin_couch_of(cluster.sites["global"]), raw_docs)
+        logs = server_logs(cluster) if census else []
+        pids = cluster_pids(cluster)
+        cpu_before = {role: sum(map(cpu_seconds, p)) for role, p in pids.items()}
+        ready = utc_now()
+        started = time.monotonic()
+        ids = submit_all(db, "global", [new_step(command)], jobs)
+        docs = wait_until_done(db, ids, timeout)
+        wall = time.monotonic() - started
+        cpu = {role: sum(map(cpu_seconds, p)) - cpu_before[role] for role, p in pids.items()}
+        requests = request_census(logs)
+        revisions = count_revisions(db, ids)
+    return Throughput(
+        jobs=jobs, command=command, sites=sites, workers=workers, wall=wall,
+        execution_window=seconds_between(
+            min(d["created_at"] for d in docs),
+            max(d["job"][0]["finish_time"] for d in docs)),
+        latency=summary([submit_to_start(d) for d in docs]),
+        remote_latency=summary([submit_to_start(d) for d in docs
+                                if d["job"][0]["winner"] != "global"]),
+        overhead=summary(scheduling_overheads(docs, ready)),
+        busy=busy_shares(docs, workers),
+        revisions_per_step=(revisions.total - jobs) / jobs,
+        conflict_leaves=revisions.conflict_leaves,
+        raw=raw, cpu=cpu | {"wall": wall},
+        jobs_ok=sum(d["job_status"] == "success" for d in docs),
+        requests=requests,
+    )
+
+
+def percentiles_ms(spread: dict[str, float]) -> str:
+    """A summary's p50/p95/p99 in milliseconds, as the tables show it."""
+    return "/".join(f"{spread[p] * 1000:.0f}" for p in ("p50", "p95", "p99")) + " ms"
+
+
+def submit_to_start(doc: Doc) -> float:
+    return seconds_between(doc["created_at"], doc["job"][0]["start_time"])
+
+
+def measures_table(title: str, rows: list[tuple[str, str]]) -> Table:
+    """A two-column table: what was measured, and its value."""
+    table = Table(title=title)
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    for name, value in rows:
+        table.add_row(name, value)
+    return table
+
+
+def throughput_table(r: Throughput) -> Table:
+    title = (f"{r.jobs} single-step `{r.command}` jobs, {r.sites} sites x {r.workers} "
+             "workers, submitted at once at global")
+    ms = 1000.0
+    rows = [
+        ("steps/s (until all seen done at global)", f"{r.steps_per_s:.1f}"),
+        ("steps/s (first creation to last step end)",
+         f"{r.jobs / r.execution_window:.1f}"),
+        ("submit-to-start p50/p95/p99", percentiles_ms(r.latency)),
+        ("  of steps run away from global",
+         percentiles_ms(r.remote_latency) if r.remote_latency else "none"),
+        ("scheduling overhead p50/p95/p99", percentiles_ms(r.overhead)),
+        ("writes per step (after submission)", f"{r.revisions_per_step:.2f}"),
+        ("conflict leaves (all jobs)", str(r.conflict_leaves)),
+        ("writes/s caused by the jobs", f"{r.writes_per_s:.1f}"),
+        (f"raw single PUTs/s ({r.raw.docs} docs, same server)",
+         f"{r.raw.single_put_per_s:.1f}"),
+        (f"raw _bulk_docs docs/s ({r.raw.docs} docs)", f"{r.raw.bulk_docs_per_s:.1f}"),
+        ("job writes/s / raw single PUTs/s",
+         f"{r.writes_per_s / r.raw.single_put_per_s:.2f}"),
+        ("CPU s: servers / daemons / wall",
+         f"{r.cpu['server']:.1f} / {r.cpu['daemon']:.1f} / {r.cpu['wall']:.1f}"),
+        ("CPU ms a step: servers / daemons",
+         f"{r.cpu['server'] / r.jobs * ms:.1f} / {r.cpu['daemon'] / r.jobs * ms:.1f}"),
+        ("workers busy while work waited", ", ".join(
+            f"{site} {share:.0%}" for site, share in r.busy.items())),
+        ("jobs ok", f"{r.jobs_ok}/{r.jobs}"),
+    ]
+    return measures_table(title, rows)
+
+
+@bench.command("throughput")
+@click.option("--jobs", default=500, show_default=True, help="Single-step jobs to submit.")
+@sites_option
+@workers_option(4)
+@click.option("--raw-writes", default=500, show_default=True,
+              help="Documents for the server's raw write rate.")
+@timeout_option(600.0)
+@click.option("--requests", "census", is_flag=True,
+              help="Also count the servers' requests by sender and kind (debug logs: slower).")
+@click.option("--command", default="true", show_default=True, help="Each job's one step.")
+@json_option
+def throughput_command(jobs: int, sites: int, workers: int, raw_writes: int, timeout: float,
+                       census: bool, command: str, as_json: bool) -> None:
+    """Steps per second, scheduling latency and writes per step, beside the raw write rate."""
+    result = run_throughput(jobs, sites, workers, raw_writes, timeout, census, command)
+    if as_json:
+        print_json(result.as_json() | {"servers": servers_kind()})
+        return
+    console = Console()
+    console.print(throughput_table(result))
+    console.print(f"servers: {servers_kind()}")
+    if census:
+        console.print(census_table(result.requests, result.jobs))
+
+
+def census_table(counts: dict[str, int], steps: int) -> Table:
+    table = Table(title=f"requests to all servers, per step ({sum(counts.values())} in all)")
+    table.add_column("sender and request")
+    table.add_column("per step", justify="right")
+    for kind, count in counts.items():
+        table.add_row(kind, f"{count / steps:.2f}")
+    table.add_row("all", f"{sum(counts.values()) / steps:.2f}")
+    return table
