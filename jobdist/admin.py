@@ -67,6 +67,9 @@ COUNTERS = (
                                              "could not be written, stopped."),
     ("starts_deferred", "starts_deferred", "Steps launched with their start's write held "
                                            "back (daemon.start_write_delay)."),
+    ("decided_while_writing", "decided_while_writing", "Worker reports, and the next work "
+                                                       "of the workers they freed, decided "
+                                                       "while a write was in flight."),
     ("invalid_documents", "invalid_documents", "Job revisions skipped as invalid."),
     ("writes_refused", "writes_refused", "Writes CouchDB refused (403), e.g. a job past the "
                                          "size limit."),

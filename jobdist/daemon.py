@@ -12,6 +12,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from types import FrameType
@@ -59,8 +60,10 @@ class Daemon:
         sites = known_sites or {config.name, *config.peers}
         self.mailbox = Mailbox()
         self.pool = site_pool(config, self.mailbox)
+        # The manager's writes: one thread, so that it serves reports while one is in flight.
+        self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="jobdist-writer")
         self.manager = Manager(config, CouchStore(self.db), sites, Journal(config.journal_dir()),
-                               self.pool, self.mailbox)
+                               self.pool, self.mailbox, self.writer)
         self.stop_event = self.manager.stop_event
         self.started = time.monotonic()
         self.changes = ChangeHub()  # the feed, fanned out to the dashboard's event streams
@@ -153,6 +156,7 @@ class Daemon:
             self.log.info("site stopping", grace=self.config.daemon.shutdown_grace)
             self.manager.drain(self.config.daemon.shutdown_grace)
         finally:
+            self.writer.shutdown(wait=True)
             if self.admin is not None:  # kept through the drain, to watch steps stop
                 self.admin.stop()
         self.log.info("site stopped")

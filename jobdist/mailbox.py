@@ -12,6 +12,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any
@@ -55,16 +56,21 @@ class Mailbox:
         # step must not wait behind a burst of replicated changes.
         self.reports: queue.Queue[Finished | Retried] = queue.Queue()
         self.wake = threading.Event()  # set by the listener and the workers
+        # Set by the workers and by a write's answer (answered): what the manager waits
+        # for while its write is in flight (Settler.write), feed changes aside.
+        self.reported = threading.Event()
 
     def finished(self, execution: Execution, result: StepResult) -> None:
         # Called from the worker's thread: hand over, decide in the manager's.
         self.reports.put(Finished(execution, result))
+        self.reported.set()
         self.wake.set()
 
     def retry_reporter(self, key: StepKey, epoch: int, worker: str) -> Callable[[int, str], None]:
         """What a step's run calls before each retry (step_run.run_step's on_retry)."""
         def report(attempt: int, detail: str) -> None:
             self.reports.put(Retried(key, epoch, worker, f"attempt {attempt}: {detail}"))
+            self.reported.set()
             self.wake.set()
         return report
 
@@ -103,6 +109,19 @@ class Mailbox:
 
     def reports_now(self) -> Iterable[Finished | Retried]:
         return drain(self.reports)
+
+    def answered(self, _: object = None) -> None:
+        """A write in flight got its answer (a future's done callback)."""
+        self.reported.set()
+
+    def wait_for_answer(self, answer: Future[Any]) -> bool:
+        """Wait until a worker reports or `answer` is in: True when it is in."""
+        self.reported.clear()  # (set from here on by anything that should end the wait)
+        if answer.done():
+            return True
+        if self.reports.empty():
+            self.reported.wait()
+        return answer.done()
 
 
 def drain(source: queue.Queue[Any]) -> Iterable[Any]:

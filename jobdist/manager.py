@@ -33,7 +33,7 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Container, Iterable, Mapping
-from dataclasses import dataclass
+from concurrent.futures import Executor
 from typing import Any
 
 from . import core, status
@@ -48,7 +48,7 @@ from .model import FINAL_STATUSES, Doc, Job, Progress, StepKey
 from .periodic_work import PeriodicWork
 from .plan_runner import PlanRunner
 from .revisions_seen import RevisionsSeen
-from .settle import BATCH, Settler, Task
+from .settle import BATCH, Either, Settler, Task
 from .step_run import StepResult
 from .store import JobStore
 from .verdicts import Verdicts
@@ -67,9 +67,10 @@ def site_pool(config: SiteConfig, mailbox: Mailbox) -> WorkerPool:
 class Manager:
     def __init__(self, config: SiteConfig, store: JobStore, known_sites: Iterable[str],
                  journal: Journal, pool: WorkerPool | None = None,
-                 mailbox: Mailbox | None = None) -> None:
+                 mailbox: Mailbox | None = None, writer: Executor | None = None) -> None:
         """`pool` reports to `mailbox` (site_pool); without them (tests) the manager
-        builds both."""
+        builds both. With a `writer`, the loop's writes go through it, and the reports
+        that come meanwhile are served while a write is in flight (Settler.write)."""
         if (pool is None) != (mailbox is None):
             raise ValueError("a worker pool comes with the mailbox it reports to")
         self.config = config
@@ -103,7 +104,9 @@ class Manager:
         self.revisions = RevisionsSeen()  # see Task.known
         self.settler = Settler(self.site, store, self.runner, self.periodic, self.waiting,
                                self.verdicts, self.revisions, self.held, self.counts, self.log,
-                               self.context, self.decide_task)
+                               self.context, self.decide_task, self.mailbox, writer,
+                               self._ends_and_next_work)
+        self.later_reports: list[Finished | Retried] = []  # of jobs that were in flight
         # Every known site's room as the loop last saw it (None: not known), read by the
         # keep-alive thread (core.resave_picks): replaced whole, never changed in place.
         self.room_seen: Mapping[str, int | None] = dict.fromkeys(self.known_sites)
@@ -117,6 +120,13 @@ class Manager:
     # --- the loop: gather, then settle (read, decide, write, launch) ---------------------
 
     def serve_once(self, timeout: float) -> None:
+        self.settler.serving = True  # (its writes may overlap: Settler.write)
+        try:
+            self._serve_once(timeout)
+        finally:
+            self.settler.serving = False
+
+    def _serve_once(self, timeout: float) -> None:
         changes = self._next_changes(timeout)
         self.settle([*self._ends_and_next_work(), *self._held_tasks_due()])
         arrivals = self._change_tasks(changes)  # (hears the sites' statuses too)
@@ -144,6 +154,8 @@ class Manager:
 
     def _next_changes(self, timeout: float) -> list[Changed]:
         timeout = self.periodic.status_wait(self.own_status(), timeout)
+        if self.later_reports:
+            timeout = 0.0
         return self.mailbox.next_changes(
             self.runner.wait_at_most(self.waiting.wait_at_most(timeout)), BATCH)
 
@@ -163,39 +175,38 @@ class Manager:
         return [*held, *(self.decide_task(doc_id, known=kept.get(doc_id))
                          for doc_id in open_steps if doc_id not in taken)]
 
-    def _held_win_tasks(self, freeing: int = 0, taken: Container[str] = ()) -> list[Task]:
+    def _held_win_tasks(self, freeing: int = 0, busy: Container[str] = ()) -> list[Task]:
         """The wins held longest, one for each free worker and each `freeing`, decided on
-        the revision that was held (no read; a 409 says it changed); none of `taken`."""
+        the revision that was held (no read; a 409 says it changed); none of `busy`."""
         if self.draining:
             return []
         count = len(self.runner.free_workers()) + freeing
         return [self.decide_task(doc_id, known=self.revisions.known(doc_id))
-                for doc_id in self.runner.queued_first(count) if doc_id not in taken]
+                for doc_id in self.runner.queued_first(count) if doc_id not in busy]
 
-    def _ends_and_next_work(self) -> list[Task]:
+    def _ends_and_next_work(self, busy: Container[str] = ()) -> list[Task]:
         """What the workers reported, and the next work of each worker a step end frees,
         in the same batch, so in the same write as the ends: the wins held here, then the
         open steps in line whose revision the backlog kept (no read). Each end is planned
         first, with its worker free; a chained next step of the same job takes the worker
-        before these."""
-        reports = self._report_tasks()
+        before these. None about the `busy` jobs: their reports wait (later_reports)."""
+        reports = self._report_tasks(busy)
         try:
-            return [*reports, *self._next_work(reports)]
+            return [*reports, *self._next_work(reports, busy)]
         except Exception:  # the ends still go: a result dropped would hold its worker for ever
             self.counts["handler_errors"] += 1
             self.log.exception("error while choosing the next work")
             return reports
 
-    def _next_work(self, reports: list[Task]) -> list[Task]:
+    def _next_work(self, reports: list[Task], busy: Container[str]) -> list[Task]:
         freeing = sum(task.held is not None for task in reports)
         if not freeing or self.draining:
             return []
-        reported = {task.doc_id for task in reports}
-        held = self._held_win_tasks(freeing, reported)
-        taken = reported | {task.doc_id for task in held}
+        held = self._held_win_tasks(freeing, busy)
+        taken = {task.doc_id for task in [*reports, *held]}
         backlog = self.periodic.backlog
         line = [row.job_id for row in backlog.first(
-            freeing, _Either(self.skipped, taken))]
+            freeing, Either(self.skipped, Either(taken, busy)))]
         kept = list(itertools.takewhile(backlog.kept.__contains__, line))  # in line order
         return [*held, *(self.decide_task(doc_id, known=backlog.kept[doc_id]) for doc_id in kept)]
 
@@ -234,11 +245,17 @@ class Manager:
                 tasks.append(self.decide_task(item.doc_id, item.doc))
         return tasks
 
-    def _report_tasks(self) -> list[Task]:
-        """The workers' reports. One that cannot be taken is logged, and the others go on."""
+    def _report_tasks(self, busy: Container[str] = ()) -> list[Task]:
+        """The workers' reports, those left for later first; those about `busy` jobs
+        are left for later. One that cannot be taken is logged, and the others go on."""
         tasks = []
-        for report in self.mailbox.reports_now():
+        reports, self.later_reports = [*self.later_reports, *self.mailbox.reports_now()], []
+        for report in reports:
             job_id = report.key[0]
+            if job_id in busy:
+                self.counts["reports_waited"] += 1
+                self.later_reports.append(report)
+                continue
             try:
                 task = self.finish_task(report.execution, report.result) \
                     if isinstance(report, Finished) else self.retry_note_task(report)
@@ -417,14 +434,3 @@ class Manager:
     def journal_status(self) -> dict[str, Any]:
         """The results held for the server, for /status and /metrics."""
         return self.held.status()
-
-
-@dataclass(frozen=True)
-class _Either:
-    """In one container or the other (no copy of either)."""
-
-    first: Container[str]
-    second: Container[str]
-
-    def __contains__(self, item: object) -> bool:
-        return item in self.first or item in self.second

@@ -242,7 +242,7 @@ class PeriodicWork:
         now = time.monotonic()
         before = self.leases_seen.get(doc_id, {})
         # Read before forgetting: a revision whose leases cannot be read (one not
-        # validated yet, Manager._plan_seen) leaves what we saw as it was.
+        # validated yet, Settler._plan_seen) leaves what we saw as it was.
         seen = {lease: before.get(lease, now) for leaf in leaves
                 for lease in core.current_leases(leaf)}
         self.leases_seen.pop(doc_id, None)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter, OrderedDict
+from collections.abc import Container
 
 from . import core, status
 from .config import SiteConfig
@@ -297,20 +298,30 @@ class PlanRunner:
         now = time.monotonic()
         return [key[0] for key, since in self.queued.items() if now - since >= held_at_most]
 
+    def unsettled(self) -> set[str]:
+        """The jobs of this batch's launches not carried out yet, and of its runs launched
+        ahead of a start it has not written: the batch's own until it is done."""
+        return {key[0] for key in (*self.launching, *self.ahead)}
+
     def runs(self, job_id: str) -> bool:
         """Does a step of this job run here, is one about to be launched, or held?"""
         return any(key[0] == job_id
                    for key in (*self.executions, *self.launching, *self.queued))
 
-    def batch_done(self) -> None:
+    def batch_done(self, jobs: Container[str] | None = None) -> None:
         """Stop what was launched ahead of a start the batch did not write (refused, the
         server gone, or a newer revision that no longer calls for it): it runs on
         nothing. Its report says how far it got (core.plan_finish, late_start). A run
         chained onto an end that is held rides on it instead (`riding`), and is stopped
-        once that end is written without its start."""
-        self.launching.clear()  # launched, or their revision was not saved
-        self.due.clear()
-        for key, entry in list(self.ahead.items()):
+        once that end is written without its start. With `jobs`, only theirs: a batch
+        decided while another batch's write is in flight (Settler.write) leaves that
+        batch's launches alone."""
+        def ours(key: StepKey) -> bool:
+            return jobs is None or key[0] in jobs
+        for key in [key for key in self.launching if ours(key)]:
+            del self.launching[key]  # launched, or their revision was not saved
+        self.due = {key for key in self.due if not ours(key)}
+        for key, entry in [(key, entry) for key, entry in self.ahead.items() if ours(key)]:
             # (its journal entry stays until its report is recorded)
             end = self.chained_ahead.pop(key, None)
             if end is not None and self.end_held(key, end) and self.keep_riding(entry):
@@ -320,9 +331,10 @@ class PlanRunner:
             else:
                 self.stop_unwritten(key, entry)
             del self.ahead[key]
-        self.chained_ahead.clear()
+        for key in [key for key in self.chained_ahead if ours(key)]:
+            del self.chained_ahead[key]
         for key, (entry, end) in list(self.riding.items()):
-            if not self.end_held(key, end):
+            if ours(key) and not self.end_held(key, end):
                 del self.riding[key]
                 self.stop_unwritten(key, entry)
 
@@ -410,7 +422,7 @@ class PlanRunner:
 
     def booked_by(self, plan: core.Plan) -> bool:
         """Does a worker stay booked for a step the plan booked, with no run of ours yet?
-        Its write refused by a 409, the job is decided again at once (Manager._write_all):
+        Its write refused by a 409, the job is decided again at once (Settler._write_all):
         the revision in the way may be our own (a step this site ran, its start written
         with its end, planned again from a revision that still showed it open), which the
         feed brings without a decision, and the booking would hold the worker until the

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import time
 from collections import Counter, OrderedDict, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable
+from concurrent import futures
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import cast
 
@@ -23,11 +25,12 @@ from .couch import Conflict, CouchError, Rejected, Saved, Undecodable
 from .held_results import HeldResults
 from .journal import Held
 from .logs import EventLog
+from .mailbox import Mailbox
 from .model import Doc, Job, normalise
 from .periodic_work import PeriodicWork
 from .plan_runner import PlanRunner
 from .revisions_seen import RevisionsSeen
-from .store import JobStore
+from .store import JobStore, Written
 from .verdicts import Found, Verdicts, is_job_leaf
 from .waiting import WaitingJobs
 
@@ -76,9 +79,13 @@ class Settler:
     def __init__(self, site: str, store: JobStore, runner: PlanRunner, periodic: PeriodicWork,
                  waiting: WaitingJobs, verdicts: Verdicts, revisions: RevisionsSeen,
                  held: HeldResults, counts: Counter[str], log: EventLog,
-                 context: Callable[[], core.Context], decide: Callable[..., Task]) -> None:
+                 context: Callable[[], core.Context], decide: Callable[..., Task],
+                 mailbox: Mailbox, writer: Executor | None = None,
+                 meanwhile: Callable[[Container[str]], list[Task]] | None = None) -> None:
         """`context` is the site's decision context now; `decide(doc_id, seen)` the task
-        that decides about a job as usual (Manager.decide_task)."""
+        that decides about a job as usual (Manager.decide_task). With a `writer`, a
+        write in the loop goes through it, and `meanwhile(busy)` gives the tasks of the
+        reports that came while it is in flight, none about a busy job (write)."""
         self.site = site
         self.store = store
         self.runner = runner
@@ -93,6 +100,12 @@ class Settler:
         self.decide = decide
         self.own_revs: deque[str] = verdicts.reported  # our writes, and bad revisions reported
         self.retry_at: OrderedDict[str, float] = OrderedDict()  # decisions a failure lost
+        self.mailbox = mailbox
+        self.writer = writer
+        self.meanwhile = meanwhile
+        self.serving = False  # in the manager's loop (serve_once): its writes may overlap
+        self.overlapping = False  # a write is in flight: what is decided now is decided alone
+        self.later_jobs: set[str] = set()  # of the settle under way, the jobs of later batches
 
     def retries_due(self) -> list[str]:
         """The jobs whose decision a failed read or write lost, due again now."""
@@ -117,6 +130,8 @@ class Settler:
                 elif current.repeats(task) and current.seen is None and task.seen is not None:
                     batch[task.doc_id] = task  # the same decision, on the feed's revision: no read
             waiting = later_tasks
+            if not self.overlapping:
+                self.later_jobs = {task.doc_id for task in waiting}
             try:
                 self._run_batch(batch)
             except Exception:
@@ -127,6 +142,7 @@ class Settler:
                         self._not_recorded(task)
 
     def _run_batch(self, pending: dict[str, Task]) -> None:
+        jobs = set(pending) if self.overlapping else None  # decided beside a write in flight
         for doc_id, task in list(pending.items()):
             if task.held is not None and self.held.before(task.held.key):
                 del pending[doc_id]  # a job's results are written in step order
@@ -134,7 +150,7 @@ class Settler:
         try:
             self._run_rounds(pending)
         finally:
-            self.runner.batch_done()
+            self.runner.batch_done(jobs)
 
     def _run_rounds(self, pending: dict[str, Task]) -> None:
         for _ in range(MAX_ROUNDS):
@@ -295,7 +311,7 @@ class Settler:
                 self._start_deferred(pending.pop(doc_id), plan, leaves[0])
         docs = [plan.doc for plan, _ in plans.values() if plan.doc is not None]
         try:
-            answers = self.store.write(docs) if docs else []  # (every start held back)
+            answers = self.write(docs, plans) if docs else []  # (every start held back)
             results = {doc["_id"]: result for doc, result in zip(docs, answers, strict=True)}
         except CouchError as error:
             self.log.warning("write failed", jobs=len(docs), error=error)
@@ -330,6 +346,43 @@ class Settler:
             except Exception:  # e.g. a launch the pool refuses: the others still go
                 self.counts["handler_errors"] += 1
                 self.log.exception("error after writing", job=doc_id)
+
+    def write(self, docs: list[Job], planned: Container[str]) -> list[Written]:
+        """The batch's `_bulk_docs`. In the loop, with a writer, the manager does not
+        idle while the server answers: each worker report that comes meanwhile is
+        decided at once, with the next work of the worker it frees, in a batch of its
+        own, written alone. A report about a busy job (one this write is about, one a
+        later batch of this settle decides, or one with a launch or a start this batch
+        has yet to carry out or write) waits until the settle is done: a job's
+        results are written in step order, and its next plan is made on what this write
+        says. The launches ahead, bookings and assignments of the batch in flight count
+        already (plan_made), so the reports' plans see the pool and the room as they
+        will be. At most two writes are out at once, never about one job."""
+        if self.writer is None or self.meanwhile is None or not self.serving \
+                or self.overlapping:
+            return self.store.write(docs)
+        busy = Either(planned, self.later_jobs | self.runner.unsettled())
+        answer = self.writer.submit(self.store.write, docs)
+        answer.add_done_callback(self.mailbox.answered)
+        self.overlapping = True
+        try:
+            while not self.mailbox.wait_for_answer(answer):
+                self._serve_reports_meanwhile(self.meanwhile, busy)
+        finally:
+            self.overlapping = False
+            futures.wait([answer])  # never a write of ours behind our back
+        return answer.result()
+
+    def _serve_reports_meanwhile(self, meanwhile: Callable[[Container[str]], list[Task]],
+                                 busy: Container[str]) -> None:
+        try:
+            tasks = meanwhile(busy)
+            if tasks:
+                self.counts["decided_while_writing"] += len(tasks)
+                self.settle(tasks)
+        except Exception:  # the write in flight is still to be seen through
+            self.counts["handler_errors"] += 1
+            self.log.exception("error while deciding beside a write in flight")
 
     def _after_write(self, pending: dict[str, Task], task: Task, plan: core.Plan,
                      rev: str) -> None:
@@ -419,3 +472,14 @@ class Settler:
         self.runner.executions[held.key] = core.Running(held.worker, held.epoch)
         if not self.held.back_off(held.key):
             self.held.hold(held)
+
+
+@dataclass(frozen=True)
+class Either:
+    """In one container or the other (no copy of either)."""
+
+    first: Container[str]
+    second: Container[str]
+
+    def __contains__(self, item: object) -> bool:
+        return item in self.first or item in self.second

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 
 import pytest
 
@@ -98,3 +100,20 @@ def test_the_wait_for_a_burst_is_bounded_and_a_report_ends_it(
     woken_by(mailbox, change(0))
     mailbox.gather(limit=3)
     assert mailbox.inbox.qsize() == 3
+
+
+def test_a_write_in_flight_is_awaited_until_a_report_or_its_answer() -> None:
+    """Settler.write: a worker's report ends the wait (False: serve it), the answer
+    ends it (True), and a change of the feed does not."""
+    mailbox, answer = Mailbox(), Future[list[object]]()
+    answer.add_done_callback(mailbox.answered)
+    report = mailbox.retry_reporter(("job-1", 0), 1, "w1")
+    threading.Timer(0.05, report, (2, "exit 1")).start()
+    assert mailbox.wait_for_answer(answer) is False
+    assert [item.key for item in mailbox.reports_now()] == [("job-1", 0)]
+    threading.Timer(0.05, mailbox.inbox.put, (change(1),)).start()
+    threading.Timer(0.05, mailbox.wake.set).start()
+    threading.Timer(0.2, answer.set_result, ([],)).start()
+    assert mailbox.wait_for_answer(answer) is True
+    assert mailbox.inbox.qsize() == 1  # (the feed's change waits for the next round)
+    assert mailbox.wait_for_answer(answer) is True  # an answer in: no wait at all

@@ -10,10 +10,13 @@ replicator, copying revisions between replicas in a random order, some late.
 from __future__ import annotations
 
 import random
+import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Executor, Future
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from itertools import pairwise
 from pathlib import Path
 from typing import Any, TypeVar
@@ -62,6 +65,34 @@ class CountingStore(SimStore):
         return super().write(docs)
 
 
+class SlowAnswers(Executor):
+    """A manager's writer (Settler.write) whose writes the store takes at once, in the
+    manager's own thread, and whose answers come `delay` seconds later: the manager
+    serves its workers' reports while each write is in flight. (A server may take a
+    write long before its answer arrives; nothing but the answer moves to a thread.)"""
+
+    def __init__(self, delay: float = 0.02) -> None:
+        self.delay = delay
+        self.answered_at: list[float] = []  # monotonic, one a write
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        answer: Future[T] = Future()
+        try:
+            result = fn(*args, **kwargs)
+        except Exception as error:  # the answer is an error: raised where it is awaited
+            deliver: Callable[[], None] = partial(answer.set_exception, error)
+        else:
+            deliver = partial(answer.set_result, result)
+
+        def arrive() -> None:
+            self.answered_at.append(time.monotonic())
+            deliver()
+        timer = threading.Timer(self.delay, arrive)
+        timer.daemon = True
+        timer.start()
+        return answer
+
+
 class OutageStore(CountingStore):
     """A CountingStore whose server can be down: every request fails as one that gets no
     answer, while its daemon runs on (World.weather). With `answers_lost`, a write the
@@ -89,7 +120,8 @@ class World:
     """Three managers, their replicas, a replicator with lag and a feed for each."""
 
     def __init__(self, tmp_path: Path, seed: int, workers: int = 2, lag: float = 0.3,
-                 **settings: Any) -> None:
+                 answer_delay: float | None = None, **settings: Any) -> None:
+        """With `answer_delay`, each manager's writes are answered that late (SlowAnswers)."""
         self.rng = random.Random(seed)
         self.lag = lag  # the chance that a document misses one round of replication
         self.stores = {name: OutageStore(Replica(), name) for name in SITES}
@@ -98,7 +130,8 @@ class World:
         self.managers = {
             name: Manager(in_tmp(SiteConfig(name, CouchSettings(store.url), workers=workers,
                                              **settings), tmp_path),
-                          store, SITES, Journal(tmp_path / name))
+                          store, SITES, Journal(tmp_path / name),
+                          writer=None if answer_delay is None else SlowAnswers(answer_delay))
             for name, store in self.stores.items()}
         self.dead: set[str] = set()  # sites that neither serve nor replicate
         self.delivered: dict[str, dict[str, frozenset[str]]] = {name: {} for name in SITES}
@@ -193,8 +226,10 @@ class World:
 
 @pytest.fixture
 def world(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[World]:
-    """A World; its param: a seed."""
-    built = World(tmp_path, seed=getattr(request, "param", 1))
+    """A World; its param: a seed, or (seed, answer delay) for writes in flight."""
+    param = getattr(request, "param", 1)
+    seed, delay = param if isinstance(param, tuple) else (param, None)
+    built = World(tmp_path, seed=seed, answer_delay=delay)
     try:
         yield built
     finally:
@@ -207,7 +242,10 @@ def started(doc: Doc) -> list[tuple[int, int, str]]:
             if entry["event"] == "started"]
 
 
-@pytest.mark.parametrize("world", [1, 2, 3], indirect=True)
+IN_FLIGHT = [(1, 0.02), (2, 0.005)]  # seeds, and how late each write is answered
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, *IN_FLIGHT], indirect=True)
 def test_every_step_runs_once_in_order_on_an_allowed_site(world: World) -> None:
     rng = random.Random(7)
     ids = world.submit([[new_step("true", target=rng.choice(TARGETS))
@@ -224,12 +262,20 @@ def test_every_step_runs_once_in_order_on_an_allowed_site(world: World) -> None:
             assert target == "any" or site == target or site in target
     for manager in world.managers.values():  # (chained starts, launched ahead, included)
         assert manager.counts["handler_errors"] == 0
+    assert_overlapped(world)
+
+
+def assert_overlapped(world: World) -> None:
+    """With writes answered late, reports were decided while writes were in flight."""
+    if any(manager.settler.writer is not None for manager in world.managers.values()):
+        assert sum(m.counts["decided_while_writing"] for m in world.managers.values()), \
+            "no report came while a write was in flight: the test tested nothing new"
 
 
 STOPPED_AHEAD = "stopped on this site: cancelled"  # (core.plan_finish; "... before start")
 
 
-@pytest.mark.parametrize("world", [1, 2, 3], indirect=True)
+@pytest.mark.parametrize("world", [1, 2, 3, *IN_FLIGHT], indirect=True)
 def test_outages_of_a_sites_server_never_run_a_step_twice_in_one_epoch(world: World) -> None:
     """Each site's server goes down now and then while its daemon runs on: an end is
     held until the server is back, the step chained onto it rides on it, a start that
@@ -263,6 +309,7 @@ def test_outages_of_a_sites_server_never_run_a_step_twice_in_one_epoch(world: Wo
         assert not manager.held and len(manager.journal) == 0
     assert sum(count["results_held"] for count in counts.values()), \
         "no outage came while a step ended: the test tested nothing"
+    assert_overlapped(world)
 
 
 def test_a_batch_reads_and_writes_many_jobs_at_once(world: World) -> None:
@@ -798,6 +845,79 @@ def test_a_start_planned_on_a_revision_older_than_our_own_end_books_no_worker(
         assert manager.counts["write_conflicts"] == 1
         assert not manager.pool.bookings() and len(manager.runner.free_workers()) == 1
         ran_once_started_once(manager, store, job["_id"])
+    finally:
+        manager.pool.shutdown(1.0)
+
+
+class TimedStore(CountingStore):
+    """A CountingStore that notes when it took each write (monotonic)."""
+
+    def __init__(self, replica: Replica, name: str) -> None:
+        super().__init__(replica, name)
+        self.taken_at: list[float] = []
+
+    def write(self, docs: Sequence[Doc]) -> list[Written]:
+        self.taken_at.append(time.monotonic())
+        return super().write(docs)
+
+    def taken(self, job_id: str) -> list[float]:
+        """When each write with the job in it was taken."""
+        return [at for at, ids in zip(self.taken_at, self.written, strict=True)
+                if job_id in ids]
+
+
+def in_flight_creator(tmp_path: Path, store: SimStore, writer: SlowAnswers,
+                      workers: int) -> Manager:
+    config = SiteConfig("global", CouchSettings(store.url), workers=workers)
+    return Manager(in_tmp(config, tmp_path), store, SITES, Journal(tmp_path / "journal"),
+                   writer=writer)
+
+
+def test_a_step_that_ends_while_a_write_is_in_flight_is_recorded_before_its_answer(
+        tmp_path: Path) -> None:
+    """The manager does not idle while the server answers: a report that comes meanwhile
+    is written at once, beside the write in flight (Settler.write)."""
+    store, writer = TimedStore(Replica(), "global"), SlowAnswers(delay=2.0)
+    manager = in_flight_creator(tmp_path, store, writer, workers=2)
+    try:
+        first, second = submitted(store, "true"), submitted(store, "sleep 0.5")
+        manager.settle([manager.decide_task(first["_id"]), manager.decide_task(second["_id"])])
+        assert manager.counts["steps_started"] == 2  # both launched, their starts held back
+        ended = [first["_id"], second["_id"]]
+        serve_until(manager, lambda: all(store.replica.winner(job_id)["job_status"]
+                                         for job_id in ended), "both ends")
+        [first_end], [second_end] = (store.taken(job_id)[1:] for job_id in ended)
+        # The first end's answer took two seconds; the second end was written in them.
+        assert first_end < second_end < writer.answered_at[0], (store.written,
+                                                                 writer.answered_at)
+        assert manager.counts["decided_while_writing"] >= 1
+        assert manager.counts["handler_errors"] == 0 and not manager.held
+    finally:
+        manager.pool.shutdown(1.0)
+
+
+def test_a_report_about_a_job_whose_write_is_in_flight_waits_for_its_answer(
+        tmp_path: Path) -> None:
+    """A step chained onto an end in flight ends before that write's answer: its own end
+    is planned on what the write says, once it says it, so the job's results are written
+    in step order and none is lost."""
+    store, writer = TimedStore(Replica(), "global"), SlowAnswers(delay=0.5)
+    manager = in_flight_creator(tmp_path, store, writer, workers=1)
+    try:
+        job = new_job("global", [new_step("true"), new_step("true")])
+        assert all(store.write([job]))
+        manager.process(job["_id"])
+        serve_until(manager, lambda: store.replica.winner(job["_id"])["job_status"],
+                    "the job's end")
+        ended = store.replica.winner(job["_id"])
+        assert [(e["event"], e["step"]) for e in ended["history"]] == [
+            ("created", 0), ("started", 0), ("finished", 0), ("started", 1), ("finished", 1)]
+        # The first end (and the chained start) went out, the second end after its answer.
+        first_end, second_end = store.taken(job["_id"])[1:]
+        assert first_end < writer.answered_at[0] <= second_end
+        assert ended["job_status"] == "success" and manager.counts["steps_started"] == 2
+        assert manager.counts["reports_waited"] >= 1  # the second end came in flight
+        assert manager.counts["handler_errors"] == 0
     finally:
         manager.pool.shutdown(1.0)
 
