@@ -170,7 +170,7 @@ class Context:
 
 
 class StepOutcome(Protocol):
-    """What a worker reports (jobdist.workers.StepResult has these fields), read-only."""
+    """What a worker reports (jobdist.step_run.StepResult has these fields), read-only."""
 
     @property
     def ok(self) -> bool: ...
