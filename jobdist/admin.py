@@ -66,7 +66,7 @@ COUNTERS = (
     ("launches_stopped", "launches_stopped", "Steps launched ahead of their start whose start "
                                              "could not be written, stopped."),
     ("starts_deferred", "starts_deferred", "Steps launched with their start's write held "
-                                           "back (daemon.start_write_delay)."),
+                                           "back (tuning.start_write_delay)."),
     ("decided_while_writing", "decided_while_writing", "Worker reports, and the next work "
                                                        "of the workers they freed, decided "
                                                        "while a write was in flight."),

@@ -19,18 +19,10 @@
     allow = ['rsync [^ ]+ [^ ]+', '/opt/backup/bin/[a-z-]+( [a-z0-9/_.-]+)*']  # full matches
     allow_shell = false                # true: commands may also use ; & | $ ` < > ( )
 
-    [keepalive]
-    period = 5.0                       # seconds between keep-alive passes
-    stale_after = 30.0                 # re-save open jobs unchanged for this long
-
     [daemon]
-    booking_timeout = 60.0             # give up a claim the creator has not decided
     shutdown_grace = 10.0              # running steps get this long on SIGTERM
     lease = 60.0                       # a winner's promise lasts this long unless renewed
-    heartbeat = 15.0                   # how often a site renews the leases of its steps
     clock_skew_margin = 10.0           # the creator waits this much past a lease
-    start_write_delay = 1.0            # a step ending sooner has its start written with its
-                                       # end, one revision (0: at once; lease / 4 at most)
     journal = "/var/lib/jobdist/journal"   # results kept while CouchDB does not answer, in
                                        # DIR/SITE (default: .jobdist/journal/SITE, from
                                        # the working directory; the start-up log says where)
@@ -50,6 +42,14 @@
     token = "..."                      # or $JOBDIST_ADMIN_TOKEN; required for every POST
     token_file = "../.jobdist/secrets/admin-token"  # else read from here (mode 600)
 
+    [tuning]                           # internal knobs; the defaults are what we measured
+    heartbeat = 15.0                   # how often a site renews the leases of its steps
+    booking_timeout = 60.0             # give up a claim the creator has not decided
+    start_write_delay = 1.0            # a step ending sooner has its start written with its
+                                       # end, one revision (0: at once; lease / 4 at most)
+    keepalive_period = 5.0             # seconds between keep-alive passes
+    keepalive_stale_after = 30.0       # re-save open jobs unchanged for this long
+
 Credentials files are TOML (`user = "..."`, `password = "..."`), relative paths
 are read from the config file's directory, and a file that others may read is
 refused. The environment overrides the files: $JOBDIST_COUCH_USER_REG_A and
@@ -63,6 +63,9 @@ the shell's operators ; & | $ ` < > ( ) or a newline.
 A key that SETTINGS does not list is refused, with the nearest known one
 ("unknown setting 'deamon' (did you mean 'daemon'?)"): a misspelt setting
 would otherwise leave its default in force without a word.
+
+The keys [tuning] took over from [daemon] and [keepalive] (DEPRECATED) are still
+read, with a warning in the log.
 """
 
 from __future__ import annotations
@@ -81,6 +84,7 @@ from urllib.parse import urlsplit
 from . import core
 from .clock import parse_duration
 from .errors import JobdistError
+from .logs import EventLog
 from .model import ALL, ANY
 from .names import nearest_name
 from .secret_files import read_credentials, read_token, write_credentials, write_secret
@@ -89,6 +93,7 @@ from .status import MIN_INTERVAL
 DEFAULT_JOURNAL = Path(".jobdist") / "journal"  # [daemon] journal unset: from the working dir
 SITE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 SHELL_OPERATORS = re.compile(r"[;&|$`<>()\n\r]")
+log = EventLog("jobdist.config")
 
 class ConfigError(JobdistError, ValueError):
     """A site configuration that cannot be used; the message says why and where."""
@@ -192,32 +197,27 @@ class CommandSettings:
 
 
 @dataclass(frozen=True)
-class KeepAliveSettings:
-    """[keepalive]: the re-saver of open jobs nobody has touched for a while."""
+class DaemonSettings:
+    """[daemon]: leases and stopping."""
 
-    period: float = 5.0
-    stale_after: float = 30.0
+    shutdown_grace: float = 10.0  # running steps get this long on SIGTERM
+    lease: float = core.LEASE  # a winner's promise lasts this long unless renewed
+    clock_skew_margin: float = core.SKEW_MARGIN  # the creator waits this much past a lease
+    journal: Path | None = None  # results kept while CouchDB does not answer
 
 
 @dataclass(frozen=True)
-class DaemonSettings:
-    """[daemon]: claims, leases and stopping."""
+class TuningSettings:
+    """[tuning]: internal knobs; the defaults are what we measured."""
 
-    booking_timeout: float = core.BOOKING_TIMEOUT  # give up a claim the creator has not decided
-    shutdown_grace: float = 10.0  # running steps get this long on SIGTERM
-    lease: float = core.LEASE  # a winner's promise lasts this long unless renewed
     heartbeat: float = core.HEARTBEAT  # how often a site renews the leases of its steps
-    clock_skew_margin: float = core.SKEW_MARGIN  # the creator waits this much past a lease
+    booking_timeout: float = core.BOOKING_TIMEOUT  # give up a claim the creator has not decided
     # A step launched ahead that ends sooner has its start written with its end, in one
     # revision (plan_runner.PlanRunner.defers); 0: written at once. A quarter of the lease
     # at most, whatever is set: a start written later may meet the creator's revocation.
     start_write_delay: float = 1.0
-    journal: Path | None = None  # results kept while CouchDB does not answer
-
-    @property
-    def start_delay(self) -> float:
-        """start_write_delay as it applies: a quarter of the lease at most."""
-        return min(self.start_write_delay, self.lease / 4)
+    keepalive_period: float = 5.0  # seconds between passes of the re-saver of open jobs
+    keepalive_stale_after: float = 30.0  # it re-saves those unchanged for this long
 
 
 @dataclass(frozen=True)
@@ -253,12 +253,23 @@ SECTIONS: dict[str, type] = {
     "couch": CouchSettings,
     "replication": ReplicationSettings,
     "commands": CommandSettings,
-    "keepalive": KeepAliveSettings,
     "daemon": DaemonSettings,
     "retention": RetentionSettings,
     "succession": SuccessionSettings,
     "admin": AdminSettings,
+    "tuning": TuningSettings,
 }
+
+# Keys [tuning] took over: still read from their old place for one release, with a
+# warning in the log (a site config in the field must not break), until 0.2.
+DEPRECATED: dict[tuple[str, str], str] = {
+    ("daemon", "booking_timeout"): "booking_timeout",
+    ("daemon", "heartbeat"): "heartbeat",
+    ("daemon", "start_write_delay"): "start_write_delay",
+    ("keepalive", "period"): "keepalive_period",
+    ("keepalive", "stale_after"): "keepalive_stale_after",
+}
+_warned: set[tuple[Path, str]] = set()  # (config, key) whose deprecation was logged
 
 
 def _keys(cls: type) -> tuple[str, ...]:
@@ -282,11 +293,11 @@ class SiteConfig:
     peers: tuple[str, ...] = ()
     replication: ReplicationSettings = field(default_factory=ReplicationSettings)
     commands: CommandSettings = field(default_factory=CommandSettings)
-    keepalive: KeepAliveSettings = field(default_factory=KeepAliveSettings)
     daemon: DaemonSettings = field(default_factory=DaemonSettings)
     retention: RetentionSettings = field(default_factory=RetentionSettings)
     succession: SuccessionSettings = field(default_factory=SuccessionSettings)
     admin: AdminSettings = field(default_factory=AdminSettings)
+    tuning: TuningSettings = field(default_factory=TuningSettings)
     path: Path | None = None
 
     def require_credentials(self) -> None:
@@ -315,6 +326,7 @@ def load_site(path: Path | str) -> SiteConfig:
     except (OSError, tomllib.TOMLDecodeError) as error:
         raise ConfigError(f"{path}: cannot read site config: {error}") from None
     try:
+        _move_deprecated(raw, path)
         _check_known(raw)
         return _site_from(Section("", raw), path)
     except (KeyError, TypeError, ValueError) as error:
@@ -345,6 +357,28 @@ def load_sites(directory: Path | str) -> dict[str, SiteConfig]:
             raise ConfigError(f"{site.path}: succession.successors names unknown sites "
                               f"{', '.join(unknown)}")
     return sites
+
+
+def _move_deprecated(raw: dict[str, Any], path: Path) -> None:
+    """Move each DEPRECATED key of `raw` to its place in [tuning], with a warning; a
+    [keepalive] left empty goes too. A key set in both places is refused."""
+    for (section, key), new_key in DEPRECATED.items():
+        table = raw.get(section)
+        if not isinstance(table, dict) or key not in table:
+            continue
+        tuning = raw.setdefault("tuning", {})
+        if not isinstance(tuning, dict):
+            return  # (refused as not a table when read)
+        if new_key in tuning:
+            raise ValueError(f"{dotted(section, key)} and tuning.{new_key} are the same "
+                             f"setting: keep tuning.{new_key}")
+        tuning[new_key] = table.pop(key)
+        if (path, key) not in _warned:  # once a process: `site run` reads its config twice
+            _warned.add((path, key))
+            log.warning("deprecated setting, read until 0.2 only",
+                        setting=dotted(section, key), write_as=f"tuning.{new_key}", config=path)
+    if raw.get("keepalive") == {}:
+        del raw["keepalive"]
 
 
 def _check_known(raw: dict[str, Any]) -> None:
@@ -405,7 +439,7 @@ def _site_from(raw: Section, path: Path) -> SiteConfig:
     admin = settings["admin"]
     settings["admin"] = replace(admin, token=admin.token or os.environ.get("JOBDIST_ADMIN_TOKEN")
                                 or read_token(admin.token_file))
-    _check_lease(settings["daemon"])
+    _check_lease(settings["daemon"], settings["tuning"])
     _check_creator_timeout(settings["succession"])
     return SiteConfig(name=name, workers=workers, peers=tuple(raw.get("peers", ())),
                       path=path, **settings)
@@ -528,13 +562,13 @@ def _check_creator_timeout(succession: SuccessionSettings) -> None:
                          f"at least {shortest:g} s: four renewals of a site's status")
 
 
-def _check_lease(daemon: DaemonSettings) -> None:
-    lease, heartbeat = daemon.lease, daemon.heartbeat
+def _check_lease(daemon: DaemonSettings, tuning: TuningSettings) -> None:
+    lease, heartbeat = daemon.lease, tuning.heartbeat
     if not 0 < heartbeat <= lease / 2:
-        raise ValueError(f"daemon.heartbeat ({heartbeat}) must be above 0 and at most half "
+        raise ValueError(f"tuning.heartbeat ({heartbeat}) must be above 0 and at most half "
                          f"of daemon.lease ({lease}), so one lost heartbeat is not fatal")
-    if not daemon.start_write_delay >= 0:
-        raise ValueError(f"daemon.start_write_delay ({daemon.start_write_delay}) must be at "
+    if not tuning.start_write_delay >= 0:
+        raise ValueError(f"tuning.start_write_delay ({tuning.start_write_delay}) must be at "
                          "least 0")
 
 

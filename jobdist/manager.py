@@ -325,9 +325,9 @@ class Manager:
         """The heartbeat: push our lease forward, so the creator knows we are alive;
         with the step's latest progress `report`, if it has news."""
         def plan(leaves: list[Job], rejected: list[core.Unusable]) -> core.Plan:
-            daemon = self.config.daemon
             return core.plan_renew(leaves, self.context(), key, epoch,
-                                   renew_below=daemon.lease - daemon.heartbeat,
+                                   renew_below=self.config.daemon.lease
+                                   - self.config.tuning.heartbeat,
                                    report=report)
         # Refused: the lease lapses, and the finish will say what happened.
         return Task(key[0], plan, known=self.revisions.known(key[0]), retry_conflicts=True,
@@ -359,7 +359,7 @@ class Manager:
         now = time.monotonic()
         room, idle = self.board.rooms(now)
         return core.Context(self.site, utc_now(), self.known_sites,
-                            booking_timeout=self.config.daemon.booking_timeout,
+                            booking_timeout=self.config.tuning.booking_timeout,
                             lease=self.config.daemon.lease,
                             skew_margin=self.config.daemon.clock_skew_margin,
                             runs=self.config.commands.allows,

@@ -195,7 +195,7 @@ class PeriodicWork:
         PROGRESS_INTERVAL, the lease renewed in it (so a heartbeat then has nothing
         to write), never a write per line. (Step, epoch, progress report or None.)"""
         now = time.monotonic()
-        heartbeat = now - self.last_heartbeat >= self.config.daemon.heartbeat
+        heartbeat = now - self.last_heartbeat >= self.config.tuning.heartbeat
         if heartbeat:
             self.last_heartbeat = now
         for key in self.progress_sent.keys() - executions.keys():
@@ -220,7 +220,7 @@ class PeriodicWork:
     def leases_due(self) -> list[str]:
         """As creator: the jobs whose winner stopped renewing its lease, to take back."""
         now = time.monotonic()
-        if now - self.last_lease_scan < self.config.daemon.heartbeat / 2:
+        if now - self.last_lease_scan < self.config.tuning.heartbeat / 2:
             return []
         self.last_lease_scan = now
         cutoff = later(utc_now(), -self.config.daemon.clock_skew_margin)

@@ -66,7 +66,8 @@ class PlanRunner:
         # purpose (defers), with their journal entry and when the start falls due
         # (monotonic): a short step's start is written with its end.
         self.deferred: dict[StepKey, tuple[Held, float]] = {}
-        self.start_delay = config.daemon.start_delay
+        # (A quarter of the lease at most: a start written later may meet a revocation.)
+        self.start_delay = min(config.tuning.start_write_delay, config.daemon.lease / 4)
         # How long after its launch a deferred run whose start the server does not take
         # may go on: then it is stopped, as a start launched ahead that cannot be written.
         # Well within the lease (the creator may revoke a win) and the creator timeout (a
@@ -506,13 +507,13 @@ class PlanRunner:
         """The jobs of bookings held past their timeout: to decide about again."""
         now = time.monotonic()
         return [key[0] for key, since in list(self.booked_at.items())
-                if now - since >= self.config.daemon.booking_timeout]
+                if now - since >= self.config.tuning.booking_timeout]
 
     def unbook_expired(self) -> None:
         """Bookings still held past their timeout once decided: their job is gone."""
         now = time.monotonic()
         for key, since in list(self.booked_at.items()):
-            if now - since >= self.config.daemon.booking_timeout and self.pool.is_booked(key):
+            if now - since >= self.config.tuning.booking_timeout and self.pool.is_booked(key):
                 self.apply(core.Unbook(key))
 
     def release_bookings(self) -> None:

@@ -62,7 +62,6 @@ def daemon_with_admin(root: Path, site: str, workers: int, token: str | None) ->
         AdminSettings,
         CouchSettings,
         DaemonSettings,
-        KeepAliveSettings,
         SiteConfig,
     )
     from jobdist.daemon import Daemon
@@ -74,7 +73,7 @@ def daemon_with_admin(root: Path, site: str, workers: int, token: str | None) ->
     thread: threading.Thread | None = None
     try:
         config = SiteConfig(name=site, couch=CouchSettings(server.url), workers=workers,
-                            peers=(), keepalive=KeepAliveSettings(period=5.0),
+                            peers=(),
                             daemon=DaemonSettings(shutdown_grace=0.5, journal=root / "journal"),
                             admin=AdminSettings(port=0, token=token))
         daemon = Daemon(config)

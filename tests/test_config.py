@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 import textwrap
 from pathlib import Path
@@ -10,7 +11,14 @@ from typing import Any
 import pytest
 
 import jobdist.config
-from jobdist.config import SETTINGS, ConfigError, Section, SuccessionSettings, load_site, load_sites
+from jobdist.config import (
+    SETTINGS,
+    ConfigError,
+    Section,
+    SuccessionSettings,
+    load_site,
+    load_sites,
+)
 from jobdist.lab.scenarios import TOPOLOGIES, write_sites
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -51,12 +59,55 @@ def test_every_unknown_setting_is_named_on_one_line(tmp_path: Path) -> None:
                                  "'admin.prot' (did you mean 'admin.port'?)")
 
 
-def test_the_start_write_delay_is_never_negative_and_at_most_a_quarter_of_the_lease(
-        tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=re.escape("daemon.start_write_delay (-1.0) must be")):
-        load_site(write_config(tmp_path, BASE + "[daemon]\nstart_write_delay = -1.0\n"))
-    site = load_site(write_config(tmp_path, BASE + "[daemon]\nlease = 2.0\nheartbeat = 1.0\n"))
-    assert (site.daemon.start_write_delay, site.daemon.start_delay) == (1.0, 0.5)
+def test_the_start_write_delay_is_never_negative(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=re.escape("tuning.start_write_delay (-1.0) must be")):
+        load_site(write_config(tmp_path, BASE + "[tuning]\nstart_write_delay = -1.0\n"))
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("[daemon]\nlease = 10\n",
+     "tuning.heartbeat (15.0) must be above 0 and at most half of daemon.lease (10.0)"),
+    ("[tuning]\nheartbeat = 0\n", "tuning.heartbeat (0.0) must be above 0"),
+])
+def test_timings_that_break_a_relation_are_refused(tmp_path: Path, text: str,
+                                                    message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_site(write_config(tmp_path, BASE + text))
+
+
+# The keys [tuning] took over, in their old place (read for one release), and where they
+# are read into now.
+OLD_KEYS = [("daemon", "booking_timeout", 7.0, "booking_timeout"),
+            ("daemon", "heartbeat", 5.0, "heartbeat"),
+            ("daemon", "start_write_delay", 0.5, "start_write_delay"),
+            ("keepalive", "period", 1.0, "keepalive_period"),
+            ("keepalive", "stale_after", 9.0, "keepalive_stale_after")]
+
+
+@pytest.mark.parametrize(("section", "key", "value", "new_key"), OLD_KEYS)
+def test_a_setting_tuning_took_over_is_still_read_with_a_warning(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, section: str, key: str,
+        value: float, new_key: str) -> None:
+    path = write_config(tmp_path, BASE + f"[{section}]\n{key} = {value}\n")
+    with caplog.at_level(logging.WARNING, "jobdist.config"):
+        site = load_site(path)
+        assert load_site(path) == site  # (`site run` reads it twice: warned once)
+    assert getattr(site.tuning, new_key) == value
+    assert caplog.messages == [f"deprecated setting, read until 0.2 only setting={section}.{key} "
+                               f"write_as=tuning.{new_key} config={path}"]
+
+
+def test_a_setting_in_its_old_and_new_place_is_refused(tmp_path: Path) -> None:
+    text = BASE + "[keepalive]\nperiod = 1.0\n[tuning]\nkeepalive_period = 2.0\n"
+    with pytest.raises(ConfigError, match=re.escape(
+            "keepalive.period and tuning.keepalive_period are the same setting")):
+        load_site(write_config(tmp_path, text))
+
+
+def test_an_old_section_with_an_unknown_key_is_still_refused(tmp_path: Path) -> None:
+    text = BASE + "[keepalive]\nperiod = 1.0\nperod = 2.0\n"
+    with pytest.raises(ConfigError, match=re.escape("unknown setting 'keepalive'")):
+        load_site(write_config(tmp_path, text))
 
 
 def test_a_section_must_be_a_table(tmp_path: Path) -> None:
@@ -105,10 +156,10 @@ SAMPLES: dict[str, Any] = {
     "replication.filtered": True, "replication.relay": True,
     "replication.peer_urls": {"reg_b": "http://gateway:1"},
     "commands.allow": ["true"], "commands.allow_shell": True,
-    "keepalive.period": 1.0, "keepalive.stale_after": 9.0,
-    "daemon.booking_timeout": 7.0, "daemon.shutdown_grace": 3.0, "daemon.lease": 90.0,
-    "daemon.heartbeat": 20.0, "daemon.clock_skew_margin": 4.0, "daemon.start_write_delay": 0.5,
+    "daemon.shutdown_grace": 3.0, "daemon.lease": 90.0, "daemon.clock_skew_margin": 4.0,
     "daemon.journal": "/var/lib/jobdist/journal",
+    "tuning.heartbeat": 20.0, "tuning.booking_timeout": 7.0, "tuning.start_write_delay": 0.5,
+    "tuning.keepalive_period": 1.0, "tuning.keepalive_stale_after": 9.0,
     "retention.older_than": "30d", "retention.interval": 60.0,
     "retention.export": "/tmp/removed.jsonl",
     "admin.port": 7999, "admin.host": "0.0.0.0", "admin.token": "t0ken",
@@ -160,9 +211,9 @@ def test_every_listed_setting_is_read(tmp_path: Path, monkeypatch: pytest.Monkey
 
 def test_reading_an_unlisted_key_is_a_bug_caught_at_once() -> None:
     section = Section("daemon", {"lease": 5.0})
-    assert section["lease"] == 5.0 and section.get("heartbeat", 15.0) == 15.0
-    with pytest.raises(KeyError, match=re.escape("daemon.heartbeat")):
-        section["heartbeat"]
+    assert section["lease"] == 5.0 and section.get("shutdown_grace", 10.0) == 10.0
+    with pytest.raises(KeyError, match=re.escape("daemon.shutdown_grace")):
+        section["shutdown_grace"]
     unlisted = re.escape("'daemon.leese', which SETTINGS does not list")
     with pytest.raises(RuntimeError, match=unlisted):
         section.get("leese")

@@ -89,7 +89,7 @@ def manager_for(server: LocalServer, journal_dir: Path) -> tuple[Manager, Databa
     db = Couch(server.url, retries=2, retry_time=1.0).ensure_database("jobs")
     sync_design_docs(db, load_design_docs())
     config = SiteConfig("global", CouchSettings(server.url, "jobs"), workers=1,
-                        daemon=DaemonSettings(lease=60.0, heartbeat=15.0))
+                        daemon=DaemonSettings(lease=60.0))
     return Manager(in_tmp(config, journal_dir.parent), CouchStore(db), {"global"},
                    Journal(journal_dir)), db
 

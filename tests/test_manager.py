@@ -25,7 +25,14 @@ import pytest
 
 from jobdist import core, status
 from jobdist.clock import format_time
-from jobdist.config import CouchSettings, DaemonSettings, SiteConfig, SuccessionSettings
+from jobdist.config import (
+    SETTINGS,
+    CouchSettings,
+    DaemonSettings,
+    SiteConfig,
+    SuccessionSettings,
+    TuningSettings,
+)
 from jobdist.couch import Unavailable
 from jobdist.journal import Journal
 from jobdist.listener import Changed
@@ -333,7 +340,7 @@ def test_a_worker_booked_in_a_batch_is_not_taken_by_a_later_decision(tmp_path: P
     store = SimStore(Replica(), "reg_a")
     # (Starts written at once, to be read here: see test_a_short_steps_start_is_written...)
     manager = Manager(in_tmp(SiteConfig("reg_a", CouchSettings(store.url), workers=1,
-                                        daemon=DaemonSettings(start_write_delay=0)), tmp_path),
+                                        tuning=TuningSettings(start_write_delay=0)), tmp_path),
                       store, SITES, Journal(tmp_path / "journal"))
     try:
         claimed, first, second = (new_job("global", [new_step("true")]) for _ in range(3))
@@ -445,11 +452,17 @@ def won_here(site: str, command: str) -> Doc:
     return doc
 
 
+def timing_settings(**settings: Any) -> dict[str, Any]:
+    """A SiteConfig's `daemon` and `tuning`, each of the `settings` in its own."""
+    tuning = {key: settings.pop(key) for key in list(settings) if key in SETTINGS["tuning"]}
+    return {"daemon": DaemonSettings(**settings), "tuning": TuningSettings(**tuning)}
+
+
 def holding_a_win(tmp_path: Path, store: SimStore, busy_command: str = "sleep 5",
-                  **daemon: Any) -> tuple[Manager, Doc, Doc]:
+                  **settings: Any) -> tuple[Manager, Doc, Doc]:
     """reg_a with one worker: a win it started (running `busy_command`), and one it holds."""
     config = SiteConfig("reg_a", CouchSettings(store.url), workers=1,
-                        daemon=DaemonSettings(**daemon))
+                        **timing_settings(**settings))
     manager = Manager(in_tmp(config, tmp_path), store, SITES, Journal(tmp_path / "journal"))
     busy, held = won_here("reg_a", busy_command), won_here("reg_a", "true")
     assert all(store.write([busy, held]))
@@ -534,7 +547,7 @@ class FlakyStore(SimStore):
 
 def creator_alone(tmp_path: Path, store: SimStore, **settings: Any) -> Manager:
     config = SiteConfig("global", CouchSettings(store.url), workers=1,
-                        daemon=DaemonSettings(**settings))
+                        **timing_settings(**settings))
     return Manager(in_tmp(config, tmp_path), store, SITES, Journal(tmp_path / "journal"))
 
 
@@ -1173,7 +1186,7 @@ def test_progress_is_written_within_seconds_at_most_once_per_interval_never_per_
 CREATOR_TIMEOUT = 4.0
 SUCCESSION = dict(
     succession=SuccessionSettings({"global": ("reg_a", "reg_b")}, creator_timeout=CREATOR_TIMEOUT),
-    daemon=DaemonSettings(lease=2.0, heartbeat=0.5, clock_skew_margin=0.5, booking_timeout=0.5))
+    **timing_settings(lease=2.0, heartbeat=0.5, clock_skew_margin=0.5, booking_timeout=0.5))
 
 
 def adoptions(doc: Doc) -> list[tuple[str, int]]:

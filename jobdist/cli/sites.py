@@ -49,11 +49,11 @@ def site_run(config_path: Path, sites_dir: Path | None, ready_file: Path | None,
     from jobdist.daemon import Daemon
     from jobdist.logs import configure_logging
 
+    configure_logging(log_level.upper(), log_file)  # first: loading may warn (config.py)
     config = load_site(config_path)
     if journal is not None:
         config = replace(config, daemon=replace(config.daemon, journal=journal))
     known = set(load_sites(sites_dir or config_path.parent))
-    configure_logging(log_level.upper(), log_file)
     sys.exit(Daemon(config, known).run(ready_file))
 
 
