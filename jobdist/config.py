@@ -43,7 +43,7 @@
     token_file = "../.jobdist/secrets/admin-token"  # else read from here (mode 600)
 
     [tuning]                           # internal knobs; the defaults are what we measured
-    heartbeat = 15.0                   # how often a site renews the leases of its steps
+    heartbeat = 15.0                   # lease renewals (default: a quarter of the lease)
     booking_timeout = 60.0             # give up a claim the creator has not decided
     start_write_delay = 1.0            # a step ending sooner has its start written with its
                                        # end, one revision (0: at once; lease / 4 at most)
@@ -64,8 +64,9 @@ A key that SETTINGS does not list is refused, with the nearest known one
 ("unknown setting 'deamon' (did you mean 'daemon'?)"): a misspelt setting
 would otherwise leave its default in force without a word.
 
-The keys [tuning] took over from [daemon] and [keepalive] (DEPRECATED) are still
-read, with a warning in the log.
+Every interval derived from the timings (and the relations they must keep) is in
+timings.py (`SiteConfig.timings`). The keys [tuning] took over from [daemon] and
+[keepalive] (DEPRECATED) are still read, with a warning in the log.
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ import tomllib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, fields, replace
 from datetime import timedelta
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -88,7 +90,7 @@ from .logs import EventLog
 from .model import ALL, ANY
 from .names import nearest_name
 from .secret_files import read_credentials, read_token, write_credentials, write_secret
-from .status import MIN_INTERVAL
+from .timings import Timings
 
 DEFAULT_JOURNAL = Path(".jobdist") / "journal"  # [daemon] journal unset: from the working dir
 SITE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
@@ -208,13 +210,13 @@ class DaemonSettings:
 
 @dataclass(frozen=True)
 class TuningSettings:
-    """[tuning]: internal knobs; the defaults are what we measured."""
+    """[tuning]: internal knobs; the defaults are what we measured (timings.py)."""
 
-    heartbeat: float = core.HEARTBEAT  # how often a site renews the leases of its steps
+    heartbeat: float | None = None  # lease renewals; None: a quarter of the lease
     booking_timeout: float = core.BOOKING_TIMEOUT  # give up a claim the creator has not decided
     # A step launched ahead that ends sooner has its start written with its end, in one
-    # revision (plan_runner.PlanRunner.defers); 0: written at once. A quarter of the lease
-    # at most, whatever is set: a start written later may meet the creator's revocation.
+    # revision (plan_runner.PlanRunner.defers); 0: written at once. Timings.start_delay
+    # bounds it.
     start_write_delay: float = 1.0
     keepalive_period: float = 5.0  # seconds between passes of the re-saver of open jobs
     keepalive_stale_after: float = 30.0  # it re-saves those unchanged for this long
@@ -299,6 +301,18 @@ class SiteConfig:
     admin: AdminSettings = field(default_factory=AdminSettings)
     tuning: TuningSettings = field(default_factory=TuningSettings)
     path: Path | None = None
+
+    @cached_property
+    def timings(self) -> Timings:
+        """Every timing the daemon keeps, from the settings (timings.py): read them here."""
+        daemon, tuning = self.daemon, self.tuning
+        return Timings(lease=daemon.lease, clock_skew_margin=daemon.clock_skew_margin,
+                       creator_timeout=self.succession.creator_timeout,
+                       tuned_heartbeat=tuning.heartbeat,
+                       booking_timeout=tuning.booking_timeout,
+                       start_write_delay=tuning.start_write_delay,
+                       keepalive_period=tuning.keepalive_period,
+                       keepalive_stale_after=tuning.keepalive_stale_after)
 
     def require_credentials(self) -> None:
         """ConfigError when the config names a credentials file that is not there (and
@@ -439,10 +453,10 @@ def _site_from(raw: Section, path: Path) -> SiteConfig:
     admin = settings["admin"]
     settings["admin"] = replace(admin, token=admin.token or os.environ.get("JOBDIST_ADMIN_TOKEN")
                                 or read_token(admin.token_file))
-    _check_lease(settings["daemon"], settings["tuning"])
-    _check_creator_timeout(settings["succession"])
-    return SiteConfig(name=name, workers=workers, peers=tuple(raw.get("peers", ())),
+    site = SiteConfig(name=name, workers=workers, peers=tuple(raw.get("peers", ())),
                       path=path, **settings)
+    site.timings.check()
+    return site
 
 
 def _read_section(section: str, table: Section, path: Path) -> Any:
@@ -501,7 +515,8 @@ def _peer_urls(value: Any, _: Path) -> dict[str, str]:
 
 # How a setting's text becomes its typed value, by the field's declared type.
 READERS: dict[str, Callable[[Any, Path], Any]] = {
-    "str": _text, "str | None": _text, "float": _number, "int | None": _integer,
+    "str": _text, "str | None": _text, "float": _number, "float | None": _number,
+    "int | None": _integer,
     "bool": _flag, "Path | None": _path, "timedelta | None": _duration,
 }
 SPECIAL_READERS: dict[tuple[str, str], Callable[[Any, Path], Any]] = {
@@ -552,24 +567,6 @@ def _successors(table: Any) -> dict[str, tuple[str, ...]]:
             raise ValueError(f"a site appears twice in the line {[creator, *line]}")
         lines[creator] = tuple(line)
     return lines
-
-
-def _check_creator_timeout(succession: SuccessionSettings) -> None:
-    # A live site renews its status at most once a MIN_INTERVAL: several must fit in.
-    shortest = 4 * MIN_INTERVAL
-    if not succession.creator_timeout >= shortest:
-        raise ValueError(f"succession.creator_timeout ({succession.creator_timeout}) must be "
-                         f"at least {shortest:g} s: four renewals of a site's status")
-
-
-def _check_lease(daemon: DaemonSettings, tuning: TuningSettings) -> None:
-    lease, heartbeat = daemon.lease, tuning.heartbeat
-    if not 0 < heartbeat <= lease / 2:
-        raise ValueError(f"tuning.heartbeat ({heartbeat}) must be above 0 and at most half "
-                         f"of daemon.lease ({lease}), so one lost heartbeat is not fatal")
-    if not tuning.start_write_delay >= 0:
-        raise ValueError(f"tuning.start_write_delay ({tuning.start_write_delay}) must be at "
-                         "least 0")
 
 
 def _describe(error: Exception) -> str:

@@ -70,8 +70,8 @@ class Daemon:
         self.listener = Listener(self.db, config.name, self.mailbox.inbox,
                                  load_checkpoint(self.db, config.name), self.stop_event,
                                  self.mailbox.wake, on_change=self.changes.publish)
-        self.keepalive = KeepAlive(self.db, config.name, config.tuning.keepalive_period,
-                                   config.tuning.keepalive_stale_after, self.stop_event,
+        self.keepalive = KeepAlive(self.db, config.name, config.timings.keepalive_period,
+                                   config.timings.keepalive_stale_after, self.stop_event,
                                    room=lambda: self.manager.room_seen)
         self.retention = None if config.retention.older_than is None else PeriodicCleanup(
             self.db, config.name, config.retention.older_than,

@@ -74,6 +74,7 @@ class Manager:
         if (pool is None) != (mailbox is None):
             raise ValueError("a worker pool comes with the mailbox it reports to")
         self.config = config
+        self.timings = config.timings
         self.site = config.name
         self.log = EventLog("jobdist.manager", site=self.site)
         self.store = store
@@ -139,7 +140,7 @@ class Manager:
             self.periodic.seq = changes[-1].seq  # feed order: the checkpoint never goes back
         self.settle([*self._ends_and_next_work(), *self._decisions(self.runner.expired_bookings()),
                      *self._renewal_tasks_due(), *self._decisions(self.periodic.leases_due()),
-                     *self._decisions(self.runner.queued_due(self.config.daemon.lease / 2)),
+                     *self._decisions(self.runner.queued_due(self.timings.queue_hold_max)),
                      *self._decisions(self.periodic.successions_due()),
                      *self._decisions(self.waiting.woken()),
                      *self._decisions(self.periodic.waiting_due())])
@@ -215,8 +216,8 @@ class Manager:
                 for doc_id, doc in self.periodic.open_for_room_due()]
 
     def _renewal_tasks_due(self) -> list[Task]:
-        # (A run whose start is deferred renews nothing: its start, written within a
-        # quarter of the start-by lease, sets the lease.)
+        # (A run whose start is deferred renews nothing: its start, written within
+        # Timings.start_delay, sets the lease.)
         started = {key: running for key, running in self.runner.executions.items()
                    if key not in self.runner.deferred}
         return [self.renew_task(key, epoch, report)
@@ -326,9 +327,7 @@ class Manager:
         with the step's latest progress `report`, if it has news."""
         def plan(leaves: list[Job], rejected: list[core.Unusable]) -> core.Plan:
             return core.plan_renew(leaves, self.context(), key, epoch,
-                                   renew_below=self.config.daemon.lease
-                                   - self.config.tuning.heartbeat,
-                                   report=report)
+                                   renew_below=self.timings.renew_below, report=report)
         # Refused: the lease lapses, and the finish will say what happened.
         return Task(key[0], plan, known=self.revisions.known(key[0]), retry_conflicts=True,
                     end_on_refusal=False)
@@ -359,9 +358,9 @@ class Manager:
         now = time.monotonic()
         room, idle = self.board.rooms(now)
         return core.Context(self.site, utc_now(), self.known_sites,
-                            booking_timeout=self.config.tuning.booking_timeout,
-                            lease=self.config.daemon.lease,
-                            skew_margin=self.config.daemon.clock_skew_margin,
+                            booking_timeout=self.timings.booking_timeout,
+                            lease=self.timings.lease,
+                            skew_margin=self.timings.clock_skew_margin,
                             runs=self.config.commands.allows,
                             lease_silence=lease_silence,
                             room=room, idle=idle,
@@ -369,7 +368,7 @@ class Manager:
                             fed_by=self.board.feeding(now, core.CLAIM_DELAY),
                             successors=self.config.succession.successors,
                             silent=self.periodic.silent(now),
-                            creator_timeout=self.config.succession.creator_timeout,
+                            creator_timeout=self.timings.creator_timeout,
                             unchanged_for=unchanged_for, ended=self.waiting.ended)
 
     def _note_room(self) -> None:

@@ -32,6 +32,8 @@ VIEW_SCAN_INTERVAL = 10.0  # seconds between `claimable` view queries while work
 # A worker free this long, not one a step's end has just freed, is worth the view's query
 # (asked at a step's end, the query held up the next report: docs/performance.md).
 NET_SCAN_IDLE = 1.0
+# Seconds between two saves of the feed checkpoint: a restart re-reads (and decides
+# again, to no effect) at most this much of the feed.
 CHECKPOINT_INTERVAL = 2.0
 PROGRESS_INTERVAL = 3.0  # seconds between two progress writes of one step, at least
 MAX_LEASES_SEEN = 100_000  # jobs whose leases we time; the least recently seen go first
@@ -43,6 +45,7 @@ class PeriodicWork:
                  board: status.Board, skipped: OrderedDict[str, str], own_revs: deque[str],
                  log: EventLog) -> None:
         self.config = config
+        self.timings = config.timings
         self.site = config.name
         self.store = store
         self.pool = pool
@@ -73,7 +76,7 @@ class PeriodicWork:
         # monotonic time): see core.Context.lease_silence.
         self.leases_seen: dict[str, dict[str, float]] = {}
         # When to publish our status.
-        self.publisher = status.Publisher(status.refresh_for(config.succession.creator_timeout))
+        self.publisher = status.Publisher(self.timings.status_refresh)
         self.last_succession_scan = time.monotonic()
         # Jobs of our succession lines: their leaves, and since when we see them so.
         self.jobs_seen: dict[str, tuple[frozenset[str], float]] = {}
@@ -195,7 +198,7 @@ class PeriodicWork:
         PROGRESS_INTERVAL, the lease renewed in it (so a heartbeat then has nothing
         to write), never a write per line. (Step, epoch, progress report or None.)"""
         now = time.monotonic()
-        heartbeat = now - self.last_heartbeat >= self.config.tuning.heartbeat
+        heartbeat = now - self.last_heartbeat >= self.timings.heartbeat
         if heartbeat:
             self.last_heartbeat = now
         for key in self.progress_sent.keys() - executions.keys():
@@ -220,10 +223,10 @@ class PeriodicWork:
     def leases_due(self) -> list[str]:
         """As creator: the jobs whose winner stopped renewing its lease, to take back."""
         now = time.monotonic()
-        if now - self.last_lease_scan < self.config.tuning.heartbeat / 2:
+        if now - self.last_lease_scan < self.timings.lease_scan_interval:
             return []
         self.last_lease_scan = now
-        cutoff = later(utc_now(), -self.config.daemon.clock_skew_margin)
+        cutoff = later(utc_now(), -self.timings.clock_skew_margin)
         try:
             due = self.store.leases_due(self.site, cutoff)
         except CouchError as error:
@@ -259,7 +262,7 @@ class PeriodicWork:
         turn to take them over (core.succeeds)."""
         now = time.monotonic()
         if not self.line_sites or \
-                now - self.last_succession_scan < self.config.succession.creator_timeout / 4:
+                now - self.last_succession_scan < self.timings.succession_scan_interval:
             return []
         self.last_succession_scan = now
         ids: list[str] = []
@@ -290,7 +293,7 @@ class PeriodicWork:
 
     def silent(self, now: float) -> frozenset[str]:
         """The sites of our succession lines silent for creator_timeout, by our clock."""
-        return self.board.silent(self.line_sites, now, self.config.succession.creator_timeout)
+        return self.board.silent(self.line_sites, now, self.timings.creator_timeout)
 
     # --- our waiting jobs ----------------------------------------------------------------
 

@@ -33,6 +33,7 @@ class PlanRunner:
                  board: status.Board, periodic: PeriodicWork, journal: Journal,
                  counts: Counter[str], log: EventLog) -> None:
         self.config = config
+        self.timings = config.timings
         self.journal = journal
         self.site = config.name
         self.store = store
@@ -66,13 +67,10 @@ class PlanRunner:
         # purpose (defers), with their journal entry and when the start falls due
         # (monotonic): a short step's start is written with its end.
         self.deferred: dict[StepKey, tuple[Held, float]] = {}
-        # (A quarter of the lease at most: a start written later may meet a revocation.)
-        self.start_delay = min(config.tuning.start_write_delay, config.daemon.lease / 4)
+        self.start_delay = self.timings.start_delay
         # How long after its launch a deferred run whose start the server does not take
         # may go on: then it is stopped, as a start launched ahead that cannot be written.
-        # Well within the lease (the creator may revoke a win) and the creator timeout (a
-        # successor may adopt the job and start the step in the same epoch).
-        self.defer_limit = min(config.daemon.lease, config.succession.creator_timeout) / 2
+        self.defer_limit = self.timings.defer_limit
         self.due: set[StepKey] = set()  # of `ahead`, the deferred starts due in this batch
         # Every (step, epoch) launched here chained onto an end, lately: only that end's
         # record may start it (core.plan_finish, `chained`).
@@ -507,13 +505,13 @@ class PlanRunner:
         """The jobs of bookings held past their timeout: to decide about again."""
         now = time.monotonic()
         return [key[0] for key, since in list(self.booked_at.items())
-                if now - since >= self.config.tuning.booking_timeout]
+                if now - since >= self.timings.booking_timeout]
 
     def unbook_expired(self) -> None:
         """Bookings still held past their timeout once decided: their job is gone."""
         now = time.monotonic()
         for key, since in list(self.booked_at.items()):
-            if now - since >= self.config.tuning.booking_timeout and self.pool.is_booked(key):
+            if now - since >= self.timings.booking_timeout and self.pool.is_booked(key):
                 self.apply(core.Unbook(key))
 
     def release_bookings(self) -> None:

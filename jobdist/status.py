@@ -43,7 +43,7 @@ MIN_INTERVAL = 1.0  # seconds between two publications of a changed room
 # A changed room is published once it has held this long (Publisher.due): a worker freed
 # and taken again at once is no news for creators.
 SETTLE = 0.25
-REFRESH = 30.0  # an unchanged status is published again this often
+REFRESH = 30.0  # an unchanged status is published again this often (Timings.status_refresh)
 STALE_AFTER = 3 * REFRESH  # a status not renewed for this long (our clock) is ignored
 ASSIGNED_FOR = 3.0  # seconds an assignment counts against a room its site has not re-published
 MAX_WON = 10_000  # steps won at other sites and not started that we keep count of
@@ -51,13 +51,6 @@ MAX_WON = 10_000  # steps won at other sites and not started that we keep count 
 # it holds none (a daemon from before queues), or none long enough (long steps run
 # there); its queue was full (creators' counts lag one another: a moment).
 QUEUE_BACKOFF = {core.NO_WORKER: 30.0, core.NO_WORKER_IN_TIME: 30.0, core.QUEUE_FULL: 3.0}
-
-
-def refresh_for(creator_timeout: float) -> float:
-    """How often to publish an unchanged status: several times within a creator_timeout,
-    so that a live creator is never taken for a silent one, and never more than once a
-    second."""
-    return max(MIN_INTERVAL, min(REFRESH, creator_timeout / 4))
 
 
 def status_id(site: str) -> str:

@@ -59,20 +59,33 @@ def test_every_unknown_setting_is_named_on_one_line(tmp_path: Path) -> None:
                                  "'admin.prot' (did you mean 'admin.port'?)")
 
 
-def test_the_start_write_delay_is_never_negative(tmp_path: Path) -> None:
+def test_the_start_write_delay_is_never_negative_and_at_most_a_quarter_of_the_lease(
+        tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=re.escape("tuning.start_write_delay (-1.0) must be")):
         load_site(write_config(tmp_path, BASE + "[tuning]\nstart_write_delay = -1.0\n"))
+    site = load_site(write_config(tmp_path, BASE + "[daemon]\nlease = 2.0\n"))
+    assert (site.tuning.start_write_delay, site.timings.start_delay) == (1.0, 0.5)
 
 
 @pytest.mark.parametrize(("text", "message"), [
-    ("[daemon]\nlease = 10\n",
-     "tuning.heartbeat (15.0) must be above 0 and at most half of daemon.lease (10.0)"),
+    ("[daemon]\nlease = 0\n", "daemon.lease (0.0) must be above 0"),
+    ("[daemon]\nlease = 10\n[tuning]\nheartbeat = 6\n",
+     "tuning.heartbeat (6.0) must be above 0 and at most half of daemon.lease (10.0)"),
     ("[tuning]\nheartbeat = 0\n", "tuning.heartbeat (0.0) must be above 0"),
 ])
 def test_timings_that_break_a_relation_are_refused(tmp_path: Path, text: str,
                                                     message: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_site(write_config(tmp_path, BASE + text))
+
+
+def test_the_heartbeat_follows_the_lease_unless_tuned(tmp_path: Path) -> None:
+    """A shorter lease alone is a valid config: the heartbeat is derived from it."""
+    site = load_site(write_config(tmp_path, BASE + "[daemon]\nlease = 8.0\n"))
+    assert (site.tuning.heartbeat, site.timings.heartbeat) == (None, 2.0)
+    tuned = load_site(write_config(tmp_path, BASE + "[daemon]\nlease = 8.0\n"
+                                   "[tuning]\nheartbeat = 3.0\n"))
+    assert tuned.timings.heartbeat == 3.0
 
 
 # The keys [tuning] took over, in their old place (read for one release), and where they

@@ -336,11 +336,8 @@ def test_silence_counts_on_our_clock_from_the_last_new_status_heard():
     assert board.silent(lines, 207.0, timeout=8.0) == frozenset()
 
 
-def test_a_status_is_refreshed_several_times_within_a_creator_timeout():
-    assert status.refresh_for(120.0) == status.REFRESH
-    assert status.refresh_for(8.0) == 2.0
-    assert status.refresh_for(2.0) == status.MIN_INTERVAL
-    publisher = Publisher(status.refresh_for(8.0))
+def test_an_unchanged_status_is_published_again_at_its_refresh():
+    publisher = Publisher(2.0)  # (Timings.status_refresh: tests/test_timings.py)
     publisher.published(site_status(free=2), "1-a", 0.0)
     assert not publisher.due(site_status(free=2), 1.9)
     assert publisher.due(site_status(free=2), 2.0)

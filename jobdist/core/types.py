@@ -86,14 +86,12 @@ class PoolView:
         return key, self.booked[key].worker
 
 
-# The protocol's timing defaults, in seconds; a site's [daemon] settings override them.
+# The protocol's timing defaults, in seconds; a site's settings override them (the
+# heartbeat and every interval derived from these: jobdist/timings.py).
 BOOKING_TIMEOUT = 60.0
 
 
 LEASE = 60.0
-
-
-HEARTBEAT = 15.0
 
 
 SKEW_MARGIN = 10.0

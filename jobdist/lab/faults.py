@@ -48,7 +48,7 @@ from .scenarios import (
 
 log = logging.getLogger("jobdist.faults")
 
-LEASE = 6.0  # write_sites derives heartbeat 1.5 s and clock-skew margin 1 s from it
+LEASE = 6.0  # heartbeat 1.5 s from it (Timings), and clock-skew margin 1 s (write_sites)
 MARGIN = LEASE / 6
 SEED_VARIABLE = "JOBDIST_FAULT_SEED"
 TARGETS: tuple[str | list[str], ...] = (

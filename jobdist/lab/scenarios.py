@@ -220,8 +220,8 @@ def write_sites(directory: Path, count: int, workers: int = 2,
             f"peer_urls = {_toml_table((peer_urls or {}).get(name, {}))}\n\n"
             f"[daemon]\nshutdown_grace = 2.0\nlease = {lease}\n"
             f"clock_skew_margin = {lease / 6}\n\n"
-            f"[tuning]\nheartbeat = {lease / 4}\nbooking_timeout = {booking_timeout}\n"
-            f"keepalive_period = {keepalive}\nkeepalive_stale_after = {stale_after}\n"
+            f"[tuning]\nbooking_timeout = {booking_timeout}\nkeepalive_period = {keepalive}\n"
+            f"keepalive_stale_after = {stale_after}\n"
             + _succession(successors, creator_timeout))
     return directory
 
