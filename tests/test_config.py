@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import textwrap
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -12,9 +14,11 @@ import pytest
 
 import jobdist.config
 from jobdist.config import (
+    SECTIONS,
     SETTINGS,
     ConfigError,
     Section,
+    SiteConfig,
     SuccessionSettings,
     load_site,
     load_sites,
@@ -145,6 +149,24 @@ def test_the_daemon_journal_is_a_known_setting(tmp_path: Path) -> None:
 @pytest.mark.parametrize("directory", ["sites", "sites/star", "sites/compose"])
 def test_the_shipped_configs_load(directory: str) -> None:
     assert len(load_sites(PROJECT_ROOT / directory)) == 3
+
+
+def default_of(cls: type, key: str) -> Any:
+    item = next(item for item in dataclasses.fields(cls) if item.name == key)
+    return item.default_factory() if item.default_factory is not dataclasses.MISSING \
+        else item.default
+
+
+@pytest.mark.parametrize("path", sorted(PROJECT_ROOT.glob("sites/**/*.toml")),
+                         ids=lambda path: str(path.relative_to(PROJECT_ROOT)))
+def test_the_shipped_configs_hold_only_what_differs_from_the_defaults(path: Path) -> None:
+    raw = tomllib.loads(path.read_text())
+    restated = [key for key, value in raw.items()
+                if not isinstance(value, dict) and key != "name"
+                and value == default_of(SiteConfig, key)]
+    restated += [f"{section}.{key}" for section, table in raw.items() if isinstance(table, dict)
+                 for key, value in table.items() if value == default_of(SECTIONS[section], key)]
+    assert restated == []
 
 
 @pytest.mark.parametrize("topology", TOPOLOGIES)
