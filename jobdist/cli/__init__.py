@@ -58,8 +58,8 @@ COMMANDS = {
                  "Jobs made on a schedule: at every tick of a cron expression, by one owner "
                  "site."),
     "secrets": ("jobdist.cli.sites:secrets",
-                "Write the credentials files the site configs name and nobody has written yet "
-                "(random passwords, mode 600); existing ones are kept."),
+                "Write the credentials and admin token files the site configs name and nobody "
+                "has written yet (random secrets, mode 600); existing ones are kept."),
     "setup": ("jobdist.cli.sites:setup",
               "Create each site's database, upload its design documents, and write the "
               "replications the topology needs; remove stale `jobdist-*` replications."),
