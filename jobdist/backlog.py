@@ -22,7 +22,7 @@ from typing import Any, cast
 from sortedcontainers import SortedList
 
 from . import core
-from .model import ALL, ANY, Doc, Leaf, is_held
+from .model import ALL, ANY, Doc, Leaf, is_waiting
 from .store import Open
 
 TAKEN_FIELDS = ("claimed_by", "winner", "step_status")  # any of them set: not open
@@ -36,7 +36,7 @@ def open_targets(doc: Leaf) -> list[str]:
     index = 0 if doc.get("step") is None else doc["step"]
     if doc.get("type") != "job" or doc.get("job_status") is not None or doc.get("_deleted") \
             or not isinstance(jobs, list) or not isinstance(index, int) \
-            or not 0 <= index < len(jobs) or not isinstance(jobs[index], dict) or is_held(doc):
+            or not 0 <= index < len(jobs) or not isinstance(jobs[index], dict) or is_waiting(doc):
         return []
     step: dict[str, Any] = jobs[index]
     runs = step.get("runs")

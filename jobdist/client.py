@@ -32,7 +32,7 @@ from jobdist.model import (
     as_doc,
     awaited,
     fan_out,
-    is_held,
+    is_waiting,
     job_from_submission,
     normalise,
     step_phase,
@@ -40,7 +40,7 @@ from jobdist.model import (
 from jobdist.schedules import schedule_id
 from jobdist.validation import validate_job, validate_submission
 
-# A live job is "waiting" while it waits for other jobs or a time (model.is_held).
+# A live job is "waiting" while it waits for other jobs or a time (model.is_waiting).
 STATUSES = ("live", "waiting", *FINAL_STATUSES)
 WRITE_ATTEMPTS = 5  # cancel and adopt read again after a conflict, this many times
 
@@ -165,7 +165,7 @@ def fan_text(step: Leaf) -> str | None:
 
 def status_of(doc: Leaf) -> str:
     """The job's status as the views key it: its final one, else waiting or live."""
-    return doc.get("job_status") or ("waiting" if is_held(doc) else "live")
+    return doc.get("job_status") or ("waiting" if is_waiting(doc) else "live")
 
 
 def list_jobs(db: Database, *, status: str | None = None, creator: str | None = None,

@@ -99,7 +99,7 @@ class Manager:
         self._ride_replayed()
         self.draining = False
         self.stop_event = threading.Event()
-        # Waiting jobs we created (model.is_held), and how the jobs they wait for ended.
+        # Waiting jobs we created (model.is_waiting), and how the jobs they wait for ended.
         self.waiting = WaitingJobs(self.site, store, self.skipped, self.verdicts.errors,
                                    self.log)
         self.revisions = RevisionsSeen()  # see Task.known

@@ -304,7 +304,7 @@ def new_job(
 ) -> Doc:
     """A complete job document, ready to save at the creator's site; `meta` is the
     submitter's own data, kept as it is; `waits` its `after`, `after_policy` and
-    `not_before`, those it sets (see is_held)."""
+    `not_before`, those it sets (see is_waiting)."""
     created_at = created_at or utc_now()
     doc = {
         "_id": job_id or new_job_id(created_at),
@@ -352,11 +352,11 @@ def after_policy(doc: Leaf) -> str:
     return str(doc.get("after_policy") or AFTER_POLICIES[0])
 
 
-def is_held(doc: Leaf) -> bool:
+def is_waiting(doc: Leaf) -> bool:
     """Does the job wait, not claimable by anyone, for its creator to release it?
 
     It waits when it names jobs to wait for or a time not to start before, until
-    its creator records a `ready` event (core.on_held). Decided by the document's
+    its creator records a `ready` event (core.on_waiting). Decided by the document's
     own history, which only grows (the merge takes the union), so a site that
     sees the job before the release never takes it early, and one that has seen
     the release never goes back.

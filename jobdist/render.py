@@ -28,7 +28,7 @@ from jobdist.model import (
     after_policy,
     dropped_sites,
     fan_out,
-    is_held,
+    is_waiting,
     step_phase,
     sub_runs,
     targets,
@@ -156,7 +156,7 @@ def job_status_text(doc: Doc) -> str:
     status = doc.get("job_status")
     if status is not None:
         return str(status)
-    if is_held(doc):
+    if is_waiting(doc):
         return "waiting (its creator starts it when the wait is over)"
     return f"live, step {doc['step'] + 1} of {len(doc['job'])}"
 
@@ -340,7 +340,7 @@ def wait_lines(doc: Doc, awaited: Mapping[str, str | None], site: str) -> list[T
                          for job_id, status in awaited.items())
         lines.append(Text(f"after    {jobs}   policy {after_policy(doc)}"))
     missing = [job_id for job_id, status in awaited.items() if status is None]
-    if missing and is_held(doc):
+    if missing and is_waiting(doc):
         lines.append(Text(f"         {unknown_awaited_note(missing, site)}"))
     if doc.get("not_before"):
         lines.append(Text(f"not before {short_time(doc['not_before'])} UTC (its creator's clock)"))

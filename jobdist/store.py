@@ -70,7 +70,7 @@ class JobStore(Protocol):
         ...
 
     def waiting(self, creator: str) -> list[str]:
-        """Live jobs `creator` created that wait (model.is_held)."""
+        """Live jobs `creator` created that wait (model.is_waiting)."""
         ...
 
     def waiting_on(self, ids: Sequence[str]) -> list[tuple[str, str]]:

@@ -1,4 +1,4 @@
-"""Our waiting jobs (model.is_held): woken by the feed, a timer and a slow scan, never
+"""Our waiting jobs (model.is_waiting): woken by the feed, a timer and a slow scan, never
 polled one by one.
 
 A job we created that waits for other jobs is decided again when one of them
@@ -20,7 +20,7 @@ from . import core
 from .clock import parse_time
 from .couch import CouchError, Undecodable
 from .logs import EventLog
-from .model import FINAL_STATUSES, Doc, Job, Leaf, awaited, is_held
+from .model import FINAL_STATUSES, Doc, Job, Leaf, awaited, is_waiting
 from .store import JobStore
 
 MAX_WAITING = 100_000  # waiting jobs remembered; forgetting one only delays it to the scan
@@ -50,7 +50,7 @@ class WaitingJobs:
         adoption, the older leaves name the creator before us)."""
         if not any(leaf.get("creator") == self.site for leaf in leaves):
             return []
-        return [leaf for leaf in leaves if leaf.get("job_status") is None and is_held(leaf)]
+        return [leaf for leaf in leaves if leaf.get("job_status") is None and is_waiting(leaf)]
 
     def awaited_ended(self, leaves: dict[str, list[Doc]]) -> dict[str, str]:
         """How the jobs that our waiting jobs in this batch name ended, as our CouchDB

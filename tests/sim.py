@@ -26,8 +26,8 @@ from jobdist.model import (
     awaited,
     counting_runs,
     is_broadcast,
-    is_held,
     is_live,
+    is_waiting,
     step_phase,
     sub_runs,
     targets,
@@ -274,7 +274,7 @@ class SimSite:
             self.apply(effect)
         if plan.doc is not None:
             launches = [effect for effect in plan.after if isinstance(effect, core.Launch)]
-            assert not (launches and is_held(plan.doc)), f"{self.name} starts a waiting job"
+            assert not (launches and is_waiting(plan.doc)), f"{self.name} starts a waiting job"
             assert self.replica.write(plan.doc), "writes go on a leaf"
         for rev in plan.deletions:
             assert self.replica.write({"_id": doc_id, "_rev": rev, "_deleted": True})
@@ -366,7 +366,7 @@ class SimStore:
 
     def open_created(self, creator: str, limit: int) -> list[str]:
         rows = [doc for doc in self.live_jobs() if doc["creator"] == creator
-                and step_phase(doc["job"][doc["step"]]) == Phase.OPEN and not is_held(doc)]
+                and step_phase(doc["job"][doc["step"]]) == Phase.OPEN and not is_waiting(doc)]
         oldest = sorted(rows, key=lambda doc: doc["updated_at"])[:limit]
         return [doc["_id"] for doc in sorted(oldest, key=core.doc_rank)]
 
@@ -378,7 +378,7 @@ class SimStore:
         """As the view: open steps by target, and broadcast sub-runs waiting at a site."""
         rows = [Open(doc["_id"], core.doc_rank(doc), doc["created_at"])
                 for doc in self.live_jobs()
-                if (step_phase(doc["job"][doc["step"]]) == Phase.OPEN and not is_held(doc)
+                if (step_phase(doc["job"][doc["step"]]) == Phase.OPEN and not is_waiting(doc)
                     and target in targets(doc["job"][doc["step"]]))
                 or core.sub_run_open(doc["job"][doc["step"]], target)]
         return sorted(rows, key=lambda row: (row.rank, row.created_at))[:limit]
@@ -397,10 +397,10 @@ class SimStore:
 
     def waiting(self, creator: str) -> list[str]:
         return [doc["_id"] for doc in self.live_jobs()
-                if doc["creator"] == creator and is_held(doc)]
+                if doc["creator"] == creator and is_waiting(doc)]
 
     def waiting_on(self, ids: Sequence[str]) -> list[tuple[str, str]]:
-        return [(doc["_id"], doc["creator"]) for doc in self.live_jobs() if is_held(doc)
+        return [(doc["_id"], doc["creator"]) for doc in self.live_jobs() if is_waiting(doc)
                 for awaited_id in awaited(doc) if awaited_id in ids]
 
     def load_checkpoint(self, site: str) -> object:

@@ -35,8 +35,8 @@ from jobdist.model import (
     Doc,
     Phase,
     event,
-    is_held,
     is_live,
+    is_waiting,
     json_copy,
     new_job,
     new_step,
@@ -1996,7 +1996,7 @@ def test_the_creator_releases_and_starts_in_one_revision_once_every_awaited_job_
     assert plan.doc["history"][-2]["detail"] == \
         "released from wait: job-a success, job-b success"
     assert current(plan.doc)["step_status"] == "running" and current(plan.doc)["epoch"] == 1
-    assert not is_held(plan.doc)
+    assert not is_waiting(plan.doc)
     assert validate_job(plan.doc) == []
     # The released job is an ordinary one for every site: claimable, decided as usual.
     released = {**plan.doc, "_rev": "2-a"}
@@ -2038,7 +2038,7 @@ def test_after_policy_always_runs_once_every_awaited_job_ended_however():
 
 def test_a_delayed_job_waits_for_the_creators_clock_only():
     doc = waiting(not_before=at(700))  # NOW is at(600)
-    assert is_held(doc)
+    assert is_waiting(doc)
     assert decide_waiting(doc).action == "none"
     assert decide_waiting(doc, now=at(699.999)).action == "none"
     assert decide_waiting(doc, "reg_a", now=at(800)).action == "none"  # not its clock
@@ -2068,8 +2068,8 @@ def test_the_release_survives_a_concurrent_write_that_lacks_it():
     released["_rev"] = "2-a"
     sibling = {**copy.deepcopy(doc), "_rev": "2-b", "meta": {"x": 1}}  # e.g. a stray write
     merged = core.merge([released, sibling])
-    assert not is_held(merged)
-    assert not is_held(core.merge([sibling, released]))
+    assert not is_waiting(merged)
+    assert not is_waiting(core.merge([sibling, released]))
 
 
 def test_the_keepalive_never_resaves_a_waiting_job():

@@ -123,7 +123,7 @@ from .types import (
 )
 from .wait import (
     WAITED_FOR,
-    on_held,
+    on_waiting,
 )
 
 __all__ = [
@@ -177,8 +177,8 @@ __all__ = [
     "keepalive",
     "line_place",
     "merge",
-    "on_held",
     "on_open",
+    "on_waiting",
     "plan",
     "plan_adopt",
     "plan_cancel",

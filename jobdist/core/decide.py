@@ -19,8 +19,8 @@ from ..model import (
     event,
     is_accepted,
     is_broadcast,
-    is_held,
     is_live,
+    is_waiting,
     json_copy,
     sole_target,
     step_phase,
@@ -57,7 +57,7 @@ from .types import (
     Unusable,
     known,
 )
-from .wait import on_held
+from .wait import on_waiting
 
 
 def plan(leaves: Sequence[Leaf], ctx: Context, pool: PoolView,
@@ -114,9 +114,9 @@ def decide(doc: Job, ctx: Context, pool: PoolView) -> Decision:
         return adopt(doc, ctx, f"{silence(doc, ctx)} (automatic succession)")
     if not is_accepted(doc) and ctx.site != doc["creator"]:
         return STAY  # until its creator accepts it (see accepting)
-    if is_held(doc):
-        held = on_held(doc, ctx)
-        return held if held is not None else released_from_wait(doc, ctx, pool)
+    if is_waiting(doc):
+        waits = on_waiting(doc, ctx)
+        return waits if waits is not None else released_from_wait(doc, ctx, pool)
     step = doc["job"][doc["step"]]
     if ctx.site == doc["creator"] and not runnable_anywhere(step, ctx):
         return Decision("fail", fail_job(ctx, f"no known site matches target {step['target']!r}"))

@@ -16,8 +16,8 @@ from ..model import (
     Progress,
     StepKey,
     is_accepted,
-    is_held,
     is_live,
+    is_waiting,
     json_copy,
     normalise,
     step_phase,
@@ -63,7 +63,7 @@ def keepalive(leaves: list[Doc], ctx: Context, stale_after: float) -> Job | None
     doc = normalise(leaves[0])
     if doc["creator"] != ctx.site or not is_live(doc) or not is_accepted(doc):
         return None  # (the manager accepts a job its creator has not yet accepted)
-    if step_phase(doc["job"][doc["step"]]) != Phase.OPEN or is_held(doc):
+    if step_phase(doc["job"][doc["step"]]) != Phase.OPEN or is_waiting(doc):
         return None  # (a waiting job is for no site to take: nothing to remind them of)
     # (An accepted job has its creation time: `or ""` only tells mypy so.)
     last = max(doc["updated_at"] or doc["created_at"] or "", doc.get("keepalive_at") or "")

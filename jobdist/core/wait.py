@@ -16,8 +16,8 @@ from .edits import fail_job
 from .types import STAY, Context, Decision
 
 
-def on_held(doc: Job, ctx: Context) -> Decision | None:
-    """A job that waits (model.is_held): its creator alone decides when it may start.
+def on_waiting(doc: Job, ctx: Context) -> Decision | None:
+    """A job that waits (model.is_waiting): its creator alone decides when it may start.
 
     Other sites cannot know reliably how the awaited jobs ended, nor agree on
     "now": they leave it alone until the creator's `ready` event reaches them.

@@ -7,7 +7,7 @@ function (doc) {
       !(index < doc.job.length)) {
     return;
   }
-  // A job that waits (jobdist/model.py is_held): it names jobs to wait for or a time not
+  // A job that waits (jobdist/model.py is_waiting): it names jobs to wait for or a time not
   // to start before, and its creator has not released it yet (a "ready" event).
   var held = ((Array.isArray(doc.after) && doc.after.length > 0) || !!doc.not_before) &&
     !(Array.isArray(doc.history) && doc.history.some(function (entry) {
