@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Mapping
-from enum import IntEnum
+from enum import IntEnum, StrEnum
 from typing import Any, Literal, NotRequired, TypedDict, TypeVar, cast
 
 from .clock import utc_now
@@ -98,7 +98,8 @@ class Event(TypedDict):
     worker: str | None
     epoch: int
     at: str
-    detail: str | None
+    detail: str | None  # for people: its wording may change
+    reason: NotRequired[str]  # for programs: a Reason code, where one applies
 
 
 class Tick(TypedDict):
@@ -138,6 +139,26 @@ HISTORY_EVENTS = (
     "released", "cancelled", "stale_finish", "invalid", "adopted", "ready", "opened",
     "dropped",
 )
+
+
+class Reason(StrEnum):
+    """Why a site released, failed or started a step, as a code that programs act on
+    (an event's `reason`, a plan's): the event's `detail` says it in words that may
+    change. docs/job-document.md, "History events", lists them."""
+
+    WON_CLAIM = "won_claim"  # a start on a win the creator gave us (plans only)
+    LATE_START = "late_start"  # a start written after its run was launched (plans only)
+    NO_WORKER = "no_worker"  # a win given back: no worker free, and the site queues none
+    NO_WORKER_IN_TIME = "no_worker_in_time"  # queued for half its start-by lease
+    QUEUE_FULL = "queue_full"  # no worker free, and the site's queue full
+    WIN_LAPSED = "win_lapsed"  # the win's start-by lease had passed when it arrived
+    START_LAPSED = "start_lapsed"  # a run launched ahead whose start came too late
+    WAITED_FOR = "waited_for"  # the job failed: a job it waited for failed or was cancelled
+    ALT_DO = "alt_do"  # the step succeeded by its alt_do after its do failed
+
+
+EVENT_REASONS = tuple(reason.value for reason in Reason)  # what validation accepts
+
 # Waiting for other jobs and for a time (docs/job-document.md, "Waiting").
 AFTER_POLICIES = ("success", "always")  # the first is the default
 MAX_AFTER = 100  # jobs one job may wait for
@@ -377,11 +398,15 @@ def event(
     worker: str | None = None,
     epoch: int = 0,
     detail: str | None = None,
+    reason: Reason | None = None,
 ) -> Event:
-    return {
+    entry: Event = {
         "event": name, "step": step, "site": site, "worker": worker,
         "epoch": epoch, "at": at, "detail": detail,
     }
+    if reason is not None:
+        entry["reason"] = reason.value  # (a plain string in the document)
+    return entry
 
 
 class Phase(IntEnum):

@@ -53,6 +53,7 @@ from .model import (
     ALL,
     EACH_POLICIES,
     EVENT_DEFAULTS,
+    EVENT_REASONS,
     HISTORY_EVENTS,
     JOB_DEFAULTS,
     MAX_AFTER,
@@ -345,6 +346,8 @@ EVENT_FIELDS = [
     Field("epoch", COUNT),
     Field("at", TIME),
     Field("detail", simple(nullable(is_string), "must be null or a string")),
+    Field("reason", simple(one_of(EVENT_REASONS), describe_choices(EVENT_REASONS)),
+          optional=True),
 ]
 EVENT = object_of(EVENT_FIELDS, "must be an object", EVENT_DEFAULTS)
 

@@ -29,6 +29,7 @@ from jobdist.model import (
     STEP_DEFAULTS,
     Event,
     Job,
+    Reason,
     RetryStrategy,
     Step,
     SubRun,
@@ -529,6 +530,21 @@ def test_the_defaults_are_the_same_table_in_python_and_javascript() -> None:
     }
 
 
+def test_the_reason_codes_are_the_same_list_in_python_and_javascript() -> None:
+    source = load_design_docs()[0]["validate_doc_update"]
+    listed = re.search(r"var EVENT_REASONS = (\[.*?\]);", source, re.DOTALL)
+    assert listed is not None
+    assert json.loads(listed.group(1)) == [reason.value for reason in Reason]
+
+
+def test_an_event_may_give_a_reason_code_and_old_events_need_none() -> None:
+    for reason in Reason:
+        assert validate_job(change(job(), ("history", 0, "reason"), reason.value)) == []
+    assert validate_job(job()) == []  # (its event has no `reason`)
+    assert validate_job(change(job(), ("history", 0, "reason"), "no worker")) == [
+        "history[0].reason: must be one of " + ", ".join(f'"{r}"' for r in Reason)]
+
+
 def test_normalise_fills_every_default_and_changes_nothing_else() -> None:
     raw = copy.deepcopy(HTTP_JOB) | {"history": [{"event": "created", "step": 0,
                                                   "site": "global", "at": T0}]}
@@ -611,6 +627,9 @@ CORPUS: list[tuple[str, Callable[[], Doc]]] = [
         exit_code="1", start_time="yesterday", exec_time=-1, executioner=[]))),
     ("history-bad", variant(job(), ("history",), [
         {"event": "exploded", "step": -1, "at": "2026-11-22T00:35:12", "epoch": "1"}, 5])),
+    ("event-reason-unknown", variant(job(), ("history", 0, "reason"), "won but no worker")),
+    ("event-reason-not-text", variant(job(), ("history", 0, "reason"), ["no_worker"])),
+    ("event-reason-null", variant(job(), ("history", 0, "reason"), None)),
     ("keepalive-null", variant(job(), ("keepalive_at",), None)),
     ("too-large", variant(job(), ("meta",), {"blob": "x" * MAX_DOC_SIZE})),
     ("too-many-steps", variant(job(), ("job",), [step(do=f"echo {i}") for i in range(1001)])),
@@ -674,7 +693,8 @@ def test_couchdb_refuses_with_the_python_reason(db_url: str, make_doc: Callable[
 
 def test_couchdb_accepts_valid_jobs_and_deletions(db_url: str) -> None:
     upload_design_docs(db_url)
-    for doc in (job(), change(finished_job(), ("_id",), "job-2"), minimal_job() | {"_id": "j3"}):
+    for doc in (job(), change(finished_job(), ("_id",), "job-2"), minimal_job() | {"_id": "j3"},
+                change(job(_id="job-4"), ("history", 0, "reason"), "queue_full")):
         response = requests.put(f"{db_url}/{doc['_id']}", json=doc, timeout=10)
         assert response.status_code == 201, response.text
     rev = requests.get(f"{db_url}/j3", timeout=10).json()["_rev"]

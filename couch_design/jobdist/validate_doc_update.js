@@ -23,6 +23,11 @@ function (newDoc, oldDoc, userCtx, secObj) {
     "released", "cancelled", "stale_finish", "invalid", "adopted", "ready", "opened",
     "dropped"
   ];
+  // An event's machine-readable reason code (jobdist/model.py, Reason).
+  var EVENT_REASONS = [
+    "won_claim", "late_start", "no_worker", "no_worker_in_time", "queue_full", "win_lapsed",
+    "start_lapsed", "waited_for", "alt_do"
+  ];
   // Waiting (docs/job-document.md, "Waiting").
   var AFTER_POLICIES = ["success", "always"];
   var MAX_AFTER = 100;
@@ -472,7 +477,8 @@ function (newDoc, oldDoc, userCtx, secObj) {
     field("worker", simple(nullable(isString), "must be null or a string")),
     field("epoch", COUNT),
     field("at", TIME),
-    field("detail", simple(nullable(isString), "must be null or a string"))
+    field("detail", simple(nullable(isString), "must be null or a string")),
+    field("reason", simple(oneOf(EVENT_REASONS), describeChoices(EVENT_REASONS)), true)
   ];
   var EVENT = objectOf(EVENT_FIELDS, "must be an object", EVENT_DEFAULTS, false);
 
