@@ -32,9 +32,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from . import core
 from .document_rules import validate_site_status
-from .model import Doc, Leaf, Phase, StepKey, step_phase
+from .model import Doc, Leaf, Phase, Reason, StepKey, step_phase
 
 log = logging.getLogger("jobdist.status")
 
@@ -47,10 +46,13 @@ REFRESH = 30.0  # an unchanged status is published again this often (Timings.sta
 STALE_AFTER = 3 * REFRESH  # a status not renewed for this long (our clock) is ignored
 ASSIGNED_FOR = 3.0  # seconds an assignment counts against a room its site has not re-published
 MAX_WON = 10_000  # steps won at other sites and not started that we keep count of
-# How long a site is queued nothing after it gave a win back unstarted, by its reason:
-# it holds none (a daemon from before queues), or none long enough (long steps run
-# there); its queue was full (creators' counts lag one another: a moment).
-QUEUE_BACKOFF = {core.NO_WORKER: 30.0, core.NO_WORKER_IN_TIME: 30.0, core.QUEUE_FULL: 3.0}
+# How long a site is queued nothing after it gave a win back unstarted, by the release's
+# reason code: it queues none, or none long enough (long steps run there); its queue was
+# full (creators' counts lag one another: a moment). A release without a code (written
+# before events had one) backs nothing off: the hint is for seconds, and going without it
+# costs a win given back again, never a wrong run.
+QUEUE_BACKOFF = {Reason.NO_WORKER: 30.0, Reason.NO_WORKER_IN_TIME: 30.0,
+                 Reason.QUEUE_FULL: 3.0}
 
 
 def status_id(site: str) -> str:
@@ -300,14 +302,16 @@ def _held_by(doc_id: str, doc: Leaf | None, site: str) -> StepKey | None:
     return (doc_id, index) if held else None
 
 
-def _gave_back_unstarted(doc: Leaf) -> tuple[str, str] | None:
+def _gave_back_unstarted(doc: Leaf) -> tuple[str, Reason] | None:
     """(site, reason) when the job's last event is a site's release of a win it could
-    neither start nor hold."""
+    neither start nor queue."""
     history = doc.get("history")
     last = history[-1] if isinstance(history, list) and history else None
-    if isinstance(last, dict) and last.get("event") == "released" and \
-            last.get("detail") in QUEUE_BACKOFF and isinstance(last.get("site"), str):
-        return str(last["site"]), str(last["detail"])
+    if not isinstance(last, dict) or last.get("event") != "released":
+        return None
+    site, reason = last.get("site"), last.get("reason")
+    if isinstance(site, str) and isinstance(reason, str) and reason in QUEUE_BACKOFF:
+        return site, Reason(reason)
     return None
 
 

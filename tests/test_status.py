@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import requests
 
-from jobdist import core, status
+from jobdist import status
 from jobdist.couch import Couch, Database, Forbidden
 from jobdist.couch_sync import sync_design_docs
 from jobdist.design import load_design_docs
@@ -17,7 +17,7 @@ from jobdist.document_rules import validate_site_status
 from jobdist.lab.cluster import LocalCluster
 from jobdist.lab.localserver import LocalServer
 from jobdist.lab.scenarios import site_db, wait_until_done, write_sites
-from jobdist.model import new_job, new_step
+from jobdist.model import Reason, new_job, new_step
 from jobdist.status import Board, Publisher, SiteStatus
 
 from .helpers import wait_for
@@ -196,17 +196,18 @@ def test_a_site_that_gave_a_win_back_for_want_of_a_worker_is_queued_nothing_for_
     board.hear(site_status("reg_a", free=1).as_doc(), now=0.0)
     released = won_by(None)
     released["history"].append({"event": "released", "step": 0, "site": "reg_a", "at": NOW,
-                                "detail": core.NO_WORKER})
+                                "detail": "some words", "reason": "no_worker"})
     board.saw_job("job-1", won_by("reg_a"), now=1.0)
     board.saw_job("job-1", released, now=1.0)
     assert board.room(1.0) == {"reg_a": 1}
     board.saw_job("job-1", released, now=20.0)  # the same release seen again: no news
-    assert board.room(1.0 + status.QUEUE_BACKOFF[core.NO_WORKER]) == {"reg_a": 1 + QUEUE}
-    # A full queue (other creators' counts lag ours): a moment. Any other reason: none.
-    for now, detail, backoff in (
-            (50.0, core.QUEUE_FULL, status.QUEUE_BACKOFF[core.QUEUE_FULL]),
-            (60.0, "worker lost (site restarted)", 0.0)):
-        released["history"][-1]["detail"] = detail
+    assert board.room(1.0 + status.QUEUE_BACKOFF[Reason.NO_WORKER]) == {"reg_a": 1 + QUEUE}
+    # A full queue (other creators' counts lag ours): a moment. Any other reason, or no
+    # reason code (whatever the words): none.
+    for now, reason, backoff in (
+            (50.0, "queue_full", status.QUEUE_BACKOFF[Reason.QUEUE_FULL]),
+            (60.0, "win_lapsed", 0.0), (70.0, None, 0.0), (80.0, ["no_worker"], 0.0)):
+        released["history"][-1]["reason"] = reason
         board.saw_job("job-1", won_by("reg_a"), now=now)
         board.saw_job("job-1", released, now=now)
         assert board.room(now + backoff) == {"reg_a": 1 + QUEUE}
