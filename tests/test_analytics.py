@@ -29,7 +29,7 @@ from jobdist.couch import Couch, Database, Saved
 from jobdist.couch_sync import sync_design_docs
 from jobdist.design import load_design_docs
 from jobdist.lab.localserver import LocalServer, free_port
-from jobdist.model import Doc, event, new_job, new_step
+from jobdist.model import Doc, Reason, event, new_job, new_step
 
 pytestmark = pytest.mark.spark
 
@@ -60,9 +60,9 @@ def job(name: str, created: float, targets: list[str], status: str | None) -> Do
 
 
 def log(doc: Doc, name: str, step: int, site: str, seconds: float,
-        detail: str | None = None) -> None:
+        detail: str | None = None, reason: Reason | None = None) -> None:
     doc["history"].append(event(name, step=step, site=site, at=at(seconds),
-                                worker=f"{site}/w1", epoch=1, detail=detail))
+                                worker=f"{site}/w1", epoch=1, detail=detail, reason=reason))
 
 
 def job_a() -> Doc:
@@ -93,7 +93,7 @@ def job_b() -> Doc:
     log(doc, "claimed", 1, "reg_a", 4.6)
     log(doc, "won", 1, "global", 4.8, "winner reg_a")
     log(doc, "started", 1, "reg_a", 5.0)
-    log(doc, "finished", 1, "reg_a", 7.0, ALT_DO_DETAIL)
+    log(doc, "finished", 1, "reg_a", 7.0, ALT_DO_DETAIL, Reason.ALT_DO)
     return doc
 
 
@@ -604,7 +604,8 @@ def waits_jobs() -> list[Doc]:
     ran(released["job"][0], "reg_b", 1.7, 2.7)
     failed = job("w-c", 0.3, ["any"], "failed")
     failed["after"] = ["job-w-x", "job-w-a"]
-    log(failed, "failed", 0, "global", 2.0, "waited for job-w-x, which failed")
+    log(failed, "failed", 0, "global", 2.0, "job-w-x, which it waited for, failed",
+        Reason.WAITED_FOR)
     delayed = job("w-d", 1.0, ["any"], "success")
     delayed["not_before"] = at(5.0)
     log(delayed, "ready", 0, "global", 5.1, f"released from wait: not before {at(5.0)}")

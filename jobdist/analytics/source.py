@@ -198,6 +198,7 @@ def event_row(event: Leaf) -> tuple:
         _int(event.get("epoch")),
         _moment(event.get("at")),
         event.get("detail"),
+        event.get("reason"),
     )
 
 
@@ -256,7 +257,7 @@ def raw_schema() -> StructType:
     event = struct(
         ("event", StringType), ("step", IntegerType), ("site", StringType),
         ("worker", StringType), ("epoch", IntegerType), ("at", TimestampType),
-        ("detail", StringType),
+        ("detail", StringType), ("reason", StringType),
     )
     job = struct(
         ("job_id", StringType), ("creator", StringType), ("priority", IntegerType),

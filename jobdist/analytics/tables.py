@@ -9,13 +9,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from jobdist.core import WAITED_FOR
+from jobdist.model import Reason
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, Row
 
 TABLES = ("jobs", "steps", "events", "sites", "failures", "waits", "broadcasts", "ticks")
-ALT_DO_MARK = "alt_do succeeded"  # what a worker writes in the history when alt_do saved a step
 CSV_TIME_FORMAT = "yyyy-MM-dd'T'HH:mm:ss.SSSSSSX"  # the documents' own ISO 8601 UTC form
 
 
@@ -62,7 +61,7 @@ def steps_table(raw: DataFrame) -> DataFrame:
         F.when(index == 0, F.col("job_runnable_at")).otherwise(previous).alias("runnable_at"),
         F.col("s.start_time").alias("start_time"),
         F.col("s.finish_time").alias("finish_time"),
-        F.exists("history", lambda e: _event_at(index, e) & _mentions(e, ALT_DO_MARK))
+        F.exists("history", lambda e: _event_at(index, e) & _gives(e, Reason.ALT_DO))
         .alias("alt_do_used"),
     ).withColumn("overhead_s", seconds_between("runnable_at", "start_time"))
 
@@ -93,11 +92,12 @@ def _event_at(index: Column, event: Column, name: str | None = None) -> Column:
     return condition if name is None else condition & (event["event"] == name)
 
 
-def _mentions(event: Column, text: str) -> Column:
-    """The event's detail contains `text`; false, not null, when there is no detail."""
+def _gives(event: Column, reason: Reason) -> Column:
+    """The event's reason code is `reason`; false, not null, when it has none (events
+    written before events had codes have none: a report counts them as plain ones)."""
     from pyspark.sql import functions as F
 
-    return F.coalesce(event["detail"].contains(text), F.lit(False))
+    return F.coalesce(event["reason"] == reason.value, F.lit(False))
 
 
 def jobs_table(raw: DataFrame) -> DataFrame:
@@ -133,7 +133,7 @@ def jobs_table(raw: DataFrame) -> DataFrame:
         history_count(named("failed")).alias("failures"),
         claims.alias("claims"),
         F.greatest(claims - wins, F.lit(0)).alias("lost_claims"),
-        history_count(lambda e: _mentions(e, ALT_DO_MARK)).alias("alt_do_steps"),
+        history_count(lambda e: _gives(e, Reason.ALT_DO)).alias("alt_do_steps"),
         "revisions",
     )
     return jobs.select(
@@ -175,8 +175,8 @@ def waits_table(raw: DataFrame) -> DataFrame:
     took from its creation, and how late its first start came after `not_before`."""
     from pyspark.sql import functions as F
 
-    by_dependency = first_event(lambda e: (e["event"] == "failed") & F.coalesce(
-        e["detail"].startswith(WAITED_FOR), F.lit(False)))
+    by_dependency = first_event(lambda e: (e["event"] == "failed")
+                                & _gives(e, Reason.WAITED_FOR))
     waits = raw.where((F.col("after_count") > 0) | F.col("not_before").isNotNull()).select(
         "job_id", "creator", F.coalesce("job_status", F.lit("live")).alias("status"),
         "after_count", "not_before", "created_at",
@@ -303,7 +303,7 @@ def parts_table(raw: DataFrame) -> DataFrame:
         site.alias("site"),
         F.col("r.exec_time").alias("exec_time_s"),
         F.exists("history", lambda e: _event_at(F.col("step"), e) & (e["site"] == site)
-                 & _mentions(e, ALT_DO_MARK)).alias("alt_do_used"),
+                 & _gives(e, Reason.ALT_DO)).alias("alt_do_used"),
         seconds_between("runnable_at", "r.start_time").alias("overhead_s"),
     )
 
