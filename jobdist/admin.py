@@ -65,8 +65,8 @@ COUNTERS = (
     ("write_conflicts", "write_conflicts", "Writes refused with 409 and decided again."),
     ("launches_stopped", "launches_stopped", "Steps launched ahead of their start whose start "
                                              "could not be written, stopped."),
-    ("starts_deferred", "starts_deferred", "Steps launched with their start's write held "
-                                           "back (tuning.start_write_delay)."),
+    ("starts_deferred", "starts_deferred", "Steps launched with their start's write "
+                                           "deferred (tuning.start_write_delay)."),
     ("decided_while_writing", "decided_while_writing", "Worker reports, and the next work "
                                                        "of the workers they freed, decided "
                                                        "while a write was in flight."),

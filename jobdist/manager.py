@@ -6,7 +6,7 @@ step end frees, and held results due; then the open steps first in line for free
 workers and room (core.claim_rank), and only then what the feed just brought,
 so a constant stream of new jobs never overtakes the jobs that waited longest;
 then what comes due with time (bookings past their timeout, leases to renew or
-revoke, wins held too long, successions, waiting jobs to wake, starts whose
+revoke, wins queued too long, successions, waiting jobs to wake, starts whose
 write was deferred). Each group is carried out in batches by the `Settler`
 (settle.py): one read and one write for up to BATCH jobs.
 
@@ -164,21 +164,21 @@ class Manager:
         return [self.decide_task(doc_id) for doc_id in doc_ids]
 
     def _scan_tasks_due(self) -> list[Task]:
-        """Free workers go to the wins held here first (they cost no hop), then to the
+        """Free workers go to the wins queued here first (they cost no hop), then to the
         open steps in line, decided on the revision the backlog kept when it has one
         (a claim most often waits: a read each, for every freed worker, cost the
         sites that do not create a request a step)."""
-        held = self._held_win_tasks()
-        taken = {task.doc_id for task in held}
+        queued = self._queued_win_tasks()
+        taken = {task.doc_id for task in queued}
         open_steps = self.periodic.claimable_due(self.runner.free_workers, self.draining,
                                                  self.runner.idle_for)
         kept = self.periodic.backlog.kept  # as the feed last showed them: no read
-        return [*held, *(self.decide_task(doc_id, known=kept.get(doc_id))
-                         for doc_id in open_steps if doc_id not in taken)]
+        return [*queued, *(self.decide_task(doc_id, known=kept.get(doc_id))
+                           for doc_id in open_steps if doc_id not in taken)]
 
-    def _held_win_tasks(self, freeing: int = 0, busy: Container[str] = ()) -> list[Task]:
-        """The wins held longest, one for each free worker and each `freeing`, decided on
-        the revision that was held (no read; a 409 says it changed); none of `busy`."""
+    def _queued_win_tasks(self, freeing: int = 0, busy: Container[str] = ()) -> list[Task]:
+        """The wins queued longest, one for each free worker and each `freeing`, decided on
+        the revision kept with them (no read; a 409 says it changed); none of `busy`."""
         if self.draining:
             return []
         count = len(self.runner.free_workers()) + freeing
@@ -187,7 +187,7 @@ class Manager:
 
     def _ends_and_next_work(self, busy: Container[str] = ()) -> list[Task]:
         """What the workers reported, and the next work of each worker a step end frees,
-        in the same batch, so in the same write as the ends: the wins held here, then the
+        in the same batch, so in the same write as the ends: the wins queued here, then the
         open steps in line whose revision the backlog kept (no read). Each end is planned
         first, with its worker free; a chained next step of the same job takes the worker
         before these. None about the `busy` jobs: their reports wait (later_reports)."""
@@ -203,13 +203,14 @@ class Manager:
         freeing = sum(task.held is not None for task in reports)
         if not freeing or self.draining:
             return []
-        held = self._held_win_tasks(freeing, busy)
-        taken = {task.doc_id for task in [*reports, *held]}
+        queued = self._queued_win_tasks(freeing, busy)
+        taken = {task.doc_id for task in [*reports, *queued]}
         backlog = self.periodic.backlog
         line = [row.job_id for row in backlog.first(
             freeing, Either(self.skipped, Either(taken, busy)))]
         kept = list(itertools.takewhile(backlog.kept.__contains__, line))  # in line order
-        return [*held, *(self.decide_task(doc_id, known=backlog.kept[doc_id]) for doc_id in kept)]
+        return [*queued, *(self.decide_task(doc_id, known=backlog.kept[doc_id])
+                           for doc_id in kept)]
 
     def _assign_tasks_due(self) -> list[Task]:
         return [self.decide_task(doc_id, known=doc)
@@ -316,9 +317,8 @@ class Manager:
 
     def retry_note_task(self, item: Retried) -> Task:
         def plan(leaves: list[Job], rejected: list[core.Unusable]) -> core.Plan:
-            return core.plan_event(leaves, self.context(), item.key, item.epoch, item.worker,
-                                   "retried", item.detail,
-                                   self.runner.unwritten_run(item.key, item.epoch))
+            return core.plan_retried(leaves, self.context(), item.key, item.epoch, item.worker,
+                                     item.detail, self.runner.unwritten_run(item.key, item.epoch))
         # A lost event does not matter: the finish still counts.
         return Task(item.key[0], plan, end_on_refusal=False)
 

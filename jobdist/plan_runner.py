@@ -20,7 +20,7 @@ from .couch import CouchError, Saved
 from .journal import Held, Journal, JournalFull, unwritten_start
 from .logs import EventLog
 from .mailbox import Mailbox
-from .model import Job, StepKey
+from .model import Job, Reason, StepKey
 from .periodic_work import PeriodicWork
 from .store import JobStore
 from .workers import WorkerPool
@@ -63,7 +63,7 @@ class PlanRunner:
         # end (core.chain_next), and it is stopped if that end no longer calls for it.
         # Each with the epoch of the end it rides on.
         self.riding: dict[StepKey, tuple[Held, int]] = {}
-        # Of the executions launched ahead, those whose start's write is held back on
+        # Of the executions launched ahead, the deferred starts: their write waits on
         # purpose (defers), with their journal entry and when the start falls due
         # (monotonic): a short step's start is written with its end.
         self.deferred: dict[StepKey, tuple[Held, float]] = {}
@@ -175,7 +175,7 @@ class PlanRunner:
         (deferred_due). Any decision about the job meanwhile writes the start at once
         (core.record_late_start). A chained start is written with its end already; a
         plan that writes more than the start (a `ready` event, say) is written now."""
-        if self.start_delay <= 0 or plan.action != "start" or plan.deletions \
+        if self.start_delay <= 0 or plan.action != core.Action.START or plan.deletions \
                 or len(leaves) != 1 or not only_starts(plan.doc, leaves[0]):
             return False
         launches = [effect for effect in plan.after if isinstance(effect, core.Launch)]
@@ -215,12 +215,12 @@ class PlanRunner:
         once the document, read, no longer calls for it: batch_done)."""
         for key in [key for key in self.due if key[0] == job_id and key in self.ahead]:
             if time.time() - self.ahead[key].since >= self.defer_limit:
-                continue  # held back long enough: stopped with the batch (batch_done)
+                continue  # deferred long enough: stopped with the batch (batch_done)
             self.deferred[key] = (self.ahead.pop(key), time.monotonic() + self.start_delay)
             self.due.discard(key)
 
     def decided_about(self, job_id: str, plan: core.Plan) -> None:
-        """A decision about a job whose run's start is held back, that does not write that
+        """A decision about a job whose run's start is deferred, that does not write that
         start: the document no longer calls for it (core.record_late_start comes first, a
         cancel, a revocation, a lapsed win): the run is stopped with the batch."""
         for key in [key for key in self.deferred if key[0] == job_id]:
@@ -289,11 +289,11 @@ class PlanRunner:
             del self.queued[key]
 
     def queued_first(self, count: int) -> list[str]:
-        """The jobs of the `count` wins held longest: first in line for freed workers."""
+        """The jobs of the `count` wins queued longest: first in line for freed workers."""
         return [key[0] for key in list(self.queued)[:count]]
 
     def queued_due(self, held_at_most: float) -> list[str]:
-        """The jobs of wins held for `held_at_most` seconds: to start or give back now."""
+        """The jobs of wins queued for `held_at_most` seconds: to start or give back now."""
         now = time.monotonic()
         return [key[0] for key, since in self.queued.items() if now - since >= held_at_most]
 
@@ -391,7 +391,7 @@ class PlanRunner:
     def carried_out(self, doc_id: str, plan: core.Plan, rev: str) -> None:
         """The plan's revision is saved: count and log it, and carry out what follows."""
         # A start written late was counted as a start when it was launched (defers).
-        late = plan.action == "start" and plan.detail == core.LATE_START
+        late = plan.reason == Reason.LATE_START
         self.counts["action_late_start" if late else f"action_{plan.action}"] += 1
         for key, entry in [*self.ahead.items(), *self.unwritten()]:
             if key[0] == doc_id and core.records_start(plan.doc, key, entry.epoch, self.site):
@@ -404,7 +404,7 @@ class PlanRunner:
                 del self.riding[key]
                 if self.pool.is_busy(key):  # (ended: its result has taken the entry's place)
                     self.journal.forget(entry)
-        if plan.detail.startswith(core.WON_CLAIM):
+        if plan.reason == Reason.WON_CLAIM:
             self.counts["claims_won"] += 1
         step, epoch = acted_on(plan)
         self.log.info(plan.action, job=doc_id, step=step, epoch=epoch, rev=rev,

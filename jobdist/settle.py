@@ -49,7 +49,7 @@ class Task:
     (what the feed delivered, or what we just wrote).
 
     `known` is the newest revision this site knows of the job: `seen` when it
-    calls for an action; for a step that runs here or a win held here, its own
+    calls for an action; for a step that runs here or a win queued here, its own
     last write or the feed's since; for an open step, the revision the backlog
     kept. The plan is made on it and written with its `_rev`, without a read. A
     409 says it was not the newest: the job is read then (`retry_conflicts`), or
@@ -183,9 +183,9 @@ class Settler:
             if seen is None or seen.get("_conflicts"):
                 continue
             plan = self._plan_seen(task, seen)
-            if plan is None or plan.action == "none":
+            if plan is None or plan.action == core.Action.NONE:
                 del pending[doc_id]
-            elif plan.action == core.IGNORE:
+            elif plan.action == core.Action.IGNORE:
                 self.verdicts.skip(doc_id, plan.detail)
                 del pending[doc_id]
             else:
@@ -208,7 +208,7 @@ class Settler:
             plan: core.Plan | None = task.plan([normalise(seen)], [])
         except Exception:
             return self._plan_one(task, self.verdicts.usable(task.doc_id, [seen]))
-        if plan is not None and plan.action != "none" \
+        if plan is not None and plan.action != core.Action.NONE \
                 and self.verdicts.usable(task.doc_id, [seen]) is None:
             plan = None  # invalid: reported and skipped, nothing done
         self._note_plan(task, plan)
@@ -258,18 +258,18 @@ class Settler:
             if found is not None:
                 self.runner.saw_started(doc_id, found[0])
             plan = self._plan_one(task, found)
-            if plan is None or plan.action == "none":
+            if plan is None or plan.action == core.Action.NONE:
                 del pending[doc_id]
                 self._recorded(task)  # nothing left to record it in, or nothing to do
                 continue
-            if plan.action == core.IGNORE:
+            if plan.action == core.Action.IGNORE:
                 del pending[doc_id]
                 self.verdicts.skip(doc_id, plan.detail)
                 continue
             self.runner.plan_made(plan, on_newest=self.revisions.is_deepest(plan.doc))
             assert found is not None
             plans[doc_id] = (plan, found[0])
-            if plan.action == core.QUEUED and len(found[0]) == 1:
+            if plan.action == core.Action.QUEUE and len(found[0]) == 1:
                 # The start is made on it.
                 self.revisions.keep_newest(doc_id, cast(Doc, found[0][0]),
                                            self.runner.runs(doc_id))
@@ -298,7 +298,7 @@ class Settler:
 
     def _note_plan(self, task: Task, plan: core.Plan | None) -> None:
         """Tell the runner what was decided about the job (None: nothing)."""
-        self.runner.decided(task.doc_id, plan or core.NOTHING)  # a win held stays so if planned
+        self.runner.decided(task.doc_id, plan or core.NOTHING)  # a queued win stays so if planned
         if task.then_decide and plan is not None:
             self.runner.decided_about(task.doc_id, plan)
 
@@ -311,7 +311,7 @@ class Settler:
                 self._start_deferred(pending.pop(doc_id), plan, leaves[0])
         docs = [plan.doc for plan, _ in plans.values() if plan.doc is not None]
         try:
-            answers = self.write(docs, plans) if docs else []  # (every start held back)
+            answers = self.write(docs, plans) if docs else []  # (every start deferred)
             results = {doc["_id"]: result for doc, result in zip(docs, answers, strict=True)}
         except CouchError as error:
             self.log.warning("write failed", jobs=len(docs), error=error)
@@ -411,9 +411,9 @@ class Settler:
             del pending[task.doc_id]
 
     def _start_deferred(self, task: Task, plan: core.Plan, leaf: Job) -> None:
-        """A start launched ahead, its write held back (PlanRunner.defers): the step's end
-        is planned on the revision the start was (no read); to the backlog and the board
-        the job is started (no free worker of ours goes for it again)."""
+        """A deferred start (launched ahead, its write waiting: PlanRunner.defers): the
+        step's end is planned on the revision the start was (no read); to the backlog and
+        the board the job is started (no free worker of ours goes for it again)."""
         self._recorded(task)
         self.revisions.keep_newest(task.doc_id, cast(Doc, leaf), self.runner.runs(task.doc_id))
         if plan.doc is not None:

@@ -234,7 +234,7 @@ class SimSite:
                 return action
             self.execute(doc_id, plan)
             action = plan.action
-            if action == core.QUEUED:  # held, with no write: nothing more until a worker frees
+            if action == core.Action.QUEUE:  # no write: nothing more until a worker frees
                 return action
         raise AssertionError(f"{self.name} does not settle on {doc_id}")
 

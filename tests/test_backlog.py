@@ -263,7 +263,7 @@ def test_a_step_end_and_the_next_start_are_one_write_with_no_read(
         tmp_path: Path, start_write_delay: float) -> None:
     """The worker a step frees starts the next open step in line in the same batch as the
     end, on the revision the feed showed (the backlog kept it): written in the same
-    `_bulk_docs` as the end, or (its write held back) with its own end."""
+    `_bulk_docs` as the end, or (a deferred start) with its own end."""
     store = ViewCountingStore(Replica(), "global")
     manager = creator_alone(tmp_path, store, start_write_delay=start_write_delay)
     try:

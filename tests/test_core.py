@@ -20,6 +20,7 @@ import pytest
 from jobdist import core
 from jobdist.clock import format_time
 from jobdist.core import (
+    Action,
     Book,
     Booking,
     Context,
@@ -34,6 +35,7 @@ from jobdist.core import (
 from jobdist.model import (
     Doc,
     Phase,
+    Reason,
     event,
     is_live,
     is_waiting,
@@ -416,6 +418,12 @@ def test_winner_without_a_worker_takes_the_oldest_undecided_booking():
     assert plan.before == (Unbook(("job-y", 1)), Book(KEY, "reg_a/w2"))
     assert plan.after == (Launch(KEY, 1, "reg_a/w2"),)
     assert plan.detail == "won the claim; worker taken from the claim on job-y step 1"
+    assert plan.reason == Reason.WON_CLAIM
+
+
+def test_only_a_start_on_a_win_says_it_won_the_claim():
+    assert decide(won(job(), "reg_a"), "reg_a", pool("reg_a/w2")).reason == Reason.WON_CLAIM
+    assert decide(job(), CREATOR, pool("global/w1")).reason is None  # it assigned itself
 
 
 def test_winner_with_no_worker_at_all_releases_with_a_new_epoch():
@@ -428,36 +436,36 @@ def test_winner_with_no_worker_at_all_releases_with_a_new_epoch():
         "released", 2, "won but no worker is free")
 
 
-def test_a_win_no_worker_is_free_for_is_held_within_the_queue_limit():
+def test_a_win_no_worker_is_free_for_is_queued_within_the_queue_limit():
     other = ("job-x", 0)
-    held = decide(won(job(), "reg_a"), "reg_a", PoolView(queue_limit=1))
-    assert (held.action, held.doc, held.before) == (core.QUEUED, None, (core.Queue(KEY),))
-    # Held already: held again (the limit counts the others), until half the lease.
+    queued = decide(won(job(), "reg_a"), "reg_a", PoolView(queue_limit=1))
+    assert (queued.action, queued.doc, queued.before) == (Action.QUEUE, None,
+                                                          (core.Queue(KEY),))
+    # Queued already: queued again (the limit counts the others), until half the lease.
     again = PoolView(queued={KEY: 29.0, other: 1.0}, queue_limit=2)
-    assert decide(won(job(), "reg_a"), "reg_a", again).action == core.QUEUED
-    full = PoolView(queued={other: 1.0}, queue_limit=1)
-    assert decide(won(job(), "reg_a"), "reg_a", full).doc["history"][-1]["detail"] == \
-        core.QUEUE_FULL
+    assert decide(won(job(), "reg_a"), "reg_a", again).action == Action.QUEUE
+    full = decide(won(job(), "reg_a"), "reg_a", PoolView(queued={other: 1.0}, queue_limit=1))
+    assert (full.reason, full.doc["history"][-1]["reason"]) == (Reason.QUEUE_FULL, "queue_full")
     late = PoolView(queued={KEY: 30.0}, queue_limit=1)  # ctx's lease: 60 s
-    assert decide(won(job(), "reg_a"), "reg_a", late).doc["history"][-1]["detail"] == \
-        core.NO_WORKER_IN_TIME
-    # A worker free: it starts, held or not.
+    assert decide(won(job(), "reg_a"), "reg_a", late).doc["history"][-1]["reason"] == \
+        Reason.NO_WORKER_IN_TIME
+    # A worker free: it starts, queued or not.
     free = PoolView(("reg_a/w1",), queued={KEY: 10.0}, queue_limit=1)
     assert decide(won(job(), "reg_a"), "reg_a", free).action == "start"
 
 
-def test_a_win_held_across_a_restart_goes_back_by_its_own_times():
-    """Our count of how long we hold a win restarts with the daemon; its `won` event and
+def test_a_win_queued_across_a_restart_goes_back_by_its_own_times():
+    """Our count of how long we queue a win restarts with the daemon; its `won` event and
     its start-by lease (the creator's clock) do not."""
     doc = logged(step(won(job(), "reg_a"), lease_until=at(560)), "won", CREATOR, 500,
                  epoch=1, detail="winner reg_a (it has room)")
-    fresh = PoolView(queue_limit=1)  # just restarted: held for 0 s by our count
-    assert core.plan([doc], ctx("reg_a", now=at(529)), fresh).action == core.QUEUED
+    fresh = PoolView(queue_limit=1)  # just restarted: queued for 0 s by our count
+    assert core.plan([doc], ctx("reg_a", now=at(529)), fresh).action == Action.QUEUE
     late = core.plan([doc], ctx("reg_a", now=at(530)), fresh)
-    assert late.doc["history"][-1]["detail"] == core.NO_WORKER_IN_TIME
+    assert late.doc["history"][-1]["reason"] == Reason.NO_WORKER_IN_TIME
     # An older epoch's `won` says nothing of this one's times.
     doc["history"][-1]["epoch"] = 0
-    assert core.plan([doc], ctx("reg_a", now=at(530)), fresh).action == core.QUEUED
+    assert core.plan([doc], ctx("reg_a", now=at(530)), fresh).action == Action.QUEUE
 
 
 
@@ -477,7 +485,8 @@ def test_a_win_that_reaches_us_past_its_start_by_lease_is_released_not_started(b
         s = lapsed.doc["job"][0]
         assert (s["epoch"], s["winner"], s["step_status"], s["lease_until"]) == (
             3, None, None, None)
-        assert lapsed.doc["history"][-1]["detail"] == core.WIN_LAPSED
+        assert (lapsed.reason, lapsed.doc["history"][-1]["reason"]) == (
+            Reason.WIN_LAPSED, "win_lapsed")
         validate_job(lapsed.doc)
 
 @pytest.mark.parametrize("site", [CREATOR, "reg_b"])
@@ -618,6 +627,14 @@ def finish(doc: Doc | list[Doc], site: str = "reg_a", the_pool: PoolView | None 
                             f"{site}/w1", Outcome(**outcome))
 
 
+@pytest.mark.parametrize(("ok", "used_alt", "reason"), [
+    (True, True, Reason.ALT_DO), (True, False, None), (False, True, None)])
+def test_a_step_its_alt_do_saved_says_so_by_its_reason_code(ok, used_alt, reason):
+    plan = finish(running(job(), "reg_a"), "reg_a", ok=ok, used_alt=used_alt)
+    assert (plan.reason, plan.doc["history"][-1].get("reason")) == (reason, reason)
+    validate_job(plan.doc)
+
+
 def test_success_advances_and_chains_the_next_step_here_in_the_same_revision():
     doc = step(running(job("any", "reg_a", "any"), "reg_a"), 1, epoch=3)
     plan = finish(doc, "reg_a", pool("reg_a/w1"), exec_time=1.23456789, stdout="hi")
@@ -716,9 +733,9 @@ def test_a_finish_on_a_conflicted_doc_is_also_a_cleanup_at_the_creator():
     assert plan.doc["_rev"] == "4-fff" and plan.doc["job_status"] == "success"
 
 
-def test_plan_event_notes_a_current_execution_in_the_history():
+def test_plan_retried_notes_a_current_execution_in_the_history():
     doc = running(job(), "reg_a", epoch=2)
-    plan = core.plan_event([doc], ctx("reg_a"), KEY, 2, "reg_a/w1", "retried", "attempt 2")
+    plan = core.plan_retried([doc], ctx("reg_a"), KEY, 2, "reg_a/w1", "attempt 2")
     assert plan.action == "retried" and plan.doc["job"] == doc["job"]
     last = plan.doc["history"][-1]
     assert (last["event"], last["epoch"], last["worker"], last["detail"]) == (
@@ -726,9 +743,9 @@ def test_plan_event_notes_a_current_execution_in_the_history():
     assert plan.doc["updated_at"] == NOW
 
 
-def test_plan_event_ignores_a_stale_execution():
+def test_plan_retried_ignores_a_stale_execution():
     doc = running(job(), "reg_a", epoch=3)
-    assert core.plan_event([doc], ctx("reg_a"), KEY, 2, "reg_a/w1", "retried", "x") is core.NOTHING
+    assert core.plan_retried([doc], ctx("reg_a"), KEY, 2, "reg_a/w1", "x") is core.NOTHING
 
 
 # --- a start launched ahead of its write (docs/protocol.md, "Launch ahead") --------------
@@ -742,7 +759,7 @@ def ahead(site: str, epoch: int = 1) -> PoolView:
 def test_a_winner_writes_a_lost_start_again_on_a_newer_revision_of_its_win():
     doc = logged(won(job(rev="4-b"), "reg_a"), "keepalive", CREATOR, 20)  # came in between
     plan = decide(doc, "reg_a", ahead("reg_a"))
-    assert (plan.action, plan.detail) == ("start", core.LATE_START)
+    assert (plan.action, plan.reason) == (Action.START, Reason.LATE_START)
     assert plan.before == () and plan.after == ()  # it runs already: nothing to book or launch
     assert current(plan.doc)["step_status"] == "running"
     assert current(plan.doc)["epoch"] == 1 and current(plan.doc)["executioner"] == "reg_a/w1"
@@ -753,10 +770,10 @@ def test_no_start_of_a_run_launched_ahead_is_written_past_its_wins_start_by_leas
     record of its end never puts it on the document as started."""
     lapsed = step(won(job("any", "any"), "reg_a"), lease_until=at(590))  # NOW is at(600)
     in_time = step(won(job("any", "any"), "reg_a"), lease_until=at(700))
-    assert decide(copy.deepcopy(lapsed), "reg_a", ahead("reg_a")).detail != core.LATE_START
-    assert decide(copy.deepcopy(in_time), "reg_a", ahead("reg_a")).detail == core.LATE_START
-    noted = [core.plan_event([copy.deepcopy(doc)], ctx("reg_a"), KEY, 1, "reg_a/w1", "retried",
-                             "exit 1; retry 1 of 2", Running("reg_a/w1", 1, at(580)))
+    assert decide(copy.deepcopy(lapsed), "reg_a", ahead("reg_a")).reason != Reason.LATE_START
+    assert decide(copy.deepcopy(in_time), "reg_a", ahead("reg_a")).reason == Reason.LATE_START
+    noted = [core.plan_retried([copy.deepcopy(doc)], ctx("reg_a"), KEY, 1, "reg_a/w1",
+                               "exit 1; retry 1 of 2", Running("reg_a/w1", 1, at(580)))
              for doc in (lapsed, in_time)]
     assert noted[0] is core.NOTHING
     assert events(noted[1].doc)[-2:] == ["started", "retried"]
@@ -767,7 +784,8 @@ def test_no_start_of_a_run_launched_ahead_is_written_past_its_wins_start_by_leas
     assert events(ended.doc)[-2:] == ["started", "released"]
     assert ended.doc["step"] == 0 and current(ended.doc)["epoch"] == 2
     assert ended.doc["history"][-2]["at"] == at(585)
-    assert ended.doc["history"][-1]["detail"].startswith(core.START_LAPSED)
+    assert (ended.reason, ended.doc["history"][-1]["reason"]) == (
+        Reason.START_LAPSED, "start_lapsed")
 
 
 def test_a_lease_is_renewed_only_on_a_start_that_is_written():
@@ -780,10 +798,10 @@ def test_a_lease_is_renewed_only_on_a_start_that_is_written():
 def test_a_creator_writes_its_lost_start_over_a_claim_that_came_in_between():
     doc = claimed(job(rev="2-c"), "reg_b")
     plan = decide(doc, CREATOR, ahead(CREATOR))
-    assert (plan.action, plan.detail, plan.after) == ("start", core.LATE_START, ())
+    assert (plan.action, plan.reason, plan.after) == (Action.START, Reason.LATE_START, ())
     assert current(plan.doc)["winner"] == CREATOR and current(plan.doc)["epoch"] == 1
     # Not the creator, nor the only target: its launch ahead is never recorded so.
-    assert decide(copy.deepcopy(doc), "reg_a", ahead("reg_a")).detail != core.LATE_START
+    assert decide(copy.deepcopy(doc), "reg_a", ahead("reg_a")).reason != Reason.LATE_START
 
 
 def after_first_step(ended_by: str, epoch: int, finish: float) -> Doc:
@@ -822,9 +840,9 @@ def test_a_run_launched_after_a_step_end_that_no_longer_counts_is_never_started_
     # Nor is its start written alone, or with a note, on the document as it is now.
     launched = Running("reg_a/w1", 1, at(150), after=at(100))
     view = PoolView(("reg_a/w2",), running={(JOB, 1): launched}, ahead={(JOB, 1): launched})
-    assert decide(copy.deepcopy(now), "reg_a", view).detail != core.LATE_START
-    assert core.plan_event([copy.deepcopy(now)], ctx("reg_a"), (JOB, 1), 1, "reg_a/w1",
-                           "retried", "attempt 2", launched) is core.NOTHING
+    assert decide(copy.deepcopy(now), "reg_a", view).reason != Reason.LATE_START
+    assert core.plan_retried([copy.deepcopy(now)], ctx("reg_a"), (JOB, 1), 1, "reg_a/w1",
+                             "attempt 2", launched) is core.NOTHING
 
 
 def test_a_lost_start_is_not_written_where_the_job_moved_on():
@@ -834,7 +852,7 @@ def test_a_lost_start_is_not_written_where_the_job_moved_on():
              step(job(), job_status="cancelled")]      # cancelled meanwhile
     moved[3]["job_status"] = "cancelled"
     for doc in moved:
-        assert decide(doc, "reg_a", ahead("reg_a")).detail != core.LATE_START, doc["job"][0]
+        assert decide(doc, "reg_a", ahead("reg_a")).reason != Reason.LATE_START, doc["job"][0]
     # Where it moved past the run, the run is stopped.
     assert decide(moved[0], "reg_a", ahead("reg_a")).before == (Kill(KEY, "execution superseded"),)
 
@@ -965,10 +983,10 @@ def test_a_site_does_not_take_a_step_it_would_refuse_another_site_may_run():
     doc = job("any")
     doc["job"][0]["do"] = "rm -rf /srv"
     plan = core.plan([doc], Context("reg_a", NOW, runs=only_echo), pool("reg_a/w1"))
-    assert plan.action == core.IGNORE and plan.doc is None and plan.before == ()
+    assert plan.action == Action.IGNORE and plan.doc is None and plan.before == ()
     # ... nor as the creator, which would start it at once
     plan = core.plan([doc], Context(CREATOR, NOW, runs=only_echo), pool("global/w1"))
-    assert plan.action == core.IGNORE
+    assert plan.action == Action.IGNORE
     # An allowed command, or no list at all: taken as ever.
     assert core.plan([job("any")], Context("reg_a", NOW, runs=only_echo),
                      pool("reg_a/w1")).action == "claim"
@@ -2022,6 +2040,7 @@ def test_a_failed_or_cancelled_awaited_job_fails_the_waiting_job_naming_it(statu
     assert plan.action == "fail" and plan.doc["job_status"] == "failed"
     assert plan.doc["history"][-1]["event"] == "failed"
     assert plan.doc["history"][-1]["detail"] == reason
+    assert (plan.reason, plan.doc["history"][-1]["reason"]) == (Reason.WAITED_FOR, "waited_for")
     assert current(plan.doc)["winner"] is None  # it never ran
     # Another site never decides so, whatever it knows.
     assert decide_waiting(doc, "reg_a", ended={"job-b": status}).action == "none"

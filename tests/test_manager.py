@@ -37,7 +37,7 @@ from jobdist.couch import Unavailable
 from jobdist.journal import Journal
 from jobdist.listener import Changed
 from jobdist.manager import Manager
-from jobdist.model import Doc, new_job, new_step, sub_runs
+from jobdist.model import Doc, Reason, new_job, new_step, sub_runs
 from jobdist.periodic_work import PROGRESS_INTERVAL
 from jobdist.store import Written
 
@@ -458,32 +458,32 @@ def timing_settings(**settings: Any) -> dict[str, Any]:
     return {"daemon": DaemonSettings(**settings), "tuning": TuningSettings(**tuning)}
 
 
-def holding_a_win(tmp_path: Path, store: SimStore, busy_command: str = "sleep 5",
+def queueing_a_win(tmp_path: Path, store: SimStore, busy_command: str = "sleep 5",
                   **settings: Any) -> tuple[Manager, Doc, Doc]:
-    """reg_a with one worker: a win it started (running `busy_command`), and one it holds."""
+    """reg_a with one worker: a win it started (running `busy_command`), and one it queues."""
     config = SiteConfig("reg_a", CouchSettings(store.url), workers=1,
                         **timing_settings(**settings))
     manager = Manager(in_tmp(config, tmp_path), store, SITES, Journal(tmp_path / "journal"))
-    busy, held = won_here("reg_a", busy_command), won_here("reg_a", "true")
-    assert all(store.write([busy, held]))
-    manager.settle([manager.decide_task(busy["_id"]), manager.decide_task(held["_id"])])
-    assert list(manager.runner.queued) == [(held["_id"], 0)]
-    return manager, busy, held
+    busy, queued = won_here("reg_a", busy_command), won_here("reg_a", "true")
+    assert all(store.write([busy, queued]))
+    manager.settle([manager.decide_task(busy["_id"]), manager.decide_task(queued["_id"])])
+    assert list(manager.runner.queued) == [(queued["_id"], 0)]
+    return manager, busy, queued
 
 
-def test_a_held_win_starts_on_the_next_freed_worker_without_asking_anyone(
+def test_a_queued_win_starts_on_the_next_freed_worker_without_asking_anyone(
         tmp_path: Path) -> None:
     """The queue: a win that finds every worker busy waits here, and the worker that frees
     starts it in one write, with no claim, no read of a view, no replication hop."""
     store = CountingStore(Replica(), "reg_a")
-    manager, first, second = holding_a_win(tmp_path, store, "sleep 0.3")
+    manager, first, second = queueing_a_win(tmp_path, store, "sleep 0.3")
     try:
         assert manager.counts["action_queue"] == 1
         store.calls.clear()
         store.reads_of.clear()
         wait_for(lambda: manager.serve_once(timeout=0.05) or
                  store.replica.winner(second["_id"])["job_status"] == "success",
-                 timeout=10, what="the held win to run")
+                 timeout=10, what="the queued win to run")
         history = [entry["event"] for entry in store.replica.winner(second["_id"])["history"]]
         assert "released" not in history and history.count("started") == 1
         # The first's end and the second's start in one write, with no read of the second.
@@ -494,40 +494,49 @@ def test_a_held_win_starts_on_the_next_freed_worker_without_asking_anyone(
         manager.pool.shutdown(1.0)
 
 
-def test_a_win_held_for_half_its_start_by_lease_is_given_back(tmp_path: Path) -> None:
-    """Its start, or its release, must reach the creator long before the creator may take
-    it back: a win no worker took within half the lease goes back (core.queues)."""
+def test_a_start_on_a_win_counts_as_a_claim_won_by_its_reason_code(tmp_path: Path) -> None:
     store = SimStore(Replica(), "reg_a")
-    manager, _, held = holding_a_win(tmp_path, store, lease=1.0, heartbeat=0.5)
+    manager, _, _ = queueing_a_win(tmp_path, store, start_write_delay=0)  # written at once
     try:
-        wait_for(lambda: manager.serve_once(timeout=0.05) or not manager.runner.queued,
-                 timeout=5, what="the held win to be given back")
-        step = store.replica.winner(held["_id"])["job"][0]
-        assert (step["winner"], step["epoch"]) == (None, 2)
-        assert store.replica.winner(held["_id"])["history"][-1]["detail"] == \
-            core.NO_WORKER_IN_TIME
+        assert (manager.counts["action_start"], manager.counts["claims_won"]) == (1, 1)
     finally:
         manager.pool.shutdown(1.0)
 
 
-def test_a_draining_site_says_so_and_gives_its_held_wins_back(tmp_path: Path) -> None:
+def test_a_win_queued_for_half_its_start_by_lease_is_given_back(tmp_path: Path) -> None:
+    """Its start, or its release, must reach the creator long before the creator may take
+    it back: a win no worker took within half the lease goes back (core.queues)."""
     store = SimStore(Replica(), "reg_a")
-    manager, _, held = holding_a_win(tmp_path, store)
+    manager, _, queued_win = queueing_a_win(tmp_path, store, lease=1.0, heartbeat=0.5)
+    try:
+        wait_for(lambda: manager.serve_once(timeout=0.05) or not manager.runner.queued,
+                 timeout=5, what="the queued win to be given back")
+        step = store.replica.winner(queued_win["_id"])["job"][0]
+        assert (step["winner"], step["epoch"]) == (None, 2)
+        assert store.replica.winner(queued_win["_id"])["history"][-1]["reason"] == \
+            Reason.NO_WORKER_IN_TIME
+    finally:
+        manager.pool.shutdown(1.0)
+
+
+def test_a_draining_site_says_so_and_gives_its_queued_wins_back(tmp_path: Path) -> None:
+    store = SimStore(Replica(), "reg_a")
+    manager, _, queued_win = queueing_a_win(tmp_path, store)
     manager.drain(grace=0.5)
     assert not manager.runner.queued
-    step = store.replica.winner(held["_id"])["job"][0]
+    step = store.replica.winner(queued_win["_id"])["job"][0]
     assert (step["winner"], step["epoch"]) == (None, 2)
     published = store.replica.winner("site-reg_a")
     assert (published["draining"], published["free_workers"]) == (True, 0)
 
 
-def test_a_held_win_whose_job_is_gone_frees_its_place(tmp_path: Path) -> None:
+def test_a_queued_win_whose_job_is_gone_frees_its_place(tmp_path: Path) -> None:
     store = SimStore(Replica(), "reg_a")
-    manager, _, held = holding_a_win(tmp_path, store)
+    manager, _, queued_win = queueing_a_win(tmp_path, store)
     try:
-        rev = store.replica.winner(held["_id"])["_rev"]
-        assert store.write([{"_id": held["_id"], "_rev": rev, "_deleted": True}])
-        manager.process(held["_id"])
+        rev = store.replica.winner(queued_win["_id"])["_rev"]
+        assert store.write([{"_id": queued_win["_id"], "_rev": rev, "_deleted": True}])
+        manager.process(queued_win["_id"])
         assert not manager.runner.queued
     finally:
         manager.pool.shutdown(1.0)
@@ -824,7 +833,7 @@ def test_a_short_steps_start_is_written_with_its_end_in_one_revision(tmp_path: P
     manager = creator_alone(tmp_path, store)
     try:
         job = submitted(store, "true")
-        manager.process(job["_id"])  # launched ahead; its start's write held back
+        manager.process(job["_id"])  # launched ahead: a deferred start
         assert manager.counts["steps_started"] == 1 and writes_of(store, job["_id"]) == 1
         serve_until(manager, lambda: store.replica.winner(job["_id"])["job_status"],
                     "the job's end")

@@ -7,7 +7,7 @@ on top of CouchDB's winning leaf, the losing leaves to delete (the creator
 alone does that), and local effects to carry out before and after the write.
 
 The package reads in three layers; each module imports only from the layers
-below it (tests/test_layout.py checks it):
+below it (tests/test_boundaries.py checks it):
 
 - The safety path, which no scheduling policy touches:
   `types` (inputs, decisions, plans), `leaves` (merging a job's leaves by
@@ -38,7 +38,6 @@ from .edits import (
     start,
 )
 from .fencing import (
-    WIN_LAPSED,
     backs_execution,
     current_leases,
     records_start,
@@ -59,10 +58,6 @@ from .leaves import (
 )
 from .placement import (
     AGING_SECONDS,
-    NO_WORKER,
-    NO_WORKER_IN_TIME,
-    QUEUE_FULL,
-    QUEUED,
     UNKNOWN_ROOM,
     UNSTAMPED_BAND,
     claim_rank,
@@ -79,16 +74,14 @@ from .plans import (
     plan_adopt,
     plan_cancel,
     plan_drop,
-    plan_event,
     plan_refused,
     plan_renew,
+    plan_retried,
 )
 from .revision import (
     fit,
 )
 from .starts import (
-    LATE_START,
-    START_LAPSED,
     follows,
     record_late_start,
 )
@@ -100,11 +93,10 @@ from .types import (
     CLAIM_DELAY,
     CREATOR_TIMEOUT,
     FED_CLAIM_DELAY,
-    IGNORE,
     LEASE,
     NOTHING,
     SKEW_MARGIN,
-    WON_CLAIM,
+    Action,
     Assign,
     Book,
     Booking,
@@ -122,7 +114,6 @@ from .types import (
     Unusable,
 )
 from .wait import (
-    WAITED_FOR,
     on_waiting,
 )
 
@@ -132,21 +123,12 @@ __all__ = [
     "CLAIM_DELAY",
     "CREATOR_TIMEOUT",
     "FED_CLAIM_DELAY",
-    "IGNORE",
-    "LATE_START",
     "LEASE",
     "NOTHING",
-    "NO_WORKER",
-    "NO_WORKER_IN_TIME",
-    "QUEUED",
-    "QUEUE_FULL",
     "SKEW_MARGIN",
-    "START_LAPSED",
     "UNKNOWN_ROOM",
     "UNSTAMPED_BAND",
-    "WAITED_FOR",
-    "WIN_LAPSED",
-    "WON_CLAIM",
+    "Action",
     "Assign",
     "Book",
     "Booking",
@@ -183,10 +165,10 @@ __all__ = [
     "plan_adopt",
     "plan_cancel",
     "plan_drop",
-    "plan_event",
     "plan_finish",
     "plan_refused",
     "plan_renew",
+    "plan_retried",
     "progress",
     "queues",
     "record_late_start",

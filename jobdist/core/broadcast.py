@@ -23,7 +23,7 @@ from ..model import (
     targets,
 )
 from .edits import current_step, drop_sites, log_event, release_sub_run, start_sub_run
-from .types import STAY, Book, Context, Decision, Launch, PoolView, Revoke, in_turn, known
+from .types import STAY, Action, Book, Context, Decision, Launch, PoolView, Revoke, in_turn, known
 
 
 def broadcast_sites(step: Step, ctx: Context) -> tuple[list[str], list[str]]:
@@ -58,7 +58,7 @@ def open_broadcast(doc: Job, step: Step, ctx: Context, pool: PoolView) -> Decisi
                        "step_status": "running", "start_time": ctx.now})
         log_event(new, "opened", ctx, detail=detail)
 
-    opening = Decision("open", edit, detail=detail)
+    opening = Decision(Action.OPEN, edit, detail=detail)
     worker = pool.worker_for((doc["_id"], doc["step"]))
     if ctx.site not in sites or worker is None:
         return opening
@@ -79,13 +79,14 @@ def on_own_sub_run(doc: Job, step: Step, ctx: Context, pool: PoolView) -> Decisi
             return STAY  # a free worker's scan (the claimable view) brings it back
         return start_sub_run_decision(doc, run.get("epoch", 0), ctx, worker)
     if run.get("status") == "running" and key not in pool.running:
-        return Decision("release", release_sub_run(ctx, ctx.site, "worker lost (site restarted)"))
+        return Decision(Action.RELEASE,
+                        release_sub_run(ctx, ctx.site, "worker lost (site restarted)"))
     return STAY
 
 
 def start_sub_run_decision(doc: Job, epoch: int, ctx: Context, worker: str) -> Decision:
     key = (doc["_id"], doc["step"])
-    return Decision("start", start_sub_run(ctx, worker), before=(Book(key, worker),),
+    return Decision(Action.START, start_sub_run(ctx, worker), before=(Book(key, worker),),
                     after=(Launch(key, epoch + 1, worker),))
 
 
@@ -96,7 +97,7 @@ def drop_unknown_parts(step: Step, ctx: Context) -> Decision | None:
     unknown = [site for site in counting_runs(step) if not known_site(site, ctx)]
     if not unknown:
         return None
-    return Decision("drop", drop_sites(ctx, unknown, "not a known site"),
+    return Decision(Action.DROP, drop_sites(ctx, unknown, "not a known site"),
                     detail=f"not known sites: {', '.join(unknown)}")
 
 
@@ -116,7 +117,7 @@ def revoke_expired_parts(doc: Job, step: Step, ctx: Context) -> Decision:
         for release_one in edits:
             release_one(new)
 
-    return Decision("revoke", edit, before=tuple(Revoke(key, site) for site in expired),
+    return Decision(Action.REVOKE, edit, before=tuple(Revoke(key, site) for site in expired),
                     detail="; ".join(reasons))
 
 

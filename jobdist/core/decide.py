@@ -13,6 +13,7 @@ from ..model import (
     Job,
     Leaf,
     Phase,
+    Reason,
     Step,
     allows,
     awaited,
@@ -37,15 +38,22 @@ from .edits import assign, claim, fail_job, release
 from .fencing import WIN_LAPSED, settle_local_work, win_lapsed
 from .finish import end_broadcast
 from .leaves import merge
-from .placement import QUEUED, assign_to_room, holds_claims, no_worker_reason, queues, willing
+from .placement import (
+    NO_WORKER_DETAILS,
+    assign_to_room,
+    holds_claims,
+    no_worker_reason,
+    queues,
+    willing,
+)
 from .revision import finalize
 from .starts import record_late_start, start_decision
 from .succession import SHOWN_LIVE, adopt, left_live_by_a_silent_creator, silence, succeeds
 from .types import (
-    IGNORE,
     NOTHING,
     STAY,
     WON_CLAIM,
+    Action,
     Book,
     Context,
     Decision,
@@ -88,7 +96,7 @@ def accepting(decision: Decision, ctx: Context) -> Decision:
     one site only, so that every leaf agrees on it (same_job). The other sites
     leave the job alone until then (decide).
     """
-    action = decision.action if decision.edit is not None else "accept"
+    action = decision.action if decision.edit is not None else Action.ACCEPT
     then = decision.edit
 
     def edit(doc: Job) -> None:
@@ -119,7 +127,8 @@ def decide(doc: Job, ctx: Context, pool: PoolView) -> Decision:
         return waits if waits is not None else released_from_wait(doc, ctx, pool)
     step = doc["job"][doc["step"]]
     if ctx.site == doc["creator"] and not runnable_anywhere(step, ctx):
-        return Decision("fail", fail_job(ctx, f"no known site matches target {step['target']!r}"))
+        return Decision(Action.FAIL,
+                        fail_job(ctx, f"no known site matches target {step['target']!r}"))
     if is_broadcast(step) and step_phase(step) < Phase.DONE:
         return on_broadcast(doc, step, ctx, pool)
     holder = step_holder(step)
@@ -127,7 +136,7 @@ def decide(doc: Job, ctx: Context, pool: PoolView) -> Decision:
     if ctx.site == doc["creator"] and waiting and not known(holder, ctx):
         # No site of ours will ever start, run or finish it: give it back at once.
         detail = f"held by {holder!r}, which is not a known site"
-        return Decision("release", release(ctx, detail), detail=detail)
+        return Decision(Action.RELEASE, release(ctx, detail), detail=detail)
     late = record_late_start(doc, step, ctx, pool)
     if late is not None:
         return late
@@ -150,7 +159,8 @@ def decide(doc: Job, ctx: Context, pool: PoolView) -> Decision:
             # write leaves one current. The creator ends the job rather than guess.
             if ctx.site != doc["creator"]:
                 return STAY
-            return Decision("fail", fail_job(ctx, "inconsistent: the current step already ended"))
+            return Decision(Action.FAIL,
+                            fail_job(ctx, "inconsistent: the current step already ended"))
 
 
 def step_holder(step: Step) -> str | None:
@@ -167,8 +177,9 @@ def on_unknown_creator(doc: Job, ctx: Context) -> Decision:
     assert ctx.known_sites is not None
     reason = f"creator {doc['creator']!r} is not a known site"
     if ctx.site != min(ctx.known_sites | {ctx.site}):
-        return Decision(IGNORE, detail=reason)
-    return Decision("fail", fail_job(ctx, f"{reason}: nobody can arbitrate it"), detail=reason)
+        return Decision(Action.IGNORE, detail=reason)
+    return Decision(Action.FAIL, fail_job(ctx, f"{reason}: nobody can arbitrate it"),
+                    detail=reason)
 
 
 def runnable_anywhere(step: Step, ctx: Context) -> bool:
@@ -181,7 +192,7 @@ def on_open(doc: Job, step: Step, ctx: Context, pool: PoolView) -> Decision:
     key = (doc["_id"], doc["step"])
     if allows(step, ctx.site) and not willing(step, ctx):
         # Until the job changes: scans would offer it again and again.
-        return Decision(IGNORE, detail="its command is not in this site's allow list")
+        return Decision(Action.IGNORE, detail="its command is not in this site's allow list")
     worker = pool.worker_for(key) if allows(step, ctx.site) else None
     if worker is not None and (ctx.site == doc["creator"] or sole_target(step) == ctx.site):
         # No other site can compete (sole target), or we are the arbiter
@@ -193,7 +204,7 @@ def on_open(doc: Job, step: Step, ctx: Context, pool: PoolView) -> Decision:
     # (a 409, the server down): claim again, the wait is over.
     if worker is None or (key not in pool.booked and holds_claims(doc, ctx, pool)):
         return STAY
-    return Decision("claim", claim(ctx), before=(Book(key, worker),))
+    return Decision(Action.CLAIM, claim(ctx), before=(Book(key, worker),))
 
 
 def released_from_wait(doc: Job, ctx: Context, pool: PoolView) -> Decision:
@@ -212,20 +223,21 @@ def released_from_wait(doc: Job, ctx: Context, pool: PoolView) -> Decision:
     mark(ready)
     then = decide(ready, ctx, pool)
     follow = then.edit
-    if follow is None or then.action == IGNORE:
-        return Decision("ready", mark, detail=detail)
+    if follow is None or then.action == Action.IGNORE:
+        return Decision(Action.READY, mark, detail=detail)
 
     def both(new: Job) -> None:
         mark(new)
         follow(new)
 
-    return Decision(then.action, both, then.before, then.after, then.detail or detail)
+    return Decision(then.action, both, then.before, then.after, then.detail or detail,
+                    then.reason)
 
 
 def on_claimed(doc: Job, step: Step, ctx: Context, pool: PoolView) -> Decision:
     if ctx.site != doc["creator"]:
         return STAY  # only the creator picks the winner
-    return Decision("assign", assign(ctx), detail=f"winner {step['claimed_by']}")
+    return Decision(Action.ASSIGN, assign(ctx), detail=f"winner {step['claimed_by']}")
 
 
 def on_won(doc: Job, step: Step, ctx: Context, pool: PoolView) -> Decision:
@@ -234,22 +246,27 @@ def on_won(doc: Job, step: Step, ctx: Context, pool: PoolView) -> Decision:
     key = (doc["_id"], doc["step"])
     if win_lapsed(step, ctx):
         booked = (Unbook(key),) if key in pool.booked else ()
-        return Decision("release", release(ctx, WIN_LAPSED), before=booked, detail=WIN_LAPSED)
+        return Decision(Action.RELEASE, release(ctx, WIN_LAPSED, Reason.WIN_LAPSED),
+                        before=booked, detail=WIN_LAPSED, reason=Reason.WIN_LAPSED)
     worker = pool.worker_for(key)
     if worker is not None:
         return start_decision(doc, step, ctx, worker, assign=False)
     taken = pool.oldest_undecided()
     if taken is None and queues(doc, key, pool, ctx):
-        return Decision(QUEUED, before=(Queue(key),), detail="won; waits for a worker here")
+        return Decision(Action.QUEUE, before=(Queue(key),), detail="won; waits for a worker here")
     if taken is None:
-        return Decision("release", release(ctx, no_worker_reason(doc, key, pool, ctx)))
+        reason = no_worker_reason(doc, key, pool, ctx)
+        detail = NO_WORKER_DETAILS[reason]
+        return Decision(Action.RELEASE, release(ctx, detail, reason), detail=detail,
+                        reason=reason)
     # A decided win beats an undecided claim: without this, a site whose claims
     # outlive its bookings wins steps it can never start, and releases them forever.
     other, worker = taken
     decision = start_decision(doc, step, ctx, worker, assign=False)
     return Decision(decision.action, decision.edit, (Unbook(other), *decision.before),
                     decision.after,
-                    f"{WON_CLAIM}; worker taken from the claim on {other[0]} step {other[1]}")
+                    f"{WON_CLAIM}; worker taken from the claim on {other[0]} step {other[1]}",
+                    Reason.WON_CLAIM)
 
 
 def on_running(doc: Job, step: Step, ctx: Context, pool: PoolView) -> Decision:
@@ -257,7 +274,7 @@ def on_running(doc: Job, step: Step, ctx: Context, pool: PoolView) -> Decision:
     winner = step.get("winner")  # a foreign write may have left it out
     if winner == ctx.site and key not in pool.running:
         # Our promise with no worker behind it: the site restarted mid-step.
-        return Decision("release", release(ctx, "worker lost (site restarted)"))
+        return Decision(Action.RELEASE, release(ctx, "worker lost (site restarted)"))
     if winner != ctx.site:
         return revoke_if_expired(doc, step, ctx)
     return STAY
@@ -274,7 +291,7 @@ def revoke_if_expired(doc: Job, step: Step, ctx: Context) -> Decision:
     winner = step.get("winner")
     detail = f"lease of {winner} expired at {step['lease_until']}"
     silent = (Revoke((doc["_id"], doc["step"]), winner),) if isinstance(winner, str) else ()
-    return Decision("revoke", release(ctx, detail), before=silent, detail=detail)
+    return Decision(Action.REVOKE, release(ctx, detail), before=silent, detail=detail)
 
 
 def on_broadcast(doc: Job, step: Step, ctx: Context, pool: PoolView) -> Decision:

@@ -11,6 +11,7 @@ import copy
 from ..clock import later
 from ..model import (
     Job,
+    Reason,
     RunRecord,
     RunStatus,
     Step,
@@ -29,13 +30,14 @@ def current_step(doc: Job) -> Step:
 
 
 def log_event(doc: Job, name: str, ctx: Context, *, worker: str | None = None,
-         detail: str | None = None, at: str | None = None) -> None:
+              detail: str | None = None, at: str | None = None,
+              reason: Reason | None = None) -> None:
     """A history event about the current step (call before the step index moves), `at`
     now unless given."""
     index = doc["step"]
     doc.setdefault("history", []).append(
         event(name, step=index, site=ctx.site, at=at or ctx.now, worker=worker,
-              epoch=doc["job"][index].get("epoch", 0), detail=detail)
+              epoch=doc["job"][index].get("epoch", 0), detail=detail, reason=reason)
     )
 
 
@@ -76,7 +78,7 @@ def start(ctx: Context, worker: str, *, assign: bool, at: str | None = None) -> 
     return edit
 
 
-def release(ctx: Context, reason: str) -> Edit:
+def release(ctx: Context, detail: str, reason: Reason | None = None) -> Edit:
     """Give the step back: a new epoch fences off whatever ran in the old one."""
     def edit(doc: Job) -> None:
         step = current_step(doc)
@@ -84,15 +86,15 @@ def release(ctx: Context, reason: str) -> Edit:
                      "step_status": None, "start_time": None, "lease_until": None,
                      "progress": None})
         step["epoch"] = step.get("epoch", 0) + 1
-        log_event(doc, "released", ctx, detail=reason)
+        log_event(doc, "released", ctx, detail=detail, reason=reason)
     return edit
 
 
-def fail_job(ctx: Context, reason: str) -> Edit:
+def fail_job(ctx: Context, detail: str, reason: Reason | None = None) -> Edit:
     def edit(doc: Job) -> None:
         current_step(doc)["step_status"] = "failed"
         doc["job_status"] = "failed"
-        log_event(doc, "failed", ctx, detail=reason)
+        log_event(doc, "failed", ctx, detail=detail, reason=reason)
     return edit
 
 
@@ -140,9 +142,14 @@ def record_outcome(ctx: Context, worker: str, outcome: StepOutcome) -> Edit:
     def edit(doc: Job) -> None:
         end_step(current_step(doc), outcome)
         log_event(doc, "finished" if outcome.ok else "failed", ctx, worker=worker,
-             detail=outcome.reason)
+                  detail=outcome.reason, reason=outcome_reason(outcome))
         end_current_step(doc, outcome.ok)
     return edit
+
+
+def outcome_reason(outcome: StepOutcome) -> Reason | None:
+    """The code of a run's end: only a step its alt_do saved has one."""
+    return Reason.ALT_DO if outcome.ok and outcome.used_alt else None
 
 
 def end_current_step(doc: Job, ok: bool) -> None:
@@ -156,10 +163,11 @@ def end_current_step(doc: Job, ok: bool) -> None:
 
 
 def log_sub_run(doc: Job, name: str, ctx: Context, run: SubRun, *, worker: str | None = None,
-                detail: str | None = None) -> None:
+                detail: str | None = None, reason: Reason | None = None) -> None:
     """A history event about a sub-run, in its epoch (the fencing token's half)."""
     doc["history"].append(event(name, step=doc["step"], site=ctx.site, at=ctx.now,
-                                worker=worker, epoch=run.get("epoch", 0), detail=detail))
+                                worker=worker, epoch=run.get("epoch", 0), detail=detail,
+                                reason=reason))
 
 
 def start_sub_run(ctx: Context, worker: str) -> Edit:

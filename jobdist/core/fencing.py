@@ -24,7 +24,7 @@ from ..model import (
     sub_runs,
 )
 from .edits import current_step
-from .types import Booking, Context, Decision, Kill, PoolView, Unbook
+from .types import Action, Booking, Context, Decision, Kill, PoolView, Unbook
 
 
 def settle_local_work(doc: Job, ctx: Context, pool: PoolView) -> Decision | None:
@@ -39,10 +39,11 @@ def settle_local_work(doc: Job, ctx: Context, pool: PoolView) -> Decision | None
     for key, run in pool.running.items():
         if key[0] == job_id and moved_past_execution(doc, key, run.epoch, ctx.site):
             reason = "job cancelled" if doc["job_status"] == "cancelled" else "execution superseded"
-            return Decision("kill", before=(Kill(key, reason),), detail=reason)
+            return Decision(Action.KILL, before=(Kill(key, reason),), detail=reason)
     for key, booking in pool.booked.items():
         if key[0] == job_id and not backs_booking(doc, key, booking, ctx):
-            return Decision("free", before=(Unbook(key),), detail="booking no longer needed")
+            return Decision(Action.FREE, before=(Unbook(key),),
+                            detail="booking no longer needed")
     return None
 
 

@@ -12,6 +12,7 @@ from ..model import (
     Job,
     Leaf,
     Phase,
+    Reason,
     StepKey,
     allows,
     is_broadcast,
@@ -29,6 +30,7 @@ from .edits import (
     log_event,
     log_sub_run,
     note,
+    outcome_reason,
     record_outcome,
     release,
     release_sub_run,
@@ -38,7 +40,17 @@ from .leaves import merge
 from .placement import willing
 from .revision import finalize
 from .starts import START_LAPSED, late_start, late_start_edit, start_decision
-from .types import Context, Decision, Edit, Plan, PoolView, StepOutcome, after_edit, in_turn
+from .types import (
+    Action,
+    Context,
+    Decision,
+    Edit,
+    Plan,
+    PoolView,
+    StepOutcome,
+    after_edit,
+    in_turn,
+)
 
 
 def plan_finish(
@@ -75,7 +87,8 @@ def plan_finish(
         # finish a next step could be chained onto (win_lapsed).
         detail = f"{START_LAPSED}: {outcome.reason}"
         return finalize(leaves, merged, after_edit(begin, Decision(
-            "release", release(ctx, detail), detail=detail)), ctx)
+            Action.RELEASE, release(ctx, detail, Reason.START_LAPSED), detail=detail,
+            reason=Reason.START_LAPSED)), ctx)
     started = json_copy(merged)
     begin(started)
     then = finish_decision(started, ctx, pool, key, epoch, worker, outcome)
@@ -86,24 +99,25 @@ def finish_decision(merged: Job, ctx: Context, pool: PoolView, key: StepKey, epo
                     worker: str, outcome: StepOutcome) -> Decision:
     if not backs_execution(merged, key, epoch, ctx.site):
         if outcome.cancelled and merged["job_status"] == "cancelled":
-            return Decision("cancelled", record_cancelled(merged, ctx, key, worker, epoch,
+            return Decision(Action.CANCELLED, record_cancelled(merged, ctx, key, worker, epoch,
                                                           outcome))
         detail = f"epoch {epoch} is no longer current: {outcome.reason}"
         noted = note(ctx, "stale_finish", key, worker, epoch, detail)
         if not burns_epoch(merged, key, epoch):
-            return Decision("stale_finish", noted)
+            return Decision(Action.STALE_FINISH, noted)
 
         def burned(doc: Job) -> None:
             noted(doc)
             doc["job"][key[1]]["epoch"] = epoch
-        return Decision("stale_finish", burned)
+        return Decision(Action.STALE_FINISH, burned)
     if outcome.cancelled:
         stopped = f"stopped on this site: {outcome.reason}"
-        return Decision("release", release_sub_run(ctx, ctx.site, stopped)
+        return Decision(Action.RELEASE, release_sub_run(ctx, ctx.site, stopped)
                         if is_broadcast(current_step(merged)) else release(ctx, stopped))
     if is_broadcast(current_step(merged)):
         return finish_sub_run(merged, ctx, pool, worker, outcome)
-    decision = Decision("finish", record_outcome(ctx, worker, outcome), detail=outcome.reason)
+    decision = Decision(Action.FINISH, record_outcome(ctx, worker, outcome),
+                        detail=outcome.reason, reason=outcome_reason(outcome))
     if outcome.ok:
         decision = chain_next(merged, decision, ctx, pool)
     return decision
@@ -177,9 +191,10 @@ def finish_sub_run(merged: Job, ctx: Context, pool: PoolView, worker: str,
         run = sub_runs(current_step(doc))[ctx.site]
         end_sub_run(run, outcome)
         log_sub_run(doc, "finished" if outcome.ok else "failed", ctx, run, worker=worker,
-                    detail=outcome.reason)
+                    detail=outcome.reason, reason=outcome_reason(outcome))
 
-    decision = Decision("finish", edit, detail=outcome.reason)
+    decision = Decision(Action.FINISH, edit, detail=outcome.reason,
+                        reason=outcome_reason(outcome))
     if ctx.site != merged["creator"]:
         return decision
     after = json_copy(merged)
@@ -197,5 +212,5 @@ def end_broadcast(doc: Job, ctx: Context, pool: PoolView, ok: bool, reason: str)
         log_event(new, "finished" if ok else "failed", ctx, detail=reason)
         end_current_step(new, ok)
 
-    decision = Decision("finish" if ok else "fail", edit, detail=reason)
+    decision = Decision(Action.FINISH if ok else Action.FAIL, edit, detail=reason)
     return chain_next(doc, decision, ctx, pool) if ok else decision

@@ -19,6 +19,7 @@ from ..clock import parse_time, seconds_between
 from ..model import (
     Job,
     Leaf,
+    Reason,
     Step,
     StepKey,
     allows,
@@ -29,7 +30,7 @@ from ..validation import (
     is_iso_utc,
 )
 from .edits import assign, current_step
-from .types import STAY, Assign, Context, Decision, PoolView, known
+from .types import STAY, Action, Assign, Context, Decision, PoolView, known
 
 AGING_SECONDS = 10  # waiting this long is worth one priority level (docs/protocol.md)
 UNSTAMPED_BAND = 2**53 - 1  # no creation time yet: after every stamped job
@@ -132,7 +133,7 @@ def assign_to_room(doc: Job, step: Step, ctx: Context) -> Decision:
     if site is None:
         return STAY
     key = (doc["_id"], doc["step"])
-    return Decision("assign", assign(ctx, site), before=(Assign(key, site),),
+    return Decision(Action.ASSIGN, assign(ctx, site), before=(Assign(key, site),),
                     detail=f"winner {site} (it has room)")
 
 
@@ -149,35 +150,36 @@ def site_with_room(doc: Job, step: Step, ctx: Context) -> str | None:
                                        spread(site, doc["_id"])))
 
 
-QUEUED = "queue"  # an action: a win held here until a worker frees (no write)
-# Why a winner gives a step back unstarted: the creator stops queueing steps at a
-# site that says so, for a while (status.Board.saw_job).
-NO_WORKER = "won but no worker is free"  # and holds no wins (a daemon before queues did not)
-NO_WORKER_IN_TIME = "won, but no worker freed within half the start-by lease"
-QUEUE_FULL = "won but no worker is free, and the queue is full"
+# Why a winner gives a step back unstarted, in words. The creator acts on the code
+# (status.Board.saw_job): it stops queueing steps at that site for a while.
+NO_WORKER_DETAILS = {
+    Reason.NO_WORKER: "won but no worker is free",  # and the site queues no wins
+    Reason.NO_WORKER_IN_TIME: "won, but no worker freed within half the start-by lease",
+    Reason.QUEUE_FULL: "won but no worker is free, and the queue is full",
+}
 
 
-def no_worker_reason(doc: Job, key: StepKey, pool: PoolView, ctx: Context) -> str:
-    if held_too_long(doc, key, pool, ctx):
-        return NO_WORKER_IN_TIME
-    return QUEUE_FULL if pool.queue_limit else NO_WORKER
+def no_worker_reason(doc: Job, key: StepKey, pool: PoolView, ctx: Context) -> Reason:
+    if queued_too_long(doc, key, pool, ctx):
+        return Reason.NO_WORKER_IN_TIME
+    return Reason.QUEUE_FULL if pool.queue_limit else Reason.NO_WORKER
 
 
 def queues(doc: Job, key: StepKey, pool: PoolView, ctx: Context) -> bool:
-    """Does this site hold a win no worker is free for, rather than release it?
+    """Does this site queue a win no worker is free for, rather than release it?
 
-    Held, it starts on the next worker that frees, with no replication hop:
+    Queued, it starts on the next worker that frees, with no replication hop:
     released, it goes back to the creator and comes back by a claim and a win.
-    At most `pool.queue_limit` are held, none for half its start-by lease or
-    more (held_too_long): the creator revokes only a lease silent for the whole
+    At most `pool.queue_limit` are queued, none for half its start-by lease or
+    more (queued_too_long): the creator revokes only a lease silent for the whole
     lease and the skew margin, so the start, or the release, reaches it first.
     """
-    held_elsewhere = sum(1 for other in pool.queued if other != key)
-    return held_elsewhere < pool.queue_limit and not held_too_long(doc, key, pool, ctx)
+    queued_elsewhere = sum(1 for other in pool.queued if other != key)
+    return queued_elsewhere < pool.queue_limit and not queued_too_long(doc, key, pool, ctx)
 
 
-def held_too_long(doc: Job, key: StepKey, pool: PoolView, ctx: Context) -> bool:
-    """Is half the win's start-by lease gone, by our own count of how long we hold it, or
+def queued_too_long(doc: Job, key: StepKey, pool: PoolView, ctx: Context) -> bool:
+    """Is half the win's start-by lease gone, by our own count of how long we queue it, or
     by the win's own times (its `won` event and its `lease_until`, both the creator's
     clock, against ours)? Our count restarts with the daemon; the win's times do not,
     as far as the clocks agree."""

@@ -32,7 +32,7 @@ from .leaves import merge
 from .revision import MAX_DETAIL, finalize
 from .starts import late_start, late_start_edit
 from .succession import SHOWN_LIVE, adopt, shown_live_after_end
-from .types import NOTHING, Context, Decision, Plan, Running, after_edit
+from .types import NOTHING, Action, Context, Decision, Plan, Running, after_edit
 
 
 def plan_refused(leaves: Sequence[Leaf], ctx: Context, reason: str) -> Plan:
@@ -48,7 +48,8 @@ def plan_refused(leaves: Sequence[Leaf], ctx: Context, reason: str) -> Plan:
     if ctx.site != merged["creator"] or not is_live(merged):
         return NOTHING
     detail = f"the server refused the next revision: {reason}"[:MAX_DETAIL]
-    return finalize(leaves, merged, Decision("fail", fail_job(ctx, detail), detail=detail), ctx)
+    return finalize(leaves, merged, Decision(Action.FAIL, fail_job(ctx, detail), detail=detail),
+                    ctx)
 
 
 def keepalive(leaves: list[Doc], ctx: Context, stale_after: float) -> Job | None:
@@ -101,19 +102,19 @@ def plan_renew(leaves: Sequence[Leaf], ctx: Context, key: StepKey, epoch: int,
         if news and report is not None:  # (news has a report)
             execution_record(doc, ctx.site)["progress"] = copy.copy(report)
 
-    return finalize(leaves, merged, Decision("renew", edit), ctx)
+    return finalize(leaves, merged, Decision(Action.RENEW, edit), ctx)
 
 
-def plan_event(leaves: Sequence[Leaf], ctx: Context, key: StepKey, epoch: int, worker: str,
-               name: str, detail: str, ahead: Running | None = None) -> Plan:
-    """Append a history event for a running execution, if it is still the current one.
+def plan_retried(leaves: Sequence[Leaf], ctx: Context, key: StepKey, epoch: int, worker: str,
+                 detail: str, ahead: Running | None = None) -> Plan:
+    """Append a `retried` event for a running execution, if it is still the current one.
     An execution launched ahead (`ahead`: when, and after what) whose start is not
     written yet gets its start in the same revision, where late_start still calls
     for it."""
     merged = merge(leaves)
     if not is_live(merged):
         return NOTHING
-    noted = Decision(name, note(ctx, name, key, worker, epoch, detail))
+    noted = Decision(Action.RETRIED, note(ctx, "retried", key, worker, epoch, detail))
     step = current_step(merged)
     if backs_execution(merged, key, epoch, ctx.site) and start_recorded(step):
         return finalize(leaves, merged, noted, ctx)
@@ -163,7 +164,7 @@ def plan_cancel(leaves: Sequence[Leaf], ctx: Context, reason: str) -> Plan:
         if is_live({**doc, "job_status": None}):
             log_event(doc, "cancelled", ctx, detail=reason)
 
-    return finalize(leaves, merged, Decision("cancel", edit, detail=reason), ctx)
+    return finalize(leaves, merged, Decision(Action.CANCEL, edit, detail=reason), ctx)
 
 
 def plan_drop(leaves: Sequence[Leaf], ctx: Context, site: str, reason: str) -> Plan:
@@ -176,5 +177,5 @@ def plan_drop(leaves: Sequence[Leaf], ctx: Context, site: str, reason: str) -> P
     if drop_problem(merged, ctx, site) is not None:
         return NOTHING
 
-    return finalize(leaves, merged, Decision("drop", drop_sites(ctx, [site], reason),
+    return finalize(leaves, merged, Decision(Action.DROP, drop_sites(ctx, [site], reason),
                                              detail=f"{site}: {reason}"), ctx)

@@ -22,7 +22,7 @@ from ..validation import (
     json_size_over,
 )
 from .leaves import same_content
-from .types import Context, Decision, Plan, Unusable
+from .types import Action, Context, Decision, Plan, Unusable
 
 
 def finalize(leaves: Sequence[Leaf], merged: Job, decision: Decision, ctx: Context,
@@ -46,12 +46,13 @@ def finalize(leaves: Sequence[Leaf], merged: Job, decision: Decision, ctx: Conte
         record_rejected(doc, ctx, rejected)
         deletions += tuple(rev for rev, _ in rejected)
     action = decision.action
-    if action == "none" and (doc is not None or deletions):
-        action = "resolve"
+    if action == Action.NONE and (doc is not None or deletions):
+        action = Action.RESOLVE
     if doc is not None:
         doc.pop("_conflicts", None)
         fit(doc, keep_events_from=len(merged["history"]))
-    return Plan(action, doc, deletions, decision.before, decision.after, decision.detail)
+    return Plan(action, doc, deletions, decision.before, decision.after, decision.detail,
+                decision.reason)
 
 
 def record_rejected(doc: Job, ctx: Context, rejected: Sequence[Unusable]) -> None:

@@ -13,6 +13,7 @@ from ..clock import seconds_between
 from ..model import (
     Job,
     Phase,
+    Reason,
     Step,
     StepKey,
     is_broadcast,
@@ -22,7 +23,7 @@ from ..model import (
 )
 from .edits import current_step, start
 from .fencing import start_lapsed
-from .types import WON_CLAIM, Book, Context, Decision, Edit, Launch, PoolView
+from .types import WON_CLAIM, Action, Book, Context, Decision, Edit, Launch, PoolView
 
 
 def start_decision(doc: Job, step: Step, ctx: Context, worker: str, *, assign: bool,
@@ -35,15 +36,13 @@ def start_decision(doc: Job, step: Step, ctx: Context, worker: str, *, assign: b
     epoch = step.get("epoch", 0) + (1 if assign else 0)
     ahead = assign or fresh_win(step, ctx)
     return Decision(
-        "start",
+        Action.START,
         start(ctx, worker, assign=assign),
         before=(Book(key, worker),),
         after=(Launch(key, epoch, worker, ahead=ahead, chained_on=chained_on),),
         detail="" if assign else WON_CLAIM,
+        reason=None if assign else Reason.WON_CLAIM,
     )
-
-
-LATE_START = "launched ahead; its start written late"
 
 
 START_LAPSED = "its start was not written before the win's start-by lease passed"
@@ -102,8 +101,9 @@ def record_late_start(doc: Job, step: Step, ctx: Context, pool: PoolView) -> Dec
         return None
     if start_lapsed(step, ctx):
         return None  # the run is stopped
-    return Decision("start", late_start_edit(step, ctx, running.worker, running.launched_at),
-                    detail=LATE_START)
+    return Decision(Action.START,
+                    late_start_edit(step, ctx, running.worker, running.launched_at),
+                    detail="launched ahead; its start written late", reason=Reason.LATE_START)
 
 
 def late_start_edit(step: Step, ctx: Context, worker: str, launched_at: str | None) -> Edit:

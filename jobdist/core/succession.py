@@ -2,8 +2,9 @@
 
 The creator arbitrates a job (picks winners, revokes leases, keeps it alive).
 When its status goes silent for `creator_timeout`, the next site of the job's
-line takes it over with an `adopted` event whose epoch is the new term; the
-merge takes the creator of the highest term.
+succession order takes it over with an `adopted` event that carries the new term
+(in its `epoch` field, a name the document format keeps: the term is no fencing
+token); the merge takes the creator of the highest term.
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ from ..model import (
     normalise,
 )
 from .leaves import couch_order
-from .types import Context, Decision
+from .types import Action, Context, Decision
 
 
 def term(doc: Job) -> int:
-    """The highest adoption term the job's history knows (0: none)."""
+    """The highest adoption term the job's history knows (0: none); an `adopted` event
+    stores its term in its `epoch` field."""
     return max((entry.get("epoch", 0) for entry in doc.get("history", [])
                 if entry["event"] == "adopted"), default=0)
 
@@ -71,7 +73,7 @@ def adopt(doc: Job, ctx: Context, reason: str) -> Decision:
         new["history"].append(event("adopted", step=new["step"], site=ctx.site, at=ctx.now,
                                     worker=None, epoch=next_term, detail=detail))
 
-    return Decision("adopt", edit, detail=detail)
+    return Decision(Action.ADOPT, edit, detail=detail)
 
 
 def silence(doc: Job, ctx: Context) -> str:
@@ -89,11 +91,11 @@ def origin(doc: Job) -> str:
 def succeeds(doc: Job, ctx: Context) -> bool:
     """Is it this site's turn to take the job over from its silent creator?
 
-    The job's line is its origin and then the origin's successors, in order. When
+    The job's succession order is its origin and then the origin's successors. When
     the current creator (the origin, or a site that took over before) is silent,
-    the first site of the line that is not silent takes over: the next successor
+    the first site of that order that is not silent takes over: the next successor
     when the one before went silent too, the origin itself when it is back and the
-    site that took over from it is silent. A creator outside its job's line is
+    site that took over from it is silent. A creator outside its job's order is
     left alone (an operator chose it), and so is a job its creator has not accepted
     yet: its acceptance stamps the creation time that fixes the job's identity, and
     a successor accepting it too, while the creator did on a branch not seen yet,
@@ -105,8 +107,8 @@ def succeeds(doc: Job, ctx: Context) -> bool:
     if ctx.unchanged_for is not None and ctx.unchanged_for < ctx.creator_timeout:
         return False
     first = origin(doc)
-    line = (first, *ctx.successors.get(first, ()))
-    if creator not in line:
+    order = (first, *ctx.successors.get(first, ()))
+    if creator not in order:
         return False
-    return next((site for site in line if site != creator and site not in ctx.silent),
+    return next((site for site in order if site != creator and site not in ctx.silent),
                 None) == ctx.site

@@ -11,12 +11,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Protocol
 
 from ..clock import seconds_between
 from ..model import (
     Job,
     Progress,
+    Reason,
     RunRecord,
     StepKey,
 )
@@ -254,7 +256,7 @@ class Revoke:
 
 @dataclass(frozen=True)
 class Queue:
-    """A step won here with no worker free: hold it, and start it when one frees."""
+    """A step won here with no worker free: queue it, and start it when one frees."""
 
     key: StepKey
 
@@ -262,21 +264,50 @@ class Queue:
 Effect = Book | Unbook | Launch | Kill | Assign | Revoke | Queue
 
 
+class Action(StrEnum):
+    """What a decision or a plan does; its value names it in logs and metrics (action_*)."""
+
+    NONE = "none"  # nothing to do
+    IGNORE = "ignore"  # nothing to do here until the document changes
+    QUEUE = "queue"  # a win queued here until a worker frees (no write)
+    ACCEPT = "accept"  # the creator stamps a job written without a creation time
+    RESOLVE = "resolve"  # the creator writes the merge of conflicting leaves, nothing more
+    CLAIM = "claim"
+    ASSIGN = "assign"
+    START = "start"
+    RELEASE = "release"
+    REVOKE = "revoke"
+    FAIL = "fail"
+    FINISH = "finish"
+    STALE_FINISH = "stale_finish"
+    CANCELLED = "cancelled"  # a run a cancellation killed, recorded
+    CANCEL = "cancel"  # an operator cancels the job
+    KILL = "kill"
+    FREE = "free"  # a booking no longer needed
+    READY = "ready"  # a waiting job released
+    OPEN = "open"  # a broadcast step's sites named
+    DROP = "drop"
+    RENEW = "renew"
+    ADOPT = "adopt"
+    RETRIED = "retried"  # the note of a run's retry
+
+
 @dataclass(frozen=True)
 class Plan:
-    action: str  # for logs and metrics: claim, assign, start, release, fail, ...
+    action: Action
     doc: Job | None = None  # the revision to write on top of the winning leaf
     deletions: tuple[str, ...] = ()  # losing leaf revs the creator deletes
     before: tuple[Effect, ...] = ()  # carried out before the write
     after: tuple[Effect, ...] = ()  # carried out once the write is acknowledged
-    detail: str = ""
+    detail: str = ""  # for people: logs
+    reason: Reason | None = None  # for programs: metrics
 
     @property
     def writes(self) -> bool:
         return self.doc is not None or bool(self.deletions)
 
 
-NOTHING = Plan("none")
+NOTHING = Plan(Action.NONE)
 
 
 WON_CLAIM = "won the claim"  # the detail of a start the creator assigned to us
@@ -287,17 +318,15 @@ Edit = Callable[[Job], None]
 
 @dataclass(frozen=True)
 class Decision:
-    action: str
+    action: Action
     edit: Edit | None = None
     before: tuple[Effect, ...] = ()
     after: tuple[Effect, ...] = ()
     detail: str = ""
+    reason: Reason | None = None
 
 
-STAY = Decision("none")
-
-
-IGNORE = "ignore"  # an action: nothing to do here until the document changes
+STAY = Decision(Action.NONE)
 
 
 def known(site: Any, ctx: Context) -> bool:
@@ -328,4 +357,4 @@ def in_turn(decision: Decision, follow: Decision) -> Decision:
         second(doc)
 
     return Decision(decision.action, both, (*decision.before, *follow.before),
-                    (*decision.after, *follow.after), decision.detail)
+                    (*decision.after, *follow.after), decision.detail, decision.reason)

@@ -9,11 +9,12 @@ from __future__ import annotations
 from ..clock import seconds_between
 from ..model import (
     Job,
+    Reason,
     after_policy,
     awaited,
 )
 from .edits import fail_job
-from .types import STAY, Context, Decision
+from .types import STAY, Action, Context, Decision
 
 
 def on_waiting(doc: Job, ctx: Context) -> Decision | None:
@@ -31,11 +32,9 @@ def on_waiting(doc: Job, ctx: Context) -> Decision | None:
         return STAY
     failure = awaited_failure(doc, ctx)
     if failure is not None:
-        return Decision("fail", fail_job(ctx, failure), detail=failure)
+        return Decision(Action.FAIL, fail_job(ctx, failure, Reason.WAITED_FOR), detail=failure,
+                        reason=Reason.WAITED_FOR)
     return STAY if waits_for(doc, ctx) else None
-
-
-WAITED_FOR = "waited for "  # how the reason of a job failed by a job it waited for starts
 
 
 def awaited_failure(doc: Job, ctx: Context) -> str | None:
@@ -45,9 +44,9 @@ def awaited_failure(doc: Job, ctx: Context) -> str | None:
     for job_id in awaited(doc):
         status = ctx.ended.get(job_id)
         if status == "failed":
-            return f"{WAITED_FOR}{job_id}, which failed"
+            return f"waited for {job_id}, which failed"
         if status == "cancelled":
-            return f"{WAITED_FOR}{job_id}, which was cancelled"
+            return f"waited for {job_id}, which was cancelled"
     return None
 
 
