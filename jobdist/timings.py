@@ -8,7 +8,7 @@ reason the relation holds, and `check` refuses settings that would break one: a
 relation between two timings is written once, here (`SiteConfig.timings` builds it).
 
 The decision core gets the settings through `core.Context` and derives one relation
-itself: half the start-by lease (`core.fresh_win`, `core.held_too_long`), which
+itself: half the start-by lease (`core.fresh_win`, `core.queued_too_long`), which
 `queue_hold_max` states for the manager too; tests/test_timings.py holds the two equal.
 A lease is revoked only once silent for `lease + clock_skew_margin`
 (`core.Context.lease_expired`): every bound below that keeps a start, a release or a
@@ -62,7 +62,7 @@ class Timings:
     def queue_hold_max(self) -> float:
         """A win held for want of a worker is started or given back at half its start-by
         lease: the creator revokes only after the whole lease and the skew margin of
-        silence, so the start or the release reaches it first (core.held_too_long)."""
+        silence, so the start or the release reaches it first (core.queued_too_long)."""
         return self.lease / 2
 
     @property

@@ -14,7 +14,7 @@ from jobdist.config import (
     SuccessionSettings,
     TuningSettings,
 )
-from jobdist.core.placement import held_too_long
+from jobdist.core.placement import queued_too_long
 from jobdist.core.starts import fresh_win
 from jobdist.model import new_job, new_step
 from jobdist.status import MIN_INTERVAL, REFRESH
@@ -79,14 +79,14 @@ def test_a_tuned_heartbeat_replaces_the_derived_one() -> None:
 
 @pytest.mark.parametrize("lease", [6.0, 60.0])
 def test_the_queue_hold_is_the_half_lease_the_core_holds_wins_for(lease: float) -> None:
-    """The manager gives a held win back at queue_hold_max; the core (core.held_too_long)
+    """The manager gives a queued win back at queue_hold_max; the core (core.queued_too_long)
     counts the same half of the lease from Context.lease."""
     hold = timings(lease).queue_hold_max
     doc = new_job("global", [new_step("true")])
     key = (doc["_id"], 0)
     ctx = core.Context("solo", NOW, lease=lease)
-    assert held_too_long(doc, key, core.PoolView(queued={key: hold}), ctx)
-    assert not held_too_long(doc, key, core.PoolView(queued={key: hold * 0.99}), ctx)
+    assert queued_too_long(doc, key, core.PoolView(queued={key: hold}), ctx)
+    assert not queued_too_long(doc, key, core.PoolView(queued={key: hold * 0.99}), ctx)
 
 
 @pytest.mark.parametrize("lease", [6.0, 60.0])
