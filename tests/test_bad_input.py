@@ -288,7 +288,8 @@ REFUSED: list[Bad] = [
         'type: must be "job"'),
     Bad("array", "bad-array", b'[{"type": "job"}]', "document: must be a JSON object",
         writes=("post",)),
-    Bad("empty-body", "bad-empty-body", b"", 'type: must be "job"', writes=("put",)),
+    Bad("empty-body", "bad-empty-body", b"", "document: empty: was the body sent as JSON?",
+        writes=("put",)),
 ]
 
 
@@ -334,6 +335,20 @@ def test_the_server_refuses_with_a_specific_reason(cluster: LocalCluster, case: 
             assert reason == expected, how  # the same words as `jobdist validate`
     if "put" in case.writes:
         assert raw.get(case.doc_id).status_code == 404  # nothing was stored
+
+
+def test_a_job_sent_without_its_json_content_type_is_refused_saying_so(
+        cluster: LocalCluster) -> None:
+    """curl -d without -H 'Content-Type: application/json', as a new user types it:
+    pouchdb-server reads the form encoding as an empty document, which the rules
+    refuse naming the likely cause, not the missing `type` (CouchDB answers 415)."""
+    raw = Raw.of(cluster, "global")
+    body = json.dumps(new_job("global", [new_step("true")])).encode()
+    answer = raw.session.post(raw.url, data=body, timeout=60,
+                              headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert answer.status_code in (403, 415), answer.text[:300]
+    if answer.status_code == 403:
+        assert "Content-Type: application/json" in answer.json()["reason"]
 
 
 @pytest.mark.parametrize("body", [b"garbage{", b'"a string"', b"\xff\xfe\x00", b"[" * 100_000])

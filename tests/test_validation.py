@@ -769,3 +769,10 @@ def test_the_size_limit_is_the_same_on_both_sides(db_url: str) -> None:
     assert response.json()["reason"] == format_errors(validate_job(too_large))
     at_limit = sized_job(MAX_DOC_SIZE, rev=created.json()["rev"])
     assert requests.put(url, json=at_limit, timeout=10).status_code == 201
+
+
+def test_an_empty_document_says_the_body_was_perhaps_not_json() -> None:
+    from jobdist.validation import EMPTY_DOCUMENT
+
+    assert validate_job({"_id": "x", "_rev": "1-a"}) == [EMPTY_DOCUMENT]
+    assert validate_job({"_id": "x", "hello": "world"}) == ['type: must be "job"']

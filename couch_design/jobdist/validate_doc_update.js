@@ -541,6 +541,10 @@ function (newDoc, oldDoc, userCtx, secObj) {
     if (doc._deleted === true || isDesignDoc(doc)) {
       return [];
     }
+    if (Object.keys(doc).every(function (name) { return name.charAt(0) === "_"; })) {
+      // What a server that does not read the body as JSON stores (validation.py).
+      return ["document: empty: was the body sent as JSON? (Content-Type: application/json)"];
+    }
     if (doc.type !== "job") {
       return ['type: must be "job"'];
     }
