@@ -7,9 +7,8 @@ or `jobdist setup` may write them at every start.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
-from .couch import Database, SaveResult, require_id
+from .couch import CouchError, Database, SaveResult, require_id
 from .model import Doc
 
 # Fields the replicator itself adds to a replication document.
@@ -27,40 +26,27 @@ def _sync_design_doc(db: Database, doc: Doc) -> bool:
                            f"write design document {doc_id!r} to {db.url}")
 
 
-def put_replication(
-    replicator: Database,
-    doc_id: str,
-    source: str,
-    target: str,
-    *,
-    continuous: bool = True,
-    filter: str | None = None,
-    query_params: dict[str, Any] | None = None,
-) -> bool:
-    """Create or update a replication document in `replicator` (a `_replicator` database).
+def put_replication(replicator: Database, doc_id: str, wanted: Doc) -> bool:
+    """Create or update the replication document `doc_id` in `replicator` (a `_replicator`
+    database) to hold `wanted` (topology.replication_doc builds it).
 
     Idempotent: only writes when the replication settings differ; True when
-    written. Never writes `selector` (it crashes pouchdb-server for good).
-    On pouchdb-server a missing `filter` on the source raises NotFound
-    before anything is written (it would crash the server too), and a
-    running (`triggered`) replication cannot be edited: that raises
-    Forbidden (and deleting one crashes the server, so we never do).
-    Source and target may hold credentials: they never go into messages.
+    written. pouchdb-server crashes for good on a `selector`, and on a
+    missing `filter` on the source (an unhandled rejection at every start):
+    both raise a CouchError there before anything is written. On it a running
+    (`triggered`) replication cannot be edited either: that raises Forbidden
+    (and deleting one crashes the server, so we never do). Source and target
+    may hold credentials: they never go into messages.
     """
     if not replicator.name.endswith("_replicator"):
         raise ValueError(f"put_replication needs a _replicator database, not {replicator.name!r}")
     couch = replicator.couch
-    wanted: Doc = {"source": source, "target": target, "continuous": continuous}
-    if filter is not None:
-        if not couch.is_apache_couchdb():  # it would crash for good, at every start
-            couch.endpoint(source).require_filter(filter)
-        wanted["filter"] = filter
-    if query_params:
-        wanted["query_params"] = query_params
     if not couch.is_apache_couchdb():
-        # pouchdb-server checkpoints at both ends after every batch by default:
-        # a quarter of its requests. CouchDB checkpoints on a timer already.
-        wanted["checkpoint"] = False
+        if "selector" in wanted:
+            raise CouchError(f"replication {doc_id!r} not written to {replicator.url}: "
+                             "its selector would crash pouchdb-server")
+        if "filter" in wanted:
+            couch.endpoint(wanted["source"]).require_filter(wanted["filter"])
     # Conflicts are expected: the replicator writes its state into the document.
     return _put_if_changed(replicator, doc_id, wanted, _replication_settings,
                            f"write replication {doc_id!r} to {replicator.url}")

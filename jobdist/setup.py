@@ -7,9 +7,10 @@ jobs database (and `_users` on Apache CouchDB, which logs errors without it),
 our design documents, a user for every site (role `jobdist`: the daemon of
 that site and the replications it pushes log in as it), the database's
 `_security` (members: role `jobdist`; nobody else may read or write), and the
-`_replicator` documents the topology calls for (jobdist/topology.py), with the
-pushing site's credentials in the endpoints because the replicator runs
-inside CouchDB. Stale `jobdist-*`
+`_replicator` documents the topology calls for (jobdist/topology.py:
+a Mango selector on Apache CouchDB, a JavaScript filter on pouchdb-server, as
+`GET /` says unless told), with the pushing site's credentials in the
+endpoints because the replicator runs inside CouchDB. Stale `jobdist-*`
 replications are removed, except a running one on pouchdb-server, which
 crashes when such a document is deleted. A second run changes nothing.
 """
@@ -28,7 +29,14 @@ from .config import ConfigError, SiteConfig, load_sites
 from .couch import Couch, CouchError, Database, Forbidden, Saved
 from .couch_sync import put_replication, sync_design_docs
 from .design import load_design_docs
-from .topology import OWNED_PREFIX, Replication, owned_by_us, replications
+from .topology import (
+    OWNED_PREFIX,
+    Replication,
+    ServerKind,
+    owned_by_us,
+    replication_doc,
+    replications,
+)
 
 Say = Callable[[str], None]
 
@@ -62,8 +70,12 @@ def security_object(site: SiteConfig) -> dict[str, Any]:
 def setup_sites(sites: dict[str, SiteConfig], chosen: list[SiteConfig] | None = None, *,
                 report: Say = lambda _: None, problem: Say | None = None,
                 warn: Say | None = None,
-                explain: Callable[[CouchError, SiteConfig], str] | None = None) -> int:
+                explain: Callable[[CouchError, SiteConfig], str] | None = None,
+                server_kind: ServerKind | None = None) -> int:
     """Set the chosen sites (default: all) up; the number of changes made.
+
+    `server_kind` decides what the replication documents hold; by default each
+    server's `GET /` does.
 
     Without `problem`, the first error raises; with it, each site's error is
     reported (in `explain`'s words) and the other sites are still set up.
@@ -88,7 +100,7 @@ def setup_sites(sites: dict[str, SiteConfig], chosen: list[SiteConfig] | None = 
         try:
             changes += sync_replications(site, [r for r in wanted if r.source.name == site.name],
                                          {r.doc_id for r in wanted}, report, problem or _raise,
-                                         warn or report)
+                                         warn or report, server_kind)
         except CouchError as error:
             if problem is None:
                 raise
@@ -154,7 +166,8 @@ def check_database(site: SiteConfig) -> None:
 
 
 def sync_replications(site: SiteConfig, wanted: list[Replication], keep: set[str],
-                      report: Say, problem: Say, warn: Say) -> int:
+                      report: Say, problem: Say, warn: Say,
+                      server_kind: ServerKind | None = None) -> int:
     """Write the site's wanted replications, remove stale ones; the number of changes.
 
     `keep` holds every wanted replication of the topology: sites that share a
@@ -162,19 +175,19 @@ def sync_replications(site: SiteConfig, wanted: list[Replication], keep: set[str
     """
     couch = admin_couch_of(site)
     replicator = couch.replicator()
+    kind = server_kind or kind_of(couch)
     changes = 0
     for link in wanted:
         try:
-            written = put_replication(
-                replicator, link.doc_id, source_address(couch, link), link.target_endpoint,
-                filter=link.filter, query_params=link.query_params)
+            written = put_replication(replicator, link.doc_id, replication_doc(link, kind))
         except Forbidden as error:
             # pouchdb-server refuses edits to a running replication (see couch_sync.py).
             problem(f"{site.name}: cannot update replication {link.doc_id}: {error.reason}")
             continue
         if written:
             changes += 1
-            report(f"{site.name}: wrote replication {link.doc_id} ({link.filter})")
+            rule = f"selector as {link.filter}" if kind is ServerKind.COUCHDB else link.filter
+            report(f"{site.name}: wrote replication {link.doc_id} ({rule})")
     rows = replicator.all_docs(startkey=OWNED_PREFIX, endkey=OWNED_PREFIX + "\ufff0")
     for doc_id in sorted(row["id"] for row in rows
                          if owned_by_us(row["id"]) and row["id"] not in keep):
@@ -183,14 +196,8 @@ def sync_replications(site: SiteConfig, wanted: list[Replication], keep: set[str
     return changes
 
 
-def source_address(couch: Couch, link: Replication) -> str:
-    """Where the pushing server reads what it sends: its own database.
-
-    pouchdb-server reads a database it is given by name in process, where a URL
-    costs it a `_changes` request and a `_bulk_get` over HTTP for every batch
-    (half of a push's requests); Apache CouchDB 3 takes URLs only.
-    """
-    return link.source_endpoint if couch.is_apache_couchdb() else link.source.couch.database
+def kind_of(couch: Couch) -> ServerKind:
+    return ServerKind.COUCHDB if couch.is_apache_couchdb() else ServerKind.POUCHDB
 
 
 def remove_replication(couch: Couch, replicator: Database, doc_id: str, site: SiteConfig,

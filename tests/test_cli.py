@@ -375,7 +375,7 @@ def test_setup_creates_everything_then_changes_nothing(tmp_path: Path) -> None:
         replicator = couch.replicator()
         doc = replicator.get("jobdist-s1-to-s2")
         assert doc["filter"] == "jobdist/jobs" and "selector" not in doc
-        # pouchdb-server reads its own database in process (setup.source_address).
+        # pouchdb-server reads its own database in process (topology.replication_doc).
         assert doc["source"] == "jobs_s1" and doc["target"].endswith("/jobs_s2")
         design_rev = couch.database("jobs_s1").get("_design/jobdist")["_rev"]
 
@@ -386,9 +386,11 @@ def test_setup_creates_everything_then_changes_nothing(tmp_path: Path) -> None:
         # Stale replications we own: a finished one goes; a running one stays on
         # pouchdb-server (deleting it would crash the server), with a warning.
         s1, s2 = f"{server.url}/jobs_s1", f"{server.url}/jobs_s2"
-        put_replication(replicator, "jobdist-s1-to-old", s1, s2, continuous=False)
-        put_replication(replicator, "jobdist-s2-to-gone", s2, s1)
-        put_replication(replicator, "theirs-s1-to-s2", s1, s2, continuous=False)
+        one_shot = {"source": s1, "target": s2, "continuous": False}
+        put_replication(replicator, "jobdist-s1-to-old", one_shot)
+        put_replication(replicator, "jobdist-s2-to-gone", {"source": s2, "target": s1,
+                                                           "continuous": True})
+        put_replication(replicator, "theirs-s1-to-s2", one_shot)
         wait_for(lambda: replicator.get("jobdist-s1-to-old").get("_replication_state")
                  == "completed", what="the one-shot replication completes")
         third = runner.invoke(main, ["setup"])

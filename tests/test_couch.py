@@ -350,33 +350,34 @@ def test_put_replication_replicates_and_is_idempotent(
     db.save({"_id": "before"})
     replicator = couch.replicator()
     doc_id = f"rep-{uuid.uuid4().hex[:8]}"
-    assert put_replication(couch.replicator(), doc_id, db.url, other_db.url) is True
+    wanted = {"source": db.url, "target": other_db.url, "continuous": True}
+    assert put_replication(couch.replicator(), doc_id, wanted) is True
     wait_for(lambda: other_db.get("before"))
     db.save({"_id": "after"})
     wait_for(lambda: other_db.get("after"))
     # The replicator's own fields (_replication_state...) are no reason to rewrite.
     assert replicator.get(doc_id)["_replication_state"] == "triggered"
-    assert put_replication(replicator, doc_id, db.url, other_db.url) is False
-    assert "selector" not in replicator.get(doc_id)
+    assert put_replication(replicator, doc_id, wanted) is False
     with pytest.raises(ValueError):
-        put_replication(db, doc_id, db.url, other_db.url)
+        put_replication(db, doc_id, wanted)
 
 
 def test_put_replication_with_filter(couch: Couch, db: Database, other_db: Database) -> None:
     sync_design_docs(db, [BY_GROUP])
     db.bulk_docs([{"_id": f"n{n}", "n": n} for n in range(4)])
     doc_id = f"rep-{uuid.uuid4().hex[:8]}"
-    written = put_replication(couch.replicator(), doc_id, db.url, other_db.url,
-                              continuous=False, filter="q/odd", query_params={"x": "1"})
-    assert written is True
+    wanted = {"source": db.url, "target": other_db.url, "continuous": False,
+              "filter": "q/odd", "query_params": {"x": "1"}}
+    assert put_replication(couch.replicator(), doc_id, wanted) is True
     wait_for(lambda: couch.replicator().get(doc_id).get("_replication_state") == "completed")
     assert sorted(r["id"] for r in other_db.all_docs()) == ["n1", "n3"]
-    again = put_replication(couch.replicator(), doc_id, db.url, other_db.url,
-                            continuous=False, filter="q/odd", query_params={"x": "1"})
-    assert again is False
-    # A missing filter would crash pouchdb-server's replicator: refused before writing.
+    assert put_replication(couch.replicator(), doc_id, wanted) is False
+    # A missing filter or a selector would crash pouchdb-server: refused before writing.
     with pytest.raises(CouchError, match="does not exist"):
-        put_replication(couch.replicator(), f"{doc_id}-x", db.url, other_db.url, filter="q/nope")
+        put_replication(couch.replicator(), f"{doc_id}-x", wanted | {"filter": "q/nope"})
+    with pytest.raises(CouchError, match="selector would crash pouchdb-server"):
+        put_replication(couch.replicator(), f"{doc_id}-x", {
+            "source": db.url, "target": other_db.url, "selector": {"n": 1}})
     assert couch.replicator().get(f"{doc_id}-x") is None
 
 

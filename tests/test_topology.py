@@ -21,7 +21,17 @@ from jobdist.lab.scenarios import (
 )
 from jobdist.model import new_job, new_step
 from jobdist.setup import admin_couch_of
-from jobdist.topology import JOBS_FOR_SITE, replications
+from jobdist.topology import (
+    COUCHDB_REPLICATION_SETTINGS,
+    EVERY_JOB,
+    EVERY_JOB_SELECTOR,
+    JOBS_FOR_SITE,
+    Replication,
+    ServerKind,
+    jobs_for_site_selector,
+    replication_doc,
+    replications,
+)
 
 REPO_SITES = Path(__file__).resolve().parent.parent / "sites"
 
@@ -75,6 +85,90 @@ def test_for_site_filter_passes_only_jobs_that_concern_the_site(db_url: str) -> 
                            params={"filter": JOBS_FOR_SITE, "site": "reg_b"}, timeout=10).json()
     passed = {row["id"] for row in changes["results"]}
     assert passed == {jobs["mine"]["_id"], jobs["any"]["_id"], jobs["listed"]["_id"], gone}
+
+
+def star_links() -> dict[tuple[str, str], Replication]:
+    links = replications(load_sites(REPO_SITES / "star"))
+    return {(link.source.name, link.target.name): link for link in links}
+
+
+def test_a_couchdb_site_replicates_by_selector_with_urls_at_both_ends() -> None:
+    links = star_links()
+    to_spoke = replication_doc(links[("global", "reg_a")], ServerKind.COUCHDB)
+    assert to_spoke == {
+        "source": links[("global", "reg_a")].source_endpoint,
+        "target": links[("global", "reg_a")].target_endpoint,
+        "continuous": True, "selector": jobs_for_site_selector("reg_a"),
+        **COUCHDB_REPLICATION_SETTINGS}
+    assert to_spoke["source"].startswith("http")
+    to_hub = replication_doc(links[("reg_a", "global")], ServerKind.COUCHDB)
+    assert to_hub["selector"] == EVERY_JOB_SELECTOR
+    assert not {"filter", "query_params", "checkpoint"} & (to_spoke.keys() | to_hub.keys())
+
+
+def test_a_pouchdb_site_replicates_by_javascript_filter_from_its_database_by_name() -> None:
+    links = star_links()
+    to_spoke = replication_doc(links[("global", "reg_a")], ServerKind.POUCHDB)
+    assert to_spoke == {
+        "source": "jobs", "target": links[("global", "reg_a")].target_endpoint,
+        "continuous": True, "filter": JOBS_FOR_SITE, "query_params": {"site": "reg_a"},
+        "checkpoint": False}
+    to_hub = replication_doc(links[("reg_a", "global")], ServerKind.POUCHDB)
+    assert (to_hub["filter"], "query_params" in to_hub) == (EVERY_JOB, False)
+    assert "selector" not in to_spoke.keys() | to_hub.keys()
+
+
+def step_targeting(target: object) -> dict[str, object]:
+    """A step whose target is `target`; None: the field left out."""
+    step = new_step("true")
+    del step["target"]
+    return step if target is None else step | {"target": target}
+
+
+SELECTOR_CASES: dict[str, dict[str, object]] = {
+    "mine": new_job("reg_b", [step_targeting("global")]),
+    "any": new_job("global", [step_targeting("any")]),
+    "no target": new_job("global", [step_targeting(None)]),
+    "null target": new_job("global", [step_targeting("global") | {"target": None}]),
+    "all": new_job("global", [step_targeting("all")]),
+    "named": new_job("global", [step_targeting("global"), step_targeting("reg_b")]),
+    "listed": new_job("global", [step_targeting(["reg_a", "reg_b"])]),
+    "listed any": new_job("global", [step_targeting(["reg_a", "any"])]),
+    "elsewhere": new_job("global", [step_targeting("reg_a"), step_targeting(["global"])]),
+    "site": {"_id": "site:reg_a", "type": "site"},
+    "schedule": {"_id": "schedule:x", "type": "schedule"},
+    "other": {"_id": "other", "type": "note", "creator": "reg_b"},
+    "untyped": {"_id": "untyped"},
+}
+
+
+@pytest.mark.parametrize(("filter_name", "selector"),
+                         [(JOBS_FOR_SITE, jobs_for_site_selector("reg_b")),
+                          (EVERY_JOB, EVERY_JOB_SELECTOR)], ids=["for_site", "jobs"])
+def test_each_selector_passes_what_its_javascript_filter_passes(
+        db_url: str, filter_name: str, selector: dict[str, object]) -> None:
+    """pouchdb-server evaluates selectors in `_find` (its replicator cannot take one):
+    the same Mango language CouchDB's replicator evaluates. `_find` leaves deletions
+    out; the selectors pass them by `_deleted`, which only a deletion has. Without
+    the validator: a target left out or null is malformed but has its default."""
+    design = {**load_design_docs()[0]}
+    del design["validate_doc_update"]
+    requests.put(f"{db_url}/{design['_id']}", json=design, timeout=10).raise_for_status()
+    for doc in SELECTOR_CASES.values():
+        requests.put(f"{db_url}/{doc['_id']}", json=doc, timeout=10).raise_for_status()
+    changes = requests.get(f"{db_url}/_changes",
+                           params={"filter": filter_name, "site": "reg_b"}, timeout=10).json()
+    found = requests.post(f"{db_url}/_find", json={"selector": selector, "limit": 1000},
+                          timeout=10).json()
+    by_filter = {row["id"] for row in changes["results"]}
+    names = {doc["_id"]: name for name, doc in SELECTOR_CASES.items()}
+    assert {names[doc["_id"]] for doc in found["docs"]} == {names[i] for i in by_filter}
+    passed = {name for name, doc in SELECTOR_CASES.items() if doc["_id"] in by_filter}
+    if filter_name == JOBS_FOR_SITE:
+        assert passed == {"mine", "any", "no target", "null target", "all", "named", "listed",
+                          "listed any", "site", "schedule"}
+    else:
+        assert passed == set(SELECTOR_CASES) - {"other", "untyped"}
 
 
 @pytest.mark.e2e
