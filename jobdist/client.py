@@ -22,7 +22,7 @@ from jobdist.clock import utc_now
 from jobdist.config import SiteConfig
 from jobdist.couch import Conflict, Couch, CouchError, Database, Saved
 from jobdist.couch_views import iter_view
-from jobdist.design import DDOC
+from jobdist.design import DDOC, PEOPLE_DDOC
 from jobdist.errors import JobdistError
 from jobdist.model import (
     FINAL_STATUSES,
@@ -201,7 +201,7 @@ def _view_rows(db: Database, view: str, prefix: list[Any], before: str | None,
                               "startkey": [*prefix, before if before else {}]}
     if view == "by_status":
         params |= {"include_docs": True, "reduce": False}
-    for row in iter_view(db, DDOC, view, page_size=page_size, **params):
+    for row in iter_view(db, PEOPLE_DDOC, view, page_size=page_size, **params):
         created_at = row["key"][-1]
         if before and created_at >= before:
             continue
@@ -215,12 +215,12 @@ def _view_rows(db: Database, view: str, prefix: list[Any], before: str | None,
 
 def count_by_status(db: Database) -> dict[str, int]:
     """How many jobs the site holds in each state (live, success, failed, cancelled)."""
-    return {row["key"][0]: row["value"] for row in db.view(DDOC, "by_status", group_level=1)}
+    return {row["key"][0]: row["value"] for row in db.view(PEOPLE_DDOC, "by_status", group_level=1)}
 
 
 def running_at(db: Database, site: str) -> list[Doc]:
     """The `running` view's rows for the steps running at `site`, with their jobs."""
-    return db.view(DDOC, "running", startkey=[site], endkey=[site, {}], include_docs=True)
+    return db.view(PEOPLE_DDOC, "running", startkey=[site], endkey=[site, {}], include_docs=True)
 
 
 @dataclass

@@ -36,7 +36,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from . import client, render, status
 from .config import SiteConfig
 from .couch import CouchError, Database
-from .design import DDOC
+from .design import PEOPLE_DDOC
 from .hub import ChangeHub, Subscription
 from .listener import feed_lag
 from .logs import EventLog
@@ -282,7 +282,7 @@ class Dashboard:
     def sites(self) -> list[SiteRow]:
         """Every site as this one sees it: itself from its own state, the others from
         their replicated status documents and the `running` view."""
-        running = running_by_site(self.db.view(DDOC, "running", include_docs=True))
+        running = running_by_site(self.db.view(PEOPLE_DDOC, "running", include_docs=True))
         published = {doc["site"]: doc for doc in CouchStore(self.db).statuses()
                      if isinstance(doc.get("site"), str)}
         now = datetime.now(UTC)

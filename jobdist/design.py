@@ -9,6 +9,12 @@ CouchDB and pouchdb-server evaluate the text as an expression.
 
 The top-level couch_design/ is the one source: pyproject.toml installs it as the
 package data `jobdist.couch_design`, so a wheel carries it too.
+
+Two design documents, because a server indexes all the views of a design
+document together, on the first query after a change: `jobdist` holds the
+validator, the replication filters and the views the daemons query on a timer;
+`jobdist_people` the views only people query (`jobdist list`, `watch`, the
+dashboard, reports), so that the daemons' queries never index those.
 """
 
 from __future__ import annotations
@@ -18,9 +24,10 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
-# The design document every view, filter and validator of ours lives in
-# (`_design/jobdist`, couch_design/jobdist/): the one place its name is written.
+# Our design documents' names (couch_design/<name>/), the one place each is written:
+# the daemons' (validator, filters, the views they query on a timer) and people's.
 DDOC = "jobdist"
+PEOPLE_DDOC = "jobdist_people"
 
 # In a checkout, couch_design/ beside the package. Read first: setuptools' editable
 # install cannot import a mapped folder without __init__.py as jobdist.couch_design, and a

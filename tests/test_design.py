@@ -13,39 +13,49 @@ import requests
 
 from jobdist import client
 from jobdist.core import UNSTAMPED_BAND, claim_rank
-from jobdist.design import design_dir, load_design_docs
+from jobdist.design import DDOC, PEOPLE_DDOC, design_dir, load_design_docs
 from jobdist.model import new_sub_run, normalise
 
 Doc = dict[str, Any]
-VIEWS = {"live", "claimable", "claimed_unassigned", "stale_open", "by_status", "running",
-         "involving", "leases"}
+# The views the daemons query on a timer (store.py, keepalive.py, schedules.py,
+# retention.py): every view of their design document is indexed with them.
+DAEMON_VIEWS = {"claimable", "leases", "involving", "stale_open", "waiting", "waiting_on",
+                "schedules", "finished_before"}
+# The views only people query (client.py, dashboard.py, analytics), or nobody yet.
+PEOPLE_VIEWS = {"by_status", "by_site", "by_creator", "running", "live", "claimed_unassigned"}
 
 
-def test_the_repository_design_doc_has_every_function() -> None:
-    [design] = load_design_docs()
+def test_the_daemons_views_are_apart_from_peoples() -> None:
+    [daemons, people] = load_design_docs()
     assert (design_dir() / "jobdist" / "validate_doc_update.js").is_file()
-    assert design["_id"] == "_design/jobdist"
-    assert design["language"] == "javascript"
-    assert set(design["views"]) >= VIEWS  # the views the daemon relies on (operators have more)
-    assert design["views"]["by_status"]["reduce"] == "_count"
-    assert all(set(view) <= {"map", "reduce"} for view in design["views"].values())
-    assert set(design["filters"]) == {"jobs", "for_site"}
-    assert load_design_docs() == [design]
+    assert (daemons["_id"], people["_id"]) == (f"_design/{DDOC}", f"_design/{PEOPLE_DDOC}")
+    assert daemons["language"] == people["language"] == "javascript"
+    assert set(daemons["views"]) == DAEMON_VIEWS
+    assert set(daemons["filters"]) == {"jobs", "for_site"}
+    assert set(people["views"]) == PEOPLE_VIEWS
+    assert people.keys() == {"_id", "language", "views"}  # one validator, in the daemons'
+    assert people["views"]["by_status"]["reduce"] == "_count"
+    for design in (daemons, people):
+        assert all(set(view) <= {"map", "reduce"} for view in design["views"].values())
 
 
 def function_sources(design: Doc) -> list[str]:
     views = design["views"].values()
     return [
-        design["validate_doc_update"],
+        *([design["validate_doc_update"]] if "validate_doc_update" in design else []),
         *(view["map"] for view in views),
         *(view["reduce"] for view in views if not view.get("reduce", "_").startswith("_")),
-        *design["filters"].values(),
+        *design.get("filters", {}).values(),
     ]
+
+
+def every_function_source() -> list[str]:
+    return [source for design in load_design_docs() for source in function_sources(design)]
 
 
 def test_every_function_starts_with_function() -> None:
     # Servers evaluate "return " + source: a leading comment would return undefined.
-    for source in function_sources(load_design_docs()[0]):
+    for source in every_function_source():
         assert source.startswith("function ("), source[:40]
 
 
@@ -61,7 +71,7 @@ for (const source of JSON.parse(require("fs").readFileSync(0, "utf8"))) {
 @pytest.mark.skipif(shutil.which("node") is None or not ACORN.is_dir(), reason="needs node, acorn")
 def test_every_function_is_es5() -> None:
     # CouchDB's and pouchdb-server's engines may be old: no let, const, arrows, templates.
-    sources = json.dumps(function_sources(load_design_docs()[0]))
+    sources = json.dumps(every_function_source())
     parse = subprocess.run(["node", "-e", PARSE_ES5, str(ACORN)], input=sources, text=True,
                            capture_output=True)
     assert parse.returncode == 0, parse.stderr
@@ -139,7 +149,8 @@ def jobs_db(db_url: str) -> str:
 
 def rows(db_url: str, view: str, **params: Any) -> list[tuple[Any, Any, str | None]]:
     query = {key: json.dumps(value) for key, value in params.items()}
-    response = requests.get(f"{db_url}/_design/jobdist/_view/{view}", params=query, timeout=10)
+    ddoc = DDOC if view in DAEMON_VIEWS else PEOPLE_DDOC
+    response = requests.get(f"{db_url}/_design/{ddoc}/_view/{view}", params=query, timeout=10)
     response.raise_for_status()
     return [(row["key"], row["value"], row.get("id")) for row in response.json()["rows"]]
 
@@ -247,10 +258,10 @@ HTTP_DOCS: list[Doc] = [{"_id": f"h{n}", **doc} for n, doc in enumerate([
 
 def run_design_functions(docs: list[Doc], only: str | None = None) -> Any:
     """Every view and filter on `docs`, or the view `only` alone."""
-    [design] = load_design_docs()
-    maps = {name: view["map"] for name, view in design["views"].items()
+    [daemons, people] = load_design_docs()
+    maps = {name: view["map"] for name, view in (daemons["views"] | people["views"]).items()
             if only in (None, name)}
-    payload = {"maps": maps, "filters": design["filters"] if only is None else {},
+    payload = {"maps": maps, "filters": daemons["filters"] if only is None else {},
                "docs": docs, "sites": ["alpha", "beta", "x"]}
     node = subprocess.run(["node", "-e", RUN_FUNCTIONS], input=json.dumps(payload), text=True,
                           capture_output=True)

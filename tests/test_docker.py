@@ -225,10 +225,11 @@ def test_setup_sites_creates_everything_once(two_servers: dict[str, LocalServer]
                                              tmp_path: Path) -> None:
     sites = load_sites(write_pair(tmp_path / "sites", {n: s.url for n, s in two_servers.items()}))
     written: list[str] = []
-    assert setup_sites(sites, report=written.append) == 6
+    assert setup_sites(sites, report=written.append) == 8
     assert sorted(written) == sorted([
         "north: created database jobs", "south: created database jobs",
         "north: wrote _design/jobdist", "south: wrote _design/jobdist",
+        "north: wrote _design/jobdist_people", "south: wrote _design/jobdist_people",
         "north: wrote replication jobdist-north-to-south (jobdist/jobs)",
         "south: wrote replication jobdist-south-to-north (jobdist/jobs)",
     ])
@@ -241,7 +242,12 @@ def test_setup_sites_creates_everything_once(two_servers: dict[str, LocalServer]
         assert replication["source"] == "jobs"  # pouchdb-server: by name, read in process
         assert replication["target"] == f"{two_servers[peer].url}/jobs"
         assert replication["filter"] == "jobdist/jobs" and replication["continuous"] is True
+    # An operator's own design document is theirs: setup neither rewrites nor removes it.
+    own = {"_id": "_design/ops", "views": {"all": {"map": "function (doc) { emit(doc._id); }"}}}
+    Couch(two_servers["north"].url).database("jobs").save(own)
     assert setup_sites(sites) == 0  # idempotent
+    assert Couch(two_servers["north"].url).database("jobs").get("_design/ops")["views"] == \
+        own["views"]
 
     job = new_job("north", [new_step("true")])
     Couch(two_servers["north"].url).database("jobs").save(job)

@@ -127,7 +127,7 @@ def test_all_documents_shows_the_jobs(site: tuple[LocalServer, dict[str, str]],
     page = FauxtonPage(dump_dom(f"{server.url}/_utils/#database/jobs/_all_docs",
                                 tmp_path / "profile"))
     assert page.title == "jobs"
-    assert set(page.rows) == {*job_ids, "_design/jobdist"}
+    assert set(page.rows) == {*job_ids, "_design/jobdist", "_design/jobdist_people"}
     for job_id in job_ids:
         assert f'"{job_id}"' in page.rows[job_id]
 
@@ -135,7 +135,7 @@ def test_all_documents_shows_the_jobs(site: tuple[LocalServer, dict[str, str]],
 def test_the_by_status_view_shows_its_rows(site: tuple[LocalServer, dict[str, str]],
                                            tmp_path: Path) -> None:
     server, jobs = site
-    url = f"{server.url}/_utils/#database/jobs/_design/jobdist/_view/by_status"
+    url = f"{server.url}/_utils/#database/jobs/_design/jobdist_people/_view/by_status"
     page = FauxtonPage(dump_dom(url, tmp_path / "profile"))
     assert page.title == "jobs"
     assert set(page.rows) == set(jobs)  # the view's rows, not the design document
@@ -148,7 +148,7 @@ def test_the_by_status_view_shows_its_rows(site: tuple[LocalServer, dict[str, st
 def test_the_running_view_shows_the_steps_progress(site: tuple[LocalServer, dict[str, str]],
                                                    tmp_path: Path) -> None:
     server, jobs = site
-    url = f"{server.url}/_utils/#database/jobs/_design/jobdist/_view/running"
+    url = f"{server.url}/_utils/#database/jobs/_design/jobdist_people/_view/running"
     page = FauxtonPage(dump_dom(url, tmp_path / "profile"))
     [(job_id, text)] = page.rows.items()  # the one running step
     row = "".join(text.split())

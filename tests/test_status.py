@@ -313,8 +313,9 @@ def wait_until_running(db: Database, job_id: str) -> None:
 
 def test_statuses_are_not_jobs_to_the_views(jobs_db: Database) -> None:
     jobs_db.save(site_status().as_doc())
-    for view in ("live", "claimable", "stale_open", "involving", "by_status"):
-        response = requests.get(f"{jobs_db.url}/_design/jobdist/_view/{view}", timeout=10)
+    for path in ("jobdist/_view/claimable", "jobdist/_view/stale_open", "jobdist/_view/involving",
+                 "jobdist_people/_view/live", "jobdist_people/_view/by_status"):
+        response = requests.get(f"{jobs_db.url}/_design/{path}", timeout=10)
         response.raise_for_status()
         assert all(not row["id"].startswith("site-") for row in response.json()["rows"])
 

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from jobdist.config import SiteConfig
 from jobdist.couch import Couch, Database
 from jobdist.couch_views import iter_view
-from jobdist.design import DDOC
+from jobdist.design import PEOPLE_DDOC
 from jobdist.errors import JobdistError
 from jobdist.model import Leaf, awaited, dropped_sites, is_broadcast, normalise, sub_runs
 from jobdist.validation import validate_job
@@ -99,7 +99,7 @@ def list_job_ids(database: Database, page_size: int = ID_PAGE) -> list[str]:
     """The id of every document of type job, malformed ones too, in pages of the
     `by_status` view without documents: design, site status and schedule documents
     are not jobs, and a job's id need not start with `job-` (one POSTed over HTTP)."""
-    rows = iter_view(database, DDOC, "by_status", page_size=page_size, reduce=False)
+    rows = iter_view(database, PEOPLE_DDOC, "by_status", page_size=page_size, reduce=False)
     return [row["id"] for row in rows]
 
 
