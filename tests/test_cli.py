@@ -402,6 +402,18 @@ def test_setup_creates_everything_then_changes_nothing(tmp_path: Path) -> None:
         assert server.is_alive()
         fourth = runner.invoke(main, ["setup"])
         assert fourth.stdout == "setup: nothing to change\n"
+
+        # Told the servers are Apache CouchDB, setup would write selectors: pouchdb-server
+        # would crash on them, so each is refused in one line and nothing changes.
+        told = runner.invoke(main, ["setup", "--server-kind", "couchdb"])
+        assert told.exit_code != 0
+        assert told.stderr.splitlines()[0].startswith(
+            "jobdist: s1: replication 'jobdist-s1-to-s2' not written"), told.stderr
+        assert "selector would crash pouchdb-server" in told.stderr
+        assert server.is_alive()
+        assert replicator.get("jobdist-s1-to-s2")["filter"] == "jobdist/jobs"
+        assert runner.invoke(main, ["setup", "--server-kind", "pouchdb"]).stdout == (
+            "setup: nothing to change\n")
     finally:
         server.stop()
 

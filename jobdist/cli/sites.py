@@ -64,11 +64,17 @@ def site_run(config_path: Path, sites_dir: Path | None, ready_file: Path | None,
 @sites_option
 @click.option("--site", "only", multiple=True, metavar="SITE",
               help="Set up only this site (repeatable; default: every site).")
-def setup(sites_dir: Path, only: tuple[str, ...]) -> None:
+@click.option("--server-kind", type=click.Choice(["auto", "couchdb", "pouchdb"]),
+              default="auto", show_default=True,
+              help="The servers' kind, which decides the replication documents (a Mango "
+                   "selector on couchdb, a JavaScript filter on pouchdb); auto asks each "
+                   "server (GET /).")
+def setup(sites_dir: Path, only: tuple[str, ...], server_kind: str) -> None:
     """Create each site's database, upload its design documents, and write the
     replications the topology needs; remove stale `jobdist-*` replications.
     Idempotent: a second run changes nothing."""
     from jobdist.setup import setup_sites
+    from jobdist.topology import ServerKind
 
     sites = load_site_configs(sites_dir)
     chosen = [pick_site(sites, name) for name in only] if only else list(sites.values())
@@ -80,7 +86,8 @@ def setup(sites_dir: Path, only: tuple[str, ...]) -> None:
 
     changes = setup_sites(sites, chosen, report=click.echo, problem=problem,
                           warn=lambda text: click.echo(f"jobdist: {text}", err=True),
-                          explain=site_error)
+                          explain=site_error,
+                          server_kind=None if server_kind == "auto" else ServerKind(server_kind))
     if problems:
         sys.exit(EXIT_JOB_NOT_OK)
     click.echo(f"setup: {changes} changes" if changes else "setup: nothing to change")
