@@ -69,7 +69,7 @@ def jobs_for_site_selector(site: str) -> Selector:
 
 # Apache CouchDB 3's replication settings that differ from its defaults, for
 # a trickle of small documents where the hop's latency matters (docs/operations.md,
-# "Apache CouchDB: replication settings"):
+# "Apache CouchDB: what JavaScript costs", replication settings):
 COUCHDB_REPLICATION_SETTINGS: dict[str, Any] = {
     # Nagle's algorithm off (CouchDB's default leaves it on): a small request
     # (`_revs_diff`, `_bulk_docs`, `_bulk_get` of one job) is sent at once
