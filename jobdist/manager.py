@@ -96,6 +96,7 @@ class Manager:
         self.held = HeldResults(journal, self.counts, self.log)
         for held in self.held.replay():
             self.runner.executions[held.key] = core.Running(held.worker, held.epoch)
+        self._ride_replayed()
         self.draining = False
         self.stop_event = threading.Event()
         # Waiting jobs we created (model.is_waiting), and how the jobs they wait for ended.
@@ -309,6 +310,7 @@ class Manager:
             self.runner.executions.pop(held.key, None)
             return core.plan_finish(leaves, self.context(), self.pool_view(), held.key,
                                     held.epoch, held.worker, held.result,
+                                    chained=(held.key, held.epoch) in self.runner.chained_runs,
                                     after=held.after)
         return Task(held.job_id, plan, known=self.revisions.known(held.job_id),
                     retry_conflicts=True, then_decide=True, held=held)
@@ -329,6 +331,19 @@ class Manager:
         # Refused: the lease lapses, and the finish will say what happened.
         return Task(key[0], plan, known=self.revisions.known(key[0]), retry_conflicts=True,
                     end_on_refusal=False)
+
+    # --- carrying out tasks in batches ---------------------------------------------
+
+    def _ride_replayed(self) -> None:
+        """Replayed from the journal: the run of a step whose step before has its end held
+        too was chained onto that end, and neither was written (a start chained onto an
+        end is written with it). It rides on the end again (PlanRunner.riding): the end's
+        record starts it in its epoch, then its own result is recorded (or its stop)."""
+        for key, held in self.held.by_key.items():
+            end = self.held.by_key.get((key[0], key[1] - 1))
+            if end is not None:
+                self.runner.riding[key] = (held, end.epoch)
+                self.runner.note_chained(key, held.epoch)
 
     # --- results the server did not take ------------------------------------------
 

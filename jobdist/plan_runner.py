@@ -56,6 +56,13 @@ class PlanRunner:
         # with their journal entry (journal.unwritten_start): never past the batch
         # (batch_done stops those whose start was not written).
         self.ahead: dict[StepKey, Held] = {}
+        # Of `ahead`, the starts chained onto an end: the end's epoch.
+        self.chained_ahead: dict[StepKey, int] = {}
+        # Chained runs launched ahead whose end's write the server did not take: the end
+        # is held (Manager.hold), and the run goes on; its start is written with the held
+        # end (core.chain_next), and it is stopped if that end no longer calls for it.
+        # Each with the epoch of the end it rides on.
+        self.riding: dict[StepKey, tuple[Held, int]] = {}
         # Of the executions launched ahead, the deferred starts: their write waits on
         # purpose (defers), with their journal entry and when the start falls due
         # (monotonic): a short step's start is written with its end.
@@ -65,6 +72,9 @@ class PlanRunner:
         # may go on: then it is stopped, as a start launched ahead that cannot be written.
         self.defer_limit = self.timings.defer_limit
         self.due: set[StepKey] = set()  # of `ahead`, the deferred starts due in this batch
+        # Every (step, epoch) launched here chained onto an end, lately: only that end's
+        # record may start it (core.plan_finish, `chained`).
+        self.chained_runs: OrderedDict[tuple[StepKey, int], None] = OrderedDict()
         # Every (step, epoch) launched here lately: a start decided on a stale view
         # never launches ahead an execution this site has run already.
         self.launched: OrderedDict[tuple[StepKey, int], None] = OrderedDict()
@@ -93,7 +103,10 @@ class PlanRunner:
             queue_limit=self.config.workers,
             ahead={key: core.Running(entry.worker, entry.epoch, entry.result.start_time,
                                      entry.after)
-                   for key, entry in (*self.ahead.items(), *self.unwritten())},
+                   for key, entry in (*self.ahead.items(), *self.unwritten())
+                   if key not in self.chained_ahead},
+            riding={key: core.Rider(entry.worker, entry.epoch, end)
+                    for key, (entry, end) in (*self.riding.items(), *self.chained())},
         )
 
     def free_workers(self) -> tuple[str, ...]:
@@ -151,14 +164,17 @@ class PlanRunner:
         self.followed[(launch.key, launch.epoch)] = entry.after
         while len(self.followed) > MAX_LAUNCHED:
             self.followed.popitem(last=False)
+        if launch.chained_on is not None:
+            self.chained_ahead[launch.key] = launch.chained_on
+            self.note_chained(launch.key, launch.epoch)
 
     def defers(self, plan: core.Plan, leaves: list[Job]) -> bool:
         """Hold back the write of a plan that only starts a step launched ahead, on a job
         with one leaf: if the step ends within `start_delay`, its start is written with its
         end (core.plan_finish, late_start), one revision instead of two; else when due
         (deferred_due). Any decision about the job meanwhile writes the start at once
-        (core.record_late_start). A plan that writes more than the start (a `ready`
-        event, say) is written now."""
+        (core.record_late_start). A chained start is written with its end already; a
+        plan that writes more than the start (a `ready` event, say) is written now."""
         if self.start_delay <= 0 or plan.action != core.Action.START or plan.deletions \
                 or len(leaves) != 1 or not only_starts(plan.doc, leaves[0]):
             return False
@@ -167,7 +183,7 @@ class PlanRunner:
             return False
         key = launches[0].key
         entry = self.ahead.get(key)
-        if entry is None or entry.epoch != launches[0].epoch:
+        if entry is None or key in self.chained_ahead or entry.epoch != launches[0].epoch:
             return False
         del self.ahead[key]
         self.deferred[key] = (entry, time.monotonic() + self.start_delay)
@@ -226,14 +242,15 @@ class PlanRunner:
             return
         doc = leaves[0] if len(leaves) == 1 else core.merge(leaves)
         for key, entry in list(self.ahead.items()):
-            if key[0] == doc_id and core.records_start(doc, key, entry.epoch, self.site):
+            if key[0] == doc_id and key not in self.chained_ahead \
+                    and core.records_start(doc, key, entry.epoch, self.site):
                 self.journal.forget(self.ahead.pop(key))
 
     def unwritten_run(self, key: StepKey, epoch: int) -> core.Running | None:
-        """The run (key, epoch) if its start is still unwritten: when it was launched, and
-        after what."""
+        """The run (key, epoch) if its start is still unwritten (not a chained run: only
+        its end's record may start it): when it was launched, and after what."""
         entry = self.ahead.get(key) or self.deferred.get(key, (None, 0.0))[0]
-        if entry is None or entry.epoch != epoch:
+        if entry is None or entry.epoch != epoch or key in self.chained_ahead:
             return None
         return core.Running(entry.worker, entry.epoch, entry.result.start_time, entry.after)
 
@@ -242,6 +259,16 @@ class PlanRunner:
         deferred = self.deferred.get(key)
         if deferred is not None and deferred[0].epoch == epoch:
             del self.deferred[key]
+
+    def chained(self) -> list[tuple[StepKey, tuple[Held, int]]]:
+        """The chained launches of this batch, as `riding` holds its runs."""
+        return [(key, (entry, self.chained_ahead[key])) for key, entry in self.ahead.items()
+                if key in self.chained_ahead]
+
+    def note_chained(self, key: StepKey, epoch: int) -> None:
+        self.chained_runs[(key, epoch)] = None
+        while len(self.chained_runs) > MAX_LAUNCHED:
+            self.chained_runs.popitem(last=False)
 
     def launched_ahead(self, job_id: str) -> bool:
         """Does a step of this job run here, its start not written yet?"""
@@ -283,8 +310,9 @@ class PlanRunner:
     def batch_done(self, jobs: Container[str] | None = None) -> None:
         """Stop what was launched ahead of a start the batch did not write (refused, the
         server gone, or a newer revision that no longer calls for it): it runs on
-        nothing. Its report says how far it got (core.plan_finish, late_start). With
-        `jobs`, only theirs: a batch
+        nothing. Its report says how far it got (core.plan_finish, late_start). A run
+        chained onto an end that is held rides on it instead (`riding`), and is stopped
+        once that end is written without its start. With `jobs`, only theirs: a batch
         decided while another batch's write is in flight (Settler.write) leaves that
         batch's launches alone."""
         def ours(key: StepKey) -> bool:
@@ -294,8 +322,35 @@ class PlanRunner:
         self.due = {key for key in self.due if not ours(key)}
         for key, entry in [(key, entry) for key, entry in self.ahead.items() if ours(key)]:
             # (its journal entry stays until its report is recorded)
-            self.stop_unwritten(key, entry)
+            end = self.chained_ahead.pop(key, None)
+            if end is not None and self.end_held(key, end) and self.keep_riding(entry):
+                self.log.info("end not written: the step chained onto it goes on",
+                              job=key[0], step=key[1], epoch=entry.epoch)
+                self.riding[key] = (entry, end)
+            else:
+                self.stop_unwritten(key, entry)
             del self.ahead[key]
+        for key in [key for key in self.chained_ahead if ours(key)]:
+            del self.chained_ahead[key]
+        for key, (entry, end) in list(self.riding.items()):
+            if ours(key) and not self.end_held(key, end):
+                del self.riding[key]
+                self.stop_unwritten(key, entry)
+
+    def end_held(self, key: StepKey, end_epoch: int) -> bool:
+        """Is the end (in `end_epoch`) of the step before `key` still to be written?"""
+        end = self.executions.get((key[0], key[1] - 1))
+        return end is not None and end.epoch == end_epoch
+
+    def keep_riding(self, entry: Held) -> bool:
+        """The run's journal entry, made durable: it now lasts the outage, not a batch."""
+        try:
+            self.journal.keep(entry)
+        except (OSError, JournalFull) as error:
+            self.log.warning("cannot keep the step chained onto a held end: stopping it",
+                             job=entry.job_id, step=entry.step, error=error)
+            return False
+        return True
 
     def stop_unwritten(self, key: StepKey, entry: Held) -> None:
         running = self.executions.get(key)
@@ -307,8 +362,11 @@ class PlanRunner:
         self.pool.cancel(key)
 
     def result_recorded(self, key: StepKey, epoch: int) -> None:
-        """The run's result is written, or its job is gone: its worker is free (a job
-        deleted meanwhile had no plan to free it)."""
+        """The run's result is written, or its job is gone: nothing more rides on its end,
+        and its worker is free (a job deleted meanwhile had no plan to free it)."""
+        riding = self.riding.get(key)
+        if riding is not None and riding[0].epoch == epoch:
+            del self.riding[key]
         self.followed.pop((key, epoch), None)
         self.run_ended(key, epoch)  # (its start written with its end, or its stale finish)
         running = self.executions.get(key)
@@ -340,6 +398,12 @@ class PlanRunner:
                 self.journal.forget(entry)
                 self.ahead.pop(key, None)
                 self.deferred.pop(key, None)
+                self.chained_ahead.pop(key, None)
+        for key, (entry, _) in list(self.riding.items()):
+            if key[0] == doc_id and core.records_start(plan.doc, key, entry.epoch, self.site):
+                del self.riding[key]
+                if self.pool.is_busy(key):  # (ended: its result has taken the entry's place)
+                    self.journal.forget(entry)
         if plan.reason == Reason.WON_CLAIM:
             self.counts["claims_won"] += 1
         step, epoch = acted_on(plan)
@@ -389,6 +453,8 @@ class PlanRunner:
             self.log.info("killing", job=effect.key[0], step=effect.key[1], reason=effect.reason)
             self.ahead.pop(effect.key, None)
             self.deferred.pop(effect.key, None)
+            self.chained_ahead.pop(effect.key, None)
+            self.riding.pop(effect.key, None)
             self.pool.cancel(effect.key)
         elif isinstance(effect, core.Launch):
             assert doc is not None

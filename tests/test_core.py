@@ -28,6 +28,7 @@ from jobdist.core import (
     Launch,
     Plan,
     PoolView,
+    Rider,
     Running,
     Unbook,
 )
@@ -895,13 +896,53 @@ def test_which_starts_launch_ahead():
     chained = finish(step(running(job("any", "any"), "reg_a"), 1, epoch=3), "reg_a",
                      pool("reg_a/w1"))
     assert chained.after == (Launch((JOB, 1), 4, "reg_a/w1"),)
-    assert not chained.after[0].ahead  # launched once the end's revision is saved
+    assert chained.after[0].ahead and chained.after[0].chained_on == 1  # may ride on the end
+
+
+def test_an_end_written_late_starts_the_run_chained_onto_it_in_its_epoch():
+    """The end's first write was lost and its chained run goes on (PlanRunner.riding):
+    the end's record starts that very run, on its worker, and books no other."""
+    doc = step(running(job("any", "any"), "reg_a"), 1, epoch=3)  # step 0 runs in epoch 1
+
+    def riding(epoch: int, end_epoch: int) -> PoolView:
+        return PoolView(("reg_a/w2",), running={(JOB, 1): Running("reg_a/w1", epoch)},
+                        riding={(JOB, 1): Rider("reg_a/w1", epoch, end_epoch)})
+
+    plan = finish(doc, "reg_a", riding(4, 1))
+    second = plan.doc["job"][1]
+    assert (second["epoch"], second["winner"], second["executioner"]) == (4, "reg_a", "reg_a/w1")
+    assert plan.after == (Launch((JOB, 1), 4, "reg_a/w1"),)
+    assert core.records_start(plan.doc, (JOB, 1), 4, "reg_a")
+    # A run of another epoch, or chained onto another end of step 0, is no rider of
+    # this end: the step is left to that run's report.
+    for other in (riding(5, 1), riding(4, 2)):
+        alone = finish(doc, "reg_a", other)
+        assert alone.doc["job"][1]["step_status"] is None and alone.after == ()
+    # Nor is a rider a run launched ahead whose start a later decision may write.
+    assert decide(plan_doc_after_end(doc), "reg_a", riding(4, 1)).action == "none"
+
+
+def plan_doc_after_end(doc: Doc) -> Doc:
+    """`doc` once step 0 is finished with nothing chained (the end written alone)."""
+    ended = step(copy.deepcopy(doc), 0, step_status="finished")
+    ended["step"] = 1
+    return ended
+
+
+def test_a_chained_run_is_started_only_by_the_end_it_rides_on():
+    """Its end written without it (stale, or another run's), the chained run's own report
+    never writes its start: it ran on an end that does not count."""
+    ended = plan_doc_after_end(step(running(job("any", "reg_a"), "reg_a"), 1, epoch=3))
+    lone = core.plan_finish([ended], ctx("reg_a"), pool(), (JOB, 1), 4, "reg_a/w1", Outcome())
+    assert lone.action == "finish"  # (a launch ahead of ours, the step's only target)
+    rider = core.plan_finish([ended], ctx("reg_a"), pool(), (JOB, 1), 4, "reg_a/w1", Outcome(),
+                             chained=True)
+    assert rider.action == "stale_finish" and rider.doc["job"][1]["epoch"] == 4
 
 
 def test_a_stale_run_no_revision_showed_started_burns_its_epoch():
-    """A run launched ahead whose start was never written, of a step revoked meanwhile:
-    its stale finish moves the step's epoch up to the run's, so no later start here
-    reuses it."""
+    """A chained run whose end turned out stale never had its start written: its stale
+    finish moves the step's epoch up to the run's, so no later start here reuses it."""
     revoked = step(job("any", "any"), 0, epoch=2)  # step 0 revoked from us: open again
     plan = core.plan_finish([revoked], ctx("reg_a"), pool("reg_a/w1"), (JOB, 1), 1,
                             "reg_a/w1", Outcome(cancelled=True, ok=False))

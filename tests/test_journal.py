@@ -17,7 +17,7 @@ from jobdist.config import CouchSettings, DaemonSettings, SiteConfig
 from jobdist.couch import Couch, Database
 from jobdist.couch_sync import sync_design_docs
 from jobdist.design import load_design_docs
-from jobdist.journal import Held, Journal, JournalFull
+from jobdist.journal import STOPPED_UNWRITTEN, Held, Journal, JournalFull
 from jobdist.lab.localserver import LocalServer, free_port
 from jobdist.manager import Manager
 from jobdist.model import Doc, new_job, new_step
@@ -116,9 +116,10 @@ def start_and_kill_server_mid_step(server: LocalServer, tmp_path: Path,
     assert manager.pool.is_busy((job["_id"], 0)), "the creator starts its step at once"
     server.kill()  # CouchDB dies while the step runs
     serve_until(manager, lambda: manager.held, "the result to be held")
-    # On disk: the end; the next step starts only once that end is written.
-    assert manager.journal_status()["on_disk"] == 1
-    assert (job["_id"], 1) not in manager.runner.executions
+    # On disk: the end, and the start of the next step chained onto it, which runs on
+    # (PlanRunner.riding): neither is written yet.
+    assert manager.journal_status()["on_disk"] == 2
+    assert (job["_id"], 1) in manager.runner.riding
     return manager, job["_id"]
 
 
@@ -126,12 +127,10 @@ def test_a_step_that_ends_while_couchdb_is_down_is_recorded_once_it_is_back(
         server: LocalServer, tmp_path: Path) -> None:
     manager, job_id = start_and_kill_server_mid_step(server, tmp_path)
     try:
-        # The outage goes on: the result stays held, the step is not freed, and the
-        # next step waits for the end to be written.
-        for _ in range(20):
-            manager.serve_once(timeout=0.05)
+        # The outage goes on: the result stays held, the step is not freed; the next
+        # step ends meanwhile, and its result waits behind the first.
+        serve_until(manager, lambda: (job_id, 1) in manager.held, "the second result held")
         assert (job_id, 0) in manager.runner.executions
-        assert (job_id, 1) not in manager.runner.executions
         server.start()
         db = Couch(server.url).database("jobs")
         serve_until(manager, lambda: db.get(job_id)["job_status"] == "success",
@@ -143,7 +142,7 @@ def test_a_step_that_ends_while_couchdb_is_down_is_recorded_once_it_is_back(
     assert not events(doc, "released") and not events(doc, "stale_finish")
     assert doc["job"][0]["epoch"] == 1 and doc["job"][0]["output"]["stdout"] == ""
     assert doc["job"][1]["output"]["stdout"] == "second\n"
-    assert manager.counts["results_held"] == 1 and manager.counts["results_replayed"] == 1
+    assert manager.counts["results_held"] == 2 and manager.counts["results_replayed"] == 2
     assert manager.journal_status() == {"held": 0, "on_disk": 0, "oldest_seconds": None,
                                         "directory": str(tmp_path / "journal")}
 
@@ -152,7 +151,7 @@ def test_a_daemon_restarted_during_the_outage_writes_the_held_result_before_deci
         server: LocalServer, tmp_path: Path) -> None:
     manager, job_id = start_and_kill_server_mid_step(server, tmp_path)
     manager.drain(1.0)  # the daemon stops while CouchDB is still down
-    assert manager.journal_status()["held"] == 1  # the first step's end
+    assert manager.journal_status()["held"] == 2  # both steps' results
     server.start()
     successor, db = manager_for(server, tmp_path / "journal")  # same journal, new process
     try:
@@ -167,6 +166,32 @@ def test_a_daemon_restarted_during_the_outage_writes_the_held_result_before_deci
     assert not events(doc, "released")
     assert [entry["epoch"] for entry in events(doc, "finished")] == [1, 1]
     assert not list((tmp_path / "journal").glob("*.json"))
+
+
+def test_a_daemon_dead_during_the_outage_runs_a_chained_step_again_in_a_new_epoch(
+        server: LocalServer, tmp_path: Path) -> None:
+    """The run chained onto the held end ended, but its report died with the daemon:
+    the end's record starts it in its epoch, its journal entry stops it there, and the
+    step runs again in the next epoch, never twice in one."""
+    manager, job_id = start_and_kill_server_mid_step(server, tmp_path, "sleep 0.5")
+    manager.pool.shutdown(0.0)  # killed: what the workers reported is lost, the journal not
+    server.start()
+    successor, db = manager_for(server, tmp_path / "journal")
+    try:
+        assert (job_id, 1) in successor.runner.riding
+        successor.recover()
+        serve_until(successor, lambda: db.get(job_id)["job_status"] == "success",
+                    "the job to end")
+    finally:
+        successor.pool.shutdown(1.0)
+    doc = db.get(job_id)
+    started = [(entry["step"], entry["epoch"]) for entry in events(doc, "started")]
+    assert started == [(0, 1), (1, 1), (1, 3)]  # (a release moves the step to epoch 2)
+    released = events(doc, "released")
+    assert [entry["step"] for entry in released] == [1]
+    assert STOPPED_UNWRITTEN in released[0]["detail"]
+    assert [(entry["step"], entry["epoch"]) for entry in events(doc, "finished")] == [
+        (0, 1), (1, 3)]
 
 
 def test_a_held_result_whose_job_was_deleted_frees_its_worker(

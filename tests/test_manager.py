@@ -285,8 +285,8 @@ STOPPED_AHEAD = "stopped on this site: cancelled"  # (core.plan_finish; "... bef
 @pytest.mark.parametrize("world", [1, 2, 3, *IN_FLIGHT], indirect=True)
 def test_outages_of_a_sites_server_never_run_a_step_twice_in_one_epoch(world: World) -> None:
     """Each site's server goes down now and then while its daemon runs on: an end is
-    held until the server is back, and the next step starts only once it is written; a
-    start that could not be written is stopped. Every run is in the job's history, no epoch runs
+    held until the server is back, the step chained onto it rides on it, a start that
+    could not be written is stopped. Every run is in the job's history, no epoch runs
     twice, each step finishes once, in order, and every job ends."""
     rng = random.Random(11)
     ids = world.submit([[new_step(rng.choice(["true", "sleep 0.1"]), target=rng.choice(TARGETS))

@@ -62,6 +62,7 @@ def plan_finish(
     worker: str,
     outcome: StepOutcome,
     *,
+    chained: bool = False,
     after: str | None = None,
 ) -> Plan:
     """Record what an execution did; only a current execution advances the job.
@@ -70,11 +71,13 @@ def plan_finish(
     succeeded and this site may run the next one, it starts it in the same
     revision: nobody else writes to a running step, so nobody can compete.
     An execution launched ahead of its start whose start was never written
-    (late_start) gets its start and its end in one revision. `after`: the end of the
-    step before that its launch followed (late_start).
+    (late_start) gets its start and its end in one revision, unless it was
+    `chained` onto an end: only that end's record may start it (chain_next);
+    one that did not ran on an end that no longer counts (a stale finish). `after`:
+    the end of the step before that its launch followed (late_start).
     """
     merged = merge(leaves)
-    if not late_start(merged, key, epoch, ctx, after):
+    if chained or not late_start(merged, key, epoch, ctx, after):
         return finalize(leaves, merged, finish_decision(merged, ctx, pool, key, epoch, worker,
                                                         outcome), ctx)
     step = current_step(merged)
@@ -162,6 +165,14 @@ def chain_next(merged: Job, decision: Decision, ctx: Context, pool: PoolView) ->
             return decision
         return in_turn(decision, open_broadcast(after_finish, step, ctx, pool))
     key = (after_finish["_id"], after_finish["step"])
+    ending = current_step(merged).get("epoch", 0)
+    rider = pool.riding.get(key)
+    if rider is not None and (rider.epoch, rider.end_epoch) == (step.get("epoch", 0) + 1, ending) \
+            and allows(step, ctx.site):
+        # Our run of it, chained onto an earlier write of this very end that was lost
+        # (a 409, or the server down: the end was held): its start is this one.
+        return in_turn(decision, start_decision(after_finish, step, ctx, rider.worker,
+                                                assign=True, chained_on=ending))
     worker = pool.worker_for(key)
     if worker is None or not (allows(step, ctx.site) and willing(step, ctx)) \
             or key in pool.running:
@@ -169,7 +180,7 @@ def chain_next(merged: Job, decision: Decision, ctx: Context, pool: PoolView) ->
         # that was revoked: it is killed first, once the document shows why.)
         return decision
     return in_turn(decision, start_decision(after_finish, step, ctx, worker, assign=True,
-                                            chained=True))
+                                            chained_on=ending))
 
 
 def finish_sub_run(merged: Job, ctx: Context, pool: PoolView, worker: str,

@@ -27,19 +27,19 @@ from .types import WON_CLAIM, Action, Book, Context, Decision, Edit, Launch, Poo
 
 
 def start_decision(doc: Job, step: Step, ctx: Context, worker: str, *, assign: bool,
-                   chained: bool = False) -> Decision:
+                   chained_on: int | None = None) -> Decision:
     """Start the step on `worker`; launched ahead of its write unless it is a win near
-    its start-by deadline (fresh_win), or `chained` onto the end of the step before in
-    the same revision (chain_next): such a run starts once that revision is saved, so
-    no run of this site ever goes on an end the server has not taken."""
+    its start-by deadline (fresh_win). A start chained onto an end is launched ahead
+    too: if the end's write is lost, the end is held and the run goes on, its start
+    written with the held end (chain_next, PlanRunner.riding)."""
     key = (doc["_id"], doc["step"])
     epoch = step.get("epoch", 0) + (1 if assign else 0)
-    ahead = not chained and (assign or fresh_win(step, ctx))
+    ahead = assign or fresh_win(step, ctx)
     return Decision(
         Action.START,
         start(ctx, worker, assign=assign),
         before=(Book(key, worker),),
-        after=(Launch(key, epoch, worker, ahead=ahead),),
+        after=(Launch(key, epoch, worker, ahead=ahead, chained_on=chained_on),),
         detail="" if assign else WON_CLAIM,
         reason=None if assign else Reason.WON_CLAIM,
     )

@@ -45,6 +45,16 @@ class Running:
 
 
 @dataclass(frozen=True)
+class Rider:
+    """A run chained onto the end (in `end_epoch`) of the step before, neither of them
+    written yet: the end's record starts it (chain_next), nothing else does."""
+
+    worker: str
+    epoch: int
+    end_epoch: int
+
+
+@dataclass(frozen=True)
 class PoolView:
     """What the site's workers are doing, as the manager knows it."""
 
@@ -57,8 +67,9 @@ class PoolView:
     queued: Mapping[StepKey, float] = field(default_factory=dict)
     queue_limit: int = 0
     # Of `running`, the executions launched ahead of their start whose start is not
-    # written yet (see record_late_start).
+    # written yet (see record_late_start); those chained onto an end are `riding`.
     ahead: Mapping[StepKey, Running] = field(default_factory=dict)
+    riding: Mapping[StepKey, Rider] = field(default_factory=dict)
     # How long the longest free of `free_workers` has been free, by this site's clock
     # (None: not known). Claims wait on it (holds_claims).
     idle_for: float | None = None
@@ -215,6 +226,9 @@ class Launch:
     epoch: int
     worker: str
     ahead: bool = field(default=False, compare=False)  # may run before its start is written
+    # Chained onto the end of the step before (the end's epoch), in the same revision:
+    # if that write is lost, the run rides on the held end (PlanRunner.riding).
+    chained_on: int | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
