@@ -64,6 +64,10 @@ def build_design_doc(folder: Traversable) -> dict[str, Any]:
     filters = load_filters(folder / "filters")
     if filters:
         doc["filters"] = filters
+    if folder.name == PEOPLE_DDOC:
+        # Apache CouchDB 3 keeps every design document's indexes warm after writes (its
+        # background indexer) unless told not to: people's views are built when queried.
+        doc["autoupdate"] = False
     return doc
 
 

@@ -175,7 +175,12 @@ def sync_replications(site: SiteConfig, wanted: list[Replication], keep: set[str
     """
     couch = admin_couch_of(site)
     replicator = couch.replicator()
-    kind = server_kind or kind_of(couch)
+    found = kind_of(couch)
+    if server_kind is ServerKind.POUCHDB and found is ServerKind.COUCHDB:
+        # Its replication documents name the source database by name, which CouchDB's
+        # replicator refuses: every one would fail on the server.
+        raise CouchError(f"{site.name}: told pouchdb-server, but GET / says Apache CouchDB")
+    kind = server_kind or found
     changes = 0
     for link in wanted:
         try:

@@ -33,7 +33,8 @@ def test_the_daemons_views_are_apart_from_peoples() -> None:
     assert set(daemons["views"]) == DAEMON_VIEWS
     assert set(daemons["filters"]) == {"jobs", "for_site"}
     assert set(people["views"]) == PEOPLE_VIEWS
-    assert people.keys() == {"_id", "language", "views"}  # one validator, in the daemons'
+    # One validator, in the daemons' design document.
+    assert people.keys() == {"_id", "language", "views", "autoupdate"}
     assert people["views"]["by_status"]["reduce"] == "_count"
     for design in (daemons, people):
         assert all(set(view) <= {"map", "reduce"} for view in design["views"].values())
@@ -333,3 +334,9 @@ def test_views_give_each_sites_part_of_a_broadcast_a_row() -> None:
         "priority": 0, "step": 0}
     assert raw["for_site"][0] == [True, True, True]  # "all" runs at every site
     assert raw["stale_open"][1] != []  # the creator opens it: its keep-alive finds it
+
+
+def test_people_views_are_not_kept_warm_by_couchdbs_background_indexer() -> None:
+    daemons, people = load_design_docs()
+    assert people["_id"] == "_design/jobdist_people" and people["autoupdate"] is False
+    assert "autoupdate" not in daemons  # the daemons' views: indexed as CouchDB sees fit
