@@ -322,3 +322,11 @@ def test_as_a_process_no_traceback(sites: Path, tmp_path: Path) -> None:
         assert "Traceback" not in done.stderr + done.stdout
         assert done.stdout == "" and len(done.stderr.splitlines()) == 1, done.stderr
         assert done.stderr.startswith("jobdist: ")
+
+
+def test_a_long_summary_is_cut_at_a_word_within_the_width() -> None:
+    from jobdist.cli import shortened
+
+    assert shortened("Cancel a job.", 40) == "Cancel a job."
+    cut = shortened("Write the credentials files the site configs name, and nobody else", 30)
+    assert len(cut) <= 30 and cut.endswith("...") and cut == "Write the credentials files..."

@@ -94,8 +94,7 @@ class Cli(click.Group):
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         """The commands' list from COMMANDS, without importing them."""
         limit = formatter.width - 6 - max(map(len, COMMANDS))
-        rows = [(name, click.utils.make_default_short_help(text, limit))
-                for name, (_, text) in sorted(COMMANDS.items())]
+        rows = [(name, shortened(text, limit)) for name, (_, text) in sorted(COMMANDS.items())]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
 
@@ -145,3 +144,14 @@ def main() -> None:
     Commands talk to one site's CouchDB, named in the sites directory (--sites,
     $JOBDIST_SITES) by --site ($JOBDIST_SITE, default global).
     """
+
+
+def shortened(text: str, limit: int) -> str:
+    """`text` within `limit` characters, cut at a word and marked "..." when it is longer
+    (click's own helper for this is deprecated)."""
+    if len(text) <= limit:
+        return text
+    cut = text[:max(limit - 3, 1)]
+    if text[len(cut)] != " ":  # in the middle of a word: leave the word out
+        cut = cut.rsplit(" ", 1)[0]
+    return cut.rstrip(" ,;:.") + "..."
