@@ -332,7 +332,7 @@ class Manager:
         return Task(key[0], plan, known=self.revisions.known(key[0]), retry_conflicts=True,
                     end_on_refusal=False)
 
-    # --- carrying out tasks in batches ---------------------------------------------
+    # --- results the server did not take ------------------------------------------
 
     def _ride_replayed(self) -> None:
         """Replayed from the journal: the run of a step whose step before has its end held
@@ -345,13 +345,14 @@ class Manager:
                 self.runner.riding[key] = (held, end.epoch)
                 self.runner.note_chained(key, held.epoch)
 
-    # --- results the server did not take ------------------------------------------
-
-    def _retry_tasks_due(self) -> list[Task]:
-        return self._decisions(self.settler.retries_due())
-
     def _held_tasks_due(self) -> list[Task]:
         return [self.record_task(held) for held in self.held.due()]
+
+    def _retry_tasks_due(self) -> list[Task]:
+        """The decisions a failed read or write lost, due again."""
+        return self._decisions(self.settler.retries_due())
+
+    # --- what the core and the other sites are told ---------------------------------
 
     def context(self, lease_silence: dict[str, float] | None = None,
                 unchanged_for: float = 0.0) -> core.Context:

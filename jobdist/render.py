@@ -82,10 +82,6 @@ def plain(value: Any) -> Text:
     return Text("-" if value is None or value == "" else str(value))
 
 
-def target_text(target: Any) -> str:
-    return ",".join(target) if isinstance(target, list) else str(target)
-
-
 def step_state(doc: Doc, index: int) -> str:
     step = doc["job"][index]
     phase = step_phase(step)
