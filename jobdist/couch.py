@@ -463,6 +463,21 @@ class Database:
         return self.call("list documents", self.couch.client.post_all_docs,
                          **sdk_params(params))["rows"]
 
+    def view_cleanup(self) -> None:
+        """Delete the index files of view versions no design document names any more.
+
+        CouchDB keeps an index on disk after its design document changes until
+        asked; the SDK has no call for `_view_cleanup`, so we send it ourselves.
+        """
+        client = self.couch.client
+
+        def cleanup(name: str) -> DetailedResponse:
+            return client.send(client.prepare_request(
+                method="POST", url=f"/{quote(name, safe='')}/_view_cleanup",
+                headers={"Accept": "application/json"}))
+
+        self.call("clean up old view indexes", cleanup)
+
     # -- filters --------------------------------------------------------------------
 
     def require_filter(self, filter: str) -> None:

@@ -127,9 +127,12 @@ def setup_database(site: SiteConfig, report: Say, logins: dict[str, str] | None 
         couch.ensure_database(site.couch.database)
         changes += 1
         report(f"{site.name}: created database {site.couch.database}")
-    for doc_id in sync_design_docs(db, load_design_docs()):
+    written = sync_design_docs(db, load_design_docs())
+    for doc_id in written:
         changes += 1
         report(f"{site.name}: wrote {doc_id}")
+    if written:
+        db.view_cleanup()  # the replaced views' indexes would stay on disk
     if site.couch.admin_user is not None:  # without an admin there is no one to lock out
         for user, password in sorted((logins or {}).items()):
             if ensure_user(couch, site, user, password):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 import time
@@ -188,6 +189,21 @@ def test_view_and_paging_with_duplicate_keys(db: Database) -> None:
     assert [r["id"] for r in iter_view(db, "q", "by_group", page_size=1)] == paged()
     with pytest.raises(ValueError):
         next(iter_view(db, "q", "by_group", skip=3))
+
+
+def test_view_cleanup_after_a_view_changed_keeps_the_new_index(db: Database) -> None:
+    """setup cleans up after rewriting a design document: the old view's index goes,
+    the new one still answers, and a missing database is a clear NotFound."""
+    sync_design_docs(db, [BY_GROUP])
+    db.save({"_id": "a", "g": 1, "n": 5})
+    assert [r["key"] for r in db.view("q", "by_group")] == [1]
+    by_n = copy.deepcopy(BY_GROUP)
+    by_n["views"]["by_group"]["map"] = "function (doc) { emit(doc.n, null); }"
+    assert sync_design_docs(db, [by_n]) == ["_design/q"]
+    db.view_cleanup()
+    assert [r["key"] for r in db.view("q", "by_group")] == [5]
+    with pytest.raises(NotFound):
+        db.couch.database("no_such_db").view_cleanup()
 
 
 def test_a_lazy_view_query_answers_from_the_index_as_it_stands(db: Database) -> None:
