@@ -26,6 +26,7 @@ from jobdist.design import DDOC, PEOPLE_DDOC
 from jobdist.errors import JobdistError
 from jobdist.model import (
     FINAL_STATUSES,
+    JOB_FORMAT,
     Doc,
     Leaf,
     Phase,
@@ -34,6 +35,7 @@ from jobdist.model import (
     fan_out,
     is_waiting,
     job_from_submission,
+    newer_format,
     normalise,
     step_phase,
 )
@@ -47,6 +49,10 @@ WRITE_ATTEMPTS = 5  # cancel and adopt read again after a conflict, this many ti
 
 class NoSuchJob(JobdistError):
     """The site has no job by that id."""
+
+
+class NewerFormat(JobdistError):
+    """A job written by a newer release of jobdist than this one."""
 
 
 class JobExists(JobdistError):
@@ -85,7 +91,16 @@ def read_merged(db: Database, site: str, job_id: str) -> tuple[Doc, list[Doc]]:
     leaves = [leaf for leaf in db.leaves(job_id) if leaf.get("type") == "job"]
     if not leaves:
         raise NoSuchJob(f"no job {job_id!r} at site {site}")
+    refuse_newer_format(job_id, leaves)
     return as_doc(core.merge(leaves)), leaves
+
+
+def refuse_newer_format(job_id: str, leaves: list[Doc]) -> None:
+    """Raise NewerFormat when a leaf of the job is of a format this release cannot read."""
+    newest = max((newer_format(leaf) or 0 for leaf in leaves), default=0)
+    if newest:
+        raise NewerFormat(f"job {job_id!r} is of format {newest}, newer than this jobdist "
+                          f"reads ({JOB_FORMAT}): use the jobdist of an upgraded site")
 
 
 def read_merged_many(db: Database, ids: list[str]) -> dict[str, Doc]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from .couch import CouchError, Database, SaveResult, require_id
+from .design import DESIGN_VERSION, design_version
 from .model import Doc
 
 # Fields the replicator itself adds to a replication document.
@@ -16,8 +17,18 @@ _REPLICATOR_OWNED = frozenset({"owner"})
 
 
 def sync_design_docs(db: Database, docs: list[Doc]) -> list[str]:
-    """Write each design document whose content (ignoring `_rev`) changed; ids written."""
-    return [doc["_id"] for doc in docs if _sync_design_doc(db, doc)]
+    """Write each design document whose content (ignoring `_rev`) changed, unless the
+    stored one is of a newer version (newer_design_docs): ids written."""
+    newer = newer_design_docs(db, docs)
+    return [doc["_id"] for doc in docs if doc["_id"] not in newer and _sync_design_doc(db, doc)]
+
+
+def newer_design_docs(db: Database, docs: list[Doc]) -> dict[str, int]:
+    """The stored versions of these design documents where a newer jobdist wrote them:
+    an older release never downgrades them (design.DESIGN_VERSION)."""
+    stored = {doc["_id"]: design_version(db.get(doc["_id"])) for doc in docs}
+    return {doc_id: version for doc_id, version in stored.items()
+            if version > DESIGN_VERSION}
 
 
 def _sync_design_doc(db: Database, doc: Doc) -> bool:

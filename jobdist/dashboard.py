@@ -246,6 +246,9 @@ class Dashboard:
         except client.NoSuchJob as error:
             return self.page("missing.html", {"message": str(error)}, context,
                              HTTPStatus.NOT_FOUND)
+        except client.NewerFormat as error:
+            return self.page("missing.html", {"message": str(error)}, context,
+                             HTTPStatus.CONFLICT)
         except CouchError as error:
             self.log.warning("dashboard cannot read", path=path, error=error)
             message = render.explain_couch_error(error, self.config)
@@ -356,7 +359,7 @@ class Dashboard:
             cancelled = client.cancel(self.db, self.site, job_id, CANCEL_REASON)
         except client.NoSuchJob as error:
             raise Refused(HTTPStatus.NOT_FOUND, str(error)) from None
-        except client.StillConflicting as error:
+        except (client.StillConflicting, client.NewerFormat) as error:
             raise Refused(HTTPStatus.CONFLICT, str(error)) from None
         if not cancelled.written:
             return {"cancelled": False,

@@ -29,6 +29,13 @@ from typing import Any
 DDOC = "jobdist"
 PEOPLE_DDOC = "jobdist_people"
 
+# The design documents' version, written in each as VERSION_FIELD: raised with
+# every change under couch_design/ (tests/test_design.py holds the files' digest
+# for it), so that `jobdist setup` of an older release never overwrites the design
+# documents of a newer one during a rolling upgrade (docs/operations.md).
+DESIGN_VERSION = 1
+VERSION_FIELD = "jobdist_design_version"
+
 # In a checkout, couch_design/ beside the package. Read first: setuptools' editable
 # install cannot import a mapped folder without __init__.py as jobdist.couch_design, and a
 # checkout run without installing it (a worktree's tests) must not get another one's.
@@ -49,12 +56,19 @@ def load_design_docs(root: Traversable | None = None) -> list[dict[str, Any]]:
             if folder.is_dir()]
 
 
+def design_version(doc: dict[str, Any] | None) -> int:
+    """The version a stored design document says it is (0: written before versions)."""
+    version = (doc or {}).get(VERSION_FIELD)
+    return version if isinstance(version, int) and not isinstance(version, bool) else 0
+
+
 def by_name(item: Traversable) -> str:
     return item.name
 
 
 def build_design_doc(folder: Traversable) -> dict[str, Any]:
-    doc: dict[str, Any] = {"_id": f"_design/{folder.name}", "language": "javascript"}
+    doc: dict[str, Any] = {"_id": f"_design/{folder.name}", "language": "javascript",
+                           VERSION_FIELD: DESIGN_VERSION}
     validator = folder / "validate_doc_update.js"
     if validator.is_file():
         doc["validate_doc_update"] = read_source(validator)

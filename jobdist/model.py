@@ -129,6 +129,25 @@ class Job(TypedDict):
     after: NotRequired[list[str]]
     after_policy: NotRequired[str]
     not_before: NotRequired[str | None]
+    format: NotRequired[int]
+
+
+# The newest job document format this jobdist reads and writes (docs/job-document.md,
+# "Format"). A job of format 1 leaves `format` out, so that the validators of
+# releases before the field accept it; a release that changes what a job means
+# raises this and writes `format` on the jobs that need it. A daemon leaves a job
+# of a newer format alone (core.usable_leaves): it cannot tell what it means.
+JOB_FORMAT = 1
+
+
+def newer_format(doc: Leaf) -> int | None:
+    """The document's format when it is newer than this jobdist reads, else None."""
+    version = doc.get("format")
+    if isinstance(version, bool) or not isinstance(version, int | float):
+        return None
+    if version != version or not float(version).is_integer() or version <= JOB_FORMAT:
+        return None  # (NaN, a fraction, or one we know)
+    return int(version)
 
 
 ANY = "any"

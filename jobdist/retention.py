@@ -33,7 +33,7 @@ from .core import merge
 from .couch import Conflict, Database, Rejected, Saved
 from .couch_views import iter_view
 from .design import DDOC
-from .model import FINAL_STATUSES, Doc, as_doc
+from .model import FINAL_STATUSES, Doc, as_doc, newer_format
 from .periodic import Periodic
 
 log = logging.getLogger("jobdist.retention")
@@ -111,8 +111,8 @@ def _load(db: Database, ids: list[str], cutoff: str) -> list[Expired]:
             continue
         leaves = db.leaves(doc["_id"]) if doc.get("_conflicts") else [doc]
         leaves = [leaf for leaf in leaves if leaf.get("type") == "job"]
-        if not leaves:
-            continue
+        if not leaves or any(newer_format(leaf) for leaf in leaves):
+            continue  # (a newer release's job: its own sites clean it up)
         merged = as_doc(merge(leaves))
         if is_expired(merged, cutoff):
             merged.pop("_conflicts", None)

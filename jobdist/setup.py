@@ -27,8 +27,8 @@ import click
 
 from .config import ConfigError, SiteConfig, load_sites
 from .couch import Couch, CouchError, Database, Forbidden, Saved
-from .couch_sync import put_replication, sync_design_docs
-from .design import load_design_docs
+from .couch_sync import newer_design_docs, put_replication, sync_design_docs
+from .design import DESIGN_VERSION, load_design_docs
 from .topology import (
     OWNED_PREFIX,
     Replication,
@@ -127,7 +127,11 @@ def setup_database(site: SiteConfig, report: Say, logins: dict[str, str] | None 
         couch.ensure_database(site.couch.database)
         changes += 1
         report(f"{site.name}: created database {site.couch.database}")
-    written = sync_design_docs(db, load_design_docs())
+    ours = load_design_docs()
+    for doc_id, version in newer_design_docs(db, ours).items():
+        report(f"{site.name}: left {doc_id} as it is: its version {version} is newer than "
+               f"this jobdist's ({DESIGN_VERSION}); upgrade jobdist at this site")
+    written = sync_design_docs(db, ours)
     for doc_id in written:
         changes += 1
         report(f"{site.name}: wrote {doc_id}")

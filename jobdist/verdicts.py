@@ -3,7 +3,8 @@
 Validation guards what the core acts on: a leaf that breaks the rules (written
 where validation was off) is reported once and left out (core.usable_leaves). A
 job with no valid leaf, one nothing can be decoded of, or one whose write the
-server refuses is skipped until a new revision of it arrives on the feed.
+server refuses is skipped until a new revision of it arrives on the feed, and so
+is a job of a newer format than this release reads (a site not upgraded yet).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 from . import core
 from .logs import EventLog
-from .model import Doc, Job
+from .model import JOB_FORMAT, Doc, Job, newer_format
 from .validation import validate_job
 
 MAX_SKIPPED = 10_000  # jobs remembered as not to be acted on until they change
@@ -35,6 +36,11 @@ class Verdicts:
     def usable(self, doc_id: str, leaves: list[Doc]) -> Found | None:
         """The job's leaves to merge, and the others; None (skipped) when none is."""
         jobs = [leaf for leaf in leaves if is_job_leaf(leaf)]
+        newest = max((newer_format(leaf) or 0 for leaf in jobs), default=0)
+        if newest:
+            self.skip(doc_id, f"format {newest} is newer than this jobdist reads "
+                              f"({JOB_FORMAT}): left alone until this site is upgraded")
+            return None
         usable, rejected = core.usable_leaves(jobs, self.errors)
         for rev, reason in rejected:
             self._report_invalid(doc_id, rev, reason)

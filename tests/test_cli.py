@@ -23,7 +23,7 @@ from jobdist.couch_sync import put_replication
 from jobdist.lab.cluster import LocalCluster, process_start_time
 from jobdist.lab.localserver import LocalServer, free_port
 from jobdist.lab.scenarios import site_db, write_sites
-from jobdist.model import Doc, new_job, new_step
+from jobdist.model import JOB_FORMAT, Doc, new_job, new_step
 
 from .helpers import conflicting_leaves, wait_for, write_conflict
 
@@ -141,6 +141,18 @@ def test_show_an_unknown_job(jobdist: Jobdist) -> None:
     result = jobdist("show", "job-nope")
     assert result.exit_code == 2
     assert result.stderr == "jobdist: no job 'job-nope' at site global\n"
+
+
+def test_show_and_cancel_refuse_a_job_of_a_newer_format(jobdist: Jobdist,
+                                                        cluster: LocalCluster) -> None:
+    newer = {**conflicting_leaves()[0], "_id": "job-next", "format": JOB_FORMAT + 1}
+    write_conflict(site_db(cluster, "global"), [newer])
+    for command in ("show", "cancel"):
+        result = jobdist(command, "job-next")
+        assert result.exit_code != 0
+        assert result.stderr == (f"jobdist: job 'job-next' is of format {JOB_FORMAT + 1}, newer "
+                                 f"than this jobdist reads ({JOB_FORMAT}): use the jobdist of "
+                                 "an upgraded site\n")
 
 
 # --- list ---------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ from jobdist.core import (
     Unbook,
 )
 from jobdist.model import (
+    JOB_FORMAT,
     Doc,
     Phase,
     Reason,
@@ -1017,6 +1018,16 @@ def test_keepalive_resaves_a_stale_open_job_changing_only_keepalive_at():
     assert touched is not None and touched["keepalive_at"] == at(100)
     assert {k: v for k, v in touched.items() if k != "keepalive_at"} == doc
     assert "keepalive_at" not in doc
+
+
+def test_a_job_of_a_newer_format_is_neither_kept_alive_merged_nor_cleaned():
+    """Its rules are a later release's: no leaf of it is usable, none is rejected (the
+    creator would delete a rejected leaf), and nobody re-saves it."""
+    newer = {**job(rev="3-a"), "format": JOB_FORMAT + 1}
+    assert core.keepalive([newer], ctx(CREATOR, now=at(100)), stale_after=100) is None
+    ours = job(rev="3-b")
+    assert core.usable_leaves([ours, newer]) == ([], [])
+    assert core.usable_leaves([ours])[0] == [ours]
 
 
 def test_keepalive_waits_for_the_threshold_since_the_last_update_or_keepalive():

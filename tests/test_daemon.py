@@ -22,7 +22,7 @@ from jobdist.lab.localserver import LocalServer, free_port
 from jobdist.listener import Changed, Listener, load_checkpoint, save_checkpoint
 from jobdist.model import new_job, new_step
 
-from .helpers import in_tmp
+from .helpers import in_tmp, write_conflict
 
 
 @pytest.fixture
@@ -204,3 +204,33 @@ def test_a_malformed_job_is_logged_and_skipped_and_the_next_job_still_runs(
     assert manager.counts["invalid_documents"] == 1
     assert "invalid job skipped job=job-bad" in caplog.text
     assert db.get("job-bad") == {**bad, "_rev": db.get("job-bad")["_rev"]}  # left as it was
+
+
+def test_a_job_of_a_newer_format_is_left_alone_conflicts_and_all(
+        couch_server: LocalServer, caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
+    """A site not upgraded yet neither runs, merges nor cleans a newer release's job: it
+    says so once and keeps every leaf as it came (docs/operations.md, "Upgrading")."""
+    from jobdist.config import CouchSettings, SiteConfig
+    from jobdist.journal import Journal
+    from jobdist.manager import Manager
+    from jobdist.model import JOB_FORMAT
+    from jobdist.store import CouchStore
+
+    db = Couch(couch_server.url).ensure_database(f"newer_{free_port()}")
+    newer = {**new_job("global", [new_step("true")]), "_id": "job-next",
+             "format": JOB_FORMAT + 1, "lanes": ["a later field"]}
+    leaves = [{**newer, "_rev": "1-aaa"}, {**newer, "_rev": "1-bbb", "priority": 3}]
+    write_conflict(db, leaves)
+    manager = Manager(in_tmp(SiteConfig("global", CouchSettings(couch_server.url, db.name),
+                                        workers=1), tmp_path),
+                      CouchStore(db), {"global"}, Journal(tmp_path / "journal"))
+    try:
+        manager.process("job-next")
+        for _ in range(5):
+            manager.serve_once(timeout=0.1)
+    finally:
+        manager.pool.shutdown(1.0)
+    assert sorted(leaf["_rev"] for leaf in db.leaves("job-next")) == ["1-aaa", "1-bbb"]
+    assert db.get("job-next", rev="1-aaa") == leaves[0]
+    assert f"format {JOB_FORMAT + 1} is newer than this jobdist reads" in caplog.text
+    assert manager.counts["jobs_skipped"] == 1 and not manager.counts["invalid_documents"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import subprocess
@@ -13,7 +14,16 @@ import requests
 
 from jobdist import client
 from jobdist.core import UNSTAMPED_BAND, claim_rank
-from jobdist.design import DDOC, PEOPLE_DDOC, design_dir, load_design_docs
+from jobdist.couch import Couch
+from jobdist.couch_sync import newer_design_docs, sync_design_docs
+from jobdist.design import (
+    DDOC,
+    DESIGN_VERSION,
+    PEOPLE_DDOC,
+    VERSION_FIELD,
+    design_dir,
+    load_design_docs,
+)
 from jobdist.model import new_sub_run, normalise
 
 Doc = dict[str, Any]
@@ -34,7 +44,7 @@ def test_the_daemons_views_are_apart_from_peoples() -> None:
     assert set(daemons["filters"]) == {"jobs", "for_site"}
     assert set(people["views"]) == PEOPLE_VIEWS
     # One validator, in the daemons' design document.
-    assert people.keys() == {"_id", "language", "views", "autoupdate"}
+    assert people.keys() == {"_id", "language", "views", "autoupdate", VERSION_FIELD}
     assert people["views"]["by_status"]["reduce"] == "_count"
     for design in (daemons, people):
         assert all(set(view) <= {"map", "reduce"} for view in design["views"].values())
@@ -88,10 +98,12 @@ def test_load_design_docs_builds_from_any_tree(tmp_path: Path) -> None:
     (tmp_path / "a" / "validate_doc_update.js").write_text("function (d) {}\n")
     (tmp_path / "notes.txt").write_text("not a design doc")
     assert load_design_docs(tmp_path) == [
-        {"_id": "_design/a", "language": "javascript", "validate_doc_update": "function (d) {}"},
+        {"_id": "_design/a", "language": "javascript", VERSION_FIELD: DESIGN_VERSION,
+         "validate_doc_update": "function (d) {}"},
         {
             "_id": "_design/b",
             "language": "javascript",
+            VERSION_FIELD: DESIGN_VERSION,
             "views": {"count": {"map": "function (doc) {}", "reduce": "_sum"}},
             "filters": {"all": "function (doc, req) { return true; }"},
         },
@@ -340,3 +352,33 @@ def test_people_views_are_not_kept_warm_by_couchdbs_background_indexer() -> None
     daemons, people = load_design_docs()
     assert people["_id"] == "_design/jobdist_people" and people["autoupdate"] is False
     assert "autoupdate" not in daemons  # the daemons' views: indexed as CouchDB sees fit
+
+
+# The design documents' digest at each DESIGN_VERSION. A change under couch_design/
+# fails this until DESIGN_VERSION is raised and its digest recorded here: an older
+# release's setup must be able to tell that it would downgrade them.
+DIGESTS = {1: "f950f17e55e4d5fa0f2a49cb2aecc88a012558ef7dda7a56be51391849b1663c"}
+
+
+def test_the_design_version_is_raised_with_every_change_to_the_design_documents() -> None:
+    docs = load_design_docs()
+    assert {doc[VERSION_FIELD] for doc in docs} == {DESIGN_VERSION}
+    content = [{k: v for k, v in doc.items() if k != VERSION_FIELD} for doc in docs]
+    digest = hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
+    assert DIGESTS.get(DESIGN_VERSION) == digest, (
+        f"couch_design/ changed: raise DESIGN_VERSION and record {digest} for it")
+
+
+def test_setup_never_downgrades_design_documents_of_a_newer_version(db_url: str) -> None:
+    """A site upgraded first keeps its design documents when an older release's setup
+    (or daemon) runs there; a site behind is brought up to ours."""
+    db = Couch(db_url.rpartition("/")[0]).database(db_url.rpartition("/")[2])
+    ours = load_design_docs()
+    newer = {**ours[0], VERSION_FIELD: DESIGN_VERSION + 1, "views": {}}
+    older = {k: v for k, v in ours[1].items() if k != VERSION_FIELD} | {"views": {}}
+    for doc in (newer, older):
+        requests.put(f"{db_url}/{doc['_id']}", json=doc, timeout=10).raise_for_status()
+    assert newer_design_docs(db, ours) == {ours[0]["_id"]: DESIGN_VERSION + 1}
+    assert sync_design_docs(db, ours) == [ours[1]["_id"]]
+    assert db.get(ours[0]["_id"])["views"] == {}
+    assert db.get(ours[1]["_id"])[VERSION_FIELD] == DESIGN_VERSION

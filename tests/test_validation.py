@@ -25,6 +25,7 @@ from jobdist.javascript_json import walked_json_length
 from jobdist.model import (
     EVENT_DEFAULTS,
     JOB_DEFAULTS,
+    JOB_FORMAT,
     RETRY_DEFAULTS,
     STEP_DEFAULTS,
     Event,
@@ -34,6 +35,7 @@ from jobdist.model import (
     Step,
     SubRun,
     new_sub_run,
+    newer_format,
     normalise,
 )
 from jobdist.validation import (
@@ -631,6 +633,10 @@ CORPUS: list[tuple[str, Callable[[], Doc]]] = [
     ("event-reason-not-text", variant(job(), ("history", 0, "reason"), ["no_worker"])),
     ("event-reason-null", variant(job(), ("history", 0, "reason"), None)),
     ("keepalive-null", variant(job(), ("keepalive_at",), None)),
+    ("format-zero", variant(job(), ("format",), 0)),
+    ("format-text", variant(job(), ("format",), "2")),
+    ("format-fraction", variant(job(), ("format",), 2.5)),
+    ("format-null", variant(job(), ("format",), None)),
     ("too-large", variant(job(), ("meta",), {"blob": "x" * MAX_DOC_SIZE})),
     ("too-many-steps", variant(job(), ("job",), [step(do=f"echo {i}") for i in range(1001)])),
     ("too-deep", variant(job(), ("meta",), {"a": nested(31)})),
@@ -689,6 +695,29 @@ def test_couchdb_refuses_with_the_python_reason(db_url: str, make_doc: Callable[
     response = requests.put(f"{db_url}/{doc['_id']}", json=doc, timeout=10)
     assert response.status_code == 403, response.text
     assert response.json() == {"error": "forbidden", "reason": format_errors(expected)}
+
+
+def newer_format_job() -> Doc:
+    """A job of a format after ours: fields we do not know, a shape we would refuse."""
+    return job(_id="job-next", format=JOB_FORMAT + 1, job="steps of a later kind",
+               lanes={"a": 1})
+
+
+def test_a_job_of_a_newer_format_is_not_ours_to_judge() -> None:
+    assert validate_job(newer_format_job()) == []
+    assert validate_job(job(format=JOB_FORMAT)) == []
+    assert newer_format(newer_format_job()) == JOB_FORMAT + 1
+    assert newer_format(job(format=float(JOB_FORMAT + 1))) == JOB_FORMAT + 1
+    assert newer_format(job()) is None and newer_format(job(format=True)) is None
+
+
+def test_couchdb_stores_a_newer_format_unjudged_and_judges_ours(db_url: str) -> None:
+    """A site not upgraded yet still receives newer jobs (its daemon leaves them alone)."""
+    upload_design_docs(db_url)
+    doc = newer_format_job()
+    assert requests.put(f"{db_url}/{doc['_id']}", json=doc, timeout=10).status_code == 201
+    ours = job(_id="job-ours", format=JOB_FORMAT)
+    assert requests.put(f"{db_url}/job-ours", json=ours, timeout=10).status_code == 201
 
 
 def test_couchdb_accepts_valid_jobs_and_deletions(db_url: str) -> None:

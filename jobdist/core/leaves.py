@@ -28,6 +28,7 @@ from ..model import (
     is_broadcast,
     is_live,
     json_copy,
+    newer_format,
     normalise,
     step_phase,
     sub_runs,
@@ -146,9 +147,13 @@ def usable_leaves(leaves: list[Doc], errors_of: Callable[[Doc], list[str]] = val
     out, and so is a valid one that defines another job than the winning valid
     leaf (other creation time or steps): merging those mixes two jobs. (Not the
     creator: an adoption changes it.) `errors_of` is validate_job, or a memo of it.
+    A job with a leaf of a newer format (model.newer_format) has neither: no leaf
+    of it is ours to merge or to delete.
     The rules judge each leaf as stored; the usable ones are returned normalised
     (model.normalise): from here on every reader sees a field's default.
     """
+    if any(newer_format(leaf) for leaf in leaves):
+        return [], []  # a newer release's job: neither merged nor cleaned up here
     valid: list[Job] = []
     rejected: list[Unusable] = []
     for leaf in leaves:

@@ -19,6 +19,7 @@ from ..model import (
     is_live,
     is_waiting,
     json_copy,
+    newer_format,
     normalise,
     step_phase,
 )
@@ -59,7 +60,7 @@ def keepalive(leaves: list[Doc], ctx: Context, stale_after: float) -> Job | None
     claimed, only when nothing changed for `stale_after` seconds, and only on an
     unconflicted document; it changes nothing but `keepalive_at`.
     """
-    if len(leaves) != 1 or validate_job(leaves[0]):
+    if len(leaves) != 1 or newer_format(leaves[0]) or validate_job(leaves[0]):
         return None
     doc = normalise(leaves[0])
     if doc["creator"] != ctx.site or not is_live(doc) or not is_accepted(doc):
