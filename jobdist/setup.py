@@ -10,9 +10,10 @@ that site and the replications it pushes log in as it), the database's
 `_replicator` documents the topology calls for (jobdist/topology.py:
 a Mango selector on Apache CouchDB, a JavaScript filter on pouchdb-server, as
 `GET /` says unless told), with the pushing site's credentials in the
-endpoints because the replicator runs inside CouchDB. Stale `jobdist-*`
-replications are removed, except a running one on pouchdb-server, which
-crashes when such a document is deleted. A second run changes nothing.
+endpoints because the replicator runs inside CouchDB. Stale replications of
+the database set up (topology.owned_prefix: never another database's) are
+removed, except a running one on pouchdb-server, which crashes when such a
+document is deleted. A second run changes nothing.
 """
 
 from __future__ import annotations
@@ -30,10 +31,9 @@ from .couch import Couch, CouchError, Database, Forbidden, Saved
 from .couch_sync import newer_design_docs, put_replication, sync_design_docs
 from .design import DESIGN_VERSION, load_design_docs
 from .topology import (
-    OWNED_PREFIX,
     Replication,
     ServerKind,
-    owned_by_us,
+    owned_prefix,
     replication_doc,
     replications,
 )
@@ -200,12 +200,17 @@ def sync_replications(site: SiteConfig, wanted: list[Replication], keep: set[str
             changes += 1
             rule = f"selector as {link.filter}" if kind is ServerKind.COUCHDB else link.filter
             report(f"{site.name}: wrote replication {link.doc_id} ({rule})")
-    rows = replicator.all_docs(startkey=OWNED_PREFIX, endkey=OWNED_PREFIX + "\ufff0")
-    for doc_id in sorted(row["id"] for row in rows
-                         if owned_by_us(row["id"]) and row["id"] not in keep):
+    for doc_id in sorted(set(owned_replications(replicator, site.couch.database)) - keep):
         if remove_replication(couch, replicator, doc_id, site, report, problem, warn):
             changes += 1
     return changes
+
+
+def owned_replications(replicator: Database, database: str) -> list[str]:
+    """The ids of the replication documents of `database` (topology.owned_prefix)."""
+    prefix = owned_prefix(database)
+    rows = replicator.all_docs(startkey=prefix, endkey=prefix + "\ufff0")
+    return [row["id"] for row in rows if row["id"].startswith(prefix)]
 
 
 def kind_of(couch: Couch) -> ServerKind:

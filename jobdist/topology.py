@@ -91,8 +91,9 @@ class Replication:
 
     @property
     def doc_id(self) -> str:
-        """The `_replicator` document id; the prefix marks the ones we own."""
-        return f"jobdist-{self.source.name}-to-{self.target.name}"
+        """The `_replicator` document id: its database's prefix, then the link."""
+        prefix = owned_prefix(self.source.couch.database)
+        return f"{prefix}{self.source.name}-to-{self.target.name}"
 
     @property
     def source_endpoint(self) -> str:
@@ -159,8 +160,12 @@ def replications(sites: dict[str, SiteConfig]) -> list[Replication]:
     return wanted
 
 
-OWNED_PREFIX = "jobdist-"
+JOBS_DATABASE = "jobs"
 
 
-def owned_by_us(doc_id: str) -> bool:
-    return doc_id.startswith(OWNED_PREFIX)
+def owned_prefix(database: str) -> str:
+    """What starts the id of every replication document of `database`, and of no other
+    database's: `jobdist-` for `jobs` (the ids deployed sites have always had),
+    `jobdist:DATABASE:` for any other (neither a site name nor a database name holds a
+    colon). Setup removes stale replications of the database it sets up only."""
+    return "jobdist-" if database == JOBS_DATABASE else f"jobdist:{database}:"

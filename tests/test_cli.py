@@ -382,10 +382,11 @@ def test_setup_creates_everything_then_changes_nothing(tmp_path: Path) -> None:
         for name in ("s1", "s2"):
             assert f"{name}: created database jobs_{name}" in first.stdout
             assert f"{name}: wrote _design/jobdist" in first.stdout
-        assert "s1: wrote replication jobdist-s1-to-s2" in first.stdout
+        # Not the `jobs` database: the ids name it (topology.owned_prefix).
+        assert "s1: wrote replication jobdist:jobs_s1:s1-to-s2" in first.stdout
         couch = Couch(server.url)
         replicator = couch.replicator()
-        doc = replicator.get("jobdist-s1-to-s2")
+        doc = replicator.get("jobdist:jobs_s1:s1-to-s2")
         assert doc["filter"] == "jobdist/jobs" and "selector" not in doc
         # pouchdb-server reads its own database in process (topology.replication_doc).
         assert doc["source"] == "jobs_s1" and doc["target"].endswith("/jobs_s2")
@@ -395,22 +396,26 @@ def test_setup_creates_everything_then_changes_nothing(tmp_path: Path) -> None:
         assert (second.exit_code, second.stdout) == (0, "setup: nothing to change\n")
         assert couch.database("jobs_s1").get("_design/jobdist")["_rev"] == design_rev
 
-        # Stale replications we own: a finished one goes; a running one stays on
-        # pouchdb-server (deleting it would crash the server), with a warning.
+        # Stale replications of the databases set up: a finished one goes; a running one
+        # stays on pouchdb-server (deleting it would crash the server), with a warning.
         s1, s2 = f"{server.url}/jobs_s1", f"{server.url}/jobs_s2"
         one_shot = {"source": s1, "target": s2, "continuous": False}
-        put_replication(replicator, "jobdist-s1-to-old", one_shot)
-        put_replication(replicator, "jobdist-s2-to-gone", {"source": s2, "target": s1,
-                                                           "continuous": True})
+        put_replication(replicator, "jobdist:jobs_s1:s1-to-old", one_shot)
+        put_replication(replicator, "jobdist:jobs_s2:s2-to-gone",
+                        {"source": s2, "target": s1, "continuous": True})
         put_replication(replicator, "theirs-s1-to-s2", one_shot)
-        wait_for(lambda: replicator.get("jobdist-s1-to-old").get("_replication_state")
-                 == "completed", what="the one-shot replication completes")
+        put_replication(replicator, "jobdist-s1-to-old", one_shot)  # database `jobs`'s
+        for doc_id in ("jobdist:jobs_s1:s1-to-old", "jobdist-s1-to-old"):
+            wait_for(lambda: replicator.get(doc_id).get("_replication_state")  # noqa: B023
+                     == "completed", what="the one-shot replication completes")
         third = runner.invoke(main, ["setup"])
         assert third.exit_code == 0, third.output
-        assert third.stdout == "s1: removed stale replication jobdist-s1-to-old\nsetup: 1 changes\n"
-        assert "stale replication jobdist-s2-to-gone left in place" in third.stderr
-        assert replicator.get("jobdist-s1-to-old") is None
+        assert third.stdout == (
+            "s1: removed stale replication jobdist:jobs_s1:s1-to-old\nsetup: 1 changes\n")
+        assert "stale replication jobdist:jobs_s2:s2-to-gone left in place" in third.stderr
+        assert replicator.get("jobdist:jobs_s1:s1-to-old") is None
         assert replicator.get("theirs-s1-to-s2") is not None  # not ours: never touched
+        assert replicator.get("jobdist-s1-to-old") is not None  # not these databases
         assert server.is_alive()
         fourth = runner.invoke(main, ["setup"])
         assert fourth.stdout == "setup: nothing to change\n"
@@ -420,10 +425,10 @@ def test_setup_creates_everything_then_changes_nothing(tmp_path: Path) -> None:
         told = runner.invoke(main, ["setup", "--server-kind", "couchdb"])
         assert told.exit_code != 0
         assert told.stderr.splitlines()[0].startswith(
-            "jobdist: s1: replication 'jobdist-s1-to-s2' not written"), told.stderr
+            "jobdist: s1: replication 'jobdist:jobs_s1:s1-to-s2' not written"), told.stderr
         assert "selector would crash pouchdb-server" in told.stderr
         assert server.is_alive()
-        assert replicator.get("jobdist-s1-to-s2")["filter"] == "jobdist/jobs"
+        assert replicator.get("jobdist:jobs_s1:s1-to-s2")["filter"] == "jobdist/jobs"
         assert runner.invoke(main, ["setup", "--server-kind", "pouchdb"]).stdout == (
             "setup: nothing to change\n")
     finally:
