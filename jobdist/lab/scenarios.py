@@ -26,6 +26,7 @@ from ..model import ANY, Doc, new_job, new_step
 from ..setup import couch_of
 from .audit import LedgerRow, audit_run, read_ledger
 from .cluster import LocalCluster
+from .deployment import DeploymentSites, load_deployment
 from .localserver import free_port
 from .proxy import FaultProxy, LinkShape, ProxyHub
 
@@ -318,28 +319,29 @@ def run_scenario(scenario: Scenario, step_seconds: float = 0.5, workers: int = 2
                  on_progress: Callable[[int], None] | None = None,
                  work_dir: Path | None = None, topology: str = "mesh",
                  links: Callable[[Link], LinkShape] | None = None,
-                 in_memory: bool = True) -> Result:
+                 in_memory: bool = True, deployment: Path | None = None) -> Result:
     """Run a scenario on fresh local sites; with `links`, every replication goes
     through a proxy that shapes it so (latency, jitter, bandwidth). The demo's servers
-    keep nothing on disk; the benchmarks' do unless asked (`jobdist bench --in-memory`)."""
+    keep nothing on disk; the benchmarks' do unless asked (`jobdist bench --in-memory`).
+
+    With `deployment` (a sites directory), on its servers (lab.deployment) instead: its
+    first `scenario.sites` sites stand for global, reg_a, ... and have the workers; its
+    others run with none."""
     with tempfile.TemporaryDirectory(prefix="jobdist-scenario-", dir=work_dir) as tmp, \
             contextlib.ExitStack() as stack:
         root = Path(tmp)
         ledger = root / "ledger.txt"
-        options: dict[str, Any] = {"workers": workers, "keepalive": keepalive,
-                                   "topology": topology}
-        if links is None:
-            sites = write_sites(root / "sites", scenario.sites, **options)
-        else:
-            sites, _ = stack.enter_context(proxied_sites(
-                root / "sites", scenario.sites, links, **options))
-        with LocalCluster(sites, root / "state", in_memory=in_memory) as cluster:
-            db = site_db(cluster, "global")
-            started = time.monotonic()
-            ids = submit_all(db, "global", scenario.job_steps(step_seconds, ledger),
-                             scenario.jobs)
-            docs = wait_until_done(db, ids, timeout, on_progress)
-            makespan = time.monotonic() - started
+        cluster = stack.enter_context(scenario_sites(
+            root, scenario.sites, workers, keepalive, topology, links, in_memory, deployment))
+        names = dict(zip(SITE_NAMES, cluster.sites, strict=False))  # the scenario's: ours
+        steps = [step | {"target": names.get(step["target"], step["target"])}
+                 for step in scenario.job_steps(step_seconds, ledger)]
+        db = site_db(cluster, names["global"])
+        started = time.monotonic()
+        ids = submit_all(db, names["global"], steps, scenario.jobs)
+        docs = wait_until_done(db, ids, timeout, on_progress)
+        makespan = time.monotonic() - started
+        stack.close()  # the sites stop; the ledger stays until the directory goes
         total_workers = workers * scenario.sites
         return Result(
             scenario=scenario,
@@ -352,6 +354,31 @@ def run_scenario(scenario: Scenario, step_seconds: float = 0.5, workers: int = 2
             ledger=read_ledger(ledger),
             docs=docs,
         )
+
+
+def scenario_sites(root: Path, count: int, workers: int, keepalive: float, topology: str,
+                   links: Callable[[Link], LinkShape] | None, in_memory: bool,
+                   deployment: Path | None) -> contextlib.AbstractContextManager[LocalCluster]:
+    """The sites a scenario runs on, started when the block is entered (run_scenario)."""
+    if deployment is not None:
+        names = list(load_deployment(deployment))
+        return DeploymentSites(deployment, root, {name: workers if index < count else 0
+                                                  for index, name in enumerate(names)},
+                               keepalive)
+    options: dict[str, Any] = {"workers": workers, "keepalive": keepalive,
+                               "topology": topology}
+    if links is None:
+        return LocalCluster(write_sites(root / "sites", count, **options), root / "state",
+                            in_memory=in_memory)
+    return _proxied_cluster(root, count, links, in_memory, options)
+
+
+@contextmanager
+def _proxied_cluster(root: Path, count: int, links: Callable[[Link], LinkShape],
+                     in_memory: bool, options: dict[str, Any]) -> Iterator[LocalCluster]:
+    with proxied_sites(root / "sites", count, links, **options) as (sites, _), \
+            LocalCluster(sites, root / "state", in_memory=in_memory) as cluster:
+        yield cluster
 
 
 def check_ledger(result: Result) -> list[str]:

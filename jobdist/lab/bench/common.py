@@ -1,5 +1,6 @@
 """The `jobdist bench` group and what every benchmark shares: fresh local sites
-(on disk unless `--in-memory`), process CPU and memory, servers' request logs.
+(on disk unless `--in-memory`) or a deployment's servers (`--deployment DIR`:
+jobdist.lab.deployment), process CPU and memory, servers' request logs.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import click
 import requests
 
 from ..cluster import LocalCluster
+from ..deployment import DeploymentError, DeploymentSites, load_deployment, server_versions
 from ..scenarios import (
     write_sites,
 )
@@ -36,27 +38,66 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 @dataclass(frozen=True)
 class BenchOptions:
     in_memory: bool = False  # servers that keep nothing on disk: no user runs them so
+    deployment: Path | None = None  # measure these sites' servers, not fresh local ones
+
+
+# Why each benchmark that cannot measure a deployment cannot.
+LOCAL_ONLY = {
+    "feed": "it compares two change followers on a fresh server of its own, with no sites",
+    "memory": "it restarts one daemon on a fresh one-site server filled with 10,000 jobs",
+    "replication": "it counts requests in the debug log pouchdb-server writes on this disk",
+    "soak": "its faults kill and cut off the servers",
+    "targets": "its request and memory targets need fresh local servers",
+}
 
 
 @click.group("bench")
 @click.option("--in-memory", is_flag=True,
               help="Servers keep nothing on disk (the default is on disk, as users run them).")
+@click.option("--deployment", type=click.Path(path_type=Path), metavar="DIR",
+              help="Measure the servers of these site configs (admin credentials needed) "
+                   "in a database of the bench's own: throughput, thesis, priorities.")
 @click.pass_context
-def bench(ctx: click.Context, in_memory: bool) -> None:
+def bench(ctx: click.Context, in_memory: bool, deployment: Path | None) -> None:
     """Benchmarks against the thesis's figures and the local server's own limits."""
-    ctx.obj = BenchOptions(in_memory)
+    if deployment is not None:
+        command = ctx.invoked_subcommand
+        if in_memory:
+            raise DeploymentError("--in-memory and --deployment: a deployment's servers "
+                                  "keep what they keep; give one of them")
+        if command in LOCAL_ONLY:
+            raise DeploymentError(f"bench {command} cannot measure a deployment: "
+                                  f"{LOCAL_ONLY[command]}")
+        load_deployment(deployment)  # a bad directory or config: said before anything runs
+    ctx.obj = BenchOptions(in_memory, deployment)
+
+
+def options() -> BenchOptions:
+    """The bench group's options (the defaults outside a `jobdist bench` command)."""
+    ctx = click.get_current_context(silent=True)
+    found = ctx.find_object(BenchOptions) if ctx is not None else None
+    return found or BenchOptions()
 
 
 def in_memory() -> bool:
     """Were in-memory servers asked for (`jobdist bench --in-memory`)?"""
-    ctx = click.get_current_context(silent=True)
-    options = ctx.find_object(BenchOptions) if ctx is not None else None
-    return options is not None and options.in_memory
+    return options().in_memory
+
+
+def deployment() -> Path | None:
+    """The deployment to measure (`jobdist bench --deployment DIR`), if any."""
+    return options().deployment
 
 
 def servers_kind() -> str:
-    """What every report says of the servers it measured."""
-    return "pouchdb-server " + ("in memory" if in_memory() else "on disk")
+    """What every report says of the servers it measured: with a deployment, each
+    site's server kind and version (its `GET /`)."""
+    directory = deployment()
+    if directory is None:
+        return "pouchdb-server " + ("in memory" if in_memory() else "on disk")
+    versions = server_versions(load_deployment(directory))
+    return f"deployment {directory}: " + "; ".join(
+        f"{name} {version}" for name, version in versions.items())
 
 
 def percentile(values: list[float], pct: float) -> float:
@@ -86,9 +127,12 @@ def memory_kib(pid: int) -> dict[str, int]:
 
 
 def cluster_pids(cluster: LocalCluster) -> dict[str, list[int]]:
-    """The pids of the pouchdb-servers (not their supervisors) and of the daemons."""
-    return {"server": [cluster.server_pid(name) for name in cluster.sites],
-            "daemon": [cluster.daemon_proc(name).pid for name in cluster.sites]}
+    """The pids of the pouchdb-servers (not their supervisors) and of the daemons; a
+    deployment's servers are not ours to watch (none)."""
+    daemons = [cluster.daemon_proc(name).pid for name in cluster.sites]
+    if isinstance(cluster, DeploymentSites):
+        return {"daemon": daemons}
+    return {"server": [cluster.server_pid(name) for name in cluster.sites], "daemon": daemons}
 
 
 def write_site_configs(directory: Path, count: int, workers: int,
@@ -100,11 +144,17 @@ def write_site_configs(directory: Path, count: int, workers: int,
 @contextlib.contextmanager
 def local_cluster(count: int, workers: int, topology: str = "mesh",
                   keepalive: float = 5.0) -> Iterator[LocalCluster]:
-    """Fresh sites in a temporary directory, always stopped afterwards."""
+    """Fresh sites in a temporary directory, always stopped afterwards; with
+    `--deployment`, the deployment's sites instead (their count and topology)."""
     with tempfile.TemporaryDirectory(prefix="jobdist-bench-") as tmp:
         root = Path(tmp)
-        sites = write_site_configs(root / "sites", count, workers, topology, keepalive)
-        with LocalCluster(sites, root / "state", in_memory=in_memory()) as cluster:
+        directory = deployment()
+        if directory is not None:
+            with DeploymentSites(directory, root, workers, keepalive) as sites:
+                yield sites
+            return
+        sites_dir = write_site_configs(root / "sites", count, workers, topology, keepalive)
+        with LocalCluster(sites_dir, root / "state", in_memory=in_memory()) as cluster:
             yield cluster
 
 

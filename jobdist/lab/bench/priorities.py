@@ -68,6 +68,7 @@ def run_priorities(sites: int, workers: int, step_seconds: float, rate: float,
                    duration: float, low: int, high_priority: int,
                    timeout: float) -> Priorities:
     with local_cluster(sites, workers) as cluster:
+        sites = len(cluster.sites)  # a deployment's (`--deployment`) may differ
         dbs = [site_db(cluster, name) for name in cluster.sites]
         creators = list(cluster.sites)
         step = [new_step(f"sleep {step_seconds}")]

@@ -12,16 +12,18 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from ..deployment import DeploymentError, load_deployment
 from ..proxy import LinkShape
 from ..scenarios import (
     THESIS_SCENARIOS,
     Link,
     Result,
+    Scenario,
     check_ledger,
     regions_apart,
     run_scenario,
 )
-from .common import bench, in_memory, print_json, servers_kind
+from .common import bench, deployment, in_memory, print_json, servers_kind
 
 
 @dataclass(frozen=True)
@@ -112,6 +114,21 @@ def describe_links(links: Callable[[Link], LinkShape] | None, regions: bool) -> 
     return f"{shape.latency * 1000:g} +- {shape.jitter * 1000:g} ms one way{rate}"
 
 
+def deployment_scenarios(chosen: list[Scenario], shaped: bool) -> list[Scenario]:
+    """With `--deployment`, the scenarios it has sites enough for; links as they are."""
+    directory = deployment()
+    if directory is None:
+        return chosen
+    if shaped:
+        raise DeploymentError("--latency and --regions shape local links through proxies: "
+                              "a deployment's links are measured as they are")
+    count = len(load_deployment(directory))
+    fitting = [scenario for scenario in chosen if scenario.sites <= count]
+    if not fitting:
+        raise DeploymentError(f"the deployment has {count} sites: no chosen scenario fits")
+    return fitting
+
+
 @bench.command("thesis")
 @click.option("--step-seconds", default=1.0, show_default=True,
               help="How long each step sleeps (the thesis used 5).")
@@ -134,8 +151,9 @@ def thesis_command(step_seconds: float, only: tuple[str, ...], as_json: bool,
     if not chosen:
         raise click.ClickException(f"no scenario starts with {' or '.join(only)}")
     links = links_option(latency_ms, jitter_ms, bandwidth_kbps, regions)
+    chosen = deployment_scenarios(chosen, links is not None)
     rows = [thesis_row(run_scenario(scenario, step_seconds, links=links,
-                                    in_memory=in_memory()))
+                                    in_memory=in_memory(), deployment=deployment()))
             for scenario in chosen]
     if as_json:
         print_json({"step_seconds": step_seconds, "links": describe_links(links, regions),

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import time
-import uuid
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -20,6 +19,7 @@ from ...design import load_design_docs
 from ...model import Doc, new_job, new_step
 from ...setup import admin_couch_of
 from ..cluster import LocalCluster
+from ..deployment import DeploymentError
 from ..scenarios import (
     site_db,
     submit_all,
@@ -30,6 +30,7 @@ from .common import (
     bench,
     cluster_pids,
     cpu_seconds,
+    deployment,
     json_option,
     local_cluster,
     percentile,
@@ -51,9 +52,12 @@ class RawRates:
     bulk_docs_per_s: float
 
 
+RAW_DATABASE = "jobdist_bench_raw"  # a fixed name: a deployment's bench leaves nothing else
+
+
 def raw_write_rates(couch: Couch, docs: int) -> RawRates:
-    """Write job-shaped documents into a fresh database with our design documents."""
-    db = couch.ensure_database(f"bench_raw_{uuid.uuid4().hex[:8]}")
+    """Write job-shaped documents into a database of their own with our design documents."""
+    db = couch.ensure_database(RAW_DATABASE)
     try:
         sync_design_docs(db, load_design_docs())  # the same validation the jobs database runs
         singles = [new_job("global", [new_step("true")]) for _ in range(docs)]
@@ -159,6 +163,7 @@ class Throughput:
     cpu: dict[str, float]  # CPU seconds during the run, by role
     jobs_ok: int
     requests: dict[str, int]  # by sender and kind, when asked for (see ServerLog)
+    creator: str = "global"  # where the jobs were submitted: the first site
 
     @property
     def steps_per_s(self) -> float:
@@ -214,14 +219,15 @@ def admin_login(couch: CouchSettings) -> tuple[str, str] | None:
 def run_throughput(jobs: int, sites: int, workers: int, raw_docs: int,
                    timeout: float, census: bool = False, command: str = "true") -> Throughput:
     with local_cluster(sites, workers) as cluster:
-        db = site_db(cluster, "global")
-        raw = raw_write_rates(admin_couch_of(cluster.sites["global"]), raw_docs)
+        creator, sites = next(iter(cluster.sites)), len(cluster.sites)
+        db = site_db(cluster, creator)
+        raw = raw_write_rates(admin_couch_of(cluster.sites[creator]), raw_docs)
         logs = server_logs(cluster) if census else []
         pids = cluster_pids(cluster)
         cpu_before = {role: sum(map(cpu_seconds, p)) for role, p in pids.items()}
         ready = utc_now()
         started = time.monotonic()
-        ids = submit_all(db, "global", [new_step(command)], jobs)
+        ids = submit_all(db, creator, [new_step(command)], jobs)
         docs = wait_until_done(db, ids, timeout)
         wall = time.monotonic() - started
         cpu = {role: sum(map(cpu_seconds, p)) - cpu_before[role] for role, p in pids.items()}
@@ -234,14 +240,14 @@ def run_throughput(jobs: int, sites: int, workers: int, raw_docs: int,
             max(d["job"][0]["finish_time"] for d in docs)),
         latency=summary([submit_to_start(d) for d in docs]),
         remote_latency=summary([submit_to_start(d) for d in docs
-                                if d["job"][0]["winner"] != "global"]),
+                                if d["job"][0]["winner"] != creator]),
         overhead=summary(scheduling_overheads(docs, ready)),
         busy=busy_shares(docs, workers),
         revisions_per_step=(revisions.total - jobs) / jobs,
         conflict_leaves=revisions.conflict_leaves,
         raw=raw, cpu=cpu | {"wall": wall},
         jobs_ok=sum(d["job_status"] == "success" for d in docs),
-        requests=requests,
+        requests=requests, creator=creator,
     )
 
 
@@ -264,16 +270,21 @@ def measures_table(title: str, rows: list[tuple[str, str]]) -> Table:
     return table
 
 
+def cpu_text(cpu: dict[str, float], role: str, scale: float = 1.0) -> str:
+    """A role's CPU, or "-" when its processes were not ours to watch (a deployment)."""
+    return f"{cpu[role] * scale:.1f}" if role in cpu else "-"
+
+
 def throughput_table(r: Throughput) -> Table:
     title = (f"{r.jobs} single-step `{r.command}` jobs, {r.sites} sites x {r.workers} "
-             "workers, submitted at once at global")
+             f"workers, submitted at once at {r.creator}")
     ms = 1000.0
     rows = [
-        ("steps/s (until all seen done at global)", f"{r.steps_per_s:.1f}"),
+        (f"steps/s (until all seen done at {r.creator})", f"{r.steps_per_s:.1f}"),
         ("steps/s (first creation to last step end)",
          f"{r.jobs / r.execution_window:.1f}"),
         ("submit-to-start p50/p95/p99", percentiles_ms(r.latency)),
-        ("  of steps run away from global",
+        (f"  of steps run away from {r.creator}",
          percentiles_ms(r.remote_latency) if r.remote_latency else "none"),
         ("scheduling overhead p50/p95/p99", percentiles_ms(r.overhead)),
         ("writes per step (after submission)", f"{r.revisions_per_step:.2f}"),
@@ -285,9 +296,9 @@ def throughput_table(r: Throughput) -> Table:
         ("job writes/s / raw single PUTs/s",
          f"{r.writes_per_s / r.raw.single_put_per_s:.2f}"),
         ("CPU s: servers / daemons / wall",
-         f"{r.cpu['server']:.1f} / {r.cpu['daemon']:.1f} / {r.cpu['wall']:.1f}"),
+         f"{cpu_text(r.cpu, 'server')} / {r.cpu['daemon']:.1f} / {r.cpu['wall']:.1f}"),
         ("CPU ms a step: servers / daemons",
-         f"{r.cpu['server'] / r.jobs * ms:.1f} / {r.cpu['daemon'] / r.jobs * ms:.1f}"),
+         f"{cpu_text(r.cpu, 'server', ms / r.jobs)} / {r.cpu['daemon'] / r.jobs * ms:.1f}"),
         ("workers busy while work waited", ", ".join(
             f"{site} {share:.0%}" for site, share in r.busy.items())),
         ("jobs ok", f"{r.jobs_ok}/{r.jobs}"),
@@ -309,6 +320,9 @@ def throughput_table(r: Throughput) -> Table:
 def throughput_command(jobs: int, sites: int, workers: int, raw_writes: int, timeout: float,
                        census: bool, command: str, as_json: bool) -> None:
     """Steps per second, scheduling latency and writes per step, beside the raw write rate."""
+    if census and deployment() is not None:
+        raise DeploymentError("--requests cannot count a deployment's requests: it reads "
+                              "the debug log pouchdb-server writes on this disk")
     result = run_throughput(jobs, sites, workers, raw_writes, timeout, census, command)
     if as_json:
         print_json(result.as_json() | {"servers": servers_kind()})
