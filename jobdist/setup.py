@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import click
 
@@ -30,7 +31,9 @@ from .config import ConfigError, SiteConfig, load_sites
 from .couch import Couch, CouchError, Database, Forbidden, Saved
 from .couch_sync import newer_design_docs, put_replication, sync_design_docs
 from .design import DESIGN_VERSION, load_design_docs
+from .model import Doc
 from .topology import (
+    JOBS_DATABASE,
     Replication,
     ServerKind,
     owned_prefix,
@@ -207,10 +210,19 @@ def sync_replications(site: SiteConfig, wanted: list[Replication], keep: set[str
 
 
 def owned_replications(replicator: Database, database: str) -> list[str]:
-    """The ids of the replication documents of `database` (topology.owned_prefix)."""
-    prefix = owned_prefix(database)
-    rows = replicator.all_docs(startkey=prefix, endkey=prefix + "\ufff0")
-    return [row["id"] for row in rows if row["id"].startswith(prefix)]
+    """The ids of the replication documents of `database`: those with its prefix
+    (topology.owned_prefix), and `jobdist-` ones that push it (every database's ids
+    before ids named the database: its setup takes them over)."""
+    own, legacy = owned_prefix(database), owned_prefix(JOBS_DATABASE)
+    rows = replicator.all_docs(startkey="jobdist", endkey="jobdist\ufff0", include_docs=True)
+    return [row["id"] for row in rows
+            if (row["id"].startswith(own) and own != legacy)
+            or (row["id"].startswith(legacy) and pushed_database(row.get("doc")) == database)]
+
+
+def pushed_database(doc: Doc | None) -> str:
+    """The source database's name of a replication document (a name or a URL)."""
+    return unquote(str((doc or {}).get("source", "")).rpartition("/")[2])
 
 
 def kind_of(couch: Couch) -> ServerKind:

@@ -24,7 +24,7 @@ from jobdist.lab.deployment import BENCH_DATABASE, remove_bench_database, write_
 from jobdist.lab.localserver import answers
 from jobdist.lab.scenarios import site_db, submit_all, wait_until_done, write_sites
 from jobdist.model import new_step
-from jobdist.setup import admin_couch_of, setup_sites
+from jobdist.setup import admin_couch_of, owned_replications, setup_sites
 
 pytestmark = pytest.mark.e2e
 
@@ -148,3 +148,17 @@ def test_thesis_runs_the_scenarios_the_deployment_has_sites_for(
     assert (row["jobs_ok"], row["problems"]) == (3, [])
     assert snapshot(sites) == before
     assert leftovers(sites) == []
+
+
+def test_setup_takes_over_the_old_ids_of_the_database_it_pushes(
+        deployment: LocalCluster) -> None:
+    """Before ids named their database, every database's were `jobdist-A-to-B`: a
+    database's setup counts those that push it as its own (to replace or remove)."""
+    replicator = admin(deployment.sites["global"]).replicator()
+    nowhere = "http://127.0.0.1:9"  # nothing listens: the replication just fails
+    replicator.save({"_id": "jobdist-old-to-peer", "source": f"{nowhere}/otherdb",
+                     "target": f"{nowhere}/otherdb", "continuous": True})
+    assert "jobdist-old-to-peer" in owned_replications(replicator, "otherdb")
+    assert "jobdist-old-to-peer" not in owned_replications(replicator, "jobs")
+    assert owned_replications(replicator, "jobs") == ["jobdist-global-to-reg_a"]
+    assert owned_replications(replicator, BENCH_DATABASE) == []
