@@ -404,7 +404,9 @@ def test_setup_creates_everything_then_changes_nothing(tmp_path: Path) -> None:
         put_replication(replicator, "jobdist:jobs_s2:s2-to-gone",
                         {"source": s2, "target": s1, "continuous": True})
         put_replication(replicator, "theirs-s1-to-s2", one_shot)
-        put_replication(replicator, "jobdist-s1-to-old", one_shot)  # database `jobs`'s
+        couch.ensure_database("jobs")
+        put_replication(replicator, "jobdist-s1-to-old",  # database `jobs`'s
+                        one_shot | {"source": f"{server.url}/jobs"})
         for doc_id in ("jobdist:jobs_s1:s1-to-old", "jobdist-s1-to-old"):
             wait_for(lambda: replicator.get(doc_id).get("_replication_state")  # noqa: B023
                      == "completed", what="the one-shot replication completes")
