@@ -3,8 +3,8 @@
 A result whose write fails (the server down, an answer lost) is kept in the
 journal on disk and here, and tried again with a back-off until a write
 records it. Until then its run still counts as running at this site (the
-manager keeps it in PlanRunner.executions): the site does not release the step,
-and its heartbeat keeps renewing the lease.
+ledger keeps it, State.ENDED): the site does not release the step, and its
+heartbeat keeps renewing the lease. Here: the results and when each is tried again.
 """
 
 from __future__ import annotations

@@ -41,6 +41,7 @@ from .clock import utc_now
 from .config import SiteConfig
 from .held_results import HeldResults
 from .journal import Held, Journal
+from .ledger import Ledger, State
 from .listener import Changed
 from .logs import EventLog
 from .mailbox import Finished, Mailbox, Retried
@@ -90,12 +91,13 @@ class Manager:
         self.periodic = PeriodicWork(config, store, self.pool, self.board, self.skipped,
                                      self.own_revs, self.log)
         self.journal = journal
+        self.ledger = Ledger()  # this site's steps, each in its state
         self.runner = PlanRunner(config, store, self.pool, self.mailbox, self.board,
-                                 self.periodic, journal, self.counts, self.log)
+                                 self.periodic, journal, self.ledger, self.counts, self.log)
         # Results the server did not take yet, kept in the journal until it does.
         self.held = HeldResults(journal, self.counts, self.log)
         for held in self.held.replay():
-            self.runner.executions[held.key] = core.Running(held.worker, held.epoch)
+            self.ledger.unrecorded(held.key, held.worker, held.epoch)
         self._ride_replayed()
         self.draining = False
         self.stop_event = threading.Event()
@@ -219,10 +221,8 @@ class Manager:
     def _renewal_tasks_due(self) -> list[Task]:
         # (A run whose start is deferred renews nothing: its start, written within
         # Timings.start_delay, sets the lease.)
-        started = {key: running for key, running in self.runner.executions.items()
-                   if key not in self.runner.deferred}
-        return [self.renew_task(key, epoch, report)
-                for key, epoch, report in self.periodic.renewals_due(started)]
+        return [self.renew_task(key, epoch, report) for key, epoch, report
+                in self.periodic.renewals_due(self.ledger.runs(but=[State.DEFERRED]))]
 
     def _change_tasks(self, changes: list[Changed]) -> list[Task]:
         latest: dict[str, Changed] = {}
@@ -292,25 +292,25 @@ class Manager:
 
     def finish_task(self, execution: Execution, result: StepResult) -> Task | None:
         key = execution.key
-        running = self.runner.executions.get(key)
+        running = self.ledger.run(key)
         if running is None or running.epoch != execution.epoch:
             return None
         self.log.info("step ended", job=key[0], step=key[1], epoch=running.epoch,
                       worker=running.worker, ok=result.ok, reason=result.reason)
-        self.runner.run_ended(key, running.epoch)
+        self.ledger.ended(key)
         self.counts["steps_finished" if result.ok else "steps_failed"] += 1
         self.periodic.scan_soon()
         return self.record_task(Held(key[0], key[1], running.epoch, running.worker, result,
-                                     time.time(), self.runner.followed.get((key, running.epoch))))
+                                     time.time(), self.ledger.followed(key)))
 
     def record_task(self, held: Held) -> Task:
         """Record what an execution did; only a current execution advances the job."""
         def plan(leaves: list[Job], rejected: list[core.Unusable]) -> core.Plan:
             # The worker is free now: the core may chain the next step onto it.
-            self.runner.executions.pop(held.key, None)
+            self.ledger.freed(held.key)
             return core.plan_finish(leaves, self.context(), self.pool_view(), held.key,
                                     held.epoch, held.worker, held.result,
-                                    chained=(held.key, held.epoch) in self.runner.chained_runs,
+                                    chained=(held.key, held.epoch) in self.ledger.chained,
                                     after=held.after)
         return Task(held.job_id, plan, known=self.revisions.known(held.job_id),
                     retry_conflicts=True, then_decide=True, held=held)
@@ -318,7 +318,7 @@ class Manager:
     def retry_note_task(self, item: Retried) -> Task:
         def plan(leaves: list[Job], rejected: list[core.Unusable]) -> core.Plan:
             return core.plan_retried(leaves, self.context(), item.key, item.epoch, item.worker,
-                                     item.detail, self.runner.unwritten_run(item.key, item.epoch))
+                                     item.detail, self.ledger.unwritten_run(item.key, item.epoch))
         # A lost event does not matter: the finish still counts.
         return Task(item.key[0], plan, end_on_refusal=False)
 
@@ -337,13 +337,12 @@ class Manager:
     def _ride_replayed(self) -> None:
         """Replayed from the journal: the run of a step whose step before has its end held
         too was chained onto that end, and neither was written (a start chained onto an
-        end is written with it). It rides on the end again (PlanRunner.riding): the end's
+        end is written with it). It rides on the end again (State.RIDING): the end's
         record starts it in its epoch, then its own result is recorded (or its stop)."""
         for key, held in self.held.by_key.items():
             end = self.held.by_key.get((key[0], key[1] - 1))
             if end is not None:
-                self.runner.riding[key] = (held, end.epoch)
-                self.runner.note_chained(key, held.epoch)
+                self.ledger.ride_replayed(key, held, end.epoch)
 
     def _held_tasks_due(self) -> list[Task]:
         return [self.record_task(held) for held in self.held.due()]
@@ -424,7 +423,7 @@ class Manager:
         # Creators assign and queue us nothing more, and get back the wins we hold.
         self.periodic.publish_status_if_due(self.own_status(), force=True)
         self.runner.release_bookings()
-        self.settle(self._decisions(self.runner.queued_first(len(self.runner.queued))))
+        self.settle(self._decisions(self.runner.queued_first()))
         stopped = self.pool.shutdown(grace)
         if stopped:
             self.log.info("stopped running steps", count=len(stopped))

@@ -2,22 +2,22 @@
 
 Once a plan's revision is written, the plan runner deletes the losing leaves,
 then carries out the plan's effects: books and releases workers, launches
-and kills steps, counts assignments against the other sites' room. It also
-keeps what the manager knows of its own workers (bookings and when they were
-made, executions whose end is not recorded yet, launches under way), the
-view the decision core decides on (`pool_view`).
+and kills steps, counts assignments against the other sites' room, and tells
+the ledger (ledger.py) what became of each step. From the ledger and the pool
+it derives the view the decision core decides on (`pool_view`).
 """
 
 from __future__ import annotations
 
 import time
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Container
 
 from . import core, status
 from .config import SiteConfig
 from .couch import CouchError, Saved
 from .journal import Held, Journal, JournalFull, unwritten_start
+from .ledger import Ledger, State
 from .logs import EventLog
 from .mailbox import Mailbox
 from .model import Job, Reason, StepKey
@@ -25,12 +25,10 @@ from .periodic_work import PeriodicWork
 from .store import JobStore
 from .workers import WorkerPool
 
-MAX_LAUNCHED = 10_000  # (step, epoch) pairs remembered as launched here (PlanRunner.launched)
-
 
 class PlanRunner:
     def __init__(self, config: SiteConfig, store: JobStore, pool: WorkerPool, mailbox: Mailbox,
-                 board: status.Board, periodic: PeriodicWork, journal: Journal,
+                 board: status.Board, periodic: PeriodicWork, journal: Journal, ledger: Ledger,
                  counts: Counter[str], log: EventLog) -> None:
         self.config = config
         self.timings = config.timings
@@ -41,53 +39,19 @@ class PlanRunner:
         self.mailbox = mailbox
         self.board = board
         self.periodic = periodic
+        self.ledger = ledger  # this site's steps, in their states
         self.counts = counts
         self.log = log
-        self.booked_at: dict[StepKey, float] = {}
-        # Steps this batch decided to start, launched once their revision is saved:
-        # to the next plans they already run (their worker is no undecided claim's).
-        self.launching: dict[StepKey, core.Running] = {}
-        # Executions whose end is not recorded yet: running, or ended with the result
-        # held (manager.hold). Both count as running here, so no decision releases them.
-        self.executions: dict[StepKey, core.Running] = {}
-        # Steps won here that wait for a worker (core.queues), and since when (monotonic).
-        self.queued: dict[StepKey, float] = {}
-        # Executions launched ahead of their start's write, that write not saved yet,
-        # with their journal entry (journal.unwritten_start): never past the batch
-        # (batch_done stops those whose start was not written).
-        self.ahead: dict[StepKey, Held] = {}
-        # Of `ahead`, the starts chained onto an end: the end's epoch.
-        self.chained_ahead: dict[StepKey, int] = {}
-        # Chained runs launched ahead whose end's write the server did not take: the end
-        # is held (Manager.hold), and the run goes on; its start is written with the held
-        # end (core.chain_next), and it is stopped if that end no longer calls for it.
-        # Each with the epoch of the end it rides on.
-        self.riding: dict[StepKey, tuple[Held, int]] = {}
-        # Of the executions launched ahead, the deferred starts: their write waits on
-        # purpose (defers), with their journal entry and when the start falls due
-        # (monotonic): a short step's start is written with its end.
-        self.deferred: dict[StepKey, tuple[Held, float]] = {}
         self.start_delay = self.timings.start_delay
         # How long after its launch a deferred run whose start the server does not take
         # may go on: then it is stopped, as a start launched ahead that cannot be written.
         self.defer_limit = self.timings.defer_limit
-        self.due: set[StepKey] = set()  # of `ahead`, the deferred starts due in this batch
-        # Every (step, epoch) launched here chained onto an end, lately: only that end's
-        # record may start it (core.plan_finish, `chained`).
-        self.chained_runs: OrderedDict[tuple[StepKey, int], None] = OrderedDict()
-        # Every (step, epoch) launched here lately: a start decided on a stale view
-        # never launches ahead an execution this site has run already.
-        self.launched: OrderedDict[tuple[StepKey, int], None] = OrderedDict()
         self.unreported_at: dict[str, float] = {}  # a worker last seen with its result unrecorded
-        # Of each run launched ahead here lately, the end of the step before that its start
-        # followed (core.follows), until its result is recorded: whatever became of its
-        # launch entry (stopped, killed), its end is never recorded as started without it.
-        self.followed: OrderedDict[tuple[StepKey, int], str | None] = OrderedDict()
 
     # --- what the core sees of our workers ------------------------------------------
 
     def pool_view(self, draining: bool) -> core.PoolView:
-        running = {**self.executions, **self.launching}
+        running = self.ledger.running()
         if draining:
             return core.PoolView(running=running)
         now = time.monotonic()
@@ -95,18 +59,12 @@ class PlanRunner:
         return core.PoolView(
             free_workers=tuple(since),
             idle_for=now - min(since.values(), default=now),
-            booked={key: core.Booking(worker, now - self.booked_at.get(key, now))
-                    for key, worker in self.pool.bookings().items()
-                    if key not in self.launching},
+            booked=self.ledger.bookings(self.pool.bookings(), now),
             running=running,
-            queued={key: now - since for key, since in self.queued.items()},
+            queued={key: now - since for key, since in self.ledger.queued().items()},
             queue_limit=self.config.workers,
-            ahead={key: core.Running(entry.worker, entry.epoch, entry.result.start_time,
-                                     entry.after)
-                   for key, entry in (*self.ahead.items(), *self.unwritten())
-                   if key not in self.chained_ahead},
-            riding={key: core.Rider(entry.worker, entry.epoch, end)
-                    for key, (entry, end) in (*self.riding.items(), *self.chained())},
+            ahead=self.ledger.ahead(),
+            riding=self.ledger.riding(),
         )
 
     def free_workers(self) -> tuple[str, ...]:
@@ -122,7 +80,7 @@ class PlanRunner:
 
         A worker whose result we have not recorded yet is not free for new work, and
         its free time starts only once it is recorded (last seen unrecorded)."""
-        unreported = {running.worker for running in self.executions.values()}
+        unreported = {running.worker for running in self.ledger.runs().values()}
         now = time.monotonic()
         for worker in unreported:
             self.unreported_at[worker] = now
@@ -137,8 +95,8 @@ class PlanRunner:
         for effect in plan.before:
             self.apply(effect)
         launches = [launch for launch in plan.after if isinstance(launch, core.Launch)]
-        self.launching.update((launch.key, core.Running(launch.worker, launch.epoch))
-                              for launch in launches)
+        for launch in launches:
+            self.ledger.launching(launch.key, launch.worker, launch.epoch)
         for launch in launches:
             if on_newest and plan.doc is not None and self.launches_ahead(launch):
                 self.launch_ahead(launch, plan.doc)
@@ -160,13 +118,7 @@ class PlanRunner:
             self.journal.forget(entry)
             self.log.exception("cannot launch ahead", job=launch.key[0], step=launch.key[1])
             return
-        self.ahead[launch.key] = entry
-        self.followed[(launch.key, launch.epoch)] = entry.after
-        while len(self.followed) > MAX_LAUNCHED:
-            self.followed.popitem(last=False)
-        if launch.chained_on is not None:
-            self.chained_ahead[launch.key] = launch.chained_on
-            self.note_chained(launch.key, launch.epoch)
+        self.ledger.launched_ahead(launch.key, entry, launch.chained_on)
 
     def defers(self, plan: core.Plan, leaves: list[Job]) -> bool:
         """Hold back the write of a plan that only starts a step launched ahead, on a job
@@ -182,165 +134,104 @@ class PlanRunner:
         if len(launches) != 1 or len(plan.after) != 1:
             return False
         key = launches[0].key
-        entry = self.ahead.get(key)
-        if entry is None or key in self.chained_ahead or entry.epoch != launches[0].epoch:
+        if self.ledger.state(key) not in (State.AHEAD, State.DUE) \
+                or self.ledger.unwritten_run(key, launches[0].epoch) is None:
             return False
-        del self.ahead[key]
-        self.deferred[key] = (entry, time.monotonic() + self.start_delay)
+        self.ledger.defer(key, time.monotonic() + self.start_delay)
         self.counts["starts_deferred"] += 1
         self.counts["action_start"] += 1  # carried out: launched
         return True
 
-    def unwritten(self) -> list[tuple[StepKey, Held]]:
-        """The deferred runs, as `ahead` holds its runs."""
-        return [(key, entry) for key, (entry, _) in self.deferred.items()]
-
     def deferred_due(self, limit: int) -> list[str]:
         """The jobs of at most `limit` deferred starts now due: back among the runs launched
         ahead, to be written by the batch that decides them, or stopped (batch_done)."""
-        now = time.monotonic()
-        due = [key for key, (_, at) in self.deferred.items() if at <= now][:limit]
+        due = self.ledger.due(time.monotonic(), limit)
         for key in due:
-            self.undefer(key)
+            self.ledger.fall_due(key)
         return [key[0] for key in due]
-
-    def undefer(self, key: StepKey) -> None:
-        """Back among the runs launched ahead: written by this batch, or stopped with it."""
-        self.ahead[key] = self.deferred.pop(key)[0]
-        self.due.add(key)
 
     def defer_again(self, job_id: str) -> None:
         """The server did not answer the batch that was to write the job's due start: the
         run goes on, its start tried again later (a start never written is stopped only
         once the document, read, no longer calls for it: batch_done)."""
-        for key in [key for key in self.due if key[0] == job_id and key in self.ahead]:
-            if time.time() - self.ahead[key].since >= self.defer_limit:
-                continue  # deferred long enough: stopped with the batch (batch_done)
-            self.deferred[key] = (self.ahead.pop(key), time.monotonic() + self.start_delay)
-            self.due.discard(key)
+        for key, entry, _ in self.ledger.unwritten([State.DUE], job_id):
+            if time.time() - entry.since < self.defer_limit:  # else stopped with the batch
+                self.ledger.defer(key, time.monotonic() + self.start_delay)
 
     def decided_about(self, job_id: str, plan: core.Plan) -> None:
         """A decision about a job whose run's start is deferred, that does not write that
         start: the document no longer calls for it (core.record_late_start comes first, a
         cancel, a revocation, a lapsed win): the run is stopped with the batch."""
-        for key in [key for key in self.deferred if key[0] == job_id]:
-            entry = self.deferred[key][0]
+        for key, entry, _ in self.ledger.unwritten([State.DEFERRED], job_id):
             if not core.records_start(plan.doc, key, entry.epoch, self.site):
-                self.undefer(key)
+                self.ledger.fall_due(key)
 
     def wait_at_most(self, timeout: float) -> float:
         """No longer than until the next deferred start falls due."""
-        if not self.deferred:
-            return timeout
-        due = min(at for _, at in self.deferred.values())
-        return min(timeout, max(0.0, due - time.monotonic()))
+        due = self.ledger.next_due()
+        return timeout if due is None else min(timeout, max(0.0, due - time.monotonic()))
 
     def saw_started(self, doc_id: str, leaves: list[Job]) -> None:
         """The job as read shows a start of ours that is unwritten here: a write the server
         took but never answered. It is written: the run goes on."""
-        if not leaves or not any(key[0] == doc_id for key in self.ahead):
+        unwritten = self.ledger.unwritten([State.AHEAD, State.DUE], doc_id)
+        if not leaves or not unwritten:
             return
         doc = leaves[0] if len(leaves) == 1 else core.merge(leaves)
-        for key, entry in list(self.ahead.items()):
-            if key[0] == doc_id and key not in self.chained_ahead \
-                    and core.records_start(doc, key, entry.epoch, self.site):
-                self.journal.forget(self.ahead.pop(key))
-
-    def unwritten_run(self, key: StepKey, epoch: int) -> core.Running | None:
-        """The run (key, epoch) if its start is still unwritten (not a chained run: only
-        its end's record may start it): when it was launched, and after what."""
-        entry = self.ahead.get(key) or self.deferred.get(key, (None, 0.0))[0]
-        if entry is None or entry.epoch != epoch or key in self.chained_ahead:
-            return None
-        return core.Running(entry.worker, entry.epoch, entry.result.start_time, entry.after)
-
-    def run_ended(self, key: StepKey, epoch: int) -> None:
-        """A run ended: its start, if still unwritten, is written with its end."""
-        deferred = self.deferred.get(key)
-        if deferred is not None and deferred[0].epoch == epoch:
-            del self.deferred[key]
-
-    def chained(self) -> list[tuple[StepKey, tuple[Held, int]]]:
-        """The chained launches of this batch, as `riding` holds its runs."""
-        return [(key, (entry, self.chained_ahead[key])) for key, entry in self.ahead.items()
-                if key in self.chained_ahead]
-
-    def note_chained(self, key: StepKey, epoch: int) -> None:
-        self.chained_runs[(key, epoch)] = None
-        while len(self.chained_runs) > MAX_LAUNCHED:
-            self.chained_runs.popitem(last=False)
-
-    def launched_ahead(self, job_id: str) -> bool:
-        """Does a step of this job run here, its start not written yet?"""
-        return any(key[0] == job_id for key in (*self.ahead, *self.deferred))
+        for key, entry, _ in unwritten:
+            if core.records_start(doc, key, entry.epoch, self.site):
+                self.journal.forget(entry)
+                self.ledger.start_settled(key)
 
     def launches_ahead(self, launch: core.Launch) -> bool:
         """Does this start launch before its revision is saved? (docs/protocol.md,
         "Launch ahead") When the core allows it (Launch.ahead), and never an execution
         launched here before."""
-        return launch.ahead and (launch.key, launch.epoch) not in self.launched \
-            and launch.key not in self.executions
+        return launch.ahead and (launch.key, launch.epoch) not in self.ledger.launched \
+            and self.ledger.run(launch.key) is None
 
     def decided(self, doc_id: str, plan: core.Plan) -> None:
         """Every plan made about a job: a win of it held here stays held only while the
         core keeps holding it."""
-        held = {effect.key for effect in plan.before if isinstance(effect, core.Queue)}
-        for key in [key for key in self.queued if key[0] == doc_id and key not in held]:
-            del self.queued[key]
+        self.ledger.unqueue(doc_id, {effect.key for effect in plan.before
+                                     if isinstance(effect, core.Queue)})
 
-    def queued_first(self, count: int) -> list[str]:
-        """The jobs of the `count` wins queued longest: first in line for freed workers."""
-        return [key[0] for key in list(self.queued)[:count]]
+    def queued_first(self, count: int | None = None) -> list[str]:
+        """The jobs of the `count` wins queued longest (all of them: None): first in line
+        for freed workers."""
+        return [key[0] for key in self.ledger.in_state(State.QUEUED)[:count]]
 
     def queued_due(self, held_at_most: float) -> list[str]:
         """The jobs of wins queued for `held_at_most` seconds: to start or give back now."""
         now = time.monotonic()
-        return [key[0] for key, since in self.queued.items() if now - since >= held_at_most]
-
-    def unsettled(self) -> set[str]:
-        """The jobs of this batch's launches not carried out yet, and of its runs launched
-        ahead of a start it has not written: the batch's own until it is done."""
-        return {key[0] for key in (*self.launching, *self.ahead)}
-
-    def runs(self, job_id: str) -> bool:
-        """Does a step of this job run here, is one about to be launched, or held?"""
-        return any(key[0] == job_id
-                   for key in (*self.executions, *self.launching, *self.queued))
+        return [key[0] for key, since in self.ledger.queued().items()
+                if now - since >= held_at_most]
 
     def batch_done(self, jobs: Container[str] | None = None) -> None:
         """Stop what was launched ahead of a start the batch did not write (refused, the
         server gone, or a newer revision that no longer calls for it): it runs on
         nothing. Its report says how far it got (core.plan_finish, late_start). A run
-        chained onto an end that is held rides on it instead (`riding`), and is stopped
-        once that end is written without its start. With `jobs`, only theirs: a batch
-        decided while another batch's write is in flight (Settler.write) leaves that
-        batch's launches alone."""
+        chained onto an end that is held rides on it instead (State.RIDING), and is
+        stopped once that end is written without its start. With `jobs`, only theirs: a
+        batch decided while another batch's write is in flight (Settler.write) leaves
+        that batch's launches alone."""
         def ours(key: StepKey) -> bool:
             return jobs is None or key[0] in jobs
-        for key in [key for key in self.launching if ours(key)]:
-            del self.launching[key]  # launched, or their revision was not saved
-        self.due = {key for key in self.due if not ours(key)}
-        for key, entry in [(key, entry) for key, entry in self.ahead.items() if ours(key)]:
-            # (its journal entry stays until its report is recorded)
-            end = self.chained_ahead.pop(key, None)
-            if end is not None and self.end_held(key, end) and self.keep_riding(entry):
+        for key in self.ledger.in_state(State.LAUNCHING):
+            if ours(key):
+                self.ledger.not_launching(key)  # launched, or their revision was not saved
+        for key, entry, end in self.ledger.unwritten([State.AHEAD, State.CHAINED, State.DUE]):
+            if not ours(key):
+                continue
+            if end is not None and self.ledger.end_held(key, end) and self.keep_riding(entry):
                 self.log.info("end not written: the step chained onto it goes on",
                               job=key[0], step=key[1], epoch=entry.epoch)
-                self.riding[key] = (entry, end)
-            else:
+                self.ledger.ride(key)
+            else:  # (its journal entry stays until its report is recorded)
                 self.stop_unwritten(key, entry)
-            del self.ahead[key]
-        for key in [key for key in self.chained_ahead if ours(key)]:
-            del self.chained_ahead[key]
-        for key, (entry, end) in list(self.riding.items()):
-            if ours(key) and not self.end_held(key, end):
-                del self.riding[key]
+        for key, entry, end in self.ledger.unwritten([State.RIDING]):
+            if ours(key) and end is not None and not self.ledger.end_held(key, end):
                 self.stop_unwritten(key, entry)
-
-    def end_held(self, key: StepKey, end_epoch: int) -> bool:
-        """Is the end (in `end_epoch`) of the step before `key` still to be written?"""
-        end = self.executions.get((key[0], key[1] - 1))
-        return end is not None and end.epoch == end_epoch
 
     def keep_riding(self, entry: Held) -> bool:
         """The run's journal entry, made durable: it now lasts the outage, not a batch."""
@@ -353,25 +244,11 @@ class PlanRunner:
         return True
 
     def stop_unwritten(self, key: StepKey, entry: Held) -> None:
-        running = self.executions.get(key)
-        if running is None or running.epoch != entry.epoch:
-            return  # reported already: its report says it was never started
+        self.ledger.start_settled(key)  # never to be written
         self.log.warning("start not written: stopping the step launched ahead",
                          job=key[0], step=key[1], epoch=entry.epoch)
         self.counts["launches_stopped"] += 1
         self.pool.cancel(key)
-
-    def result_recorded(self, key: StepKey, epoch: int) -> None:
-        """The run's result is written, or its job is gone: nothing more rides on its end,
-        and its worker is free (a job deleted meanwhile had no plan to free it)."""
-        riding = self.riding.get(key)
-        if riding is not None and riding[0].epoch == epoch:
-            del self.riding[key]
-        self.followed.pop((key, epoch), None)
-        self.run_ended(key, epoch)  # (its start written with its end, or its stale finish)
-        running = self.executions.get(key)
-        if running is not None and running.epoch == epoch:
-            del self.executions[key]
 
     # --- after the write ----------------------------------------------------------------
 
@@ -393,17 +270,12 @@ class PlanRunner:
         # A start written late was counted as a start when it was launched (defers).
         late = plan.reason == Reason.LATE_START
         self.counts["action_late_start" if late else f"action_{plan.action}"] += 1
-        for key, entry in [*self.ahead.items(), *self.unwritten()]:
-            if key[0] == doc_id and core.records_start(plan.doc, key, entry.epoch, self.site):
-                self.journal.forget(entry)
-                self.ahead.pop(key, None)
-                self.deferred.pop(key, None)
-                self.chained_ahead.pop(key, None)
-        for key, (entry, _) in list(self.riding.items()):
-            if key[0] == doc_id and core.records_start(plan.doc, key, entry.epoch, self.site):
-                del self.riding[key]
-                if self.pool.is_busy(key):  # (ended: its result has taken the entry's place)
+        for key, entry, _ in self.ledger.unwritten(job_id=doc_id):
+            if core.records_start(plan.doc, key, entry.epoch, self.site):
+                # (a rider that ended: its result has taken the entry's place)
+                if self.ledger.state(key) is not State.RIDING or self.pool.is_busy(key):
                     self.journal.forget(entry)
+                self.ledger.start_settled(key)
         if plan.reason == Reason.WON_CLAIM:
             self.counts["claims_won"] += 1
         step, epoch = acted_on(plan)
@@ -427,7 +299,7 @@ class PlanRunner:
         feed brings without a decision, and the booking would hold the worker until the
         booking timeout (core.settle_local_work frees it on the newer revision)."""
         return any(isinstance(effect, core.Book) and self.pool.is_booked(effect.key)
-                   and effect.key not in self.executions for effect in plan.before)
+                   and self.ledger.run(effect.key) is None for effect in plan.before)
 
     def conflicted(self, plan: core.Plan) -> None:
         """The plan's write met a newer revision (a 409): the launches it planned after
@@ -435,26 +307,23 @@ class PlanRunner:
         decision, on the newer revision, keeps or frees the worker the plan booked."""
         for effect in plan.after:
             if isinstance(effect, core.Launch):
-                self.launching.pop(effect.key, None)
+                self.ledger.not_launching(effect.key)
 
     # --- local effects ------------------------------------------------------------------
 
     def apply(self, effect: core.Effect, doc: Job | None = None) -> None:
         if isinstance(effect, core.Book):
-            if effect.key in self.executions:
+            if self.ledger.run(effect.key) is not None:
                 return  # a run of ours already: its start, written late (core.chain_next)
             if self.pool.book(effect.key, effect.worker) is not None:
-                self.booked_at.setdefault(effect.key, time.monotonic())
+                self.ledger.book(effect.key, time.monotonic())
         elif isinstance(effect, core.Unbook):
             self.pool.unbook(effect.key)
-            self.booked_at.pop(effect.key, None)
+            self.ledger.unbook(effect.key)
             self.periodic.scan_soon()  # a lost claim: look for other work at once
         elif isinstance(effect, core.Kill):
             self.log.info("killing", job=effect.key[0], step=effect.key[1], reason=effect.reason)
-            self.ahead.pop(effect.key, None)
-            self.deferred.pop(effect.key, None)
-            self.chained_ahead.pop(effect.key, None)
-            self.riding.pop(effect.key, None)
+            self.ledger.start_settled(effect.key)
             self.pool.cancel(effect.key)
         elif isinstance(effect, core.Launch):
             assert doc is not None
@@ -463,19 +332,20 @@ class PlanRunner:
             self.board.note_assigned(effect.key, effect.site, time.monotonic())
         elif isinstance(effect, core.Revoke):
             self.board.forget(effect.site)
-        elif isinstance(effect, core.Queue) and effect.key not in self.queued:
-            self.queued[effect.key] = time.monotonic()
+        elif isinstance(effect, core.Queue):
+            self.ledger.queue(effect.key, time.monotonic())
 
     def launch(self, effect: core.Launch, doc: Job) -> None:
         job_id, index = effect.key
         # Carried out now (an execution from here on, or none): no longer a launch to come.
-        self.launching.pop(effect.key, None)
-        if self.executions.get(effect.key) == core.Running(effect.worker, effect.epoch):
+        self.ledger.not_launching(effect.key)
+        running = self.ledger.run(effect.key)
+        if running == core.Running(effect.worker, effect.epoch):
             return  # launched ahead of this very write (plan_made)
-        if effect.key in self.executions:  # the core never asks this; never run a step twice
+        if running is not None:  # the core never asks this; never run a step twice
             self.log.error("not launching a step already running here", job=job_id, step=index)
             return
-        if (effect.key, effect.epoch) in self.launched:
+        if (effect.key, effect.epoch) in self.ledger.launched:
             # A fencing token this site issued already (a run of ours the document never
             # showed started): no second run in it. The start stands with no worker
             # behind it, and the next decision releases it into a new epoch.
@@ -489,14 +359,11 @@ class PlanRunner:
             "JOBDIST_EPOCH": str(effect.epoch),
             "JOBDIST_COUCH": self.store.url,  # with JOBDIST_SITE: finds orphans after a crash
         }
-        self.booked_at.pop(effect.key, None)
+        self.ledger.unbook(effect.key)
         execution = self.pool.start(
             effect.key, effect.epoch, doc["job"][index], env,
             on_retry=self.mailbox.retry_reporter(effect.key, effect.epoch, effect.worker))
-        self.executions[effect.key] = core.Running(execution.worker, effect.epoch)
-        self.launched[(effect.key, effect.epoch)] = None
-        while len(self.launched) > MAX_LAUNCHED:
-            self.launched.popitem(last=False)
+        self.ledger.started(effect.key, execution.worker, effect.epoch)
         self.counts["steps_started"] += 1
 
     # --- bookings past their timeout ------------------------------------------------------
@@ -504,13 +371,13 @@ class PlanRunner:
     def expired_bookings(self) -> list[str]:
         """The jobs of bookings held past their timeout: to decide about again."""
         now = time.monotonic()
-        return [key[0] for key, since in list(self.booked_at.items())
+        return [key[0] for key, since in self.ledger.booked_since().items()
                 if now - since >= self.timings.booking_timeout]
 
     def unbook_expired(self) -> None:
         """Bookings still held past their timeout once decided: their job is gone."""
         now = time.monotonic()
-        for key, since in list(self.booked_at.items()):
+        for key, since in self.ledger.booked_since().items():
             if now - since >= self.timings.booking_timeout and self.pool.is_booked(key):
                 self.apply(core.Unbook(key))
 

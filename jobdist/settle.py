@@ -24,6 +24,7 @@ from . import core
 from .couch import Conflict, CouchError, Rejected, Saved, Undecodable
 from .held_results import HeldResults
 from .journal import Held
+from .ledger import HERE, IN_BATCH, LAUNCHED_AHEAD
 from .logs import EventLog
 from .mailbox import Mailbox
 from .model import Doc, Job, normalise
@@ -89,6 +90,7 @@ class Settler:
         self.site = site
         self.store = store
         self.runner = runner
+        self.ledger = runner.ledger
         self.periodic = periodic
         self.waiting = waiting
         self.verdicts = verdicts
@@ -272,7 +274,7 @@ class Settler:
             if plan.action == core.Action.QUEUE and len(found[0]) == 1:
                 # The start is made on it.
                 self.revisions.keep_newest(doc_id, cast(Doc, found[0][0]),
-                                           self.runner.runs(doc_id))
+                                           self.ledger.has(doc_id, HERE))
         return plans
 
     def _update_backlog(self, doc_id: str, found: Found | None) -> None:
@@ -333,7 +335,7 @@ class Settler:
             elif isinstance(result, Conflict):
                 self.counts["write_conflicts"] += 1
                 self.runner.conflicted(plan)
-                if not (task.retry_conflicts or self.runner.launched_ahead(doc_id)
+                if not (task.retry_conflicts or self.ledger.has(doc_id, LAUNCHED_AHEAD)
                         or self.runner.booked_by(plan)):
                     del pending[doc_id]  # the conflicting revision comes through the feed
             else:
@@ -361,7 +363,7 @@ class Settler:
         if self.writer is None or self.meanwhile is None or not self.serving \
                 or self.overlapping:
             return self.store.write(docs)
-        busy = Either(planned, self.later_jobs | self.runner.unsettled())
+        busy = Either(planned, self.later_jobs | self.ledger.jobs_in(IN_BATCH))
         answer = self.writer.submit(self.store.write, docs)
         answer.add_done_callback(self.mailbox.answered)
         self.overlapping = True
@@ -395,7 +397,7 @@ class Settler:
         self._recorded(task)
         written = {**plan.doc, "_rev": rev} if plan.doc is not None and rev else None
         if written is not None:
-            self.revisions.keep_newest(task.doc_id, written, self.runner.runs(task.doc_id))
+            self.revisions.keep_newest(task.doc_id, written, self.ledger.has(task.doc_id, HERE))
             self.periodic.saw_job(task.doc_id, written)
         if task.then_decide and written is not None:
             # What we just wrote is the state (a later conflict comes through the
@@ -415,7 +417,7 @@ class Settler:
         step's end is planned on the revision the start was (no read); to the backlog and
         the board the job is started (no free worker of ours goes for it again)."""
         self._recorded(task)
-        self.revisions.keep_newest(task.doc_id, cast(Doc, leaf), self.runner.runs(task.doc_id))
+        self.revisions.keep_newest(task.doc_id, cast(Doc, leaf), self.ledger.has(task.doc_id, HERE))
         if plan.doc is not None:
             self.periodic.saw_job(task.doc_id, plan.doc)
 
@@ -455,7 +457,7 @@ class Settler:
         held = task.held
         if held is None:
             return
-        self.runner.result_recorded(held.key, held.epoch)
+        self.ledger.recorded(held.key, held.epoch)  # (a job deleted meanwhile: its worker freed)
         self.held.written(held)
 
     def _not_recorded(self, task: Task) -> None:
@@ -469,7 +471,7 @@ class Settler:
                 while len(self.retry_at) > MAX_RETRIES:
                     self.retry_at.popitem(last=False)
             return
-        self.runner.executions[held.key] = core.Running(held.worker, held.epoch)
+        self.ledger.unrecorded(held.key, held.worker, held.epoch)
         if not self.held.back_off(held.key):
             self.held.hold(held)
 

@@ -304,7 +304,7 @@ def test_a_creator_gives_a_site_with_room_its_open_steps_from_the_backlog(
                             restricted=False, updated_at=utc_now()).as_doc()
         assert all(store.write([status]))
         feed(manager, store, [status])
-        running = {key[0] for key in manager.runner.executions}  # (its start maybe unwritten)
+        running = {key[0] for key in manager.ledger.runs()}  # (its start maybe unwritten)
         waiting = [job["_id"] for job in jobs if job["_id"] not in running]
         assert len(waiting) == 2
         serve_until(manager, lambda: all(store.replica.winner(doc_id)["job"][0]["winner"]
@@ -331,7 +331,7 @@ def test_open_steps_a_view_scan_found_and_left_wait_in_the_backlog(tmp_path: Pat
         jobs = [new_job("global", [new_step("sleep 5")]) for _ in range(3)]
         assert all(store.write(jobs))  # the feed never shows them: only the view does
         serve_until(manager, lambda: manager.counts["steps_started"] == 1, "one start")
-        started = {key[0] for key in manager.runner.executions}  # (its start maybe unwritten)
+        started = {key[0] for key in manager.ledger.runs()}  # (its start maybe unwritten)
         assert len(started) == 1
         assert set(manager.periodic.backlog.open) == {job["_id"] for job in jobs} - started
     finally:

@@ -901,7 +901,7 @@ def test_which_starts_launch_ahead():
 
 
 def test_an_end_written_late_starts_the_run_chained_onto_it_in_its_epoch():
-    """The end's first write was lost and its chained run goes on (PlanRunner.riding):
+    """The end's first write was lost and its chained run goes on (ledger.State.RIDING):
     the end's record starts that very run, on its worker, and books no other."""
     doc = step(running(job("any", "any"), "reg_a"), 1, epoch=3)  # step 0 runs in epoch 1
 

@@ -19,6 +19,7 @@ from jobdist.couch_sync import sync_design_docs
 from jobdist.design import load_design_docs
 from jobdist.journal import STOPPED_UNWRITTEN, Held, Journal, JournalFull
 from jobdist.lab.localserver import LocalServer, free_port
+from jobdist.ledger import State
 from jobdist.manager import Manager
 from jobdist.model import Doc, new_job, new_step
 from jobdist.step_run import StepResult
@@ -117,9 +118,9 @@ def start_and_kill_server_mid_step(server: LocalServer, tmp_path: Path,
     server.kill()  # CouchDB dies while the step runs
     serve_until(manager, lambda: manager.held, "the result to be held")
     # On disk: the end, and the start of the next step chained onto it, which runs on
-    # (PlanRunner.riding): neither is written yet.
+    # (State.RIDING): neither is written yet.
     assert manager.journal_status()["on_disk"] == 2
-    assert (job["_id"], 1) in manager.runner.riding
+    assert manager.ledger.state((job["_id"], 1)) is State.RIDING
     return manager, job["_id"]
 
 
@@ -130,7 +131,7 @@ def test_a_step_that_ends_while_couchdb_is_down_is_recorded_once_it_is_back(
         # The outage goes on: the result stays held, the step is not freed; the next
         # step ends meanwhile, and its result waits behind the first.
         serve_until(manager, lambda: (job_id, 1) in manager.held, "the second result held")
-        assert (job_id, 0) in manager.runner.executions
+        assert manager.ledger.run((job_id, 0)) is not None
         server.start()
         db = Couch(server.url).database("jobs")
         serve_until(manager, lambda: db.get(job_id)["job_status"] == "success",
@@ -178,7 +179,7 @@ def test_a_daemon_dead_during_the_outage_runs_a_chained_step_again_in_a_new_epoc
     server.start()
     successor, db = manager_for(server, tmp_path / "journal")
     try:
-        assert (job_id, 1) in successor.runner.riding
+        assert successor.ledger.state((job_id, 1)) is State.RIDING
         successor.recover()
         serve_until(successor, lambda: db.get(job_id)["job_status"] == "success",
                     "the job to end")
@@ -206,7 +207,7 @@ def test_a_held_result_whose_job_was_deleted_frees_its_worker(
     successor, _ = manager_for(server, tmp_path / "journal")
     try:
         successor.recover()
-        assert not successor.held and not successor.runner.executions
+        assert not successor.held and not successor.ledger.runs()
         assert len(successor.runner.free_workers()) == 1
         assert successor.counts["handler_errors"] == 0
     finally:

@@ -35,6 +35,7 @@ from jobdist.config import (
 )
 from jobdist.couch import Unavailable
 from jobdist.journal import Journal
+from jobdist.ledger import State
 from jobdist.listener import Changed
 from jobdist.manager import Manager
 from jobdist.model import Doc, Reason, new_job, new_step, sub_runs
@@ -357,7 +358,7 @@ def test_a_worker_booked_in_a_batch_is_not_taken_by_a_later_decision(tmp_path: P
                     for doc_id in (first["_id"], second["_id"])}
         assert sorted(str((step["step_status"], step["winner"])) for step in statuses.values()) \
             == ["('running', 'reg_a')", "(None, 'reg_a')"]  # one started, the other held
-        assert [key[0] for key in manager.runner.queued] == \
+        assert [key[0] for key in manager.ledger.in_state(State.QUEUED)] == \
             [doc_id for doc_id, step in statuses.items() if step["step_status"] is None]
     finally:
         manager.pool.shutdown(1.0)
@@ -386,10 +387,10 @@ def test_the_core_sees_how_long_a_worker_has_been_free_since_its_step_ended(
         assert idle_for is not None and idle_for < 0.2
         # A result not recorded yet (held while the server is down) keeps its worker
         # busy, and the worker's idle time starts once it is recorded.
-        manager.runner.executions[("unrecorded", 0)] = core.Running("reg_a/w1", 1)
+        manager.ledger.unrecorded(("unrecorded", 0), "reg_a/w1", 1)
         time.sleep(0.3)
         assert manager.pool_view().free_workers == ()
-        del manager.runner.executions[("unrecorded", 0)]
+        manager.ledger.recorded(("unrecorded", 0), 1)
         idle_for = manager.pool_view().idle_for
         assert idle_for is not None and idle_for < 0.2
     finally:
@@ -467,7 +468,7 @@ def queueing_a_win(tmp_path: Path, store: SimStore, busy_command: str = "sleep 5
     busy, queued = won_here("reg_a", busy_command), won_here("reg_a", "true")
     assert all(store.write([busy, queued]))
     manager.settle([manager.decide_task(busy["_id"]), manager.decide_task(queued["_id"])])
-    assert list(manager.runner.queued) == [(queued["_id"], 0)]
+    assert manager.ledger.in_state(State.QUEUED) == [(queued["_id"], 0)]
     return manager, busy, queued
 
 
@@ -489,7 +490,7 @@ def test_a_queued_win_starts_on_the_next_freed_worker_without_asking_anyone(
         # The first's end and the second's start in one write, with no read of the second.
         assert [first["_id"], second["_id"]] in store.written
         assert store.reads_of[second["_id"]] == 0
-        assert not manager.runner.queued and manager.counts["handler_errors"] == 0
+        assert not manager.ledger.in_state(State.QUEUED) and manager.counts["handler_errors"] == 0
     finally:
         manager.pool.shutdown(1.0)
 
@@ -509,7 +510,8 @@ def test_a_win_queued_for_half_its_start_by_lease_is_given_back(tmp_path: Path) 
     store = SimStore(Replica(), "reg_a")
     manager, _, queued_win = queueing_a_win(tmp_path, store, lease=1.0, heartbeat=0.5)
     try:
-        wait_for(lambda: manager.serve_once(timeout=0.05) or not manager.runner.queued,
+        wait_for(lambda: manager.serve_once(timeout=0.05)
+                 or not manager.ledger.in_state(State.QUEUED),
                  timeout=5, what="the queued win to be given back")
         step = store.replica.winner(queued_win["_id"])["job"][0]
         assert (step["winner"], step["epoch"]) == (None, 2)
@@ -523,7 +525,7 @@ def test_a_draining_site_says_so_and_gives_its_queued_wins_back(tmp_path: Path) 
     store = SimStore(Replica(), "reg_a")
     manager, _, queued_win = queueing_a_win(tmp_path, store)
     manager.drain(grace=0.5)
-    assert not manager.runner.queued
+    assert not manager.ledger.in_state(State.QUEUED)
     step = store.replica.winner(queued_win["_id"])["job"][0]
     assert (step["winner"], step["epoch"]) == (None, 2)
     published = store.replica.winner("site-reg_a")
@@ -537,7 +539,7 @@ def test_a_queued_win_whose_job_is_gone_frees_its_place(tmp_path: Path) -> None:
         rev = store.replica.winner(queued_win["_id"])["_rev"]
         assert store.write([{"_id": queued_win["_id"], "_rev": rev, "_deleted": True}])
         manager.process(queued_win["_id"])
-        assert not manager.runner.queued
+        assert not manager.ledger.in_state(State.QUEUED)
     finally:
         manager.pool.shutdown(1.0)
 
@@ -651,7 +653,7 @@ def test_a_step_whose_job_is_deleted_while_it_runs_frees_its_worker(tmp_path: Pa
         rev = store.replica.winner(gone["_id"])["_rev"]
         assert store.write([{"_id": gone["_id"], "_rev": rev, "_deleted": True}])
         serve_until(manager, lambda: manager.counts["steps_finished"], "the step's end")
-        assert not manager.runner.executions and len(manager.runner.free_workers()) == 1
+        assert not manager.ledger.runs() and len(manager.runner.free_workers()) == 1
         assert all(store.write([after]))
         manager.process(after["_id"])
         serve_until(manager, lambda: store.replica.winner(after["_id"])["job_status"],
@@ -844,7 +846,7 @@ def test_a_short_steps_start_is_written_with_its_end_in_one_revision(tmp_path: P
         assert started["at"] == ended["job"][0]["start_time"] <= finished["at"]
         assert (started["epoch"], finished["epoch"]) == (1, 1)
         assert manager.counts["starts_deferred"] == 1 and not manager.counts["launches_stopped"]
-        assert len(manager.journal) == 0 and not manager.runner.deferred
+        assert len(manager.journal) == 0 and not manager.ledger.in_state(State.DEFERRED)
     finally:
         manager.pool.shutdown(1.0)
 
@@ -1030,14 +1032,14 @@ def test_a_run_launched_after_an_end_a_revocation_superseded_is_a_stale_finish(
         job["step"] = 1
         assert all(store.write([job]))
         manager.process(job["_id"])  # launched ahead, its start held back
-        assert manager.counts["steps_started"] == 1 and manager.runner.deferred
+        assert manager.counts["steps_started"] == 1 and manager.ledger.in_state(State.DEFERRED)
         rerun = store.replica.winner(job["_id"])
         rerun["job"][0].update(claimed_by="reg_a", winner="reg_a", epoch=3,
                                executioner="reg_a/w1", finish_time="2026-11-28T00:00:09Z")
         assert all(store.write([rerun]))  # as the merge of the creator's branch shows it
         manager.process(job["_id"])  # the feed's news: the run is stopped
         serve_until(manager, lambda: manager.counts["launches_stopped"]
-                    and not manager.runner.executions.get((job["_id"], 1))
+                    and manager.ledger.run((job["_id"], 1)) is None
                     and store.replica.winner(job["_id"])["job"][1]["epoch"] >= 1,
                     "the stopped run recorded")
         doc = store.replica.winner(job["_id"])
@@ -1081,9 +1083,10 @@ def test_a_cancel_while_a_start_waits_stops_the_run_at_once(tmp_path: Path) -> N
         cancelled = time.monotonic()
         manager.process(job["_id"])  # as the feed would have it decided
         serve_until(manager, lambda: not manager.pool.is_busy((job["_id"], 0))
-                    and not manager.runner.executions, "the run stopped")
+                    and not manager.ledger.runs(), "the run stopped")
         assert time.monotonic() - cancelled < 5.0  # not at the delay's end
-        assert manager.counts["launches_stopped"] == 1 and not manager.runner.deferred
+        assert manager.counts["launches_stopped"] == 1
+        assert not manager.ledger.in_state(State.DEFERRED)
         doc = store.replica.winner(job["_id"])
         assert doc["job_status"] == "cancelled"
         assert [(e["event"], e["epoch"]) for e in doc["history"] if e["site"] == "global"

@@ -31,7 +31,7 @@ def start_decision(doc: Job, step: Step, ctx: Context, worker: str, *, assign: b
     """Start the step on `worker`; launched ahead of its write unless it is a win near
     its start-by deadline (fresh_win). A start chained onto an end is launched ahead
     too: if the end's write is lost, the end is held and the run goes on, its start
-    written with the held end (chain_next, PlanRunner.riding)."""
+    written with the held end (chain_next, ledger.State.RIDING)."""
     key = (doc["_id"], doc["step"])
     epoch = step.get("epoch", 0) + (1 if assign else 0)
     ahead = assign or fresh_win(step, ctx)

@@ -227,7 +227,7 @@ class Launch:
     worker: str
     ahead: bool = field(default=False, compare=False)  # may run before its start is written
     # Chained onto the end of the step before (the end's epoch), in the same revision:
-    # if that write is lost, the run rides on the held end (PlanRunner.riding).
+    # if that write is lost, the run rides on the held end (ledger.State.RIDING).
     chained_on: int | None = field(default=None, compare=False)
 
 

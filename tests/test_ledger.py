@@ -1,0 +1,69 @@
+"""The ledger of a site's steps: each transition leaves the step in the state it names."""
+
+from __future__ import annotations
+
+from jobdist import core
+from jobdist.journal import unwritten_start
+from jobdist.ledger import Ledger, State
+
+KEY = ("job", 1)
+
+
+def test_a_launch_that_does_not_happen_leaves_its_booking_as_it_was() -> None:
+    ledger = Ledger()
+    ledger.book(KEY, now=10.0)
+    ledger.launching(KEY, "w1", 2)
+    assert ledger.running() == {KEY: core.Running("w1", 2)}
+    assert ledger.bookings({KEY: "w1"}, now=15.0) == {}  # a launch to come, not a booking
+    ledger.not_launching(KEY)
+    assert ledger.state(KEY) is State.BOOKED and ledger.booked_since() == {KEY: 10.0}
+    ledger.launching(KEY, "w1", 2)
+    ledger.not_launching(KEY)  # (the launch itself: Ledger.started)
+    ledger.started(KEY, "w1", 2)
+    assert ledger.run(KEY) == core.Running("w1", 2) and (KEY, 2) in ledger.launched
+    assert not ledger.booked_since()
+
+
+def test_queued_wins_are_served_oldest_first_and_keep_their_time() -> None:
+    ledger = Ledger()
+    for index, now in enumerate((1.0, 2.0, 3.0)):
+        ledger.queue(("job", index), now)
+    ledger.queue(("job", 0), now=9.0)  # queued still: since 1.0
+    assert list(ledger.queued().items()) == [(("job", 0), 1.0), (("job", 1), 2.0),
+                                              (("job", 2), 3.0)]
+    ledger.unqueue("job", but={("job", 1)})
+    assert ledger.in_state(State.QUEUED) == [("job", 1)]
+
+
+def test_a_chained_run_rides_on_its_held_end_then_runs_until_recorded() -> None:
+    ledger = Ledger()
+    ledger.unrecorded(("job", 0), "w1", 1)  # the end, held
+    ledger.started(KEY, "w1", 1)
+    ledger.launched_ahead(KEY, unwritten_start("job", 1, 1, "w1", after="end"), chained_on=1)
+    assert ledger.riding() == {KEY: core.Rider("w1", 1, 1)} and not ledger.ahead()
+    assert (KEY, 1) in ledger.chained and ledger.end_held(KEY, 1)
+    ledger.ride(KEY)
+    assert ledger.state(KEY) is State.RIDING and ledger.riding()
+    ledger.start_settled(KEY)  # the end written with its start
+    assert ledger.state(KEY) is State.RUNNING and not ledger.riding()
+    ledger.ended(KEY)
+    assert ledger.state(KEY) is State.ENDED and ledger.followed(KEY) == "end"
+    ledger.recorded(KEY, epoch=0)  # another run's epoch: not this one
+    assert ledger.run(KEY) is not None
+    ledger.recorded(KEY, epoch=1)
+    assert ledger.state(KEY) is None and (KEY, 1) in ledger.launched
+
+
+def test_a_deferred_start_falls_due_and_can_be_deferred_again() -> None:
+    ledger = Ledger()
+    ledger.started(KEY, "w1", 1)
+    ledger.launched_ahead(KEY, unwritten_start("job", 1, 1, "w1"), chained_on=None)
+    assert ledger.unwritten_run(KEY, 1) == core.Running("w1", 1)
+    ledger.defer(KEY, due_at=5.0)
+    assert ledger.next_due() == 5.0 and ledger.due(now=4.0, limit=10) == []
+    assert ledger.runs(but=[State.DEFERRED]) == {}  # it renews no lease
+    ledger.fall_due(KEY)
+    assert ledger.state(KEY) is State.DUE and ledger.next_due() is None
+    ledger.defer(KEY, due_at=6.0)
+    ledger.ended(KEY)  # its start is written with its end
+    assert ledger.state(KEY) is State.ENDED and ledger.unwritten_run(KEY, 1) is None
