@@ -55,6 +55,7 @@ UNWRITTEN = frozenset({State.AHEAD, State.CHAINED, State.DEFERRED, State.DUE, St
 RUNS = UNWRITTEN | {State.RUNNING, State.ENDED}
 IN_BATCH = frozenset({State.LAUNCHING, State.AHEAD, State.CHAINED, State.DUE})
 HERE = RUNS | {State.LAUNCHING, State.QUEUED}  # a step of the job runs here, or is about to
+BOOKINGS = frozenset({State.BOOKED, State.LAUNCHING})  # a launch to come may keep a booking
 UNWRITTEN_STARTS = frozenset({State.AHEAD, State.DEFERRED, State.DUE})  # not chained
 LAUNCHED_AHEAD = UNWRITTEN - {State.RIDING}  # its start in a write of this site's to come
 
@@ -135,7 +136,7 @@ class Ledger:
     def booked_since(self) -> dict[StepKey, float]:
         """When each booking was made (the launching too: a launch may not happen)."""
         return {key: step.since for key, step in self._steps.items()
-                if step.state in (State.BOOKED, State.LAUNCHING) and step.since is not None}
+                if step.state in BOOKINGS and step.since is not None}
 
     def bookings(self, booked: Mapping[StepKey, str], now: float) -> dict[StepKey, core.Booking]:
         """The pool's bookings, how old each is, but those of this batch's launches."""
@@ -193,7 +194,7 @@ class Ledger:
 
     def book(self, key: StepKey, now: float) -> None:
         step = self._steps.get(key)
-        if step is None or step.state not in (State.BOOKED, State.LAUNCHING):
+        if step is None or step.state not in BOOKINGS:
             self._enter(key, Step(State.BOOKED, since=now))
         elif step.since is None:
             self._steps[key] = replace(step, since=now)
@@ -219,7 +220,7 @@ class Ledger:
         step = self._steps.get(key)
         if step is not None and step.state in RUNS:
             return
-        since = step.since if step is not None and step.state is State.BOOKED else None
+        since = step.since if step is not None and step.state in BOOKINGS else None
         self._enter(key, Step(State.LAUNCHING, since=since, worker=worker, epoch=epoch))
 
     def not_launching(self, key: StepKey) -> None:

@@ -15,6 +15,8 @@ def test_a_launch_that_does_not_happen_leaves_its_booking_as_it_was() -> None:
     ledger.launching(KEY, "w1", 2)
     assert ledger.running() == {KEY: core.Running("w1", 2)}
     assert ledger.bookings({KEY: "w1"}, now=15.0) == {}  # a launch to come, not a booking
+    ledger.book(KEY, now=12.0)  # planned again in the batch: booked since 10.0 still
+    ledger.launching(KEY, "w1", 2)
     ledger.not_launching(KEY)
     assert ledger.state(KEY) is State.BOOKED and ledger.booked_since() == {KEY: 10.0}
     ledger.launching(KEY, "w1", 2)
