@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import http.server
 import json
-import os
 import re
-import secrets
 import subprocess
 import sys
 import threading
@@ -29,7 +27,12 @@ import yaml
 
 from jobdist.config import CouchSettings, SiteConfig, load_sites
 from jobdist.couch import Couch
+from jobdist.lab.audit import Audit, read_ledger
+from jobdist.lab.containers import LEDGER_IN_CONTAINER, ComposeSites, running_on, service
+from jobdist.lab.engine import Engine, private_engine, unavailable_reason
+from jobdist.lab.images import JOBDIST_IMAGE, build_all, image_size_mb
 from jobdist.lab.localserver import LocalServer, free_port
+from jobdist.lab.scenarios import THESIS_SCENARIOS, submit_all, wait_until_done
 from jobdist.model import new_job, new_step
 from jobdist.setup import setup_sites
 from jobdist.topology import endpoint
@@ -112,7 +115,8 @@ def test_daemons_run_the_site_with_env_credentials_after_setup(
         assert REQUIRED_ENV_REF.match(env["JOBDIST_ADMIN_TOKEN"])
         assert not any("ADMIN_USER" in key or "ADMIN_PASSWORD" in key for key in env)
         assert service["depends_on"]["setup"]["condition"] == "service_completed_successfully"
-        assert "/status" in " ".join(service["healthcheck"]["test"])
+        assert "healthcheck" not in service  # the image's own: the admin endpoint answers
+        assert service["init"] is True  # reaps the steps' orphans
         host_port = f"${{ADMIN_PORT_{site.name.upper()}:-{DEFAULT_ADMIN_PORTS[site.name]}}}"
         assert service["ports"] == [f"127.0.0.1:{host_port}:{site.admin.port}"]
         # The daemon's config holds no secret: they come from the environment above.
@@ -151,8 +155,11 @@ def test_dockerfile_builds_a_non_root_daemon() -> None:
     by_name: dict[str, list[str]] = {}
     for parts in instructions:
         by_name.setdefault(parts[0], []).append(parts[1] if len(parts) > 1 else "")
-    assert by_name["FROM"] == ["python:3.11-slim"]
+    assert by_name["ARG"] == ["PYTHON_IMAGE=python:3.11-slim"]  # the tests' base: their own
+    assert by_name["FROM"] == ["${PYTHON_IMAGE}"]
     assert by_name["USER"][-1] not in ("root", "0")
+    assert by_name["HEALTHCHECK"][0].startswith("--interval=5s")
+    assert "urlopen('http://127.0.0.1:7984/status'" in text
     assert json.loads(by_name["ENTRYPOINT"][-1]) == ["jobdist", "site", "run"]
     assert json.loads(by_name["CMD"][-1]) == ["--config", "/etc/jobdist/site.toml"]
     assert f"sites/compose {SITES_IN_IMAGE}" in by_name["COPY"]
@@ -162,32 +169,42 @@ def test_dockerfile_builds_a_non_root_daemon() -> None:
 
 
 class _Stub(http.server.BaseHTTPRequestHandler):
-    body = b""
+    answers: dict[str, tuple[int, bytes]] = {}  # path: (status, body)
 
     def do_GET(self) -> None:
-        self.send_response(200)
+        status, body = self.answers.get(self.path, (404, b'{"error":"not_found"}'))
+        self.send_response(status)
         self.end_headers()
-        self.wfile.write(self.body)
+        self.wfile.write(body)
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
 
 
-@pytest.mark.parametrize(("body", "healthy"), [
-    (b'{"status":"ok","seeds":{}}', True),
-    (b'{"status":"maintenance_mode"}', False),
+WELCOME = (200, b'{"express-pouchdb":"Welcome!","version":"4.2.0"}')
+
+
+@pytest.mark.parametrize(("answers", "healthy"), [
+    ({"/_up": (200, b'{"status":"ok","seeds":{}}')}, True),  # CouchDB 3
+    ({"/_up": (200, b'{"status":"maintenance_mode"}'), "/": WELCOME}, False),
+    ({"/": WELCOME}, True),  # pouchdb-server: no /_up
+    ({"/": (200, b'{"other":"server"}')}, False),
+    ({"/_up": (500, b'{"error":"unknown"}'), "/": WELCOME}, False),
 ])
-def test_the_couchdb_healthcheck_command(compose: dict[str, Any], body: bytes,
+def test_the_couchdb_healthcheck_command(compose: dict[str, Any],
+                                         answers: dict[str, tuple[int, bytes]],
                                          healthy: bool) -> None:
-    """The image has no curl; the bash /dev/tcp check must tell up from not up."""
+    """The image has no curl; the bash /dev/tcp check must tell up from not up, on
+    CouchDB 3 (/_up) and on the tests' pouchdb-server stand-in (no /_up, a welcome)."""
     test = compose["services"]["couchdb-global"]["healthcheck"]["test"]
     assert test[:3] == ["CMD", "bash", "-c"]
-    handler = type("Handler", (_Stub,), {"body": body})
+    handler = type("Handler", (_Stub,), {"answers": answers})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        script = test[3].replace("/5984", f"/{server.server_address[1]}")
+        # Compose reads `$$` as a `$`.
+        script = test[3].replace("$$", "$").replace("/5984", f"/{server.server_address[1]}")
         result = subprocess.run(["bash", "-c", script], timeout=10, capture_output=True)
         assert (result.returncode == 0) is healthy
     finally:
@@ -286,116 +303,117 @@ def test_replication_endpoints_carry_the_pushing_sites_credentials() -> None:
     assert endpoint(renamed.couch.url, "db", renamed) == "https://new@h/db"
 
 
-# --- the compose project on a Docker engine ------------------------------------------------
+# --- three sites in containers, on a private engine ---------------------------------------
 
-SUBMIT = """
-from jobdist.config import load_site
-from jobdist.client import site_database
-from jobdist.model import new_job, new_step
-site = load_site("/etc/jobdist/sites/global.toml")
-db = site_database(site)
-job = new_job("global", [new_step("sleep 1") for _ in range(3)])
-db.save(job)
-print(job["_id"])
-"""
-
-READ = """
-import json, sys
-from jobdist.config import load_site
-from jobdist.client import site_database
-site = load_site(f"/etc/jobdist/sites/{sys.argv[1]}.toml")
-db = site_database(site)
-print(json.dumps(db.get(sys.argv[2])))
-"""
+STEP_SECONDS = 2.0
+LEASE = 8.0  # the sites' lease in these tests (ComposeSites); the creator waits past it
 
 
-STATUS = """
-import urllib.request
-print(urllib.request.urlopen("http://127.0.0.1:7984/status", timeout=5).read().decode())
-"""
+@pytest.fixture(scope="module")
+def engine() -> Iterator[Engine]:
+    """A dockerd of our own (jobdist.lab.engine) with every image built; skipped with the
+    reason where the machine cannot run one."""
+    reason = unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"no Docker engine on this machine: {reason}")
+    started = time.monotonic()
+    with private_engine() as running:
+        seconds = build_all(running)
+        print(f"engine and images ready in {time.monotonic() - started:.0f} s {seconds}; "
+              f"jobdist image {image_size_mb(running, JOBDIST_IMAGE)} MB")
+        yield running
 
 
-def read_job(container: Any, site: str, job_id: str) -> dict[str, Any] | None:
-    return json.loads(run_in(container, READ, site, job_id))
-
-
-def docker_client() -> Any:
-    import docker
-
+@pytest.fixture
+def three_sites(engine: Engine, tmp_path: Path) -> Iterator[ComposeSites]:
+    """Three sites up and healthy; their logs printed (shown on a failure), then down."""
+    project = ComposeSites(engine, tmp_path, lease=LEASE)
     try:
-        client = docker.from_env(timeout=10)
-        client.ping()
-    except Exception as error:  # the SDK raises several kinds when no engine answers
-        pytest.skip(f"no Docker engine answers ({type(error).__name__}: {error}); "
-                    "the compose scenario needs one")
-    if subprocess.run(["docker", "compose", "version"], capture_output=True).returncode != 0:
-        pytest.fail("a Docker engine answers but `docker compose` (the Compose v2 plugin) "
-                    "is missing: install docker-compose-plugin", pytrace=False)
-    return client
+        project.up()
+        yield project
+    finally:
+        print(project.logs())
+        project.down()
 
 
-def run_in(container: Any, script: str, *args: str) -> str:
-    code, output = container.exec_run(["python", "-c", script, *args])
-    assert code == 0, output.decode(errors="replace")
-    return output.decode().strip().splitlines()[-1]
-
-
-def wait_healthy(client: Any, project: str, names: list[str], timeout: float) -> dict[str, Any]:
-    """The project's containers by service, once `names` are healthy; fails on a dead one."""
-    deadline = time.monotonic() + timeout
-    while True:
-        containers = {c.labels["com.docker.compose.service"]: c for c in client.containers.list(
-            all=True, filters={"label": f"com.docker.compose.project={project}"})}
-        setup = containers.get("setup")
-        if setup is not None and setup.attrs["State"]["Status"] == "exited":
-            assert setup.attrs["State"]["ExitCode"] == 0, setup.logs().decode(errors="replace")
-        for name in names:
-            if name in containers and containers[name].attrs["State"]["Status"] == "exited":
-                pytest.fail(f"{name} exited:\n{containers[name].logs().decode(errors='replace')}")
-        health = {name: containers[name].attrs["State"].get("Health", {}).get("Status")
-                  if name in containers else None for name in names}
-        if all(status == "healthy" for status in health.values()):
-            return containers
-        assert time.monotonic() < deadline, f"not healthy in time: {health}"
-        time.sleep(2)
+def assert_audit_holds(sites: ComposeSites, ids: list[str], timeout: float = 240) -> Audit:
+    """Every job ends in success, and the ledger audit holds: nothing lost, each step ran
+    once or its extra runs are explained by the job's history."""
+    docs = sites.wait_done(ids, timeout)
+    audit = sites.audit(ids, docs)
+    assert audit.ok, "\n".join(audit.problems)
+    print(f"{len(ids)} jobs, {audit.runs} runs, duplicates: {audit.duplicates}")
+    return audit
 
 
 @pytest.mark.docker
-def test_compose_runs_scenario_1() -> None:
-    client = docker_client()
-    project = f"jobdist-test-{secrets.token_hex(4)}"
-    env = {**os.environ, "COUCHDB_PASSWORD": secrets.token_urlsafe(16),
-           "JOBDIST_ADMIN_TOKEN": secrets.token_urlsafe(16)}
-    for name in ("GLOBAL", "REG_A", "REG_B"):  # never the defaults: a local cluster may hold them
-        env[f"JOBDIST_PASSWORD_{name}"] = secrets.token_urlsafe(16)
-        env[f"COUCH_PORT_{name}"] = str(free_port())
-        env[f"ADMIN_PORT_{name}"] = str(free_port())
-    compose = ["docker", "compose", "-p", project, "-f", str(COMPOSE_FILE)]
-    try:
-        subprocess.run([*compose, "up", "-d", "--build"], env=env, check=True, cwd=ROOT,
-                       timeout=900)
-        daemons = ["jobdist-global", "jobdist-reg-a", "jobdist-reg-b"]
-        containers = wait_healthy(client, project, daemons, timeout=300)
-        job_id = run_in(containers["jobdist-global"], SUBMIT)
-        deadline = time.monotonic() + 180
-        while not (doc := read_job(containers["jobdist-global"], "global", job_id))[
-                "job_status"]:
-            assert time.monotonic() < deadline, f"job not done: {doc}"
-            time.sleep(1)
-        assert doc["job_status"] == "success", doc
-        assert all(step["winner"] in ("global", "reg_a", "reg_b") for step in doc["job"])
-        for site in ("reg_a", "reg_b"):  # the end replicated to every site
-            container = containers[f"jobdist-{site.replace('_', '-')}"]
-            deadline = time.monotonic() + 60
-            while (read_job(container, site, job_id) or {}).get("job_status") != "success":
-                assert time.monotonic() < deadline, f"{site} did not see the job end"
-                time.sleep(1)
-        status = json.loads(run_in(containers["jobdist-global"], STATUS))
-        assert status["site"] == "global" and status["counts"]
-    except BaseException:
-        subprocess.run([*compose, "logs", "--no-color", "--tail", "100"], env=env, cwd=ROOT,
-                       timeout=120)
-        raise
-    finally:
-        subprocess.run([*compose, "down", "-v", "--remove-orphans", "--timeout", "30"],
-                       env=env, cwd=ROOT, timeout=300)
+def test_compose_runs_scenario_1(three_sites: ComposeSites) -> None:
+    sites = three_sites
+    scenario = THESIS_SCENARIOS[0]
+    steps = scenario.job_steps(STEP_SECONDS, LEDGER_IN_CONTAINER)
+    ids = submit_all(sites.database("global"), "global", steps, scenario.jobs)
+    assert_audit_holds(sites, ids)
+    for site in ("reg_a", "reg_b"):  # the end replicated to every site
+        wait_until_done(sites.database(site), ids, timeout=60)
+    listed = [json.loads(line) for line in
+              sites.compose("ps", "--all", "--format", "json").stdout.splitlines()]
+    states = {entry["Service"]: (entry["State"], entry["Health"]) for entry in listed}
+    assert states.pop("setup")[0] == "exited"
+    assert states == {name: ("running", "healthy") for name in states} and len(states) == 6
+
+
+@pytest.mark.docker
+def test_a_daemon_container_killed_mid_step_and_restarted(three_sites: ComposeSites) -> None:
+    sites = three_sites
+    ids = sites.submit(count=6, steps=3, step_seconds=STEP_SECONDS)
+    sites.wait_for_ledger(running_on("reg_a"))
+    daemon = sites.container("jobdist", "reg_a")
+    daemon.kill()  # SIGKILL: the step it ran dies with it, unrecorded
+    daemon.wait(timeout=30)
+    daemon.start()
+    sites.wait_healthy([service("jobdist", "reg_a")], timeout=120)
+    assert_audit_holds(sites, ids)
+
+
+@pytest.mark.docker
+def test_a_site_cut_off_past_the_lease_then_reconnected(three_sites: ComposeSites) -> None:
+    sites = three_sites
+    ids = sites.submit(count=6, steps=3, step_seconds=STEP_SECONDS)
+    sites.wait_for_ledger(running_on("reg_b"))
+    cut = sites.cut_off("reg_b")
+    time.sleep(LEASE * 2.5)  # past the lease and the creator's margin: it revokes
+    sites.reconnect(cut)
+    assert_audit_holds(sites, ids)
+    revoked = [entry for doc in sites.wait_done(ids, 10).values() for entry in doc["history"]
+               if entry["event"] == "released" and entry["site"] != "reg_b"
+               and "reg_b" in (entry.get("detail") or "")]
+    assert revoked, "the creator never revoked the cut-off site's lease"
+
+
+@pytest.mark.docker
+def test_compose_restart_of_one_site_while_jobs_run(three_sites: ComposeSites) -> None:
+    sites = three_sites
+    ids = sites.submit(count=6, steps=3, step_seconds=STEP_SECONDS)
+    sites.wait_for_ledger(running_on("reg_a"))
+    sites.compose("restart", service("couchdb", "reg_a"), service("jobdist", "reg_a"))
+    sites.wait_healthy([service("jobdist", "reg_a")], timeout=120)
+    assert_audit_holds(sites, ids)
+
+
+@pytest.mark.docker
+def test_docker_stop_of_a_daemon_is_graceful(three_sites: ComposeSites) -> None:
+    sites = three_sites
+    grace = yaml.safe_load(COMPOSE_FILE.read_text())["x-jobdist"]["stop_grace_period"]
+    ids = sites.submit(count=6, steps=3, step_seconds=STEP_SECONDS)
+    sites.wait_for_ledger(running_on("reg_b"))
+    daemon = sites.container("jobdist", "reg_b")
+    started = time.monotonic()
+    sites.compose("stop", service("jobdist", "reg_b"))
+    stopped_in = time.monotonic() - started
+    daemon.reload()
+    assert daemon.attrs["State"]["ExitCode"] == 0, daemon.logs().decode(errors="replace")
+    assert stopped_in < float(grace.removesuffix("s")), stopped_in
+    # Its running steps ended or were released: nothing it held is left to wait out.
+    assert not running_on("reg_b")(read_ledger(sites.ledger))
+    assert_audit_holds(sites, ids)
+    print(f"stopped in {stopped_in:.1f} s")
