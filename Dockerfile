@@ -1,7 +1,7 @@
 # The jobdist site daemon (and the one-shot `python -m jobdist.setup`), for docker-compose.yml.
 #   docker build -t jobdist .
 #   docker run --init --rm -v $PWD/my-site.toml:/etc/jobdist/site.toml:ro jobdist
-# The tests build it on a Debian base of their own (PYTHON_IMAGE, docker-stand-in/).
+# The tests build it on a Debian base of their own (PYTHON_IMAGE, jobdist/lab/stand_in/).
 ARG PYTHON_IMAGE=python:3.11-slim
 FROM ${PYTHON_IMAGE}
 

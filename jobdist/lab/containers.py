@@ -1,7 +1,7 @@
 """Three sites in containers: docker-compose.yml on the private engine, for the tests.
 
 A `ComposeSites` is one compose project: the production compose file, the
-stand-in override (docker-stand-in/compose.yml) and an override of its own that
+stand-in override (jobdist/lab/stand_in/compose.yml) and an override of its own that
 mounts the test's site configs (short leases) and a ledger directory every
 daemon's steps append to (jobdist.lab.audit). Jobs are submitted and read from
 the host, through each site's CouchDB port published on 127.0.0.1, as the

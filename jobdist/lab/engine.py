@@ -103,9 +103,29 @@ def install_missing() -> list[str]:
         log.info("installing %s", " ".join(missing))
         run(["apt-get", "update", "-qq"])
         # Recommends would bring apparmor, git, needrestart and cgroupfs-mount: not needed.
-        run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing],
-            env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+        with services_not_started():
+            run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing],
+                env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
     return missing
+
+
+POLICY_RC = Path("/usr/sbin/policy-rc.d")
+
+
+@contextlib.contextmanager
+def services_not_started() -> Iterator[None]:
+    """No service starts while packages install: docker.io's own would start a dockerd
+    with the default flags (IP forwarding on, NAT rules, docker0). Debian asks
+    /usr/sbin/policy-rc.d; exit 101 forbids. A policy already there is left as it is."""
+    if POLICY_RC.exists():
+        yield
+        return
+    POLICY_RC.write_text("#!/bin/sh\nexit 101\n")
+    POLICY_RC.chmod(0o755)
+    try:
+        yield
+    finally:
+        POLICY_RC.unlink(missing_ok=True)
 
 
 def docker_config() -> Path:

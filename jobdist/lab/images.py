@@ -3,7 +3,7 @@
 No image registry answers here, so the bases come from Debian's packages:
 `mmdebstrap --variant=minbase` piped into `docker import`, one with Python for
 jobdist, one with Node.js for the CouchDB stand-in (the checkout's pinned,
-patched pouchdb-server, docker-stand-in/). Builds use the host's network (the
+patched pouchdb-server, jobdist/lab/stand_in/). Builds use the host's network (the
 engine's networks have no way out) and the host's CA bundle, copied into the
 bases at a path of their own (`ca-certificates` regenerates the standard one).
 The bases and the stand-in stay in the engine's data root between runs; the
@@ -28,7 +28,7 @@ PYTHON_BASE = "jobdist-lab/python-base:bookworm"
 NODE_BASE = "jobdist-lab/node-base:bookworm"
 STAND_IN = "jobdist-lab/pouchdb-server:4.2.0"
 JOBDIST_IMAGE = "jobdist:local"  # docker-compose.yml's name for it
-STAND_IN_DIR = CHECKOUT / "docker-stand-in"
+STAND_IN_DIR = Path(__file__).resolve().parent / "stand_in"
 STAND_IN_COMPOSE = STAND_IN_DIR / "compose.yml"
 HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
 CA_IN_IMAGE = "/usr/local/share/jobdist-lab/host-ca.pem"
