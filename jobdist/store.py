@@ -6,7 +6,7 @@ take, whose leases are due, which live jobs does this site have a part in,
 which jobs wait, and on what)
 and a place for its feed checkpoint. `CouchStore` answers them from the
 site's CouchDB through the `jobdist` design document's views;
-`tests/sim.py` answers them from a simulated replica, so the real manager is
+`jobdist/lab/sim.py` answers them from a simulated replica, so the real manager is
 tested without servers (tests/test_manager.py).
 """
 

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from jobdist.backlog import Backlog, open_targets
 from jobdist.clock import utc_now
 from jobdist.core import claim_rank, spread
+from jobdist.lab.sim import Replica, SimStore
 from jobdist.listener import Changed
 from jobdist.manager import Manager
 from jobdist.model import Doc, event, new_job, new_step, new_sub_run
@@ -22,7 +23,6 @@ from jobdist.periodic_work import NET_SCAN_IDLE, SCAN_INTERVAL, VIEW_SCAN_INTERV
 from jobdist.status import SiteStatus
 from jobdist.store import Open, Written
 
-from .sim import Replica, SimStore
 from .test_design import BROADCAST, HTTP_DOCS, UNOPENED, run_design_functions, t
 from .test_manager import creator_alone, serve_until
 

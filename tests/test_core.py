@@ -3,7 +3,7 @@
 Documents are built with jobdist.model and then edited step field by step field,
 so each test states only what matters to it. The last section replays three
 cases of the protocol hazards note (/work/shared/notes/protocol-hazards.md) on
-the simulated replicated store of tests/sim.py, with every delivery chosen by hand.
+the simulated replicated store of jobdist/lab/sim.py, with every delivery chosen by hand.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from jobdist.core import (
     Running,
     Unbook,
 )
+from jobdist.lab.sim import Clock, Execution, Outcome, SimSite, check_no_double_execution
 from jobdist.model import (
     JOB_FORMAT,
     Doc,
@@ -47,8 +48,6 @@ from jobdist.model import (
     step_phase,
 )
 from jobdist.validation import MAX_DOC_SIZE, json_size, validate_job
-
-from .sim import Clock, Execution, Outcome, SimSite, check_no_double_execution
 
 # --- builders -------------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 
 Each site is a real `Manager` (batched decisions, its real worker pool
 running shell commands) over a `SimStore` on its own replica of CouchDB
-revision trees (tests/sim.py). The test plays the listener, handing each
+revision trees (jobdist/lab/sim.py). The test plays the listener, handing each
 manager the documents whose leaves changed on its replica, and the
 replicator, copying revisions between replicas in a random order, some late.
 """
@@ -35,6 +35,7 @@ from jobdist.config import (
 )
 from jobdist.couch import Unavailable
 from jobdist.journal import Journal
+from jobdist.lab.sim import Clock, Execution, Replica, SimSite, SimStore
 from jobdist.ledger import State
 from jobdist.listener import Changed
 from jobdist.manager import Manager
@@ -43,7 +44,6 @@ from jobdist.periodic_work import PROGRESS_INTERVAL
 from jobdist.store import Written
 
 from .helpers import in_tmp, wait_for
-from .sim import Clock, Execution, Replica, SimSite, SimStore
 
 T = TypeVar("T")
 SITES = ("global", "reg_a", "reg_b")

@@ -10,7 +10,7 @@ why (why_superseded).
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -102,7 +102,7 @@ class JobRuns:
             self.ends[(step, epoch, site)] = line
 
 
-def counted(doc: Doc) -> dict[Run, Leaf]:
+def counted(doc: Leaf) -> dict[Run, Leaf]:
     """The executions whose result the job kept: each ended step's, by its winner; for a
     broadcast step, each site's ended sub-run (a dropped site's counts for nothing)."""
     kept: dict[Run, Leaf] = {}
@@ -179,7 +179,7 @@ def _counted_in_order(doc: Doc, runs: JobRuns) -> list[str]:
     return problems
 
 
-def why_superseded(history: list[Doc], run: Run,
+def why_superseded(history: Sequence[Leaf], run: Run,
                    explain_before: Callable[[Run], str | None] | None = None) -> str | None:
     """What the history records about a run that did not count: its stale finish, a
     cancellation in its epoch, a release that ended its epoch (a release moves the
@@ -229,7 +229,7 @@ def outranked_by_success(doc: Doc, run: Run, kept: Mapping[Run, Leaf]) -> str | 
     return None
 
 
-def _after_superseded_finish(history: list[Doc], run: Run, started: str | None,
+def _after_superseded_finish(history: Sequence[Leaf], run: Run, started: str | None,
                              explain_before: Callable[[Run], str | None]) -> str | None:
     """A run started on another site's finish of the step before, the last one recorded
     before it, which was itself superseded: its branch was a cut-off side's (a creator
@@ -246,13 +246,13 @@ def _after_superseded_finish(history: list[Doc], run: Run, started: str | None,
     return f"ran after step {step - 1} epoch {last['epoch']} on {last['site']}, {reason}"
 
 
-def adoptions(history: list[Doc]) -> str:
+def adoptions(history: Sequence[Leaf]) -> str:
     """The job's changes of creator, as the history gives them ("" when none)."""
     return "; ".join(f"{entry['detail']} (term {entry['epoch']})" for entry in history
                      if entry["event"] == "adopted")
 
 
-def _ends_epoch(entry: Doc, epoch: int, site: str) -> bool:
+def _ends_epoch(entry: Leaf, epoch: int, site: str) -> bool:
     """Does this event of the run's step end the run's epoch?"""
     names = entry["site"] == site or site in (entry.get("detail") or "")
     match entry["event"]:

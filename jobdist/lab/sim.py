@@ -21,21 +21,27 @@ from jobdist.clock import format_time
 from jobdist.couch import Conflict, Saved
 from jobdist.model import (
     Doc,
+    Leaf,
     Phase,
+    Progress,
     StepKey,
     awaited,
     counting_runs,
     is_broadcast,
     is_live,
     is_waiting,
+    json_copy,
+    normalise,
     step_phase,
     sub_runs,
     targets,
 )
 from jobdist.store import Open, Written
 
+from .audit import counted, why_superseded
 
-@dataclass
+
+@dataclass(frozen=True)
 class Revision:
     rev: str
     parent: str | None
@@ -55,14 +61,14 @@ class Replica:
         docs = []
         for leaf in self.leaves(doc_id):
             if leaf.body is not None:
-                docs.append({**copy.deepcopy(leaf.body), "_id": doc_id, "_rev": leaf.rev})
+                docs.append({**json_copy(leaf.body), "_id": doc_id, "_rev": leaf.rev})
         return docs
 
     def winner(self, doc_id: str) -> Doc | None:
         live = self.live_leaves(doc_id)
         return max(live, key=core.couch_order) if live else None
 
-    def write(self, doc: Doc) -> str | None:
+    def write(self, doc: Leaf) -> str | None:
         """PUT: extends the named leaf; the new rev, or None (a 409) when `_rev` is not a leaf."""
         doc_id = doc["_id"]
         parent = doc.get("_rev")
@@ -79,7 +85,7 @@ class Replica:
             json.dumps([parent, body, deleted], sort_keys=True).encode()
         ).hexdigest()
         rev = f"{depth}-{digest}"
-        tree[rev] = Revision(rev, parent, copy.deepcopy(body))
+        tree[rev] = Revision(rev, parent, json_copy(body))
         return rev
 
     def pull(self, source: Replica, doc_id: str) -> bool:
@@ -88,7 +94,7 @@ class Replica:
         new = False
         for rev, revision in source.docs.get(doc_id, {}).items():
             if rev not in mine:
-                mine[rev] = copy.deepcopy(revision)
+                mine[rev] = revision  # never changed once written: shared
                 new = True
         return new
 
@@ -114,7 +120,7 @@ class Outcome:
     stderr: str = ""
     reason: str = "exit 0"
     cancelled: bool = False
-    progress: Doc | None = None
+    progress: Progress | None = None
 
 
 class Clock:
@@ -187,7 +193,7 @@ class SimSite:
     def ended(self) -> dict[str, str]:
         """How each job ended that this replica shows ended (what the manager reads
         for the jobs its waiting jobs name)."""
-        statuses = {}
+        statuses: dict[str, str] = {}
         for doc_id in self.replica.docs:
             leaves = self.replica.live_leaves(doc_id)
             status = core.merge(leaves)["job_status"] if leaves else None
@@ -204,7 +210,7 @@ class SimSite:
             if plan.doc is not None:
                 self.execute(key[0], plan)
 
-    def progress_report(self, execution: Execution) -> Doc:
+    def progress_report(self, execution: Execution) -> Progress:
         return {"fraction": 0.5, "message": f"{self.name} epoch {execution.epoch}",
                 "at": self.clock.now()}
 
@@ -244,11 +250,12 @@ class SimSite:
         As the manager does: an old view may only say there is nothing to do;
         when it suggests an action, the site decides again on its current leaves.
         """
-        bodies = [r for r in self.replica.docs.get(doc_id, {}).values() if r.body is not None]
+        bodies = [(r.rev, r.body) for r in self.replica.docs.get(doc_id, {}).values()
+                  if r.body is not None]
         if not bodies:
             return
-        old = bodies[pick % len(bodies)]
-        view = {**copy.deepcopy(old.body), "_id": doc_id, "_rev": old.rev}
+        rev, body = bodies[pick % len(bodies)]
+        view = {**json_copy(body or {}), "_id": doc_id, "_rev": rev}
         if core.plan([view], self.ctx(), self.pool()).action != "none":
             self.process(doc_id)
 
@@ -314,12 +321,14 @@ def check_progress_is_the_current_runs(replicas: Iterable[Replica], job_ids: lis
             if not leaves:
                 continue
             for step in core.merge(leaves)["job"]:
-                if step.get("progress"):
-                    assert step["progress"]["message"] == f"{step['winner']} epoch " \
+                progress = step.get("progress")
+                if progress:
+                    assert progress["message"] == f"{step['winner']} epoch " \
                         f"{step['epoch']}", (doc_id, step)
                 for site, run in sub_runs(step).items():  # a broadcast step's, per site
-                    if run.get("progress"):
-                        assert run["progress"]["message"] == f"{site} epoch {run['epoch']}", \
+                    part_progress = run.get("progress")
+                    if part_progress:
+                        assert part_progress["message"] == f"{site} epoch {run['epoch']}", \
                             (doc_id, site, run)
 
 
@@ -338,6 +347,23 @@ def check_no_double_execution(ledger: list[Execution], *, per_site: bool = False
             ident = (*ident, execution.site)
         assert ident not in seen, f"two executions of {ident}: {seen[ident]} and {execution.site}"
         seen[ident] = execution.site
+
+
+def check_duplicates_explained(sites: list[SimSite], job_ids: list[str],
+                               ledger: list[Execution]) -> None:
+    """Every run that did not count is explained by the job's history, as the fault
+    suite's audit explains it (a release, a stale finish, or an end on a branch the
+    merge left while two creators arbitrated), unless its site crashed before it could
+    record anything; and the counted runs really ran."""
+    for doc_id in job_ids:
+        final = core.merge(sites[0].replica.live_leaves(doc_id))
+        runs = {(e.key[1], e.epoch, e.site) for e in ledger if e.key[0] == doc_id}
+        crashed = {(e.key[1], e.epoch, e.site) for site in sites for e in site.crashed
+                   if e.key[0] == doc_id}
+        kept = set(counted(final))
+        assert kept <= runs, f"{doc_id}: counted {kept - runs}, which never ran"
+        for run in sorted(runs - kept - crashed):
+            assert why_superseded(final["history"], run), (doc_id, run, final["history"])
 
 
 class SimStore:
@@ -385,7 +411,7 @@ class SimStore:
 
     def leases_due(self, creator: str, cutoff: str) -> list[str]:
         return [doc["_id"] for doc in self.live_jobs() if doc["creator"] == creator
-                and any(lease <= cutoff for lease in core.current_leases(doc))
+                and any(lease <= cutoff for lease in core.current_leases(normalise(doc)))
                 and Phase.WON <= step_phase(doc["job"][doc["step"]]) <= Phase.RUNNING]
 
     def involving(self, site: str) -> Iterator[str]:
