@@ -3,9 +3,10 @@
 A `ComposeSites` is one compose project: the production compose file, the
 stand-in override (jobdist/lab/stand_in/compose.yml) and an override of its own that
 mounts the test's site configs (short leases) and a ledger directory every
-daemon's steps append to (jobdist.lab.audit). Jobs are submitted and read from
-the host, through each site's CouchDB port published on 127.0.0.1, as the
-site's own user.
+daemon's steps append to (jobdist.lab.audit), and names the image each jobdist
+service runs (an earlier release's, for the rolling upgrade). Jobs are submitted
+and read from the host, through each site's CouchDB port published on 127.0.0.1,
+as the site's own user.
 """
 
 from __future__ import annotations
@@ -20,19 +21,26 @@ from typing import Any
 
 from ..config import load_site
 from ..couch import Couch, Database
-from ..model import Doc
+from ..model import Doc, new_step
 from .audit import Audit, LedgerRow, audit_run, read_ledger
 from .engine import Engine
+from .images import JOBDIST_IMAGE, STAND_IN_COMPOSE
 from .localserver import CHECKOUT, free_port
 from .scenarios import ledger_command, submit_all, wait_until_done
 
 SITES = ("global", "reg_a", "reg_b")
 COMPOSE_SITES = CHECKOUT / "sites" / "compose"
 LEDGER_IN_CONTAINER = Path("/ledger/ledger.txt")
+SITES_IN_IMAGE = "/etc/jobdist/sites"
 
 
 def site_network(site: str) -> str:
     return f"site-{site.replace('_', '-')}"
+
+
+def image_variable(name: str) -> str:
+    """The override's variable for a jobdist service's image: `IMAGE_JOBDIST_REG_A`."""
+    return f"IMAGE_{name.replace('-', '_').upper()}"
 
 
 def service(kind: str, site: str) -> str:
@@ -40,10 +48,14 @@ def service(kind: str, site: str) -> str:
     return f"{kind}-{site.replace('_', '-')}"
 
 
+JOBDIST_SERVICES = ("setup", *(service("jobdist", site) for site in SITES))
+
+
 class ComposeSites:
     """One compose project of three sites, its files under `directory`."""
 
-    def __init__(self, engine: Engine, directory: Path, lease: float = 8.0) -> None:
+    def __init__(self, engine: Engine, directory: Path, lease: float = 8.0,
+                 image: str = JOBDIST_IMAGE) -> None:
         self.engine = engine
         self.directory = directory
         self.project = f"jobdist-test-{secrets.token_hex(4)}"
@@ -55,6 +67,8 @@ class ComposeSites:
             self.env[f"JOBDIST_PASSWORD_{site.upper()}"] = self.passwords[site]
             self.env[f"COUCH_PORT_{site.upper()}"] = str(self.couch_ports[site])
             self.env[f"ADMIN_PORT_{site.upper()}"] = str(free_port())
+        for name in JOBDIST_SERVICES:  # every jobdist container on `image` to begin with
+            self.env[image_variable(name)] = image
         self.ledger = directory / "ledger" / "ledger.txt"
         self.override = self._write_files(lease)
 
@@ -70,11 +84,13 @@ class ComposeSites:
                 f"{text}\n[daemon]\nlease = {lease}\nclock_skew_margin = {lease / 4}\n")
         self.ledger.parent.mkdir()
         self.ledger.parent.chmod(0o777)
-        mounts = [f"{sites_dir}:/etc/jobdist/sites:ro", f"{self.ledger.parent}:/ledger"]
-        services: dict[str, dict[str, Any]] = {"setup": {"volumes": mounts}}
+        mounts = [f"{sites_dir}:{SITES_IN_IMAGE}:ro", f"{self.ledger.parent}:/ledger"]
+        services: dict[str, dict[str, Any]] = {
+            name: {"volumes": mounts, "image": f"${{{image_variable(name)}}}"}
+            for name in JOBDIST_SERVICES}
         for site in SITES:  # a network of the site's own: cut off, it still works inside
             networks = ["default", site_network(site)]
-            services[service("jobdist", site)] = {"volumes": mounts, "networks": networks}
+            services[service("jobdist", site)]["networks"] = networks
             services[service("couchdb", site)] = {"networks": networks}
         override = self.directory / "compose.test.yml"
         override.write_text(json.dumps({  # JSON is YAML
@@ -97,8 +113,6 @@ class ComposeSites:
 
     def compose(self, *args: str, timeout: float = 300,
                 check: bool = True) -> subprocess.CompletedProcess[str]:
-        from .images import STAND_IN_COMPOSE
-
         files = [CHECKOUT / "docker-compose.yml", STAND_IN_COMPOSE, self.override]
         command = ["compose", "-p", self.project, "--project-directory", str(CHECKOUT),
                    *(arg for file in files for arg in ("-f", str(file))), *args]
@@ -108,6 +122,20 @@ class ComposeSites:
         """Start the project; return once every daemon is healthy."""
         self.compose("up", "-d", "--no-build", timeout=timeout)
         self.wait_healthy([service("jobdist", site) for site in SITES], timeout)
+
+    def upgrade(self, site: str, image: str, timeout: float = 120) -> str:
+        """docs/operations.md's procedure at one site: stop its daemon (SIGTERM within
+        stop_grace_period), run `image`'s `jobdist setup --site SITE`, start the daemon
+        on `image`; once it is healthy, setup's output."""
+        daemon = service("jobdist", site)
+        self.compose("stop", daemon)
+        self.env[image_variable("setup")] = self.env[image_variable(daemon)] = image
+        setup = self.compose("run", "--rm", "--no-deps", "-T", "--entrypoint", "jobdist", "setup",
+                             "setup", "--sites", SITES_IN_IMAGE, "--site", site,
+                             timeout=timeout)
+        self.compose("up", "-d", "--no-deps", "--no-build", daemon, timeout=timeout)
+        self.wait_healthy([daemon], timeout)
+        return setup.stdout
 
     def down(self) -> None:
         self.compose("down", "-v", "--remove-orphans", "--timeout", "30", check=False)
@@ -154,11 +182,18 @@ class ComposeSites:
 
     def submit(self, count: int, steps: int, step_seconds: float) -> list[str]:
         """`count` jobs at global, each of `steps` ledger steps any site may run."""
-        from ..model import new_step
-
         command = ledger_command(step_seconds, LEDGER_IN_CONTAINER)
         return submit_all(self.database("global"), "global",
                           [new_step(command) for _ in range(steps)], count)
+
+    def submit_at_every_site(self, count: int, step_seconds: float) -> list[str]:
+        """At each site, `count` jobs of three ledger steps: one for any site, one for
+        every site, one for reg_b."""
+        command = ledger_command(step_seconds, LEDGER_IN_CONTAINER)
+        steps = [new_step(command), new_step(command, target="all"),
+                 new_step(command, target="reg_b")]
+        return [job for site in SITES
+                for job in submit_all(self.database(site), site, steps, count)]
 
     def wait_done(self, ids: list[str], timeout: float) -> dict[str, Doc]:
         return {doc["_id"]: doc for doc in wait_until_done(self.database("global"), ids,

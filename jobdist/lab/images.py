@@ -8,6 +8,8 @@ engine's networks have no way out) and the host's CA bundle, copied into the
 bases at a path of their own (`ca-certificates` regenerates the standard one).
 The bases and the stand-in stay in the engine's data root between runs; the
 jobdist image is rebuilt each run, from cached layers when its inputs are the same.
+An earlier release's image (`jobdist:COMMIT`, for the rolling-upgrade test) is
+built from `git archive COMMIT` on the same base, once.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
+import re
 import subprocess
 import tarfile
 import time
@@ -39,6 +42,8 @@ BASE_PACKAGES = {PYTHON_BASE: ("python3", "python3-pip", "python-is-python3"),
 DPKG_EXCLUDES = ("/usr/share/doc/*", "/usr/share/man/*", "/usr/share/info/*",
                  "/usr/share/locale/*")
 LOCK_LABEL = "jobdist.installed-lock"
+DOCKERFILE_LABEL = "jobdist.dockerfile"
+RELEASE_DOCKERFILE = "Dockerfile.lab"  # beside the release's own, in its build context
 log = logging.getLogger("jobdist.lab.images")
 
 
@@ -119,6 +124,57 @@ def build_jobdist(engine: Engine) -> None:
     it: `docker compose up` then finds it and builds nothing."""
     engine.client.images.build(path=str(CHECKOUT), tag=JOBDIST_IMAGE, rm=True,
                                network_mode="host", buildargs={"PYTHON_IMAGE": PYTHON_BASE})
+
+
+class ReleaseMissing(EngineError):
+    """The commit is not in this clone's history (a shallow clone)."""
+
+
+def release_image(commit: str) -> str:
+    return f"jobdist:{commit}"
+
+
+def ensure_release(engine: Engine, commit: str) -> str:
+    """The image of this repository at `commit`, built once: its own Dockerfile and
+    sources, on the Python base; its tag. ReleaseMissing when git has no such commit."""
+    archive = subprocess.run(["git", "-C", str(CHECKOUT), "archive", "--format=tar", commit],
+                             capture_output=True, check=False, timeout=120)
+    if archive.returncode != 0:
+        raise ReleaseMissing(f"commit {commit} is not in this clone's history "
+                             f"({archive.stderr.decode(errors='replace').strip()})")
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+        member = tar.extractfile("Dockerfile")
+        assert member is not None
+        dockerfile = release_dockerfile(member.read().decode())
+    tag = release_image(commit)
+    digest = hashlib.sha256(dockerfile.encode()).hexdigest()
+    image = has_image(engine, tag)
+    if image is not None and image.labels.get(DOCKERFILE_LABEL) == digest:
+        return tag
+    log.info("building %s from git archive %s", tag, commit)
+    context = io.BytesIO(archive.stdout)
+    with tarfile.open(fileobj=context, mode="a") as tar:
+        info = tarfile.TarInfo(RELEASE_DOCKERFILE)
+        info.size = len(dockerfile.encode())
+        tar.addfile(info, io.BytesIO(dockerfile.encode()))
+    context.seek(0)
+    engine.client.images.build(fileobj=context, custom_context=True, tag=tag, rm=True,
+                               dockerfile=RELEASE_DOCKERFILE, network_mode="host",
+                               labels={DOCKERFILE_LABEL: digest})
+    return tag
+
+
+def release_dockerfile(text: str) -> str:
+    """A release's Dockerfile on the Python base, with the current image's health check
+    where it has none (older releases kept it in docker-compose.yml)."""
+    assert len(re.findall(r"^FROM ", text, re.MULTILINE)) == 1, "a single-stage build"
+    text = re.sub(r"^FROM .*$", f"FROM {PYTHON_BASE}", text, flags=re.MULTILINE)
+    if re.search(r"^HEALTHCHECK ", text, re.MULTILINE):
+        return text
+    current = (CHECKOUT / "Dockerfile").read_text()
+    check = re.search(r"^HEALTHCHECK (?:.*\\\n)*.*$", current, re.MULTILINE)
+    assert check is not None, "the Dockerfile's HEALTHCHECK"
+    return f"{text.rstrip()}\n{check.group(0)}\n"
 
 
 def image_size_mb(engine: Engine, name: str) -> float:
