@@ -3,9 +3,10 @@
 Always: the compose file and Dockerfile are checked as files (every site has a
 server and a daemon, named volumes, credentials only from the environment,
 health checks), the CouchDB health check runs against stub servers, and
-`setup_sites` runs against two real pouchdb-servers. Where a Docker engine
-answers (`docker` marker), the compose project comes up and runs the thesis's
-scenario 1; elsewhere that test is skipped with the reason.
+`setup_sites` runs against two real pouchdb-servers. Where this machine can run
+a Docker engine of its own (`docker` marker), three sites come up in containers
+for each test of docs/operations.md's table (scenario 1, faults, a rolling
+upgrade); elsewhere those tests are skipped with the reason.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -27,20 +29,34 @@ import yaml
 
 from jobdist.config import CouchSettings, SiteConfig, load_sites
 from jobdist.couch import Couch
+from jobdist.design import DDOC, DESIGN_VERSION, PEOPLE_DDOC, VERSION_FIELD
 from jobdist.lab.audit import Audit, read_ledger
-from jobdist.lab.containers import LEDGER_IN_CONTAINER, ComposeSites, running_on, service
+from jobdist.lab.containers import (
+    LEDGER_IN_CONTAINER,
+    SITES,
+    SITES_IN_IMAGE,
+    ComposeSites,
+    running_on,
+    service,
+)
 from jobdist.lab.engine import Engine, private_engine, unavailable_reason
-from jobdist.lab.images import JOBDIST_IMAGE, build_all, image_size_mb
+from jobdist.lab.images import (
+    JOBDIST_IMAGE,
+    ReleaseMissing,
+    build_all,
+    ensure_release,
+    image_size_mb,
+)
 from jobdist.lab.localserver import LocalServer, free_port
 from jobdist.lab.scenarios import THESIS_SCENARIOS, submit_all, wait_until_done
 from jobdist.model import new_job, new_step
 from jobdist.setup import setup_sites
 from jobdist.topology import endpoint
+from tests.test_upgrade import PREVIOUS_RELEASE
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 COMPOSE_SITES = ROOT / "sites" / "compose"
-SITES_IN_IMAGE = "/etc/jobdist/sites"
 ENV_REF = re.compile(r"^\$\{[A-Z][A-Z0-9_]*(:[-?][^}]*)?\}$")
 REQUIRED_ENV_REF = re.compile(r"^\$\{[A-Z][A-Z0-9_]*:\?[^}]+\}$")
 DEFAULT_ADMIN_PORTS = {"global": 7984, "reg_a": 7985, "reg_b": 7986}
@@ -307,6 +323,7 @@ def test_replication_endpoints_carry_the_pushing_sites_credentials() -> None:
 
 STEP_SECONDS = 2.0
 LEASE = 8.0  # the sites' lease in these tests (ComposeSites); the creator waits past it
+UPGRADE_STEP_SECONDS = 1.0  # reg_b runs two steps of each job in the upgrade test
 
 
 @pytest.fixture(scope="module")
@@ -324,16 +341,24 @@ def engine() -> Iterator[Engine]:
         yield running
 
 
-@pytest.fixture
-def three_sites(engine: Engine, tmp_path: Path) -> Iterator[ComposeSites]:
-    """Three sites up and healthy; their logs printed (shown on a failure), then down."""
-    project = ComposeSites(engine, tmp_path, lease=LEASE)
+@contextmanager
+def sites_up(engine: Engine, directory: Path, image: str = JOBDIST_IMAGE
+             ) -> Iterator[ComposeSites]:
+    """Three sites on `image`, up and healthy; their logs printed (shown on a failure),
+    then down."""
+    project = ComposeSites(engine, directory, lease=LEASE, image=image)
     try:
         project.up()
         yield project
     finally:
         print(project.logs())
         project.down()
+
+
+@pytest.fixture
+def three_sites(engine: Engine, tmp_path: Path) -> Iterator[ComposeSites]:
+    with sites_up(engine, tmp_path) as project:
+        yield project
 
 
 def assert_audit_holds(sites: ComposeSites, ids: list[str], timeout: float = 240) -> Audit:
@@ -417,3 +442,60 @@ def test_docker_stop_of_a_daemon_is_graceful(three_sites: ComposeSites) -> None:
     assert not running_on("reg_b")(read_ledger(sites.ledger))
     assert_audit_holds(sites, ids)
     print(f"stopped in {stopped_in:.1f} s")
+
+
+@pytest.fixture(scope="module")
+def previous_image(engine: Engine) -> str:
+    """The previous release's image (tests/test_upgrade.py's PREVIOUS_RELEASE), built
+    once; skipped with the reason where this clone's history lacks the commit."""
+    started = time.monotonic()
+    try:
+        image = ensure_release(engine, PREVIOUS_RELEASE)
+    except ReleaseMissing as error:
+        pytest.skip(str(error))
+    print(f"{image} ready in {time.monotonic() - started:.0f} s, "
+          f"{image_size_mb(engine, image)} MB")
+    return image
+
+
+def design_versions(sites: ComposeSites) -> list[int | None]:
+    """Each site's design documents' version (None: from a release before versions)."""
+    versions = []
+    for site in SITES:
+        database = sites.database(site)
+        found = {database.get(f"_design/{name}").get(VERSION_FIELD)
+                 for name in (DDOC, PEOPLE_DDOC)}
+        assert len(found) == 1, f"{site}: its design documents disagree: {found}"
+        versions.append(found.pop())
+    return versions
+
+
+def daemon_images(sites: ComposeSites) -> list[str]:
+    return [sites.container("jobdist", site).attrs["Config"]["Image"] for site in SITES]
+
+
+@pytest.mark.docker
+def test_sites_upgraded_one_at_a_time_in_containers(engine: Engine, previous_image: str,
+                                                    tmp_path: Path) -> None:
+    """docs/operations.md, "Upgrading": every site on the previous release, set up by it;
+    reg_b upgraded while its steps run, then the others, jobs flowing throughout."""
+    with sites_up(engine, tmp_path, image=previous_image) as sites:
+        assert daemon_images(sites) == [previous_image] * 3
+        assert design_versions(sites) == [None] * 3
+        ids = sites.submit_at_every_site(count=2, step_seconds=UPGRADE_STEP_SECONDS)
+        sites.wait_for_ledger(running_on("reg_b"))
+        report = sites.upgrade("reg_b", JOBDIST_IMAGE)
+        assert f"reg_b: wrote _design/{DDOC}" in report, report
+        ids += sites.submit_at_every_site(count=2, step_seconds=UPGRADE_STEP_SECONDS)
+        sites.wait_done(ids, timeout=240)
+        assert daemon_images(sites) == [previous_image, previous_image, JOBDIST_IMAGE]
+        assert design_versions(sites) == [None, None, DESIGN_VERSION]
+
+        for site in ("global", "reg_a"):
+            ids += sites.submit_at_every_site(count=2, step_seconds=UPGRADE_STEP_SECONDS)
+            sites.upgrade(site, JOBDIST_IMAGE)
+        ids += sites.submit_at_every_site(count=2, step_seconds=UPGRADE_STEP_SECONDS)
+        assert_audit_holds(sites, ids)
+        assert daemon_images(sites) == [JOBDIST_IMAGE] * 3
+        assert design_versions(sites) == [DESIGN_VERSION] * 3
+        assert {row[3] for row in read_ledger(sites.ledger)} == set(SITES)
