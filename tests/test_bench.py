@@ -6,7 +6,9 @@ and the arithmetic between its parts are checked.
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import click
@@ -14,10 +16,12 @@ import pytest
 import requests
 from click.testing import CliRunner
 
+import jobdist.lab.bench.throughput as throughput_module
 from jobdist.couch import Couch
 from jobdist.lab.bench.common import Request, bench, parse_requests, percentile, request_kind
 from jobdist.lab.bench.memory import Memory
 from jobdist.lab.bench.replication import ReplicationRow, parse_site_range, replication_table
+from jobdist.lab.bench.revisions import revision_trees
 from jobdist.lab.bench.targets import (
     burst_targets,
     busy_targets,
@@ -31,10 +35,10 @@ from jobdist.lab.bench.throughput import (
     Throughput,
     busy_shares,
     census_table,
-    revision_trees,
     scheduling_overheads,
     throughput_table,
 )
+from jobdist.setup import admin_couch_of
 
 LOG_SAMPLE = """\
 [Sun, 22 Nov 2026 01:11:42 GMT] [info] [<0.000.0>] 127.0.0.1 - - PUT /_config/log/level 200
@@ -123,7 +127,8 @@ def test_tables_render() -> None:
 def throughput(spread: dict[str, float], command: str = "true") -> Throughput:
     return Throughput(10, command, 2, 2, 2.0, 1.5, spread, spread, spread,
                       {"a": 0.5, "b": 1.0}, 3.0, 1, RawRates(50, 200.0, 2000.0),
-                      {"server": 1.0, "daemon": 0.5, "wall": 2.0}, 10, {"replicator GET /": 5})
+                      {"server": 1.0, "daemon": 0.5, "wall": 2.0}, 10, {"replicator GET /": 5},
+                      "global", "star", 40, 3, 0.25)
 
 
 def test_busy_shares_count_worker_time_while_work_waited() -> None:
@@ -203,6 +208,38 @@ def test_throughput_small() -> None:
 
 
 @pytest.mark.e2e
+def test_throughput_runs_in_the_topology_asked_and_counts_what_replication_did(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--topology star` reaches the sites: the hub pushes filtered, the spokes to it."""
+    seen: dict[str, set[str]] = {}
+    cluster_of = throughput_module.local_cluster
+
+    @contextlib.contextmanager
+    def spied(*args: Any) -> Iterator[Any]:
+        with cluster_of(*args) as cluster:
+            for name, site in cluster.sites.items():
+                rows = admin_couch_of(site).database("_replicator").all_docs()
+                seen[name] = {row["id"] for row in rows if row["id"].startswith("jobdist-")}
+            yield cluster
+
+    monkeypatch.setattr(throughput_module, "local_cluster", spied)
+    out = run_json("--in-memory", "throughput", "--jobs", "10", "--sites", "3", "--workers",
+                   "1", "--raw-writes", "10", "--topology", "star", "--requests")
+    # One server a site, each with its own `_replicator`: the star's four links.
+    assert seen == {"global": {"jobdist-global-to-reg_a", "jobdist-global-to-reg_b"},
+                    "reg_a": {"jobdist-reg_a-to-global"}, "reg_b": {"jobdist-reg_b-to-global"}}
+    assert out["topology"] == "star" and out["jobs_ok"] == 10
+    # Every revision reaches the two other sites, each at most once (as history only
+    # when superseded before the replicator reads it); status documents add theirs.
+    revisions = out["jobs"] * (1 + out["revisions_per_step"])
+    assert out["jobs"] * 2 <= out["replicated"] <= 2 * (revisions + out["status_revisions"])
+    assert out["replicated_per_step"] == pytest.approx(out["replicated"] / 10)
+    assert out["replication_requests_per_step"] == pytest.approx(sum(
+        count for kind, count in out["requests"].items() if kind.startswith("replicator ")) / 10)
+    assert out["replication_requests_per_step"] > 0
+
+
+@pytest.mark.e2e
 def test_replication_mesh_two_and_three_sites() -> None:
     out = run_json("replication", "--sites", "2..3", "--topology", "mesh", "--jobs", "4",
                    "--step-seconds", "0.05")
@@ -241,7 +278,7 @@ def test_priorities_small() -> None:
 @pytest.mark.parametrize("batch", [1, 500])
 def test_revision_trees_name_every_revision_and_leaf_of_the_documents_asked(
         db_url: str, batch: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("jobdist.lab.bench.throughput.REVISIONS_BATCH", batch)  # one leaf a request
+    monkeypatch.setattr("jobdist.lab.bench.revisions.REVISIONS_BATCH", batch)  # one leaf a request
     base, name = db_url.rsplit("/", 1)
     db = Couch(base).database(name)
     db.bulk_docs([{"_id": "a", "n": 1}, {"_id": "b"}, {"_id": "other"}])

@@ -236,7 +236,13 @@ def request_census(logs: list[ServerLog]) -> dict[str, int]:
     return dict(sorted(counts.items(), key=lambda item: -item[1]))
 
 
-sites_option = click.option("--sites", default=3, show_default=True, help="Sites in a full mesh.")
+sites_option = click.option("--sites", default=3, show_default=True, help="Sites.")
+
+
+topology_option = click.option(
+    "--topology", type=click.Choice(TOPOLOGIES), default="mesh", show_default=True,
+    help="mesh: every pair replicates; star: global the hub, filtered to the spokes; "
+         "filtered: a mesh pushing each peer only what concerns it.")
 
 
 json_option = click.option("--json", "as_json", is_flag=True,

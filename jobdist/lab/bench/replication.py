@@ -13,13 +13,13 @@ from rich.table import Table
 
 from ...couch import Database
 from ...model import Doc, new_job, new_step
-from ...status import status_id
 from ..scenarios import (
     site_db,
     wait_until_done,
 )
 from .common import REPLICATOR_AGENT, TOPOLOGIES, bench, local_cluster, print_json
-from .throughput import revision_trees, server_logs
+from .revisions import WriteCounter
+from .throughput import server_logs
 
 
 def parse_site_range(text: str) -> list[int]:
@@ -76,42 +76,6 @@ def replication_jobs(sites: list[str], count: int, step_seconds: float) -> list[
     return jobs
 
 
-def status_writes(dbs: dict[str, Database]) -> int:
-    """Revisions of the sites' status documents, each counted at its own site."""
-    total = 0
-    for name, db in dbs.items():
-        doc = db.get(status_id(name))
-        total += int(doc["_rev"].split("-")[0]) if doc else 0
-    return total
-
-
-def update_seqs(dbs: dict[str, Database]) -> dict[str, int]:
-    # pouchdb-server's seqs are integers: one per revision written, _local docs excluded.
-    return {name: int(db.info()["update_seq"]) for name, db in dbs.items()}
-
-
-def wait_until_quiet(dbs: dict[str, Database], quiet: float = 1.5,
-                     timeout: float = 60.0) -> dict[str, int]:
-    """The update seqs once no site has written anything for `quiet` seconds."""
-    deadline = time.monotonic() + timeout
-    last, since = update_seqs(dbs), time.monotonic()
-    while time.monotonic() - since < quiet and time.monotonic() < deadline:
-        time.sleep(0.25)
-        now = update_seqs(dbs)
-        if now != last:
-            last, since = now, time.monotonic()
-    return last
-
-
-def distinct_revisions(dbs: dict[str, Database], ids: list[str]) -> int:
-    """Revisions in the union of every site's trees: each was written once, at its origin."""
-    union: dict[str, set[str]] = {}
-    for db in dbs.values():
-        for doc_id, (revs, _) in revision_trees(db, ids).items():
-            union.setdefault(doc_id, set()).update(revs)
-    return sum(len(revs) for revs in union.values())
-
-
 def submit_jobs(db: Database, jobs: list[list[Doc]]) -> list[str]:
     docs = [new_job("global", steps) for steps in jobs]
     db.bulk_docs(docs)
@@ -123,27 +87,23 @@ def run_replication(topology: str, count: int, jobs: int, step_seconds: float,
     with local_cluster(count, workers, topology) as cluster:
         dbs = {name: site_db(cluster, name) for name in cluster.sites}
         logs = server_logs(cluster)
-        statuses_before = status_writes(dbs)
-        before = update_seqs(dbs)
+        counter = WriteCounter(dbs)
         started = time.monotonic()
         ids = submit_jobs(dbs["global"], replication_jobs(list(cluster.sites), jobs,
                                                           step_seconds))
         wait_until_done(dbs["global"], ids, timeout=300)
         makespan = time.monotonic() - started
-        after = wait_until_quiet(dbs)
-        statuses = status_writes(dbs) - statuses_before
-        revisions = distinct_revisions(dbs, ids)
+        writes = counter.writes(ids)
         replicator = [r for log in logs for r in log.requests_since_start()
                       if r.agent.startswith(REPLICATOR_AGENT)]
     # Status documents replicate too; each of their revisions reaches a site at most
     # once, so at most `count - 1` of the replicated ones are theirs, per revision.
-    written = sum(after.values()) - sum(before.values())
-    status_replicated = min(statuses * (count - 1), written - revisions - statuses)
+    status_replicated = min(writes.status_revisions * (count - 1), writes.replicated)
     return ReplicationRow(
         topology=topology, sites=count, jobs=jobs, steps=3,
-        revisions_per_job=revisions / jobs,
-        status_writes_per_job=statuses / jobs,
-        replicated_per_job=(written - revisions - statuses - status_replicated) / jobs,
+        revisions_per_job=writes.job_revisions / jobs,
+        status_writes_per_job=writes.status_revisions / jobs,
+        replicated_per_job=(writes.replicated - status_replicated) / jobs,
         replication_requests_per_job=len(replicator) / jobs,
         replication_kib_per_job=sum(r.body_bytes for r in replicator) / 1024 / jobs,
         makespan=makespan,

@@ -23,7 +23,7 @@ from ..scenarios import (
     regions_apart,
     run_scenario,
 )
-from .common import bench, deployment, in_memory, print_json, servers_kind
+from .common import bench, deployment, in_memory, print_json, servers_kind, topology_option
 
 
 @dataclass(frozen=True)
@@ -143,9 +143,10 @@ def deployment_scenarios(chosen: list[Scenario], shaped: bool) -> list[Scenario]
 @click.option("--regions", is_flag=True,
               help="Replicate as the design's regions are apart: global-reg_a 40 ms, the "
                    "other pairs 120 ms one way, jitter, 1 MB/s.")
+@topology_option
 def thesis_command(step_seconds: float, only: tuple[str, ...], as_json: bool,
                    latency_ms: float | None, jitter_ms: float, bandwidth_kbps: float | None,
-                   regions: bool) -> None:
+                   regions: bool, topology: str) -> None:
     """The thesis's scenarios (section 6), each on fresh local sites, beside its figures."""
     chosen = [s for s in THESIS_SCENARIOS if not only or s.name.startswith(only)]
     if not chosen:
@@ -153,15 +154,18 @@ def thesis_command(step_seconds: float, only: tuple[str, ...], as_json: bool,
     links = links_option(latency_ms, jitter_ms, bandwidth_kbps, regions)
     chosen = deployment_scenarios(chosen, links is not None)
     rows = [thesis_row(run_scenario(scenario, step_seconds, links=links,
-                                    in_memory=in_memory(), deployment=deployment()))
+                                    in_memory=in_memory(), topology=topology,
+                                    deployment=deployment()))
             for scenario in chosen]
     if as_json:
         print_json({"step_seconds": step_seconds, "links": describe_links(links, regions),
-                    "servers": servers_kind(), "scenarios": [r.as_json() for r in rows]})
+                    "topology": topology, "servers": servers_kind(),
+                    "scenarios": [r.as_json() for r in rows]})
         return
     console = Console()
     console.print(thesis_table(rows, step_seconds))
-    console.print(f"replication: {describe_links(links, regions)}; servers: {servers_kind()}")
+    console.print(f"replication: {describe_links(links, regions)}, {topology}; "
+                  f"servers: {servers_kind()}")
     for row in rows:
         for problem in row.problems:
             console.print(f"[red]problem[/] {row.scenario}: {problem}")

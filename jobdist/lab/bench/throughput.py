@@ -13,7 +13,7 @@ from rich.table import Table
 
 from ...clock import seconds_between, utc_now
 from ...config import CouchSettings
-from ...couch import Couch, Database
+from ...couch import Couch
 from ...couch_sync import sync_design_docs
 from ...design import load_design_docs
 from ...model import Doc, new_job, new_step
@@ -39,8 +39,10 @@ from .common import (
     servers_kind,
     sites_option,
     timeout_option,
+    topology_option,
     workers_option,
 )
+from .revisions import WriteCounter, count_revisions
 
 
 @dataclass(frozen=True)
@@ -72,57 +74,6 @@ def raw_write_rates(couch: Couch, docs: int) -> RawRates:
     finally:
         couch.call(f"delete {db.url}", couch.client.delete_database, db.name)
     return RawRates(docs, single_rate, bulk_rate)
-
-
-REVISIONS_BATCH = 500  # leaves a `_bulk_get` of count_revisions reads at once
-
-
-@dataclass(frozen=True)
-class Revisions:
-    """Every revision of some documents: the winning branches, conflicts and deletions."""
-
-    total: int  # distinct revisions in the revision trees, creations included
-    conflict_leaves: int  # leaves beside the winner, live or deleted
-
-
-def revision_trees(db: Database, ids: list[str]) -> dict[str, tuple[set[str], int]]:
-    """For each of some documents: the ids of every revision in its tree, and how many
-    leaves it has (a document this database lacks is left out).
-
-    One `_changes` with `style=all_docs` names every leaf, deleted ones included (the
-    SDK has no `open_revs`); `_bulk_get` with `revs` brings their histories, in batches.
-    (A `_changes` filtered by id for each document read the whole feed each time: a
-    4,000-job run spent minutes counting.)
-    """
-    client = db.couch.client
-    wanted_ids = set(ids)
-    feed = db.couch.call("list the leaves", client.post_changes, db.name, style="all_docs")
-    # (A clustered CouchDB may list a document twice: each leaf once.)
-    wanted = [{"id": doc_id, "rev": rev} for doc_id, rev in dict.fromkeys(
-        (result["id"], change["rev"]) for result in feed["results"]
-        if result["id"] in wanted_ids for change in result["changes"])]
-    trees: dict[str, tuple[set[str], int]] = {}
-    for first in range(0, len(wanted), REVISIONS_BATCH):
-        answer = db.couch.call("read the leaves", client.post_bulk_get, db.name,
-                               docs=wanted[first:first + REVISIONS_BATCH], revs=True)
-        for result in answer["results"]:
-            for item in result["docs"]:
-                if "ok" in item:
-                    revs, leaves = trees.setdefault(result["id"], (set(), 0))
-                    trees[result["id"]] = (revs | history_revs(item["ok"]), leaves + 1)
-    return trees
-
-
-def history_revs(leaf: Doc) -> set[str]:
-    history = leaf.get("_revisions") or {}
-    start = history.get("start", 0)
-    return {f"{start - i}-{rev}" for i, rev in enumerate(history.get("ids", []))}
-
-
-def count_revisions(db: Database, ids: list[str]) -> Revisions:
-    trees = revision_trees(db, ids).values()
-    return Revisions(sum(len(revs) for revs, _ in trees),
-                     sum(leaves - 1 for _, leaves in trees))
 
 
 def scheduling_overheads(docs: list[Doc], since: str) -> list[float]:
@@ -163,7 +114,30 @@ class Throughput:
     cpu: dict[str, float]  # CPU seconds during the run, by role
     jobs_ok: int
     requests: dict[str, int]  # by sender and kind, when asked for (see ServerLog)
-    creator: str = "global"  # where the jobs were submitted: the first site
+    creator: str  # where the jobs were submitted: the first site
+    topology: str
+    replicated: int  # copies replication wrote into the sites, once it settled (revisions.py)
+    status_revisions: int  # the sites' own status documents written meanwhile
+    remote_share: float  # steps run away from the creator: each costs a revision more
+
+    @property
+    def revisions_floor(self) -> float:
+        """Revisions a step with no conflict: 1 for a step the creator runs (start and
+        end in one), 2 for one it assigns (the win, then start and end)."""
+        return 1 + self.remote_share
+
+    @property
+    def replicated_per_step(self) -> float:
+        return self.replicated / self.jobs
+
+    @property
+    def replication_requests_per_step(self) -> float | None:
+        """The replicators' requests a step; None unless the census was taken."""
+        if not self.requests:
+            return None
+        sent = sum(count for kind, count in self.requests.items()
+                   if kind.startswith("replicator "))
+        return sent / self.jobs
 
     @property
     def steps_per_s(self) -> float:
@@ -177,6 +151,10 @@ class Throughput:
     def as_json(self) -> dict[str, Any]:
         return asdict(self) | {"steps_per_s": self.steps_per_s,
                                "writes_per_s": self.writes_per_s,
+                               "replicated_per_step": self.replicated_per_step,
+                               "revisions_floor": self.revisions_floor,
+                               "replication_requests_per_step":
+                                   self.replication_requests_per_step,
                                "steps_per_s_in_window": self.jobs / self.execution_window,
                                "writes_per_s_vs_single_put": self.writes_per_s
                                / self.raw.single_put_per_s}
@@ -217,12 +195,15 @@ def admin_login(couch: CouchSettings) -> tuple[str, str] | None:
 
 
 def run_throughput(jobs: int, sites: int, workers: int, raw_docs: int,
-                   timeout: float, census: bool = False, command: str = "true") -> Throughput:
-    with local_cluster(sites, workers) as cluster:
+                   timeout: float, census: bool = False, command: str = "true",
+                   topology: str = "mesh") -> Throughput:
+    with local_cluster(sites, workers, topology) as cluster:
         creator, sites = next(iter(cluster.sites)), len(cluster.sites)
-        db = site_db(cluster, creator)
+        dbs = {name: site_db(cluster, name) for name in cluster.sites}
+        db = dbs[creator]
         raw = raw_write_rates(admin_couch_of(cluster.sites[creator]), raw_docs)
         logs = server_logs(cluster) if census else []
+        counter = WriteCounter(dbs)
         pids = cluster_pids(cluster)
         cpu_before = {role: sum(map(cpu_seconds, p)) for role, p in pids.items()}
         ready = utc_now()
@@ -231,6 +212,7 @@ def run_throughput(jobs: int, sites: int, workers: int, raw_docs: int,
         docs = wait_until_done(db, ids, timeout)
         wall = time.monotonic() - started
         cpu = {role: sum(map(cpu_seconds, p)) - cpu_before[role] for role, p in pids.items()}
+        writes = counter.writes(ids)  # replication settled: the census sees all it sent
         requests = request_census(logs)
         revisions = count_revisions(db, ids)
     return Throughput(
@@ -247,7 +229,9 @@ def run_throughput(jobs: int, sites: int, workers: int, raw_docs: int,
         conflict_leaves=revisions.conflict_leaves,
         raw=raw, cpu=cpu | {"wall": wall},
         jobs_ok=sum(d["job_status"] == "success" for d in docs),
-        requests=requests, creator=creator,
+        requests=requests, creator=creator, topology=topology,
+        replicated=writes.replicated, status_revisions=writes.status_revisions,
+        remote_share=sum(d["job"][0]["winner"] != creator for d in docs) / jobs,
     )
 
 
@@ -277,7 +261,8 @@ def cpu_text(cpu: dict[str, float], role: str, scale: float = 1.0) -> str:
 
 def throughput_table(r: Throughput) -> Table:
     title = (f"{r.jobs} single-step `{r.command}` jobs, {r.sites} sites x {r.workers} "
-             f"workers, submitted at once at {r.creator}")
+             f"workers ({r.topology}), submitted at once at {r.creator}")
+    replication_requests = r.replication_requests_per_step
     ms = 1000.0
     rows = [
         (f"steps/s (until all seen done at {r.creator})", f"{r.steps_per_s:.1f}"),
@@ -288,7 +273,14 @@ def throughput_table(r: Throughput) -> Table:
          percentiles_ms(r.remote_latency) if r.remote_latency else "none"),
         ("scheduling overhead p50/p95/p99", percentiles_ms(r.overhead)),
         ("writes per step (after submission)", f"{r.revisions_per_step:.2f}"),
+        ("  with no conflict (1 + share run away from global)",
+         f"{r.revisions_floor:.2f} ({r.remote_share:.0%} away)"),
         ("conflict leaves (all jobs)", str(r.conflict_leaves)),
+        ("documents replicated per step (jobs' and statuses')",
+         f"{r.replicated_per_step:.2f}"),
+        ("status documents written per step", f"{r.status_revisions / r.jobs:.2f}"),
+        ("replication requests per step", "(with --requests)" if replication_requests is None
+         else f"{replication_requests:.2f}"),
         ("writes/s caused by the jobs", f"{r.writes_per_s:.1f}"),
         (f"raw single PUTs/s ({r.raw.docs} docs, same server)",
          f"{r.raw.single_put_per_s:.1f}"),
@@ -309,6 +301,7 @@ def throughput_table(r: Throughput) -> Table:
 @bench.command("throughput")
 @click.option("--jobs", default=500, show_default=True, help="Single-step jobs to submit.")
 @sites_option
+@topology_option
 @workers_option(4)
 @click.option("--raw-writes", default=500, show_default=True,
               help="Documents for the server's raw write rate.")
@@ -317,13 +310,15 @@ def throughput_table(r: Throughput) -> Table:
               help="Also count the servers' requests by sender and kind (debug logs: slower).")
 @click.option("--command", default="true", show_default=True, help="Each job's one step.")
 @json_option
-def throughput_command(jobs: int, sites: int, workers: int, raw_writes: int, timeout: float,
-                       census: bool, command: str, as_json: bool) -> None:
-    """Steps per second, scheduling latency and writes per step, beside the raw write rate."""
+def throughput_command(jobs: int, sites: int, topology: str, workers: int, raw_writes: int,
+                       timeout: float, census: bool, command: str, as_json: bool) -> None:
+    """Steps per second, scheduling latency and writes per step, beside the raw write rate
+    and what replication cost a step."""
     if census and deployment() is not None:
         raise DeploymentError("--requests cannot count a deployment's requests: it reads "
                               "the debug log pouchdb-server writes on this disk")
-    result = run_throughput(jobs, sites, workers, raw_writes, timeout, census, command)
+    result = run_throughput(jobs, sites, workers, raw_writes, timeout, census, command,
+                            topology)
     if as_json:
         print_json(result.as_json() | {"servers": servers_kind()})
         return
