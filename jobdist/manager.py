@@ -357,6 +357,7 @@ class Manager:
                 unchanged_for: float = 0.0) -> core.Context:
         now = time.monotonic()
         room, idle = self.board.rooms(now)
+        claim_delay = core.claim_delay_for(self.board.sites_live(now))
         return core.Context(self.site, utc_now(), self.known_sites,
                             booking_timeout=self.timings.booking_timeout,
                             lease=self.timings.lease,
@@ -365,7 +366,9 @@ class Manager:
                             lease_silence=lease_silence,
                             room=room, idle=idle,
                             assigning=self.periodic.expecting_assignments(now, self.restricted),
-                            fed_by=self.board.feeding(now, core.CLAIM_DELAY),
+                            claim_delay=claim_delay,
+                            fed_by=self.board.feeding(now, claim_delay),
+                            fed_claim_delay=max(core.FED_CLAIM_DELAY, claim_delay),
                             successors=self.config.succession.successors,
                             silent=self.periodic.silent(now),
                             creator_timeout=self.timings.creator_timeout,

@@ -229,6 +229,10 @@ class Board:
         """Creators that gave us a step (a win we hold unstarted) within `within` seconds."""
         return frozenset(site for site, at in self.fed.items() if now - at < within)
 
+    def sites_live(self, now: float) -> int:
+        """Sites taking work as far as we know: us, and those with a fresh status."""
+        return 1 + sum(now - heard < STALE_AFTER for _, heard in self.statuses.values())
+
     def assigning(self, now: float) -> frozenset[str]:
         """Creators whose fresh status says they assign open steps."""
         return frozenset(site for site, (status, heard) in self.statuses.items()

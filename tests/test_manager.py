@@ -618,6 +618,28 @@ def test_the_room_the_keep_alive_reads_is_the_free_workers_known_at_each_site(
         manager.pool.shutdown(1.0)
 
 
+def test_the_claim_delay_grows_with_the_sites_heard_of(tmp_path: Path) -> None:
+    """A creator feeds the other sites in turn: among nine, each waits longer between two
+    of its assignments than among three, so claims are held back longer (the fed delay
+    never below the plain one)."""
+    store = SimStore(Replica(), "global")
+    manager = creator_alone(tmp_path, store)
+    try:
+        delays = []
+        for site in ("reg_a", "reg_b", *(f"reg_{n}" for n in range(3, 9))):
+            manager.periodic.hear_status(status.SiteStatus(
+                site, workers=2, free_workers=0, draining=False, assigns=True,
+                restricted=False, updated_at=format_time(datetime.now(UTC))).as_doc())
+            ctx = manager.context()
+            delays.append((ctx.claim_delay, ctx.fed_claim_delay))
+        assert delays[1] == (core.CLAIM_DELAY, core.FED_CLAIM_DELAY)  # three sites
+        assert delays[-1] == (4 * core.CLAIM_DELAY, core.FED_CLAIM_DELAY)  # nine
+        assert core.claim_delay_for(13) == 6 * core.CLAIM_DELAY > core.FED_CLAIM_DELAY
+        assert [d for d, _ in delays] == sorted(d for d, _ in delays)
+    finally:
+        manager.pool.shutdown(1.0)
+
+
 def serve_until(manager: Manager, done: Any, what: str) -> None:
     wait_for(lambda: manager.serve_once(timeout=0.05) or done(), timeout=10, what=what)
 

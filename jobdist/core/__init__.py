@@ -112,6 +112,7 @@ from .types import (
     Running,
     Unbook,
     Unusable,
+    claim_delay_for,
 )
 from .wait import (
     on_waiting,
@@ -147,6 +148,7 @@ __all__ = [
     "backs_execution",
     "burns_epoch",
     "chain_next",
+    "claim_delay_for",
     "claim_rank",
     "couch_order",
     "current_leases",
