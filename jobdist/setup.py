@@ -36,6 +36,7 @@ from .topology import (
     JOBS_DATABASE,
     Replication,
     ServerKind,
+    full_mesh_warning,
     owned_prefix,
     replication_doc,
     replications,
@@ -87,6 +88,9 @@ def setup_sites(sites: dict[str, SiteConfig], chosen: list[SiteConfig] | None = 
     explain = explain or (lambda error, site: f"{site.name}: {error}")
     for site in sites.values():  # every site's user is created and used by replications
         site.require_credentials()
+    warning = full_mesh_warning(sites)
+    if warning is not None:
+        (warn or report)(warning)
     ready = []
     changes = 0
     logins = site_logins(sites)

@@ -67,6 +67,24 @@ def jobs_for_site_selector(site: str) -> Selector:
     ]}]}
 
 
+# A full mesh replicates each revision over every one of its N(N-1) links: a
+# site's server compares it with every peer (`_revs_diff`) whoever wrote it, so
+# its cost a step grows as N^2. A star's 2(N-1) links grow as N. Past this many
+# sites the star is faster (docs/performance.md, "Many sites"), so setup warns.
+MESH_SITES_MAX = 3
+
+
+def full_mesh_warning(sites: dict[str, SiteConfig]) -> str | None:
+    """A warning when every site pushes to every other, past MESH_SITES_MAX sites."""
+    if len(sites) <= MESH_SITES_MAX:
+        return None
+    if any(set(site.peers) != set(sites) - {name} for name, site in sites.items()):
+        return None
+    return (f"{len(sites)} sites in a full mesh: replication costs a step grow with the "
+            f"square of the sites past {MESH_SITES_MAX}; a star (a hub with filtered "
+            "replication to the others) grows linearly (docs/operations.md, \"Topology\")")
+
+
 # Apache CouchDB 3's replication settings that differ from its defaults, for
 # a trickle of small documents where the hop's latency matters (docs/operations.md,
 # "Apache CouchDB: what JavaScript costs", replication settings):

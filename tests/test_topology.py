@@ -7,10 +7,13 @@ from pathlib import Path
 
 import pytest
 import requests
+from click.testing import CliRunner
 
+from jobdist.cli import main
 from jobdist.config import load_sites
 from jobdist.design import load_design_docs
 from jobdist.lab.cluster import LocalCluster
+from jobdist.lab.localserver import LocalServer, free_port
 from jobdist.lab.scenarios import (
     THESIS_SCENARIOS,
     check_ledger,
@@ -26,8 +29,10 @@ from jobdist.topology import (
     EVERY_JOB,
     EVERY_JOB_SELECTOR,
     JOBS_FOR_SITE,
+    MESH_SITES_MAX,
     Replication,
     ServerKind,
+    full_mesh_warning,
     jobs_for_site_selector,
     replication_doc,
     replications,
@@ -58,6 +63,49 @@ def test_the_shipped_star_has_a_hub_that_gets_everything_and_filters_what_it_pas
 def test_replication_links_grow_as_the_topology_says(tmp_path: Path, topology: str,
                                                       count: int, expected: int) -> None:
     assert len(links(write_sites(tmp_path, count, topology=topology))) == expected
+
+
+@pytest.mark.parametrize(("topology", "count", "warned"),
+                         [("mesh", 3, False), ("mesh", 4, True), ("filtered", 4, True),
+                          ("star", 4, False), ("star", 9, False)])
+def test_a_full_mesh_past_three_sites_is_warned_of(tmp_path: Path, topology: str, count: int,
+                                                    warned: bool) -> None:
+    assert MESH_SITES_MAX == 3
+    warning = full_mesh_warning(load_sites(write_sites(tmp_path, count, topology=topology)))
+    assert (warning is not None) == warned
+    if warning is not None:
+        assert warning.startswith(f"{count} sites in a full mesh")
+
+
+def sites_on_one_server(directory: Path, url: str, peers: dict[str, list[str]]) -> Path:
+    """Sites whose databases share one server, each pushing to `peers[name]`."""
+    directory.mkdir()
+    for name, pushed_to in peers.items():
+        (directory / f"{name}.toml").write_text(
+            f'name = "{name}"\npeers = [{", ".join(chr(34) + p + chr(34) for p in pushed_to)}]\n'
+            f'[couch]\nurl = "{url}"\ndatabase = "jobs_{name}"\n')
+    return directory
+
+
+def test_setup_warns_once_of_a_full_mesh_past_three_sites_and_sets_it_up(
+        tmp_path: Path) -> None:
+    server = LocalServer(free_port(), tmp_path / "couch", in_memory=True)
+    names = ["s1", "s2", "s3", "s4"]
+    mesh = {name: [p for p in names if p != name] for name in names}
+    star = {"h": ["a", "b", "c"], "a": ["h"], "b": ["h"], "c": ["h"]}
+    try:
+        server.start()
+        for label, peers in (("mesh", mesh), ("star", star)):
+            sites = sites_on_one_server(tmp_path / label, server.url, peers)
+            result = CliRunner().invoke(main, ["setup", "--sites", str(sites)])
+            assert result.exit_code == 0, result.output
+            warned = [line for line in result.stderr.splitlines() if "full mesh" in line]
+            expected = full_mesh_warning(load_sites(sites))
+            assert warned == ([] if expected is None else [f"jobdist: {expected}"])
+            assert (expected is None) == (label == "star")
+            assert "setup: " in result.stdout  # a warning, not an error: set up all the same
+    finally:
+        server.stop()
 
 
 def test_unknown_topology_is_refused(tmp_path: Path) -> None:
