@@ -7,6 +7,7 @@ and the arithmetic between its parts are checked.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -26,6 +27,7 @@ from jobdist.lab.bench.targets import (
     burst_targets,
     busy_targets,
     latency_targets,
+    many_sites_targets,
     memory_target,
     tally,
     targets_table,
@@ -160,6 +162,19 @@ def test_targets_say_met_or_missed_with_the_figure() -> None:
     assert "no" in rendered(targets_table([*burst, memory]))
     assert tally([*burst, memory]) == "1 of 4 targets met (1 reported only)"
     assert tally(latency_targets(throughput(fast))) == "2 of 2 targets met"
+
+
+def test_many_sites_targets_hold_throughput_and_revisions_to_three_sites() -> None:
+    spread = {"p50": 0.1, "p95": 0.2, "p99": 0.3, "max": 0.4}
+    three = throughput(spread)  # 5 steps/s, 3 revisions a step
+    runs = {3: three,
+            6: dataclasses.replace(three, wall=4.0, revisions_per_step=3.2),  # 1/2, +7 %
+            9: dataclasses.replace(three, wall=6.1, revisions_per_step=3.4)}  # < 1/3, +13 %
+    targets = many_sites_targets(runs)
+    assert [t.met for t in targets] == [True, True, False, False]
+    assert targets[0].figure.startswith("0.500 (2.5 against 5.0; 4.0 against 4.0 documents")
+    assert targets[3].figure.startswith("+13% (3.40 against 3.00; with no conflict 1.25")
+    assert targets[0].what.startswith("6 sites against 3 (star, 10 `true` jobs, 2 workers")
 
 
 # --- the subcommands on real local sites -------------------------------------------------------

@@ -78,6 +78,40 @@ def busy_targets(r: Throughput) -> list[Target]:
     ]
 
 
+# Past three sites the star replaces the full mesh (topology.MESH_SITES_MAX).
+MANY_SITES_TOPOLOGY = "star"
+
+
+def run_many_sites(jobs: int) -> dict[int, Throughput]:
+    """3, 6 and 9 sites x 2 workers in the star, back to back."""
+    return {count: run_throughput(jobs, count, 2, 100, 1800.0, topology=MANY_SITES_TOPOLOGY)
+            for count in (3, 6, 9)}
+
+
+def many_sites_targets(runs: dict[int, Throughput]) -> list[Target]:
+    """A step's cost may grow at most linearly with the sites (each stores every job):
+    6 sites keep half the 3 sites' throughput and 9 a third, at about the same
+    revisions a step."""
+    base = runs[3]
+    targets = []
+    for count, share in ((6, 1 / 2), (9, 1 / 3)):
+        r = runs[count]
+        ratio = r.steps_per_s / base.steps_per_s
+        targets.append(Target(
+            f"{count} sites against 3 ({r.topology}, {r.jobs} `{r.command}` jobs, "
+            f"{r.workers} workers a site): steps/s", f">= {share:.2f} of 3 sites'",
+            f"{ratio:.3f} ({r.steps_per_s:.1f} against {base.steps_per_s:.1f}; "
+            f"{r.replicated_per_step:.1f} against {base.replicated_per_step:.1f} "
+            "documents replicated a step)", ratio >= share))
+        growth = r.revisions_per_step / base.revisions_per_step - 1
+        targets.append(Target(
+            f"{count} sites against 3: revisions a step", "within 10 %",
+            f"{growth:+.0%} ({r.revisions_per_step:.2f} against {base.revisions_per_step:.2f};"
+            f" with no conflict {r.revisions_floor:.2f} against {base.revisions_floor:.2f})",
+            abs(growth) <= 0.1))
+    return targets
+
+
 MB_PER_MIB = 1.048576
 
 
@@ -114,7 +148,8 @@ def tally(targets: list[Target]) -> str:
 def targets_command(burst: int, quick: bool, as_json: bool) -> None:
     """Every target of the speed issue, measured in one run on fresh local sites: the
     thesis's scenarios at 5 s and 1 s steps, remote start latency with idle workers,
-    throughput, requests and CPU a step under a burst, worker use, and memory."""
+    throughput, requests and CPU a step under a burst, worker use, memory, and how
+    throughput and revisions a step hold up at 6 and 9 sites."""
     scale = 0.1 if quick else 1.0
     targets = [*thesis_targets(5.0, 1.02, ("2: 3",) if quick else ()),
                *thesis_targets(1.0, 1.10, ())]
@@ -125,6 +160,7 @@ def targets_command(burst: int, quick: bool, as_json: bool) -> None:
     targets += busy_targets(run_throughput(max(24, int(240 * scale)), 3, 4, 100, 600.0,
                                            command="sleep 0.5"))
     targets.append(memory_target(run_memory(int(10_000 * scale), 3, 600.0)))
+    targets += many_sites_targets(run_many_sites(max(30, int(burst * scale))))
     if as_json:
         print_json({"servers": servers_kind(), "targets": [asdict(t) for t in targets]})
         return
