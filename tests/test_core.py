@@ -1851,6 +1851,21 @@ def test_a_site_starts_its_own_part_on_sight_and_no_other():
     assert decide(doc, "reg_a", pool(), known=SITES3).action == "none"  # no worker: waits
 
 
+def test_a_part_opened_afresh_starts_above_every_epoch_its_site_started_it_in():
+    """A branch where an earlier step went back opened the step again with fresh parts;
+    the branch whose parts ran is gone, but the history keeps their starts."""
+    doc = opened(broadcast())
+    logged(doc, "started", "reg_a", 20, epoch=2)
+    logged(doc, "started", "reg_b", 21, epoch=5)  # another site's start: not reg_a's floor
+    plan = decide(doc, "reg_a", pool("reg_a/w1"), known=SITES3)
+    assert current(apply(plan))["runs"]["reg_a"]["epoch"] == 3
+    assert plan.after == (Launch(KEY, 3, "reg_a/w1"),)
+    reopening = logged(broadcast(), "started", "global", 20, epoch=1)
+    plan = core.plan([reopening], ctx(known=SITES3), pool("global/w1"))
+    assert current(apply(plan))["runs"]["global"]["epoch"] == 2
+    assert plan.after == (Launch(KEY, 2, "global/w1"),)
+
+
 def test_a_sub_run_finish_is_fenced_by_its_epoch_and_site():
     doc = sub(opened(broadcast()), "reg_a", status="running", epoch=2)
     finish = core.plan_finish([doc], ctx("reg_a"), pool("reg_a/w1"), KEY, 2, "reg_a/w1",

@@ -498,13 +498,12 @@ def test_broadcast_sub_runs_are_fenced_per_site_under_restarts_and_revocations(
 
 
 @SIM_SETTINGS
-# A known gap (docs/reliability.md, "Not guaranteed"), kept to replay until it is
-# fixed: reg_b ran its part of step 1 in epoch 1 on a branch the merge dropped (an
-# earlier step went back); a branch that had opened step 1 without it shows reg_b's
-# part at epoch 0, and reg_b runs it in epoch 1 again. Found by
+# reg_b ran its part of step 1 in epoch 1 on a branch the merge dropped (an earlier
+# step went back); a branch that had opened step 1 without it showed reg_b's part at
+# epoch 0, and reg_b ran it in epoch 1 again (a start now goes above its site's starts
+# in the history: edits.next_sub_run_epoch). Found by
 # JOBDIST_SIM_EXAMPLES=3000 --hypothesis-seed=15228460839252 on 2026-11-25.
-@example(**found_schedule("test_broadcast_with_creators_cut_off_and_successors_racing")).xfail(
-    raises=AssertionError, reason="a broadcast part's epochs lost with a dropped branch")
+@example(**found_schedule("test_broadcast_with_creators_cut_off_and_successors_racing"))
 @given(jobs=broadcast_jobs, data=st.data())
 def test_broadcast_with_creators_cut_off_and_successors_racing(jobs, data):
     sites, job_ids, clock, ledger = make_world(jobs, 1, lease=15.0)

@@ -22,7 +22,14 @@ from ..model import (
     sub_runs,
     targets,
 )
-from .edits import current_step, drop_sites, log_event, release_sub_run, start_sub_run
+from .edits import (
+    current_step,
+    drop_sites,
+    log_event,
+    next_sub_run_epoch,
+    release_sub_run,
+    start_sub_run,
+)
 from .types import STAY, Action, Book, Context, Decision, Launch, PoolView, Revoke, in_turn, known
 
 
@@ -62,7 +69,7 @@ def open_broadcast(doc: Job, step: Step, ctx: Context, pool: PoolView) -> Decisi
     worker = pool.worker_for((doc["_id"], doc["step"]))
     if ctx.site not in sites or worker is None:
         return opening
-    return in_turn(opening, start_sub_run_decision(doc, 0, ctx, worker))
+    return in_turn(opening, start_sub_run_decision(doc, ctx, worker))
 
 
 def on_own_sub_run(doc: Job, step: Step, ctx: Context, pool: PoolView) -> Decision:
@@ -77,17 +84,17 @@ def on_own_sub_run(doc: Job, step: Step, ctx: Context, pool: PoolView) -> Decisi
         worker = pool.worker_for(key)
         if worker is None:
             return STAY  # a free worker's scan (the claimable view) brings it back
-        return start_sub_run_decision(doc, run.get("epoch", 0), ctx, worker)
+        return start_sub_run_decision(doc, ctx, worker)
     if run.get("status") == "running" and key not in pool.running:
         return Decision(Action.RELEASE,
                         release_sub_run(ctx, ctx.site, "worker lost (site restarted)"))
     return STAY
 
 
-def start_sub_run_decision(doc: Job, epoch: int, ctx: Context, worker: str) -> Decision:
+def start_sub_run_decision(doc: Job, ctx: Context, worker: str) -> Decision:
     key = (doc["_id"], doc["step"])
     return Decision(Action.START, start_sub_run(ctx, worker), before=(Book(key, worker),),
-                    after=(Launch(key, epoch + 1, worker),))
+                    after=(Launch(key, next_sub_run_epoch(doc, ctx.site), worker),))
 
 
 def drop_unknown_parts(step: Step, ctx: Context) -> Decision | None:

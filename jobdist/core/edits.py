@@ -170,10 +170,28 @@ def log_sub_run(doc: Job, name: str, ctx: Context, run: SubRun, *, worker: str |
                                 reason=reason))
 
 
+def next_sub_run_epoch(doc: Job, site: str) -> int:
+    """The epoch `site`'s next start of its part of the current step issues: above its
+    part's, and above every epoch the history shows it started that part in.
+
+    The part alone is not enough: a branch where an earlier step went back, and the
+    step was opened again afresh, outranks the branch whose parts ran, and drops their
+    epochs. Their `started` events stay: each start writes one in the revision that
+    issues its epoch, and the merge unions histories (leaves.merge), so the token
+    (step, site, epoch) goes to one run at most, on any branch.
+    """
+    index = doc["step"]
+    part = sub_runs(doc["job"][index]).get(site)
+    own = part.get("epoch", 0) if part is not None else 0
+    started = (entry.get("epoch", 0) for entry in doc["history"]
+               if (entry["event"], entry["step"], entry["site"]) == ("started", index, site))
+    return max((own, *started)) + 1
+
+
 def start_sub_run(ctx: Context, worker: str) -> Edit:
     def edit(doc: Job) -> None:
         run = sub_runs(current_step(doc))[ctx.site]
-        epoch = run.get("epoch", 0) + 1
+        epoch = next_sub_run_epoch(doc, ctx.site)
         run.update(new_sub_run())
         run.update({"epoch": epoch, "status": "running", "executioner": worker,
                     "start_time": ctx.now, "lease_until": later(ctx.now, ctx.lease)})
