@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from ..config import load_site
+from ..core import merge
 from ..couch import Couch, Database
-from ..model import Doc, new_step
+from ..model import Doc, as_doc, new_step
 from .audit import Audit, LedgerRow, audit_run, read_ledger
 from .engine import Engine
 from .images import JOBDIST_IMAGE, STAND_IN_COMPOSE
@@ -196,8 +197,17 @@ class ComposeSites:
                 for job in submit_all(self.database(site), site, steps, count)]
 
     def wait_done(self, ids: list[str], timeout: float) -> dict[str, Doc]:
-        return {doc["_id"]: doc for doc in wait_until_done(self.database("global"), ids,
-                                                            timeout)}
+        """The jobs once every site shows them ended, each merged from the leaves of
+        every site: a site cut off may still be sending its branch (its stale runs'
+        events) when the creator's copy already shows the end."""
+        for site in SITES:
+            wait_until_done(self.database(site), ids, timeout)
+        found: dict[str, dict[str, Doc]] = {doc_id: {} for doc_id in ids}
+        for site in SITES:
+            for doc_id, leaves in self.database(site).leaves_many(ids).items():
+                found[doc_id].update((leaf["_rev"], leaf) for leaf in leaves
+                                     if not leaf.get("_deleted"))
+        return {doc_id: as_doc(merge(list(leaves.values()))) for doc_id, leaves in found.items()}
 
     def audit(self, ids: list[str], docs: dict[str, Doc]) -> Audit:
         return audit_run(read_ledger(self.ledger), docs, ids)
