@@ -26,6 +26,8 @@ outlive the records (no fencing token issued here is used twice).
 
 from __future__ import annotations
 
+import copy
+import time
 from collections import OrderedDict
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
@@ -98,6 +100,16 @@ class Ledger:
         self._steps: dict[StepKey, Step] = {}
         self.launched = Recent()  # a start decided on a stale view never launches one again
         self.chained = Recent()  # launched chained onto an end: only its record starts it
+        # When each worker's last run left the ledger (monotonic): its free time starts there.
+        self.worker_freed: dict[str, float] = {}
+
+    def without(self, key: StepKey) -> Ledger:
+        """A copy, as if the run `key` were freed now (the view a plan that frees it is
+        made on, before it is carried out)."""
+        other = copy.copy(self)
+        other._steps, other.worker_freed = dict(self._steps), dict(self.worker_freed)
+        other.freed(key)
+        return other
 
     # --- asking ---------------------------------------------------------------------
 
@@ -277,9 +289,9 @@ class Ledger:
                                   after=step.after))
 
     def freed(self, key: StepKey) -> None:
-        """Its end is being planned: its worker is free to that plan."""
+        """Its end is planned: its worker is free to the plans after it."""
         if self.state(key) in RUNS:
-            del self._steps[key]
+            self._drop_run(key)
 
     def unrecorded(self, key: StepKey, worker: str, epoch: int) -> None:
         """Its result is not recorded yet (held): it counts as running until it is."""
@@ -291,7 +303,10 @@ class Ledger:
         """Its result is written, or its job is gone."""
         run = self.run(key)
         if run is not None and run.epoch == epoch:
-            del self._steps[key]
+            self._drop_run(key)
+
+    def _drop_run(self, key: StepKey) -> None:
+        self.worker_freed[self._steps.pop(key).worker] = time.monotonic()
 
     def _enter(self, key: StepKey, step: Step) -> None:
         self._steps.pop(key, None)

@@ -276,11 +276,9 @@ class Manager:
         """Decide about a job until there is nothing more to do right now (Task: `seen`,
         `known`)."""
         def plan(leaves: list[Job], rejected: list[core.Unusable]) -> core.Plan:
-            context = self.context(self.periodic.lease_silence(doc_id, leaves),
-                                   self.periodic.unchanged_for(doc_id, leaves))
-            self.waiting.note(doc_id, leaves)
+            context = self.context(*self.periodic.silences(doc_id, leaves))
             return core.plan(leaves, context, self.pool_view(), rejected)
-        return Task(doc_id, plan, seen=seen, known=known, then_decide=True)
+        return Task(doc_id, plan, seen=seen, known=known, then_decide=True, notes_leaves=True)
 
     def settle(self, tasks: Iterable[Task]) -> None:
         """Carry tasks out, in batches (Settler)."""
@@ -307,8 +305,7 @@ class Manager:
         """Record what an execution did; only a current execution advances the job."""
         def plan(leaves: list[Job], rejected: list[core.Unusable]) -> core.Plan:
             # The worker is free now: the core may chain the next step onto it.
-            self.ledger.freed(held.key)
-            return core.plan_finish(leaves, self.context(), self.pool_view(), held.key,
+            return core.plan_finish(leaves, self.context(), self.pool_view(held.key), held.key,
                                     held.epoch, held.worker, held.result,
                                     chained=(held.key, held.epoch) in self.ledger.chained,
                                     after=held.after)
@@ -386,8 +383,8 @@ class Manager:
                           self.site: free}
         self.room_seen_at = now
 
-    def pool_view(self) -> core.PoolView:
-        return self.runner.pool_view(self.draining)
+    def pool_view(self, freeing: StepKey | None = None) -> core.PoolView:
+        return self.runner.pool_view(self.draining, freeing)
 
     @property
     def restricted(self) -> bool:

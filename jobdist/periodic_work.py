@@ -16,6 +16,7 @@ import math
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
+from typing import TypeVar
 
 from . import core, status
 from .backlog import Backlog
@@ -38,6 +39,7 @@ CHECKPOINT_INTERVAL = 2.0
 PROGRESS_INTERVAL = 3.0  # seconds between two progress writes of one step, at least
 MAX_LEASES_SEEN = 100_000  # jobs whose leases we time; the least recently seen go first
 WAITING_SCAN_INTERVAL = 30.0  # seconds between re-checks of the jobs we created that wait
+T = TypeVar("T")
 
 
 class PeriodicWork:
@@ -235,25 +237,35 @@ class PeriodicWork:
             return []
         return [doc_id for doc_id in due if doc_id not in self.skipped]
 
-    def lease_silence(self, doc_id: str, leaves: list[Job]) -> dict[str, float]:
-        """Note the job's current leases (a broadcast step's, one per site); how long each
-        has been seen unchanged.
-
-        Every site notes them (a site may become the creator by adoption); only
-        the creator acts on them. A job whose step holds no lease is forgotten.
-        """
+    def silences(self, doc_id: str, leaves: list[Job]) -> tuple[dict[str, float], float]:
+        """How long this site has seen each of the job's current leases (a broadcast
+        step's, one per site) unchanged, and its leaves as they are (0: first sight, or a
+        job no succession line of ours may take over). Pure: note_leaves notes them."""
         now = time.monotonic()
+        leases, revs = self._as_noted(doc_id, leaves, now)
+        return ({lease: now - since for lease, since in leases.items()},
+                0.0 if revs is None else now - revs[1])
+
+    def note_leaves(self, doc_id: str, leaves: list[Job]) -> None:
+        """A decision was made on the job's leaves: since when each of its leases, and its
+        leaves, are seen as they are now. Every site notes them (a site may become the
+        creator by adoption, or a successor); only the creator acts on the leases. A job
+        whose step holds no lease, or that no line of ours may take over, is forgotten."""
+        leases, revs = self._as_noted(doc_id, leaves, time.monotonic())
+        remember(self.leases_seen, doc_id, leases or None)
+        remember(self.jobs_seen, doc_id, revs)
+
+    def _as_noted(self, doc_id: str, leaves: list[Job], now: float,
+                  ) -> tuple[dict[str, float], tuple[frozenset[str], float] | None]:
+        """The job's entries in leases_seen and jobs_seen once `leaves` are noted."""
         before = self.leases_seen.get(doc_id, {})
-        # Read before forgetting: a revision whose leases cannot be read (one not
-        # validated yet, Settler._plan_seen) leaves what we saw as it was.
-        seen = {lease: before.get(lease, now) for leaf in leaves
-                for lease in core.current_leases(leaf)}
-        self.leases_seen.pop(doc_id, None)
-        if seen:
-            self.leases_seen[doc_id] = seen  # re-inserted: the dict stays oldest first
-        while len(self.leases_seen) > MAX_LEASES_SEEN:  # forgetting only delays a revocation
-            del self.leases_seen[next(iter(self.leases_seen))]
-        return {lease: now - since for lease, since in seen.items()}
+        leases = {lease: before.get(lease, now) for leaf in leaves
+                  for lease in core.current_leases(leaf)}
+        if not any(leaf.get("creator") in self.line_sites and is_live(leaf) for leaf in leaves):
+            return leases, None
+        revs = frozenset(leaf["_rev"] for leaf in leaves)
+        seen = self.jobs_seen.get(doc_id)
+        return leases, (revs, seen[1] if seen is not None and seen[0] == revs else now)
 
     # --- succession: the jobs of silent creators of our lines --------------------------
 
@@ -274,22 +286,6 @@ class PeriodicWork:
             self.board.restart_silence(now)  # we heard nothing meanwhile: count afresh
             return []
         return [doc_id for doc_id in dict.fromkeys(ids) if doc_id not in self.skipped]
-
-    def unchanged_for(self, doc_id: str, leaves: list[Job]) -> float:
-        """How long we have seen the job's leaves as they are now (0: first sight, or
-        a job no succession line of ours may take over: not tracked)."""
-        now = time.monotonic()
-        revs = frozenset(leaf["_rev"] for leaf in leaves)
-        tracked = any(leaf.get("creator") in self.line_sites and is_live(leaf)
-                      for leaf in leaves)
-        before = self.jobs_seen.pop(doc_id, None)  # (after the reading: see lease_silence)
-        if not tracked:
-            return 0.0
-        since = before[1] if before is not None and before[0] == revs else now
-        self.jobs_seen[doc_id] = (revs, since)  # re-inserted: the dict stays oldest first
-        while len(self.jobs_seen) > MAX_LEASES_SEEN:  # forgetting only delays a takeover
-            del self.jobs_seen[next(iter(self.jobs_seen))]
-        return now - since
 
     def silent(self, now: float) -> frozenset[str]:
         """The sites of our succession lines silent for creator_timeout, by our clock."""
@@ -382,3 +378,13 @@ class PeriodicWork:
             self.saved_seq, self.last_checkpoint = self.seq, now
         except CouchError as error:
             self.log.warning("checkpoint not saved", error=error)
+
+
+def remember(memo: dict[str, T], key: str, entry: T | None) -> None:
+    """Keep `entry` as the newest in `memo` (None: forget the key); the oldest are
+    forgotten past MAX_LEASES_SEEN, which only delays a revocation or a takeover."""
+    memo.pop(key, None)
+    if entry is not None:
+        memo[key] = entry  # re-inserted: the dict stays oldest first
+    while len(memo) > MAX_LEASES_SEEN:
+        del memo[next(iter(memo))]

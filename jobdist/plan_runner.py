@@ -46,45 +46,44 @@ class PlanRunner:
         # How long after its launch a deferred run whose start the server does not take
         # may go on: then it is stopped, as a start launched ahead that cannot be written.
         self.defer_limit = self.timings.defer_limit
-        self.unreported_at: dict[str, float] = {}  # a worker last seen with its result unrecorded
 
     # --- what the core sees of our workers ------------------------------------------
 
-    def pool_view(self, draining: bool) -> core.PoolView:
-        running = self.ledger.running()
+    def pool_view(self, draining: bool, freeing: StepKey | None = None) -> core.PoolView:
+        """The view the core decides on; with `freeing`, as if that run's record were gone
+        (a result planned: Settler._planned frees it once the plan is made)."""
+        ledger = self.ledger if freeing is None else self.ledger.without(freeing)
+        running = ledger.running()
         if draining:
             return core.PoolView(running=running)
         now = time.monotonic()
-        since = self._free_since()
+        since = self._free_since(ledger)
         return core.PoolView(
             free_workers=tuple(since),
             idle_for=now - min(since.values(), default=now),
-            booked=self.ledger.bookings(self.pool.bookings(), now),
+            booked=ledger.bookings(self.pool.bookings(), now),
             running=running,
-            queued={key: now - since for key, since in self.ledger.queued().items()},
+            queued={key: now - since for key, since in ledger.queued().items()},
             queue_limit=self.config.workers,
-            ahead=self.ledger.ahead(),
-            riding=self.ledger.riding(),
+            ahead=ledger.ahead(),
+            riding=ledger.riding(),
         )
 
     def free_workers(self) -> tuple[str, ...]:
-        return tuple(self._free_since())
+        return tuple(self._free_since(self.ledger))
 
     def idle_for(self) -> float:
         """How long the worker free longest has been free (0: none is)."""
-        since = self._free_since().values()
+        since = self._free_since(self.ledger).values()
         return time.monotonic() - min(since) if since else 0.0
 
-    def _free_since(self) -> dict[str, float]:
+    def _free_since(self, ledger: Ledger) -> dict[str, float]:
         """The free workers, in the order the pool books them, and since when each is.
 
         A worker whose result we have not recorded yet is not free for new work, and
-        its free time starts only once it is recorded (last seen unrecorded)."""
-        unreported = {running.worker for running in self.ledger.runs().values()}
-        now = time.monotonic()
-        for worker in unreported:
-            self.unreported_at[worker] = now
-        return {worker: max(at, self.unreported_at.get(worker, at))
+        its free time starts only once it is recorded (Ledger.worker_freed)."""
+        unreported = {running.worker for running in ledger.runs().values()}
+        return {worker: max(at, ledger.worker_freed.get(worker, at))
                 for worker, at in self.pool.free_since().items() if worker not in unreported}
 
     def plan_made(self, plan: core.Plan, on_newest: bool = False) -> None:

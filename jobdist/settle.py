@@ -67,6 +67,7 @@ class Task:
     then_decide: bool = False  # once written, decide about the job as usual
     end_on_refusal: bool = True  # a refused write makes the creator end the job
     held: Held | None = None  # a step's result: kept in the journal until it is written
+    notes_leaves: bool = False  # a decision: what it saw of the job is noted (_planned)
     recorded: bool = False  # done: written, or nothing is left to write it in
 
     def repeats(self, other: Task) -> bool:
@@ -207,7 +208,7 @@ class Settler:
         if seen.get("creator") == self.site or not is_job_leaf(seen):
             return self._plan_one(task, self.verdicts.usable(task.doc_id, [seen]))
         try:
-            plan: core.Plan | None = task.plan([normalise(seen)], [])
+            plan: core.Plan | None = self._planned(task, [normalise(seen)], [])
         except Exception:
             return self._plan_one(task, self.verdicts.usable(task.doc_id, [seen]))
         if plan is not None and plan.action != core.Action.NONE \
@@ -291,11 +292,25 @@ class Settler:
         """The task's plan on the job's usable leaves (None: none, or the core choked)."""
         plan = None
         try:
-            plan = None if found is None else task.plan(*found)
+            plan = None if found is None else self._planned(task, *found)
         except Exception:  # a document the core chokes on: logged, the batch goes on
             self.counts["handler_errors"] += 1
             self.log.exception("error while deciding", job=task.doc_id)
         self._note_plan(task, plan)
+        return plan
+
+    def _planned(self, task: Task, leaves: list[Job], rejected: list[core.Unusable],
+                 ) -> core.Plan:
+        """The task's plan (the planners are pure), then its first effects, before the
+        next plan is made: the worker of the result it records is free to the plans after
+        it (the plan saw it so: Manager.record_task), and what a decision saw of the
+        job's leases, leaves and waiting is noted."""
+        plan = task.plan(leaves, rejected)
+        if task.held is not None:
+            self.ledger.freed(task.held.key)
+        if task.notes_leaves:
+            self.periodic.note_leaves(task.doc_id, leaves)
+            self.waiting.note(task.doc_id, leaves)
         return plan
 
     def _note_plan(self, task: Task, plan: core.Plan | None) -> None:

@@ -154,6 +154,8 @@ class Board:
         its free workers would start at once. Its room: its free workers less what we
         gave it that started since (what its status may not count yet), and its queue,
         less the wins (any creator's) it has not started."""
+        # An effect, kept in this query the planners ask: forgetting what expired is
+        # idempotent, and saw_job must not count it either.
         self.assigned = {key: (site, at) for key, (site, at) in self.assigned.items()
                          if now - at < ASSIGNED_FOR}
         unstarted: dict[str, set[StepKey]] = {}

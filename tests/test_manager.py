@@ -34,7 +34,7 @@ from jobdist.config import (
     TuningSettings,
 )
 from jobdist.couch import Unavailable
-from jobdist.journal import Journal
+from jobdist.journal import Journal, unwritten_start
 from jobdist.lab.sim import Clock, Execution, Replica, SimSite, SimStore
 from jobdist.ledger import State
 from jobdist.listener import Changed
@@ -434,14 +434,44 @@ def test_a_revision_whose_leases_cannot_be_read_leaves_the_silence_seen_as_it_wa
     try:
         doc = won_here("reg_b", "true")
         doc["job"][0]["step_status"] = "running"
-        first = manager.periodic.lease_silence(doc["_id"], [doc])
+        manager.periodic.note_leaves(doc["_id"], [doc])
+        first, _ = manager.periodic.silences(doc["_id"], [doc])
         time.sleep(0.1)
-        garbage = {**doc, "job": [{**doc["job"][0], "lease_until": ["not", "a", "time"]}]}
-        with pytest.raises(TypeError):  # (a list cannot key the leases seen)
-            manager.periodic.lease_silence(doc["_id"], [garbage])
-        again = manager.periodic.lease_silence(doc["_id"], [doc])
+        garbage = {**doc, "_rev": "2-a",
+                   "job": [{**doc["job"][0], "lease_until": ["not", "a", "time"]}]}
+        manager.process(doc["_id"], garbage)  # (a list cannot key the leases seen)
+        assert doc["_id"] in manager.skipped and manager.counts["handler_errors"] == 0
+        again, _ = manager.periodic.silences(doc["_id"], [doc])
         lease = doc["job"][0]["lease_until"]
         assert again[lease] >= first[lease] + 0.1  # still counted from the first sight
+    finally:
+        manager.pool.shutdown(1.0)
+
+
+def test_planning_changes_nothing_until_the_plan_is_made(tmp_path: Path) -> None:
+    """The planners are pure: what a decision notes of a job (its leases, how long its
+    leaves are unchanged, its waiting) and the worker a result frees change only once
+    the settler has the plan (Settler._planned), however often a plan is made."""
+    store = SimStore(Replica(), "reg_a")
+    manager = Manager(in_tmp(SiteConfig("reg_a", CouchSettings(store.url), workers=1), tmp_path),
+                      store, SITES, Journal(tmp_path / "journal"))
+    try:
+        doc = {**won_here("reg_b", "true"), "_rev": "1-a"}
+        doc["job"][0]["step_status"] = "running"
+        key = (doc["_id"], 0)
+        manager.ledger.unrecorded(key, "reg_a/w1", 1)
+        decide = manager.decide_task(doc["_id"])
+        record = manager.record_task(unwritten_start(doc["_id"], 0, 1, "reg_a/w1"))
+        for _ in range(2):
+            decide.plan([doc], [])
+            record.plan([doc], [])
+        assert manager.periodic.leases_seen == {}
+        assert manager.ledger.run(key) == core.Running("reg_a/w1", 1)
+        assert manager.pool_view().free_workers == ()
+        assert manager.pool_view(key).free_workers == ("reg_a/w1",)  # what the finish sees
+        manager.ledger.recorded(key, 1)
+        manager.process(doc["_id"], doc)  # another site's step: nothing to do, its lease noted
+        assert list(manager.periodic.leases_seen) == [doc["_id"]]
     finally:
         manager.pool.shutdown(1.0)
 
