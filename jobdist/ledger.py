@@ -22,6 +22,13 @@ worker no one else's, until its result is recorded; those launched ahead keep
 their journal entry (journal.unwritten_start) until their start is settled.
 The runs launched here lately (`launched`, `chained`) are kept apart: they must
 outlive the records (no fencing token issued here is used twice).
+
+A result the server has not taken is kept not here but in HeldResults
+(held_results.py), with its journal entry and back-off: it outlives its record,
+which is freed once its end is planned (the worker free to the plans after it)
+and entered again (ENDED) each time that write fails, and the status thread
+reads it while the manager's thread changes the ledger. Folding it in would
+make the ledger keep records that are not runs: not simpler.
 """
 
 from __future__ import annotations
