@@ -1502,6 +1502,64 @@ def test_merge_never_forgets_an_epoch_a_losing_branch_issued():
     assert merged["job"][1]["epoch"] == 1
 
 
+def went_back_and_on(*, won_by: str) -> tuple[Doc, Doc]:
+    """Two branches: on one, reg_a ran step 0 in epoch 1 and step 1, chained, in epoch 1;
+    on the other, the creator revoked step 0 (epoch 2), reg_b ran it again (epoch 3),
+    and the creator, never having seen the first, won step 1 to `won_by` in epoch 1."""
+    ran = job("any", "any", "any", rev="5-x")
+    step(ran, 0, claimed_by="reg_a", winner="reg_a", epoch=1, step_status="finished")
+    logged(ran, "started", "reg_a", 10, epoch=1)
+    ran["step"] = 1
+    logged(ran, "started", "reg_a", 20, epoch=1)
+    step(ran, 1, claimed_by="reg_a", winner="reg_a", epoch=1, step_status="finished")
+    ran["step"] = 2
+    went_back = job("any", "any", "any", rev="6-l")
+    step(went_back, 0, claimed_by="reg_b", winner="reg_b", epoch=3, step_status="finished")
+    went_back["step"] = 1
+    step(went_back, 1, claimed_by=won_by, winner=won_by, epoch=1, lease_until=at(10_000))
+    return ran, went_back
+
+
+def test_a_win_in_an_epoch_its_site_already_started_the_step_in_is_released():
+    """The branch where step 0 went back outranks the one that ran step 1: the win it
+    issued in epoch 1 is reg_a's token of that run, which the history keeps."""
+    leaves = went_back_and_on(won_by="reg_a")
+    plan = core.plan(list(leaves), ctx("reg_a"), pool("reg_a/w1"))
+    assert plan.action == "release" and plan.after == ()
+    released = apply(plan)
+    assert (released["step"], current(released)["epoch"], current(released)["winner"]) == (
+        1, 2, None)
+    # That run, had it gone on, ends as a stale finish: the step does not count it.
+    ran, went_back = leaves
+    ran["step"] = 1
+    step(ran, 1, step_status="running", executioner="reg_a/w1", lease_until=at(10_000))
+    finish = core.plan_finish([ran, went_back], ctx("reg_a"), pool(), (JOB, 1), 1,
+                              "reg_a/w1", Outcome(), chained=True)
+    assert finish.action == "stale_finish" and apply(finish)["step"] == 1
+    # Another site's win in that epoch is another token: it starts.
+    other = core.plan(list(went_back_and_on(won_by="reg_b")), ctx("reg_b"), pool("reg_b/w1"))
+    assert other.after == (Launch((JOB, 1), 1, "reg_b/w1"),)
+
+
+def test_an_epoch_is_issued_above_every_epoch_the_history_shows_at_the_step():
+    """The step's record can hold a lower epoch than one a dropped branch issued (its
+    run's `started` event is all that is left of it): a win, a direct start and a
+    release each go above it."""
+    def dropped_run(doc: Doc) -> Doc:
+        return logged(doc, "started", "reg_a", 20, epoch=2)
+
+    won_plan = decide(dropped_run(claimed(job(), "reg_a", epoch=1)), CREATOR, pool())
+    assert won_plan.action == "assign" and current(apply(won_plan))["epoch"] == 3
+    started = decide(dropped_run(step(job(), epoch=1)), CREATOR, pool("global/w1"))
+    assert current(apply(started))["epoch"] == 3
+    assert started.after == (Launch(KEY, 3, "global/w1"),)
+    released = decide(dropped_run(won(job(), "reg_a", epoch=1)), "reg_a", pool())
+    assert released.action == "release" and current(apply(released))["epoch"] == 3
+    # An adoption's term is no epoch.
+    adopted = logged(claimed(job(), "reg_a", epoch=1), "adopted", CREATOR, 30, epoch=7)
+    assert current(apply(decide(adopted, CREATOR, pool())))["epoch"] == 2
+
+
 def test_renew_only_touches_a_lease_that_is_running_out():
     doc = running(job(), "reg_a", epoch=1)
     doc["job"][0]["lease_until"] = "2026-01-01T00:01:00.000000Z"

@@ -36,15 +36,18 @@ def test_no_violation_within_the_bound() -> None:
 
 
 def test_a_counterexample_replays() -> None:
-    """The search finds a planted fault in the core (a release that lowers the epoch,
-    so that a win issues the released run's token again) and prints a schedule that
-    replays it."""
+    """The search finds a planted fault in the core (a release that lowers the epoch
+    and forgets the step's events above it, so that a win issues the released run's
+    token again) and prints a schedule that replays it."""
     def release_lowering_the_epoch(ctx: Context, detail: str, *args: object) -> Edit:
         released = release(ctx, detail, *args)  # type: ignore[arg-type]
 
         def edit(doc: Job) -> None:
             released(doc)
-            doc["job"][doc["step"]]["epoch"] -= 2
+            index = doc["step"]
+            floor = doc["job"][index]["epoch"] = doc["job"][index]["epoch"] - 2
+            doc["history"] = [entry for entry in doc["history"]
+                              if entry["step"] != index or entry.get("epoch", 0) <= floor]
         return edit
 
     with pytest.MonkeyPatch.context() as patch:

@@ -35,7 +35,7 @@ from .broadcast import (
     revoke_expired_parts,
 )
 from .edits import assign, claim, fail_job, release
-from .fencing import WIN_LAPSED, settle_local_work, win_lapsed
+from .fencing import WIN_LAPSED, WIN_SPENT, settle_local_work, win_lapsed, win_spent
 from .finish import end_broadcast
 from .leaves import merge
 from .placement import (
@@ -244,10 +244,13 @@ def on_won(doc: Job, step: Step, ctx: Context, pool: PoolView) -> Decision:
     if step["winner"] != ctx.site:
         return revoke_if_expired(doc, step, ctx)
     key = (doc["_id"], doc["step"])
+    booked = (Unbook(key),) if key in pool.booked else ()
     if win_lapsed(step, ctx):
-        booked = (Unbook(key),) if key in pool.booked else ()
         return Decision(Action.RELEASE, release(ctx, WIN_LAPSED, Reason.WIN_LAPSED),
                         before=booked, detail=WIN_LAPSED, reason=Reason.WIN_LAPSED)
+    if win_spent(doc, ctx.site):
+        return Decision(Action.RELEASE, release(ctx, WIN_SPENT), before=booked,
+                        detail=WIN_SPENT)
     worker = pool.worker_for(key)
     if worker is not None:
         return start_decision(doc, step, ctx, worker, assign=False)

@@ -7,9 +7,11 @@ epoch: the history is how a run is explained afterwards.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 
 from ..clock import later
 from ..model import (
+    Event,
     Job,
     Reason,
     RunRecord,
@@ -41,6 +43,28 @@ def log_event(doc: Job, name: str, ctx: Context, *, worker: str | None = None,
     )
 
 
+def next_epoch(doc: Job, own: int, counts: Callable[[Event], bool]) -> int:
+    """An epoch to issue at the current step: above `own` (the record's), and above
+    every epoch the step's history events that `counts` carry.
+
+    The record alone is not enough: a branch where an earlier step went back
+    outranks the branch that ran this step and drops its epochs. The events stay:
+    each write logs one in the revision that issues its epoch, and the merge unions
+    histories (leaves.merge), so no fencing token is issued twice, on any branch.
+    """
+    index = doc["step"]
+    recorded = (entry.get("epoch", 0) for entry in doc["history"]
+                if entry["step"] == index and counts(entry))
+    return max((own, *recorded)) + 1
+
+
+def next_step_epoch(doc: Job) -> int:
+    """The epoch the current plain step's next win, direct start or release issues:
+    above every event of that step (an `adopted` event's epoch is a term, not one)."""
+    return next_epoch(doc, current_step(doc).get("epoch", 0),
+                      lambda entry: entry["event"] != "adopted")
+
+
 def claim(ctx: Context) -> Edit:
     def edit(doc: Job) -> None:
         current_step(doc)["claimed_by"] = ctx.site
@@ -55,7 +79,7 @@ def assign(ctx: Context, site: str | None = None) -> Edit:
         if site is not None:
             step["claimed_by"] = site
         step["winner"] = step["claimed_by"]
-        step["epoch"] = step.get("epoch", 0) + 1
+        step["epoch"] = next_step_epoch(doc)
         step["lease_until"] = later(ctx.now, ctx.lease)  # start by then, or be revoked
         detail = f"winner {step['winner']}" + (" (it has room)" if site is not None else "")
         log_event(doc, "won", ctx, detail=detail)
@@ -68,7 +92,7 @@ def start(ctx: Context, worker: str, *, assign: bool, at: str | None = None) -> 
         step = current_step(doc)
         if assign:
             step["claimed_by"] = step["winner"] = ctx.site
-            step["epoch"] = step.get("epoch", 0) + 1
+            step["epoch"] = next_step_epoch(doc)
         step["step_status"] = "running"
         step["executioner"] = worker
         step["start_time"] = at or ctx.now
@@ -85,7 +109,7 @@ def release(ctx: Context, detail: str, reason: Reason | None = None) -> Edit:
         step.update({"claimed_by": None, "winner": None, "executioner": None,
                      "step_status": None, "start_time": None, "lease_until": None,
                      "progress": None})
-        step["epoch"] = step.get("epoch", 0) + 1
+        step["epoch"] = next_step_epoch(doc)
         log_event(doc, "released", ctx, detail=detail, reason=reason)
     return edit
 
@@ -172,20 +196,11 @@ def log_sub_run(doc: Job, name: str, ctx: Context, run: SubRun, *, worker: str |
 
 def next_sub_run_epoch(doc: Job, site: str) -> int:
     """The epoch `site`'s next start of its part of the current step issues: above its
-    part's, and above every epoch the history shows it started that part in.
-
-    The part alone is not enough: a branch where an earlier step went back, and the
-    step was opened again afresh, outranks the branch whose parts ran, and drops their
-    epochs. Their `started` events stay: each start writes one in the revision that
-    issues its epoch, and the merge unions histories (leaves.merge), so the token
-    (step, site, epoch) goes to one run at most, on any branch.
-    """
-    index = doc["step"]
-    part = sub_runs(doc["job"][index]).get(site)
-    own = part.get("epoch", 0) if part is not None else 0
-    started = (entry.get("epoch", 0) for entry in doc["history"]
-               if (entry["event"], entry["step"], entry["site"]) == ("started", index, site))
-    return max((own, *started)) + 1
+    part's, and above every epoch the history shows it started that part in (a
+    release's event names the site that wrote it, not the part's)."""
+    part = sub_runs(current_step(doc)).get(site)
+    return next_epoch(doc, part.get("epoch", 0) if part is not None else 0,
+                      lambda entry: (entry["event"], entry["site"]) == ("started", site))
 
 
 def start_sub_run(ctx: Context, worker: str) -> Edit:

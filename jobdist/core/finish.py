@@ -29,13 +29,14 @@ from .edits import (
     end_sub_run,
     log_event,
     log_sub_run,
+    next_step_epoch,
     note,
     outcome_reason,
     record_outcome,
     release,
     release_sub_run,
 )
-from .fencing import backs_execution, start_lapsed
+from .fencing import backs_execution, start_lapsed, win_spent
 from .leaves import merge
 from .placement import willing
 from .revision import finalize
@@ -97,7 +98,7 @@ def plan_finish(
 
 def finish_decision(merged: Job, ctx: Context, pool: PoolView, key: StepKey, epoch: int,
                     worker: str, outcome: StepOutcome) -> Decision:
-    if not backs_execution(merged, key, epoch, ctx.site):
+    if not backs_execution(merged, key, epoch, ctx.site) or win_spent(merged, ctx.site):
         if outcome.cancelled and merged["job_status"] == "cancelled":
             return Decision(Action.CANCELLED, record_cancelled(merged, ctx, key, worker, epoch,
                                                           outcome))
@@ -167,7 +168,8 @@ def chain_next(merged: Job, decision: Decision, ctx: Context, pool: PoolView) ->
     key = (after_finish["_id"], after_finish["step"])
     ending = current_step(merged).get("epoch", 0)
     rider = pool.riding.get(key)
-    if rider is not None and (rider.epoch, rider.end_epoch) == (step.get("epoch", 0) + 1, ending) \
+    issued = next_step_epoch(after_finish)
+    if rider is not None and (rider.epoch, rider.end_epoch) == (issued, ending) \
             and allows(step, ctx.site):
         # Our run of it, chained onto an earlier write of this very end that was lost
         # (a 409, or the server down: the end was held): its start is this one.

@@ -21,7 +21,7 @@ from ..model import (
     sole_target,
     step_phase,
 )
-from .edits import current_step, start
+from .edits import current_step, next_step_epoch, start
 from .fencing import start_lapsed
 from .types import WON_CLAIM, Action, Book, Context, Decision, Edit, Launch, PoolView
 
@@ -33,7 +33,7 @@ def start_decision(doc: Job, step: Step, ctx: Context, worker: str, *, assign: b
     too: if the end's write is lost, the end is held and the run goes on, its start
     written with the held end (chain_next, ledger.State.RIDING)."""
     key = (doc["_id"], doc["step"])
-    epoch = step.get("epoch", 0) + (1 if assign else 0)
+    epoch = next_step_epoch(doc) if assign else step.get("epoch", 0)
     ahead = assign or fresh_win(step, ctx)
     return Decision(
         Action.START,
@@ -55,7 +55,7 @@ def late_start(doc: Job, key: StepKey, epoch: int, ctx: Context,
 
     So it does when the start is still the one start_decision writes: in a win of
     ours of that very epoch; or, for an open or merely claimed step of which we are
-    the creator or the only target, in the next epoch (the creator alone picks
+    the creator or the only target, in the epoch it issues (the creator alone picks
     winners, and a claim does not move the epoch). And only after the run of the step
     before that the launch followed (`after`, when known: follows): a revocation of
     that run, merged in meanwhile, opens the step again in the same epoch, after a
@@ -72,7 +72,7 @@ def late_start(doc: Job, key: StepKey, epoch: int, ctx: Context,
     if phase == Phase.WON:
         return step.get("winner") == ctx.site and step.get("epoch", 0) == epoch
     ours = ctx.site == doc["creator"] or sole_target(step) == ctx.site
-    return phase < Phase.WON and ours and step.get("epoch", 0) + 1 == epoch
+    return phase < Phase.WON and ours and next_step_epoch(doc) == epoch
 
 
 def follows(doc: Job, index: int) -> str | None:
