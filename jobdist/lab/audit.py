@@ -197,7 +197,7 @@ def why_superseded(history: Sequence[Leaf], run: Run,
             return why_superseded(history, before)
     step, epoch, site = run
     for entry in history:
-        if entry["step"] == step and _ends_epoch(entry, epoch, site):
+        if entry["step"] == step and _ends_epoch(entry, epoch, site, history):
             return f"{entry['event']} by {entry['site']}: {entry['detail']}"
     takeovers = adoptions(history)
     if takeovers and any((entry["event"], entry["step"], entry["epoch"], entry["site"])
@@ -252,7 +252,7 @@ def adoptions(history: Sequence[Leaf]) -> str:
                      if entry["event"] == "adopted")
 
 
-def _ends_epoch(entry: Leaf, epoch: int, site: str) -> bool:
+def _ends_epoch(entry: Leaf, epoch: int, site: str, history: Sequence[Leaf]) -> bool:
     """Does this event of the run's step end the run's epoch?"""
     names = entry["site"] == site or site in (entry.get("detail") or "")
     match entry["event"]:
@@ -261,7 +261,21 @@ def _ends_epoch(entry: Leaf, epoch: int, site: str) -> bool:
         case "cancelled":
             return entry["epoch"] == epoch
         case "released":
-            return entry["epoch"] == epoch + 1 and names
+            return names and (entry["epoch"] == epoch + 1
+                              or _released_over(entry, epoch, site, history))
         case "dropped":  # an operator removed the site from a broadcast step, for good
             return (entry.get("detail") or "").startswith(f"{site}: ")
     return False
+
+
+def _released_over(release: Leaf, epoch: int, site: str, history: Sequence[Leaf]) -> bool:
+    """A release that went more than one epoch up ends the site's run in `epoch` when the
+    site had no later win or start at the step below it: a new epoch goes above every
+    one the step's history shows (edits.next_step_epoch), another branch's included."""
+    if release["epoch"] <= epoch + 1:
+        return False
+    return not any(entry["step"] == release["step"]
+                   and epoch < entry["epoch"] < release["epoch"]
+                   and ((entry["event"] == "started" and entry["site"] == site)
+                        or (entry["event"] == "won" and site in (entry.get("detail") or "")))
+                   for entry in history)
