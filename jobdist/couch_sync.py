@@ -16,10 +16,15 @@ from .model import Doc
 _REPLICATOR_OWNED = frozenset({"owner"})
 
 
-def sync_design_docs(db: Database, docs: list[Doc]) -> list[str]:
+def sync_design_docs(db: Database, docs: list[Doc],
+                     on_newer: Callable[[str, int], None] | None = None) -> list[str]:
     """Write each design document whose content (ignoring `_rev`) changed, unless the
-    stored one is of a newer version (newer_design_docs): ids written."""
+    stored one is of a newer version (newer_design_docs, each told to `on_newer` with
+    its version): ids written."""
     newer = newer_design_docs(db, docs)
+    for doc_id, version in newer.items():
+        if on_newer is not None:
+            on_newer(doc_id, version)
     return [doc["_id"] for doc in docs if doc["_id"] not in newer and _sync_design_doc(db, doc)]
 
 

@@ -29,7 +29,7 @@ import click
 
 from .config import ConfigError, SiteConfig, load_sites
 from .couch import Couch, CouchError, Database, Forbidden, Saved
-from .couch_sync import newer_design_docs, put_replication, sync_design_docs
+from .couch_sync import put_replication, sync_design_docs
 from .design import DESIGN_VERSION, load_design_docs
 from .model import Doc
 from .topology import (
@@ -134,11 +134,11 @@ def setup_database(site: SiteConfig, report: Say, logins: dict[str, str] | None 
         couch.ensure_database(site.couch.database)
         changes += 1
         report(f"{site.name}: created database {site.couch.database}")
-    ours = load_design_docs()
-    for doc_id, version in newer_design_docs(db, ours).items():
+    def left_newer(doc_id: str, version: int) -> None:
         report(f"{site.name}: left {doc_id} as it is: its version {version} is newer than "
                f"this jobdist's ({DESIGN_VERSION}); upgrade jobdist at this site")
-    written = sync_design_docs(db, ours)
+
+    written = sync_design_docs(db, load_design_docs(), left_newer)
     for doc_id in written:
         changes += 1
         report(f"{site.name}: wrote {doc_id}")
