@@ -1,18 +1,12 @@
-"""The daemon's admin HTTP endpoint: status, metrics and control at run time (thesis 7.2).
+"""The daemon's admin HTTP endpoint: status, metrics, control and the dashboard at run
+time (thesis 7.2; docs/operations.md describes each endpoint).
 
-    GET  /status     JSON: site, workers, running steps, feed position, held results,
-                     uptime, memory, counts
-    GET  /metrics    Prometheus text format
-    POST /workers    {"size": N}    resize the worker pool (running steps are never killed)
-    POST /keepalive  {"period": S}  change the keep-alive period
-    GET  /, /jobs, /jobs/<id>, /events; POST /jobs/<id>/cancel   the dashboard
-                     (jobdist/dashboard.py)
-
-Bound to 127.0.0.1 unless configured. Every POST needs `Authorization: Bearer
-TOKEN` with the configured token; with no token configured, writes are refused:
+Every route is in one table, `AdminServer.routes`. Bound to 127.0.0.1 unless
+configured. Reading is open; every POST needs `Authorization: Bearer TOKEN`
+with the configured token, and with no token configured writes are refused:
 the endpoint is never open for writing. A POST a browser says came from another
-site is refused before the token is looked at. The standard library's threading HTTP
-server in a daemon thread is enough for an operator's handful of requests.
+site is refused before the token is looked at. The standard library's threading
+HTTP server in a daemon thread is enough for an operator's handful of requests.
 
 Handlers only read the daemon's state (the pool locks, the counts are copied
 in one C call) or use thread-safe calls (WorkerPool.resize, an attribute the
@@ -25,14 +19,17 @@ import hmac
 import json
 import logging
 import math
+import re
 import socket
 import threading
 from collections.abc import Callable, Iterator
+from email.message import Message
+from functools import partial
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Protocol
-from urllib.parse import parse_qsl, urlsplit
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -40,11 +37,13 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from .client import site_database
-from .config import ConfigError, SiteConfig
-from .couch import Couch, CouchError, Database
-from .dashboard import Dashboard, Refused, Reply, same_origin
-from .hub import ChangeHub
+from .config import ConfigError
+from .couch import CouchError, Database
+from .dashboard import Dashboard, Handler, Refused, Reply, Request, Route, json_reply
 from .listener import feed_lag
+
+if TYPE_CHECKING:
+    from .daemon import Daemon
 
 log = logging.getLogger("jobdist.admin")
 
@@ -97,136 +96,96 @@ def resident_memory_bytes(status_file: Path = Path("/proc/self/status")) -> int 
     return None
 
 
-class Site(Protocol):
-    """What the admin endpoint needs of a daemon (jobdist/daemon.py's Daemon)."""
-
-    config: SiteConfig
-    db: Database
-    changes: ChangeHub
-
-    @property
-    def known_sites(self) -> frozenset[str]: ...
-
-    def status(self) -> dict[str, Any]: ...
-
-    def resize_workers(self, size: int) -> dict[str, int]: ...
-
-    def set_keepalive_period(self, period: float) -> float: ...
-
-
 class SiteCollector(Collector):
     """Prometheus metrics read from the daemon's live state at each scrape."""
 
-    def __init__(self, daemon: Site, couch: Couch) -> None:
+    def __init__(self, daemon: Daemon, db: Database) -> None:
         self.daemon = daemon
-        self.couch = couch  # short timeout, no retries: a scrape must stay quick
+        self.db = db  # short timeout, few retries: a scrape must stay quick
 
     def collect(self) -> Iterator[Metric]:
         site = self.daemon.config.name
         status = self.daemon.status()
         counts = status["counts"]
+        counter = partial(_metric, CounterMetricFamily, site=site)
+        gauge = partial(_metric, GaugeMetricFamily, site=site)
         for name, key, doc in COUNTERS:
-            yield _counter(f"jobdist_{name}", doc, site, counts.get(key, 0))
-        yield _counter("jobdist_keepalive_resaves", "Jobs the keep-alive re-saved.", site,
-                       status["keepalive_resaves"])
-        yield _counter("jobdist_feed_reconnects", "Times the changes feed was reconnected.",
-                       site, status["feed"]["reconnects"])
+            yield counter(f"jobdist_{name}", doc, value=counts.get(key, 0))
+        yield counter("jobdist_keepalive_resaves", "Jobs the keep-alive re-saved.",
+                      value=status["keepalive_resaves"])
+        yield counter("jobdist_feed_reconnects", "Times the changes feed was reconnected.",
+                      value=status["feed"]["reconnects"])
         actions = CounterMetricFamily("jobdist_decisions", "Decisions carried out, by action.",
                                       labels=["site", "action"])
         for key, value in sorted(counts.items()):
             if key.startswith("action_"):
                 actions.add_metric([site, key.removeprefix("action_")], value)
         yield actions
-        yield from self._workers(site, status["workers"])
-        yield from self._feed(site, status["feed"])
-        journal = status["journal"]
-        yield _gauge("jobdist_results_held", "Step results waiting in the journal for CouchDB.",
-                     site, journal["held"])
-        yield _gauge("jobdist_results_held_oldest_seconds", "Age of the oldest held result "
-                     "(0 when none).", site, journal["oldest_seconds"] or 0)
-        yield _gauge("jobdist_keepalive_period_seconds", "Seconds between keep-alive passes.",
-                     site, status["keepalive_period"])
-        yield _gauge("jobdist_keepalive_left_for_room", "Stale open jobs the last keep-alive "
-                     "pass left in line: no site had a free worker to start them.", site,
-                     status["keepalive_left_for_room"])
-        yield _gauge("jobdist_uptime_seconds", "Seconds since the daemon started.", site,
-                     status["uptime_seconds"])
-
-    def _workers(self, site: str, workers: dict[str, int]) -> Iterator[Metric]:
-        by_state = GaugeMetricFamily("jobdist_workers", "Worker slots by state.",
-                                     labels=["site", "state"])
+        workers = GaugeMetricFamily("jobdist_workers", "Worker slots by state.",
+                                    labels=["site", "state"])
         for state in ("free", "booked", "busy"):
-            by_state.add_metric([site, state], workers[state])
-        yield by_state
-        yield _gauge("jobdist_workers_size", "Worker slots the pool should have.", site,
-                     workers["size"])
-
-    def _feed(self, site: str, feed: dict[str, Any]) -> Iterator[Metric]:
-        yield _gauge("jobdist_feed_queued", "Changes received but not yet decided on.", site,
-                     feed["queued"])
+            workers.add_metric([site, state], status["workers"][state])
+        yield workers
+        yield gauge("jobdist_workers_size", "Worker slots the pool should have.",
+                    value=status["workers"]["size"])
+        yield gauge("jobdist_feed_queued", "Changes received but not yet decided on.",
+                    value=status["feed"]["queued"])
         try:
-            update_seq = self.couch.database(self.daemon.db.name).last_seq()
+            update_seq = self.db.last_seq()
         except CouchError:
             update_seq = None
-        yield _gauge("jobdist_couch_up", "1 when the site's CouchDB answered this scrape.",
-                     site, 0 if update_seq is None else 1)
-        lag = feed_lag(update_seq, feed["received"])
+        yield gauge("jobdist_couch_up", "1 when the site's CouchDB answered this scrape.",
+                    value=0 if update_seq is None else 1)
+        lag = feed_lag(update_seq, status["feed"]["received"])
         if lag is not None:
-            yield _gauge("jobdist_feed_lag", "Changes in the database the feed has not "
-                         "delivered yet (approximate on clustered CouchDB).", site, lag)
+            yield gauge("jobdist_feed_lag", "Changes in the database the feed has not "
+                        "delivered yet (approximate on clustered CouchDB).", value=lag)
+        yield gauge("jobdist_results_held", "Step results waiting in the journal for CouchDB.",
+                    value=status["journal"]["held"])
+        yield gauge("jobdist_results_held_oldest_seconds", "Age of the oldest held result "
+                    "(0 when none).", value=status["journal"]["oldest_seconds"] or 0)
+        yield gauge("jobdist_keepalive_period_seconds", "Seconds between keep-alive passes.",
+                    value=status["keepalive_period"])
+        yield gauge("jobdist_keepalive_left_for_room", "Stale open jobs the last keep-alive "
+                    "pass left in line: no site had a free worker to start them.",
+                    value=status["keepalive_left_for_room"])
+        yield gauge("jobdist_uptime_seconds", "Seconds since the daemon started.",
+                    value=status["uptime_seconds"])
 
 
-def _counter(name: str, documentation: str, site: str, value: float) -> Metric:
-    family = CounterMetricFamily(name, documentation, labels=["site"])
-    family.add_metric([site], value)
-    return family
-
-
-def _gauge(name: str, documentation: str, site: str, value: float) -> Metric:
-    family = GaugeMetricFamily(name, documentation, labels=["site"])
-    family.add_metric([site], value)
-    return family
+def _metric(family: type[CounterMetricFamily | GaugeMetricFamily], name: str,
+            documentation: str, *, site: str, value: float) -> Metric:
+    metric = family(name, documentation, labels=["site"])
+    metric.add_metric([site], value)
+    return metric
 
 
 # --- requests -----------------------------------------------------------------------
 
 
-class RequestError(Exception):
-    """A request we refuse: the status and one clear message for the client."""
-
-    def __init__(self, status: HTTPStatus, message: str,
-                 headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.headers = headers or {}
-
-
-def parse_body(body: bytes) -> dict[str, Any]:
+def body_field(body: bytes, name: str, valid: Callable[[Any], bool], expected: str) -> Any:
+    """Field `name` of a JSON object body; a 400 saying what is expected otherwise."""
     try:
-        value = json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as error:
-        raise RequestError(HTTPStatus.BAD_REQUEST, f"the body is not JSON: {error}") from None
-    if not isinstance(value, dict):
-        raise RequestError(HTTPStatus.BAD_REQUEST, "the body must be a JSON object")
+        fields = json.loads(body)
+    except ValueError as error:  # (a UnicodeDecodeError is one too)
+        raise Refused(HTTPStatus.BAD_REQUEST, f"the body is not JSON: {error}") from None
+    if not isinstance(fields, dict):
+        raise Refused(HTTPStatus.BAD_REQUEST, "the body must be a JSON object")
+    value = fields.get(name)
+    if isinstance(value, bool) or not valid(value):  # (True is an int to Python)
+        raise Refused(HTTPStatus.BAD_REQUEST, f'"{name}" must be {expected}')
     return value
 
 
-def worker_count(body: dict[str, Any]) -> int:
-    size = body.get("size")
-    if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= MAX_WORKERS:
-        raise RequestError(HTTPStatus.BAD_REQUEST,
-                           f'"size" must be an integer from 0 to {MAX_WORKERS}, e.g. {{"size": 4}}')
-    return size
-
-
-def keepalive_period(body: dict[str, Any]) -> float:
-    period = body.get("period")
-    if isinstance(period, bool) or not isinstance(period, int | float) or not (
-            math.isfinite(period) and 0 < period <= MAX_KEEPALIVE_PERIOD):
-        raise RequestError(HTTPStatus.BAD_REQUEST,
-                           f'"period" must be a number of seconds above 0 and at most '
-                           f'{MAX_KEEPALIVE_PERIOD:.0f}, e.g. {{"period": 5}}')
-    return float(period)
+def same_origin(headers: Message) -> bool:
+    """False for a request a browser says came from another site (CSRF); requests
+    without these headers (curl, the CLI) are not from a browser page at all."""
+    if headers.get("Sec-Fetch-Site", "same-origin") not in ("same-origin", "none"):
+        return False
+    origin = headers.get("Origin")
+    if origin is None:
+        return True
+    return urlsplit(origin).netloc == headers.get("Host", "")
 
 
 class AdminHandler(BaseHTTPRequestHandler):
@@ -236,69 +195,57 @@ class AdminHandler(BaseHTTPRequestHandler):
         return "jobdist-admin"
 
     def do_GET(self) -> None:
-        if self._path() == "/events":
-            self._serve("GET", lambda admin, body: admin.dashboard.stream_events(self))
-            return
-        query = dict(parse_qsl(urlsplit(self.path).query))
-        self._serve("GET", lambda admin, body: admin.get(self._path(), query, self.headers))
+        self._serve("GET")
 
     def do_POST(self) -> None:
-        self._serve("POST", lambda admin, body: admin.post(self._path(), self.headers, body))
+        self._serve("POST")
 
-    def _serve(self, method: str,
-               action: Callable[[AdminServer, bytes | None], Reply | None]) -> None:
+    def _serve(self, method: str) -> None:
         admin = self.server.admin
         try:
+            url = urlsplit(self.path)
+            handle, param = admin.route(method, url.path.rstrip("/") or "/")
+            authorized = admin.authorized(method, self.headers)
             body = self._read_body() if method == "POST" else b""
-            reply = action(admin, body)
-            if reply is not None:  # None: a stream, already answered
-                self._send(reply.status, reply.content_type, reply.body, reply.headers)
+            reply = handle(Request(param, dict(parse_qsl(url.query)), body, authorized))
+            self._send(reply)
         except Refused as error:
-            self._send(error.status, "application/json", _json({"error": str(error)}))
-        except RequestError as error:
-            self._send(error.status, "application/json",
-                       _json({"error": str(error)}), error.headers)
+            self._send(json_reply({"error": str(error)}, error.status, error.headers))
         except Exception:
             log.exception("admin request failed site=%s %s %s", admin.site, method, self.path)
-            self._send(HTTPStatus.INTERNAL_SERVER_ERROR, "application/json",
-                       _json({"error": "internal error; see the daemon's log"}))
+            self._send(json_reply({"error": "internal error; see the daemon's log"},
+                                  HTTPStatus.INTERNAL_SERVER_ERROR))
 
-    def _path(self) -> str:
-        return urlsplit(self.path).path.rstrip("/") or "/"
-
-    def _read_body(self) -> bytes | None:
-        """The request body, or None when it is larger than we accept (never read then)."""
+    def _read_body(self) -> bytes:
         try:
             length = int(self.headers.get("Content-Length") or 0)
         except ValueError:
-            raise RequestError(HTTPStatus.BAD_REQUEST, "bad Content-Length") from None
-        if length > MAX_BODY:
-            return None
+            raise Refused(HTTPStatus.BAD_REQUEST, "bad Content-Length") from None
+        if length > MAX_BODY:  # refused unread
+            raise Refused(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                          f"the body is larger than {MAX_BODY} bytes")
         return self.rfile.read(max(0, length))
 
-    def _send(self, status: HTTPStatus, content_type: str, payload: bytes,
-              headers: dict[str, str] | None = None) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(payload)))
-        self.send_header("Cache-Control", "no-store")
-        for name, value in (headers or {}).items():
-            self.send_header(name, value)
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def start_stream(self, headers: dict[str, str]) -> None:
-        """Answer 200 with no length: what follows is written as it comes."""
-        self.connection.settimeout(30.0)  # a client that stops reading is dropped
-        self.send_response(HTTPStatus.OK)
-        for name, value in headers.items():
-            self.send_header(name, value)
-        self.end_headers()
-        self.wfile.flush()
-
-    def write_chunk(self, data: bytes) -> None:
-        self.wfile.write(data)
-        self.wfile.flush()
+    def _send(self, reply: Reply) -> None:
+        try:
+            self.send_response(reply.status)
+            self.send_header("Content-Type", reply.content_type)
+            self.send_header("Cache-Control", "no-store")
+            if reply.stream is None:
+                self.send_header("Content-Length", str(len(reply.body)))
+            for name, value in reply.headers.items():
+                self.send_header(name, value)
+            self.end_headers()
+            self.wfile.write(reply.body)  # (unbuffered: each write is sent at once)
+            if reply.stream is not None:
+                self.connection.settimeout(30.0)  # a client that stops reading is dropped
+                for chunk in reply.stream:
+                    self.wfile.write(chunk)
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):
+            pass  # the client went away
+        finally:
+            if reply.stream is not None:
+                reply.stream.close()
 
     def log_message(self, format: str, *args: Any) -> None:
         # One line per request, at DEBUG: the writes themselves are logged at INFO.
@@ -314,32 +261,33 @@ class _HttpServer6(_HttpServer):
     address_family = socket.AF_INET6
 
 
-def _json(value: Any) -> bytes:
-    return json.dumps(value, default=str).encode() + b"\n"
-
-
 # --- the server -----------------------------------------------------------------------
 
 
 class AdminServer:
     """One daemon's admin endpoint; `start` binds (port 0: any free port), `stop` closes."""
 
-    def __init__(self, daemon: Site, host: str = "127.0.0.1", port: int = 0,
+    def __init__(self, daemon: Daemon, host: str = "127.0.0.1", port: int = 0,
                  token: str | None = None) -> None:
         self.daemon = daemon
         self.site = daemon.config.name
         self.host = host
         self.requested_port = port
         self._token = token.encode() if token else None
+        db = site_database(daemon.config, quick=True)  # a page or a scrape must not hang
         self.registry = CollectorRegistry(auto_describe=False)  # per server: nothing global
-        config = daemon.config
-        couch = Couch(config.couch.url, user=config.couch.user, password=config.couch.password,
-                      timeout=2.0, retries=1)
-        self.registry.register(SiteCollector(daemon, couch))
+        self.registry.register(SiteCollector(daemon, db))
         ProcessCollector(registry=self.registry)  # process_resident_memory_bytes, CPU, fds
-        self.dashboard = Dashboard(config, daemon.known_sites, daemon.changes,
-                                   site_database(config, quick=True), daemon.status,
-                                   writes=self._token is not None)
+        self.dashboard = Dashboard(daemon.config, daemon.known_sites, daemon.changes, db,
+                                   daemon.status, writes=self._token is not None)
+        self.routes: list[Route] = [
+            ("GET", "/status", lambda request: json_reply(daemon.status())),
+            ("GET", "/metrics",
+             lambda request: Reply(CONTENT_TYPE_LATEST, generate_latest(self.registry))),
+            ("POST", "/workers", self.resize_workers),
+            ("POST", "/keepalive", self.set_keepalive_period),
+            *self.dashboard.routes(),
+        ]
         self._http: _HttpServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -380,74 +328,58 @@ class AdminServer:
         self._http = None
         log.info("admin endpoint stopped site=%s", self.site)
 
-    # -- routes --
+    def route(self, method: str, path: str) -> tuple[Handler, str]:
+        """The handler of a request and what its route's pattern took from the path."""
+        allowed = []
+        for verb, pattern, handle in self.routes:
+            if found := re.fullmatch(pattern, path):
+                if verb == method:
+                    return handle, unquote(found[1]) if found.groups() else ""
+                allowed.append(verb)
+        if allowed:
+            raise Refused(HTTPStatus.METHOD_NOT_ALLOWED, f"{method} {path} is not supported; "
+                          f"use {', '.join(allowed)}", {"Allow": ", ".join(allowed)})
+        raise Refused(HTTPStatus.NOT_FOUND,
+                      f"no such endpoint {path}; there are GET /status, GET /metrics, "
+                      "POST /workers, POST /keepalive and the dashboard at GET /")
 
-    def get(self, path: str, query: dict[str, str], headers: Any) -> Reply:
-        if path == "/status":
-            return Reply("application/json", _json(self.daemon.status()))
-        if path == "/metrics":
-            return Reply(CONTENT_TYPE_LATEST, generate_latest(self.registry))
-        if self.dashboard.handles(path):
-            return self.dashboard.get(path, query, self.authorized(headers))
-        raise self._unknown(path, "GET")
-
-    def post(self, path: str, headers: Any, body: bytes | None) -> Reply:
-        dashboard = self.dashboard.handles(path)
-        if path not in ("/workers", "/keepalive") and not dashboard:
-            raise self._unknown(path, "POST")
-        if not same_origin(headers):
-            raise RequestError(HTTPStatus.FORBIDDEN, "cross-site request refused")
-        self.authorize(headers.get("Authorization"))
-        if dashboard:
-            return self.dashboard.post(path)
-        if body is None:
-            raise RequestError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                               f"the body is larger than {MAX_BODY} bytes")
-        fields = parse_body(body)
-        if path == "/workers":
-            return Reply("application/json", _json(self.resize_workers(worker_count(fields))))
-        return Reply("application/json",
-                     _json(self.set_keepalive_period(keepalive_period(fields))))
-
-    def authorized(self, headers: Any) -> bool:
-        """Whether a GET may show actions: False without a token; a wrong one is refused."""
-        if not headers.get("Authorization") or self._token is None:
-            return False
-        self.authorize(headers.get("Authorization"))
-        return True
-
-    def authorize(self, header: str | None) -> None:
-        if self._token is None:
-            raise RequestError(HTTPStatus.FORBIDDEN,
-                               "writes are disabled: this daemon has no admin token configured "
-                               "([admin] token_file, token or $JOBDIST_ADMIN_TOKEN)")
+    def authorized(self, method: str, headers: Message) -> bool:
+        """Whether the request carries the token. A POST must (and, from a browser, come
+        from this endpoint's own pages); a GET may, to see the dashboard's actions."""
+        header = headers.get("Authorization")
+        if method == "GET":
+            if not header or self._token is None:
+                return False
+        elif not same_origin(headers):
+            raise Refused(HTTPStatus.FORBIDDEN, "cross-site request refused")
+        elif self._token is None:
+            raise Refused(HTTPStatus.FORBIDDEN,
+                          "writes are disabled: this daemon has no admin token configured "
+                          "([admin] token_file, token or $JOBDIST_ADMIN_TOKEN)")
         scheme, _, given = (header or "").partition(" ")
         if scheme.lower() != "bearer" or not given.strip():
-            raise RequestError(HTTPStatus.UNAUTHORIZED,
-                               "missing token: send the header 'Authorization: Bearer TOKEN'",
-                               {"WWW-Authenticate": 'Bearer realm="jobdist"'})
+            raise Refused(HTTPStatus.UNAUTHORIZED,
+                          "missing token: send the header 'Authorization: Bearer TOKEN'",
+                          {"WWW-Authenticate": 'Bearer realm="jobdist"'})
         if not hmac.compare_digest(given.strip().encode(), self._token):
-            raise RequestError(HTTPStatus.FORBIDDEN, "wrong token")
+            raise Refused(HTTPStatus.FORBIDDEN, "wrong token")
+        return True
 
-    def resize_workers(self, size: int) -> dict[str, Any]:
+    def resize_workers(self, request: Request) -> Reply:
+        size = body_field(request.body, "size",
+                          lambda size: isinstance(size, int) and 0 <= size <= MAX_WORKERS,
+                          f'an integer from 0 to {MAX_WORKERS}, e.g. {{"size": 4}}')
         workers = self.daemon.resize_workers(size)
         log.info("admin resized workers site=%s size=%d", self.site, workers["size"])
-        return {"workers": workers}
+        return json_reply({"workers": workers})
 
-    def set_keepalive_period(self, period: float) -> dict[str, Any]:
+    def set_keepalive_period(self, request: Request) -> Reply:
+        period = float(body_field(
+            request.body, "period", lambda period: isinstance(period, int | float)
+            and math.isfinite(period) and 0 < period <= MAX_KEEPALIVE_PERIOD,
+            f"a number of seconds above 0 and at most {MAX_KEEPALIVE_PERIOD:.0f}, "
+            'e.g. {"period": 5}'))
         before = self.daemon.set_keepalive_period(period)
         log.info("admin changed keep-alive period site=%s period=%.3gs->%.3gs",
                  self.site, before, period)
-        return {"keepalive_period": period}
-
-    def _unknown(self, path: str, method: str) -> RequestError:
-        allowed = {"/status": "GET", "/metrics": "GET", "/workers": "POST", "/keepalive": "POST",
-                   "/events": "GET"}
-        if path in allowed:
-            return RequestError(HTTPStatus.METHOD_NOT_ALLOWED,
-                                f"{method} {path} is not supported; use {allowed[path]}",
-                                {"Allow": allowed[path]})
-        return RequestError(HTTPStatus.NOT_FOUND,
-                            f"no such endpoint {path}; there are GET /status, GET /metrics, "
-                            "POST /workers, POST /keepalive and the dashboard at GET /")
-
+        return json_reply({"keepalive_period": period})

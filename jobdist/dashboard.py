@@ -1,43 +1,37 @@
-"""The dashboard each daemon serves beside /status and /metrics (jobdist/admin.py).
-
-    GET  /                  the overview: sites, their workers and running steps, job counts
-    GET  /jobs              the jobs, newest first, by status / site / creator, a page at a time
-    GET  /jobs/<id>         one job merged from all its revisions: steps, output, history
-    GET  /events            Server-Sent Events: what changed on this site's feed
-    GET  /static/<file>     the page's own script and style sheet (no CDN)
-    POST /jobs/<id>/cancel  cancel the job (the pool is resized with POST /workers)
+"""The dashboard each daemon serves beside /status and /metrics: its routes join the
+admin endpoint's table (jobdist/admin.py), which also uses the request and reply
+types here. docs/operations.md describes the pages and their rules.
 
 Pages are Jinja2 templates (autoescaped: a step that prints `<script>` shows
 it as text). A page fetched with `?fragment=1` is its content alone: the page's
 script fetches that again when the event stream says something it shows
-changed. The admin token decides, as for every admin write: GETs are open and
-show no actions; a GET carrying `Authorization: Bearer TOKEN` shows them; a
-POST needs it, and a cross-site one is refused outright. The browser keeps the
-token in sessionStorage and sends it as that header (docs/operations.md). A
-site with no token configured offers no token field either: its pages say
-that actions are off, and why.
+changed. GETs are open and show no actions; a GET carrying the admin token
+shows them, and a POST needs it. A site with no token configured offers no
+token field either: its pages say that actions are off, and why.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from http import HTTPStatus
 from importlib import resources
 from itertools import islice
-from typing import Any, Protocol
-from urllib.parse import quote, unquote, urlencode, urlsplit
+from typing import Any
+from urllib.parse import quote, urlencode
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 
-from . import client, render, status
+from . import client, clock, render, status
 from .config import SiteConfig
 from .couch import CouchError, Database
 from .design import PEOPLE_DDOC
-from .hub import ChangeHub, Subscription
+from .hub import ChangeHub
 from .listener import feed_lag
 from .logs import EventLog
 from .model import Doc, Leaf, after_policy, sub_runs, targets
@@ -67,21 +61,31 @@ class Reply:
     body: bytes
     status: HTTPStatus = HTTPStatus.OK
     headers: dict[str, str] = field(default_factory=dict)
+    stream: Generator[bytes] | None = None  # chunks sent after the body, as they come
 
 
 class Refused(Exception):
-    """A request the dashboard refuses: the status and one clear message."""
+    """A request the admin endpoint refuses: the status and one clear message."""
 
-    def __init__(self, status: HTTPStatus, message: str) -> None:
+    def __init__(self, status: HTTPStatus, message: str,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.headers = headers or {}
 
 
-class EventWriter(Protocol):
-    """The part of the request handler an event stream writes to."""
+@dataclass
+class Request:
+    """A request as its route's handler sees it."""
 
-    def start_stream(self, headers: dict[str, str]) -> None: ...
-    def write_chunk(self, data: bytes) -> None: ...
+    param: str = ""  # what the route's pattern took from the path: a job id, a file name
+    query: dict[str, str] = field(default_factory=dict)
+    body: bytes = b""
+    authorized: bool = False  # it carries the admin token (a wrong one is refused before)
+
+
+Handler = Callable[[Request], Reply]
+Route = tuple[str, str, Handler]  # method, path pattern (a regular expression), handler
 
 
 # --- what the pages show ----------------------------------------------------------
@@ -101,11 +105,6 @@ class SiteRow:
     feed_seq: object = None
     feed_lag: int | None = None
     running: list[Doc] = field(default_factory=list)
-
-
-def seconds_since(stamp: str | None, now: datetime) -> float | None:
-    then = parse_time(stamp)
-    return None if then is None else (now - then).total_seconds()
 
 
 def running_by_site(rows: list[Doc]) -> dict[str, list[Doc]]:
@@ -177,34 +176,28 @@ def timeline(doc: Doc) -> list[Doc]:
     for entry in history:
         at = parse_time(entry.get("at"))
         offset = None if at is None or start is None else (at - start).total_seconds()
-        events.append({
-            "at": render.short_time(entry.get("at")),
-            "offset": None if offset is None else f"+{offset:.1f}s",
-            "event": render.event_name(entry, lost).plain, "step": entry.get("step"),
-            "site": entry.get("site"), "worker": entry.get("worker"),
-            "epoch": entry.get("epoch"), "detail": entry.get("detail")})
+        events.append({**entry, "at": render.short_time(entry.get("at")),
+                       "offset": None if offset is None else f"+{offset:.1f}s",
+                       "event": render.event_name(entry, lost).plain})
     return events
 
 
 def parse_time(stamp: Any) -> datetime | None:
-    if not isinstance(stamp, str):
-        return None
+    """A time a document holds, or None when it holds none it can read."""
     try:
-        parsed = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+        return clock.parse_time(stamp) if isinstance(stamp, str) else None
     except ValueError:
         return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 # --- the dashboard ------------------------------------------------------------------
 
 
 class Dashboard:
-    """The pages of one daemon's dashboard; the admin endpoint routes to it."""
+    """The pages of one daemon's dashboard; `routes` are its part of the admin endpoint."""
 
     def __init__(self, config: SiteConfig, known_sites: frozenset[str], hub: ChangeHub,
-                 db: Database, own_status: Callable[[], Doc], writes: bool,
-                 heartbeat: float = HEARTBEAT) -> None:
+                 db: Database, own_status: Callable[[], Doc], writes: bool) -> None:
         """`writes`: whether an admin token is configured (without one, every action
         is refused, so the pages offer none and say why)."""
         self.config = config
@@ -215,69 +208,54 @@ class Dashboard:
         self.hub = hub
         self.db = db  # quick timeouts: a page must not hang on a slow server
         self.own_status = own_status  # what GET /status answers: the same numbers
-        self.heartbeat = heartbeat
-        self._streams: set[Subscription] = set()  # this endpoint's: ended by `close`
+        self.heartbeat = HEARTBEAT
+        self._closing = threading.Event()  # set by `close`: this endpoint's streams end
         self.templates = Environment(loader=PackageLoader("jobdist", "templates"),
                                      autoescape=select_autoescape(default=True),
                                      trim_blocks=True, lstrip_blocks=True)
         self.templates.filters.update(dash=lambda value: "-" if value in (None, "") else value,
                                       shorttime=render.short_time)
 
-    # -- routing --
+    def routes(self) -> list[Route]:
+        return [("GET", "/", partial(self.page, "overview.html", self.overview)),
+                ("GET", "/jobs", partial(self.page, "jobs.html", self.jobs)),
+                ("GET", "/jobs/([^/]+)", partial(self.page, "job.html", self.job)),
+                ("GET", "/events", self.stream_events),
+                ("GET", "/static/([^/]+)", self.static),
+                ("POST", "/jobs/([^/]+)/cancel", self.cancel)]
 
-    def handles(self, path: str) -> bool:
-        return path in ("/", "/jobs", "/events") or path.startswith(("/jobs/", "/static/"))
-
-    def get(self, path: str, query: Mapping[str, str], authorized: bool) -> Reply:
-        if path.startswith("/static/"):
-            return self.static(path.removeprefix("/static/"))
-        context = {"authorized": authorized, "writes": self.writes,
-                   "fragment": query.get("fragment") == "1"}
+    def page(self, template: str, view: Callable[[Request], dict[str, Any] | Reply],
+             request: Request) -> Reply:
+        """The page `template` shows with what `view` found (or the reply it gave); one
+        line saying why when the job or the site's CouchDB cannot be read."""
+        status = HTTPStatus.OK
         try:
-            if path == "/":
-                return self.page("overview.html", self.overview(), context)
-            if path == "/jobs":
-                if query.get("id", "").strip():
-                    return redirect(f"/jobs/{quote(query['id'].strip(), safe='')}")
-                return self.page("jobs.html", self.jobs(query), context)
-            job_id = path.removeprefix("/jobs/")
-            if "/" not in job_id and job_id:
-                return self.page("job.html", self.job(unquote(job_id)), context)
+            values = view(request)
         except client.NoSuchJob as error:
-            return self.page("missing.html", {"message": str(error)}, context,
-                             HTTPStatus.NOT_FOUND)
+            status, template, values = HTTPStatus.NOT_FOUND, "missing.html", {"message": str(error)}
         except client.NewerFormat as error:
-            return self.page("missing.html", {"message": str(error)}, context,
-                             HTTPStatus.CONFLICT)
+            status, template, values = HTTPStatus.CONFLICT, "missing.html", {"message": str(error)}
         except CouchError as error:
-            self.log.warning("dashboard cannot read", path=path, error=error)
-            message = render.explain_couch_error(error, self.config)
-            return self.page("missing.html", {"message": message}, context,
-                             HTTPStatus.SERVICE_UNAVAILABLE)
-        raise Refused(HTTPStatus.NOT_FOUND, f"no such page {path}")
-
-    def post(self, path: str) -> Reply:
-        """An authorized POST (the admin endpoint checked the token and the origin)."""
-        parts = path.split("/")  # "", "jobs", id, "cancel"
-        if len(parts) != 4 or parts[1] != "jobs" or parts[3] != "cancel" or not parts[2]:
-            raise Refused(HTTPStatus.NOT_FOUND, f"no such action {path}")
-        return json_reply(self.cancel(unquote(parts[2])))
-
-    def page(self, template: str, values: dict[str, Any], context: dict[str, Any],
-             code: HTTPStatus = HTTPStatus.OK) -> Reply:
+            self.log.warning("dashboard cannot read", page=template, error=error)
+            status, template = HTTPStatus.SERVICE_UNAVAILABLE, "missing.html"
+            values = {"message": render.explain_couch_error(error, self.config)}
+        if isinstance(values, Reply):
+            return values
         html = self.templates.get_template(template).render(
-            site=self.site, **context, **values)
-        return Reply("text/html; charset=utf-8", html.encode(), code, dict(SECURITY_HEADERS))
+            site=self.site, authorized=request.authorized, writes=self.writes,
+            fragment=request.query.get("fragment") == "1", **values)
+        return Reply("text/html; charset=utf-8", html.encode(), status, dict(SECURITY_HEADERS))
 
-    def static(self, name: str) -> Reply:
-        if name not in STATIC_TYPES:
-            raise Refused(HTTPStatus.NOT_FOUND, f"no such file {name}")
-        body = resources.files("jobdist").joinpath("static", name).read_bytes()
-        return Reply(STATIC_TYPES[name], body, headers={"X-Content-Type-Options": "nosniff"})
+    def static(self, request: Request) -> Reply:
+        if request.param not in STATIC_TYPES:
+            raise Refused(HTTPStatus.NOT_FOUND, f"no such file {request.param}")
+        body = resources.files("jobdist").joinpath("static", request.param).read_bytes()
+        return Reply(STATIC_TYPES[request.param], body,
+                     headers={"X-Content-Type-Options": "nosniff"})
 
     # -- pages --
 
-    def overview(self) -> dict[str, Any]:
+    def overview(self, request: Request) -> dict[str, Any]:
         counts = client.count_by_status(self.db)
         return {"sites": self.sites(), "counts": {name: counts.get(name, 0)
                                                   for name in client.STATUSES}}
@@ -289,21 +267,18 @@ class Dashboard:
         published = {doc["site"]: doc for doc in CouchStore(self.db).statuses()
                      if isinstance(doc.get("site"), str)}
         now = datetime.now(UTC)
-        names = sorted({*self.known_sites, *published, *running})
         rows = [self._own_row(running.get(self.site, []))]
-        for name in names:
-            if name == self.site:
-                continue
+        for name in sorted({*self.known_sites, *published, *running} - {self.site}):
             doc = published.get(name)
             parsed = status.SiteStatus.parse(doc) if doc else None
-            age = seconds_since(parsed.updated_at, now) if parsed else None
+            seen = parse_time(parsed.updated_at) if parsed else None
             rows.append(SiteRow(
                 name=name, here=False, workers=parsed.workers if parsed else None,
                 free=parsed.free_workers if parsed else None, booked=None,
                 busy=len(running.get(name, [])),
                 draining=parsed.draining if parsed else None,
                 last_seen=render.short_time(parsed.updated_at) if parsed else "never",
-                silent=age is None or age > status.STALE_AFTER,
+                silent=seen is None or (now - seen).total_seconds() > status.STALE_AFTER,
                 running=running.get(name, [])))
         return rows
 
@@ -319,7 +294,11 @@ class Dashboard:
                        draining=own["draining"], last_seen="now", silent=False,
                        feed_seq=received, feed_lag=feed_lag(latest, received), running=running)
 
-    def jobs(self, query: Mapping[str, str]) -> dict[str, Any]:
+    def jobs(self, request: Request) -> dict[str, Any] | Reply:
+        query = request.query
+        if query.get("id", "").strip():  # the search box
+            return Reply("text/plain; charset=utf-8", b"", HTTPStatus.SEE_OTHER,
+                         {"Location": f"/jobs/{quote(query['id'].strip(), safe='')}"})
         chosen = {name: query.get(name, "").strip() or None
                   for name in ("status", "site", "creator", "before")}
         if chosen["status"] not in (None, *client.STATUSES):
@@ -336,12 +315,11 @@ class Dashboard:
                  if more and rows else None)
         newest = f"/jobs?{urlencode(filters)}" if chosen["before"] else None
         return {"rows": rows, "filters": chosen, "statuses": client.STATUSES,
-                "known_sites": self.known_sites,
-                "older": older, "newest": newest}
+                "known_sites": self.known_sites, "older": older, "newest": newest}
 
-    def job(self, job_id: str) -> dict[str, Any]:
-        doc, leaves = client.read_merged(self.db, self.site, job_id)
-        return {"job": doc, "job_id": job_id, "conflicts": len(leaves) - 1,
+    def job(self, request: Request) -> dict[str, Any]:
+        doc, leaves = client.read_merged(self.db, self.site, request.param)
+        return {"job": doc, "job_id": request.param, "conflicts": len(leaves) - 1,
                 "status_text": render.job_status_text(doc),
                 "failure": render.failure_reason(doc).removeprefix(" (").removesuffix(")"),
                 "created": render.created_text(doc),
@@ -354,7 +332,9 @@ class Dashboard:
 
     # -- actions --
 
-    def cancel(self, job_id: str) -> Doc:
+    def cancel(self, request: Request) -> Reply:
+        """An authorized POST (the admin endpoint checked the token and the origin)."""
+        job_id = request.param
         try:
             cancelled = client.cancel(self.db, self.site, job_id, CANCEL_REASON)
         except client.NoSuchJob as error:
@@ -362,60 +342,46 @@ class Dashboard:
         except (client.StillConflicting, client.NewerFormat) as error:
             raise Refused(HTTPStatus.CONFLICT, str(error)) from None
         if not cancelled.written:
-            return {"cancelled": False,
-                    "message": f"{job_id} had already ended: {cancelled.job['job_status']}"}
+            return json_reply({"cancelled": False, "message":
+                               f"{job_id} had already ended: {cancelled.job['job_status']}"})
         self.log.info("dashboard cancelled", job=job_id)
-        return {"cancelled": True, "message": f"{job_id} cancelled"}
+        return json_reply({"cancelled": True, "message": f"{job_id} cancelled"})
 
     # -- live updates --
 
-    def stream_events(self, out: EventWriter) -> None:
-        """Send each batch of changes as one `change` event until the client goes away
-        (a write fails: at the latest at the next heartbeat) or the endpoint stops."""
-        subscription = self.hub.subscribe()
-        if subscription is None:
+    def stream_events(self, request: Request) -> Reply:
+        """What changed, as Server-Sent Events, until the client goes away (a write
+        fails: at the latest at the next heartbeat) or the endpoint stops."""
+        events = self._events()
+        first = next(events)  # joins the hub or refuses; from here on, closing leaves it
+        return Reply("text/event-stream", first, headers={"X-Accel-Buffering": "no"},
+                     stream=events)
+
+    def _events(self) -> Generator[bytes]:
+        if not self.hub.join():
             raise Refused(HTTPStatus.SERVICE_UNAVAILABLE,
                           f"too many event streams open (at most {self.hub.max_clients})")
-        self._streams.add(subscription)
+        seen = self.hub.published
         try:
-            out.start_stream({"Content-Type": "text/event-stream", "Cache-Control": "no-store",
-                              "X-Accel-Buffering": "no"})
-            out.write_chunk(b"retry: 2000\n: connected\n\n")
-            while not subscription.closed:
-                batch = subscription.next(self.heartbeat)
-                if batch is None:
-                    out.write_chunk(b": keep-alive\n\n")
+            yield b"retry: 2000\n: connected\n\n"
+            while not self._closing.is_set():
+                seen, change = self.hub.read(seen, self.heartbeat, self._closing.is_set)
+                if change is None:
+                    yield b": keep-alive\n\n"
                     continue
-                payload = json.dumps({"ids": batch.ids, "seq": batch.seq}, default=str)
-                out.write_chunk(f"event: change\ndata: {payload}\n\n".encode())
-                time.sleep(MIN_EVENT_GAP)
-        except (BrokenPipeError, ConnectionResetError, TimeoutError):
-            pass  # the tab went away
+                yield f"event: change\ndata: {json.dumps(change, default=str)}\n\n".encode()
+                time.sleep(MIN_EVENT_GAP)  # a burst of changes reaches a tab as one event
         finally:
-            self._streams.discard(subscription)
-            self.hub.unsubscribe(subscription)
+            self.hub.leave()
 
     def close(self) -> None:
         """End this endpoint's event streams: their handlers return at once."""
-        for subscription in list(self._streams):
-            self.hub.unsubscribe(subscription)
+        self._closing.set()
+        self.hub.wake()
 
 
-def redirect(location: str) -> Reply:
-    return Reply("text/plain; charset=utf-8", b"", HTTPStatus.SEE_OTHER,
-                 {"Location": location})
+def json_reply(value: Any, status: HTTPStatus = HTTPStatus.OK,
+               headers: dict[str, str] | None = None) -> Reply:
+    return Reply("application/json", json.dumps(value, default=str).encode() + b"\n", status,
+                 headers or {})
 
-
-def json_reply(value: Any) -> Reply:
-    return Reply("application/json", json.dumps(value, default=str).encode() + b"\n")
-
-
-def same_origin(headers: Mapping[str, str]) -> bool:
-    """False for a request a browser says came from another site (CSRF); requests
-    without these headers (curl, the CLI) are not from a browser page at all."""
-    if headers.get("Sec-Fetch-Site", "same-origin") not in ("same-origin", "none"):
-        return False
-    origin = headers.get("Origin")
-    if origin is None:
-        return True
-    return urlsplit(origin).netloc == headers.get("Host", "")

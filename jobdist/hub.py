@@ -1,97 +1,68 @@
 """A broadcast hub: the site's own changes feed, fanned out to the dashboard's browsers.
 
-The daemon's listener already follows `_changes`; each change it receives is
-offered here, and every open event stream (one per browser tab) takes what
-changed since it last looked. No tab ever opens a feed of its own on CouchDB,
-and nothing polls a job. Offering never blocks the listener: a subscription
-keeps the ids of the changed documents, at most `MAX_IDS` of them (past that
-it only says "many changed", and the page reloads whatever it shows).
+The daemon's listener already follows `_changes`; it publishes each change here,
+and every open event stream (one per browser tab) reads what was published since
+its last read, knowing only how many changes it has read. No tab opens a feed of
+its own on CouchDB and nothing polls a job. The hub keeps the last `MAX_IDS`
+changes: a reader further behind is told "many changed" (and its page reloads
+whatever it shows). Publishing holds a lock only to append.
 """
 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Callable
+from typing import Any
 
 MAX_CLIENTS = 16  # event streams open at once; more are refused (503)
-MAX_IDS = 200  # changed ids a subscription keeps between two reads
-
-
-@dataclass(frozen=True)
-class Batch:
-    """What changed since the last read: the ids (None: too many to list) and the
-    latest sequence (opaque)."""
-
-    ids: list[str] | None
-    seq: object
-
-
-class Subscription:
-    """One event stream's view of the feed: the changes it has not read yet."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._ready = threading.Event()
-        self._ids: dict[str, None] = {}  # a dict keeps the order and drops repeats
-        self._overflow = False
-        self._seq: object = None
-        self.closed = False
-
-    def offer(self, doc_id: str, seq: object) -> None:
-        with self._lock:
-            if len(self._ids) < MAX_IDS:
-                self._ids[doc_id] = None
-            elif doc_id not in self._ids:
-                self._overflow = True
-            self._seq = seq
-        self._ready.set()
-
-    def close(self) -> None:
-        self.closed = True
-        self._ready.set()
-
-    def next(self, timeout: float) -> Batch | None:
-        """The changes since the last call, waiting up to `timeout`; None when nothing
-        changed (or the subscription was closed)."""
-        self._ready.wait(timeout)
-        with self._lock:
-            self._ready.clear()
-            if self.closed or (not self._ids and not self._overflow):
-                return None
-            batch = Batch(None if self._overflow else list(self._ids), self._seq)
-            self._ids, self._overflow = {}, False
-            return batch
+MAX_IDS = 200  # changes kept for the readers behind
 
 
 class ChangeHub:
-    """The subscriptions of the open event streams; `publish` is the listener's hook."""
+    """The recent changes, and how many readers there are; `publish` is the listener's
+    hook."""
 
     def __init__(self, max_clients: int = MAX_CLIENTS) -> None:
         self.max_clients = max_clients
-        self._lock = threading.Lock()
-        self._subscriptions: set[Subscription] = set()
+        self.clients = 0
+        self.published = 0  # changes published so far: where a new reader starts
+        self._recent: deque[tuple[str, object]] = deque(maxlen=MAX_IDS)  # id, seq
+        self._changed = threading.Condition()
 
     def publish(self, doc_id: str, seq: object) -> None:
-        with self._lock:
-            subscriptions = list(self._subscriptions)
-        for subscription in subscriptions:
-            subscription.offer(doc_id, seq)
+        with self._changed:
+            self._recent.append((doc_id, seq))
+            self.published += 1
+            self._changed.notify_all()
 
-    def subscribe(self) -> Subscription | None:
-        """A new subscription, or None when `max_clients` streams are open already."""
-        with self._lock:
-            if len(self._subscriptions) >= self.max_clients:
-                return None
-            subscription = Subscription()
-            self._subscriptions.add(subscription)
-            return subscription
+    def read(self, seen: int, timeout: float,
+             stop: Callable[[], bool]) -> tuple[int, dict[str, Any] | None]:
+        """The changes after the first `seen`, waiting up to `timeout` (or until `stop`
+        says so after a `wake`): how many are published now, and {"ids": the changed
+        ids (None: too many to list), "seq": the latest}, or None when nothing changed."""
+        with self._changed:
+            self._changed.wait_for(lambda: self.published > seen or stop(), timeout)
+            new = self.published - seen
+            if new == 0:
+                return seen, None
+            ids = [doc_id for doc_id, _ in list(self._recent)[-new:]]
+            return self.published, {"ids": list(dict.fromkeys(ids)) if new <= len(ids) else None,
+                                    "seq": self._recent[-1][1]}
 
-    def unsubscribe(self, subscription: Subscription) -> None:
-        subscription.close()
-        with self._lock:
-            self._subscriptions.discard(subscription)
+    def wake(self) -> None:
+        """Have every waiting reader look at its `stop` again."""
+        with self._changed:
+            self._changed.notify_all()
 
-    @property
-    def clients(self) -> int:
-        with self._lock:
-            return len(self._subscriptions)
+    def join(self) -> bool:
+        """Count one more reader; False when `max_clients` read already."""
+        with self._changed:
+            if self.clients >= self.max_clients:
+                return False
+            self.clients += 1
+            return True
+
+    def leave(self) -> None:
+        with self._changed:
+            self.clients -= 1

@@ -118,6 +118,15 @@ def test_writes_need_the_token(site: Running, token: str | None, expected: int) 
     assert status(site)["workers"]["size"] == size
 
 
+def test_a_read_with_a_wrong_token_is_refused(site: Running) -> None:
+    wrong = requests.get(f"{site.url}/status", headers={"Authorization": "Bearer wrong"},
+                         timeout=5)
+    assert wrong.status_code == 403 and TOKEN not in wrong.text
+    right = requests.get(f"{site.url}/status", headers={"Authorization": f"Bearer {TOKEN}"},
+                         timeout=5)
+    assert right.status_code == 200
+
+
 def test_resize_the_pool(site: Running) -> None:
     resp = post(site, "/workers", {"size": 3})
     assert resp.status_code == 200
@@ -202,7 +211,7 @@ def test_a_taken_port_is_one_clear_error(site: Running) -> None:
 
 def test_an_unreachable_couchdb_is_a_metric_not_an_error(site: Running) -> None:
     wait_for(lambda: status(site)["counts"].get("steps_started"))
-    gone = Couch(f"http://127.0.0.1:{free_port()}", timeout=1.0, retries=1)
+    gone = Couch(f"http://127.0.0.1:{free_port()}", timeout=1.0, retries=1).database("jobs")
     families = {family.name: family for family in SiteCollector(site.daemon, gone).collect()}
     assert families["jobdist_couch_up"].samples[0].value == 0
     assert "jobdist_feed_lag" not in families

@@ -148,9 +148,10 @@ def test_a_site_whose_couchdb_is_down_shows_one_line_and_503(site: Running) -> N
     board = dashboard.Dashboard(down, frozenset({SITE}), site.daemon.changes,
                                 site_database(down, quick=True), site.daemon.status,
                                 writes=False)
-    for path in ("/", "/jobs", "/jobs/job-x"):
-        reply = board.get(path, {"fragment": "1"}, authorized=False)
-        assert reply.status == 503, path
+    for template, view in (("overview.html", board.overview), ("jobs.html", board.jobs),
+                           ("job.html", board.job)):
+        reply = board.page(template, view, dashboard.Request("job-x", {"fragment": "1"}))
+        assert reply.status == 503, template
         text = reply.body.decode().strip()
         assert text == (f'<p class="missing">cannot reach the CouchDB of site {SITE} at '
                         f'{down.couch.url}: connection refused (is it running? '
@@ -296,21 +297,23 @@ def test_no_token_configured_offers_no_actions_and_refuses_writes(site: Running)
     assert b"connected" in b"".join(stream.iter_content(chunk_size=None))
 
 
-def test_a_subscription_keeps_ids_until_too_many() -> None:
+def test_the_hub_tells_a_reader_what_changed_until_too_much() -> None:
     hub = ChangeHub(max_clients=1)
-    subscription = hub.subscribe()
-    assert subscription is not None and hub.subscribe() is None
+    assert hub.join() and not hub.join()
+    seen = hub.published
     hub.publish("a", 1)
     hub.publish("a", 2)
-    batch = subscription.next(0.1)
-    assert batch is not None and batch.ids == ["a"] and batch.seq == 2
-    assert subscription.next(0.01) is None
+    seen, change = hub.read(seen, 0.1, stop=lambda: False)
+    assert change == {"ids": ["a"], "seq": 2}
+    assert hub.read(seen, 0.01, stop=lambda: False) == (seen, None)
     for n in range(MAX_IDS + 1):
         hub.publish(f"job-{n}", n)
-    batch = subscription.next(0.1)
-    assert batch is not None and batch.ids is None  # many: the page reloads what it shows
-    hub.unsubscribe(subscription)
-    assert hub.clients == 0 and subscription.next(0.01) is None
+    seen, change = hub.read(seen, 0.1, stop=lambda: False)
+    assert change == {"ids": None, "seq": MAX_IDS}  # many: the page reloads what it shows
+    hub.publish("b", 3)
+    assert hub.read(seen, 0.1, stop=lambda: False) == (seen + 1, {"ids": ["b"], "seq": 3})
+    hub.leave()
+    assert hub.clients == 0 and hub.join()
 
 
 def test_a_broadcast_step_shows_a_row_per_site(site: Running) -> None:
