@@ -1,12 +1,10 @@
 """The daemon's admin HTTP endpoint: status, metrics, control and the dashboard at run
 time (thesis 7.2; docs/operations.md describes each endpoint).
 
-Every route is in one table, `AdminServer.routes`. Bound to 127.0.0.1 unless
-configured. Reading is open; every POST needs `Authorization: Bearer TOKEN`
-with the configured token, and with no token configured writes are refused:
-the endpoint is never open for writing. A POST a browser says came from another
-site is refused before the token is looked at. The standard library's threading
-HTTP server in a daemon thread is enough for an operator's handful of requests.
+Every route is a row of one table, `AdminServer.routes`. Bound to 127.0.0.1
+unless configured. Reading is open; a POST needs the admin token (`authorized`),
+so with none configured the endpoint is never open for writing. The standard
+library's threading HTTP server is enough for an operator's handful of requests.
 
 Handlers only read the daemon's state (the pool locks, the counts are copied
 in one C call) or use thread-safe calls (WorkerPool.resize, an attribute the
@@ -24,7 +22,6 @@ import socket
 import threading
 from collections.abc import Callable, Iterator
 from email.message import Message
-from functools import partial
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -51,36 +48,49 @@ MAX_BODY = 64 * 1024
 MAX_WORKERS = 1024
 MAX_KEEPALIVE_PERIOD = 24 * 3600.0
 
-# Manager counts exposed as counters: metric name (without _total), count, help.
+# The metrics, each read at a path of GET /status's answer (0 when absent or null):
+# name (without jobdist_, nor _total for counters), path, help.
 COUNTERS = (
-    ("steps_started", "steps_started", "Steps this site started on a worker."),
-    ("steps_finished", "steps_finished", "Steps this site ran to success."),
-    ("steps_failed", "steps_failed", "Steps this site ran that failed."),
-    ("claims_made", "action_claim", "Claims this site wrote for open steps."),
-    ("claims_won", "claims_won", "Claims of this site that the creator assigned to it."),
-    ("claims_lost", "action_free", "Bookings freed because the step no longer needs them "
-                                   "(another site won, or the job moved on)."),
-    ("conflicts_resolved", "conflicts_resolved", "Losing revisions this site deleted."),
-    ("write_conflicts", "write_conflicts", "Writes refused with 409 and decided again."),
-    ("launches_stopped", "launches_stopped", "Steps launched ahead of their start whose start "
-                                             "could not be written, stopped."),
-    ("starts_deferred", "starts_deferred", "Steps launched with their start's write "
-                                           "deferred (tuning.start_write_delay)."),
-    ("decided_while_writing", "decided_while_writing", "Worker reports, and the next work "
-                                                       "of the workers they freed, decided "
-                                                       "while a write was in flight."),
-    ("invalid_documents", "invalid_documents", "Job revisions skipped as invalid."),
-    ("writes_refused", "writes_refused", "Writes CouchDB refused (403), e.g. a job past the "
-                                         "size limit."),
-    ("jobs_skipped", "jobs_skipped", "Jobs passed by until they change: invalid, unreadable "
-                                     "or refused."),
-    ("results_held", "results_held", "Step results kept in the journal because CouchDB did "
-                                     "not take them."),
-    ("results_replayed", "results_replayed", "Held step results written once CouchDB took "
-                                             "them."),
-    ("journal_errors", "journal_errors", "Held results the journal could not keep on disk."),
+    ("steps_started", "counts.steps_started", "Steps this site started on a worker."),
+    ("steps_finished", "counts.steps_finished", "Steps this site ran to success."),
+    ("steps_failed", "counts.steps_failed", "Steps this site ran that failed."),
+    ("claims_made", "counts.action_claim", "Claims this site wrote for open steps."),
+    ("claims_won", "counts.claims_won", "Claims of this site that the creator assigned to it."),
+    ("claims_lost", "counts.action_free", "Bookings freed because the step no longer needs "
+     "them (another site won, or the job moved on)."),
+    ("conflicts_resolved", "counts.conflicts_resolved", "Losing revisions this site deleted."),
+    ("write_conflicts", "counts.write_conflicts", "Writes refused with 409 and decided again."),
+    ("launches_stopped", "counts.launches_stopped", "Steps launched ahead of their start "
+     "whose start could not be written, stopped."),
+    ("starts_deferred", "counts.starts_deferred", "Steps launched with their start's write "
+     "deferred (tuning.start_write_delay)."),
+    ("decided_while_writing", "counts.decided_while_writing", "Worker reports, and the next "
+     "work of the workers they freed, decided while a write was in flight."),
+    ("invalid_documents", "counts.invalid_documents", "Job revisions skipped as invalid."),
+    ("writes_refused", "counts.writes_refused", "Writes CouchDB refused (403), e.g. a job "
+     "past the size limit."),
+    ("jobs_skipped", "counts.jobs_skipped", "Jobs passed by until they change: invalid, "
+     "unreadable or refused."),
+    ("results_held", "counts.results_held", "Step results kept in the journal because "
+     "CouchDB did not take them."),
+    ("results_replayed", "counts.results_replayed", "Held step results written once CouchDB "
+     "took them."),
+    ("journal_errors", "counts.journal_errors", "Held results the journal could not keep on "
+     "disk."),
+    ("keepalive_resaves", "keepalive_resaves", "Jobs the keep-alive re-saved."),
+    ("feed_reconnects", "feed.reconnects", "Times the changes feed was reconnected."),
 )
-
+GAUGES = (
+    ("workers_size", "workers.size", "Worker slots the pool should have."),
+    ("feed_queued", "feed.queued", "Changes received but not yet decided on."),
+    ("results_held", "journal.held", "Step results waiting in the journal for CouchDB."),
+    ("results_held_oldest_seconds", "journal.oldest_seconds", "Age of the oldest held "
+     "result (0 when none)."),
+    ("keepalive_period_seconds", "keepalive_period", "Seconds between keep-alive passes."),
+    ("keepalive_left_for_room", "keepalive_left_for_room", "Stale open jobs the last "
+     "keep-alive pass left in line: no site had a free worker to start them."),
+    ("uptime_seconds", "uptime_seconds", "Seconds since the daemon started."),
+)
 
 # --- what the endpoint reports ------------------------------------------------------
 
@@ -106,18 +116,12 @@ class SiteCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         site = self.daemon.config.name
         status = self.daemon.status()
-        counts = status["counts"]
-        counter = partial(_metric, CounterMetricFamily, site=site)
-        gauge = partial(_metric, GaugeMetricFamily, site=site)
-        for name, key, doc in COUNTERS:
-            yield counter(f"jobdist_{name}", doc, value=counts.get(key, 0))
-        yield counter("jobdist_keepalive_resaves", "Jobs the keep-alive re-saved.",
-                      value=status["keepalive_resaves"])
-        yield counter("jobdist_feed_reconnects", "Times the changes feed was reconnected.",
-                      value=status["feed"]["reconnects"])
+        for family, table in ((CounterMetricFamily, COUNTERS), (GaugeMetricFamily, GAUGES)):
+            for name, path, documentation in table:
+                yield _metric(family, name, documentation, site, value_at(status, path))
         actions = CounterMetricFamily("jobdist_decisions", "Decisions carried out, by action.",
                                       labels=["site", "action"])
-        for key, value in sorted(counts.items()):
+        for key, value in sorted(status["counts"].items()):
             if key.startswith("action_"):
                 actions.add_metric([site, key.removeprefix("action_")], value)
         yield actions
@@ -126,36 +130,28 @@ class SiteCollector(Collector):
         for state in ("free", "booked", "busy"):
             workers.add_metric([site, state], status["workers"][state])
         yield workers
-        yield gauge("jobdist_workers_size", "Worker slots the pool should have.",
-                    value=status["workers"]["size"])
-        yield gauge("jobdist_feed_queued", "Changes received but not yet decided on.",
-                    value=status["feed"]["queued"])
         try:
             update_seq = self.db.last_seq()
         except CouchError:
             update_seq = None
-        yield gauge("jobdist_couch_up", "1 when the site's CouchDB answered this scrape.",
-                    value=0 if update_seq is None else 1)
+        yield _metric(GaugeMetricFamily, "couch_up", "1 when the site's CouchDB answered this "
+                      "scrape.", site, 0 if update_seq is None else 1)
         lag = feed_lag(update_seq, status["feed"]["received"])
         if lag is not None:
-            yield gauge("jobdist_feed_lag", "Changes in the database the feed has not "
-                        "delivered yet (approximate on clustered CouchDB).", value=lag)
-        yield gauge("jobdist_results_held", "Step results waiting in the journal for CouchDB.",
-                    value=status["journal"]["held"])
-        yield gauge("jobdist_results_held_oldest_seconds", "Age of the oldest held result "
-                    "(0 when none).", value=status["journal"]["oldest_seconds"] or 0)
-        yield gauge("jobdist_keepalive_period_seconds", "Seconds between keep-alive passes.",
-                    value=status["keepalive_period"])
-        yield gauge("jobdist_keepalive_left_for_room", "Stale open jobs the last keep-alive "
-                    "pass left in line: no site had a free worker to start them.",
-                    value=status["keepalive_left_for_room"])
-        yield gauge("jobdist_uptime_seconds", "Seconds since the daemon started.",
-                    value=status["uptime_seconds"])
+            yield _metric(GaugeMetricFamily, "feed_lag", "Changes in the database the feed "
+                          "has not delivered yet (approximate on clustered CouchDB).", site, lag)
+
+
+def value_at(status: dict[str, Any], path: str) -> float:
+    value: Any = status
+    for key in path.split("."):
+        value = value.get(key)
+    return value or 0
 
 
 def _metric(family: type[CounterMetricFamily | GaugeMetricFamily], name: str,
-            documentation: str, *, site: str, value: float) -> Metric:
-    metric = family(name, documentation, labels=["site"])
+            documentation: str, site: str, value: float) -> Metric:
+    metric = family(f"jobdist_{name}", documentation, labels=["site"])
     metric.add_metric([site], value)
     return metric
 
@@ -289,7 +285,6 @@ class AdminServer:
             *self.dashboard.routes(),
         ]
         self._http: _HttpServer | None = None
-        self._thread: threading.Thread | None = None
 
     @property
     def port(self) -> int:
@@ -310,10 +305,8 @@ class AdminServer:
             raise ConfigError(f"admin endpoint: cannot listen on {self.host}:"
                               f"{self.requested_port}: {error.strerror or error}") from None
         self._http.admin = self
-        self._thread = threading.Thread(target=self._http.serve_forever,
-                                        kwargs={"poll_interval": 0.2},
-                                        name=f"admin-{self.site}", daemon=True)
-        self._thread.start()
+        threading.Thread(target=self._http.serve_forever, kwargs={"poll_interval": 0.2},
+                         name=f"admin-{self.site}", daemon=True).start()
         log.info("admin endpoint listening site=%s url=%s writes=%s", self.site, self.url,
                  "token" if self._token else "refused (no token configured)")
 
@@ -321,10 +314,8 @@ class AdminServer:
         if self._http is None:
             return
         self.dashboard.close()
-        self._http.shutdown()
+        self._http.shutdown()  # returns once serve_forever has
         self._http.server_close()
-        if self._thread is not None:
-            self._thread.join(5.0)
         self._http = None
         log.info("admin endpoint stopped site=%s", self.site)
 

@@ -5,9 +5,7 @@ types here. docs/operations.md describes the pages and their rules.
 Pages are Jinja2 templates (autoescaped: a step that prints `<script>` shows
 it as text). A page fetched with `?fragment=1` is its content alone: the page's
 script fetches that again when the event stream says something it shows
-changed. GETs are open and show no actions; a GET carrying the admin token
-shows them, and a POST needs it. A site with no token configured offers no
-token field either: its pages say that actions are off, and why.
+changed. Actions show only to a request carrying the admin token.
 """
 
 from __future__ import annotations
@@ -93,18 +91,20 @@ Route = tuple[str, str, Handler]  # method, path pattern (a regular expression),
 
 @dataclass(frozen=True)
 class SiteRow:
+    """A site as the overview shows it; None where this site does not know."""
+
     name: str
-    here: bool
-    workers: int | None
-    free: int | None
-    booked: int | None
+    running: list[Doc]
     busy: int
-    draining: bool | None
-    last_seen: str
-    silent: bool
+    here: bool = False
+    workers: int | None = None
+    free: int | None = None
+    booked: int | None = None
+    draining: bool | None = None
+    last_seen: str = "never"
+    silent: bool = True
     feed_seq: object = None
     feed_lag: int | None = None
-    running: list[Doc] = field(default_factory=list)
 
 
 def running_by_site(rows: list[Doc]) -> dict[str, list[Doc]]:
@@ -123,15 +123,11 @@ def running_by_site(rows: list[Doc]) -> dict[str, list[Doc]]:
 
 
 def step_rows(doc: Doc) -> list[Doc]:
-    rows = []
-    for index, step in enumerate(doc["job"]):
-        rows.append({
-            "index": index, "state": render.step_state(doc, index),
-            "target": ", ".join(targets(step)), "where": render.step_where(step),
-            "command": step.get("do"), "alt_do": step.get("alt_do"),
-            **execution(step, render.tries(doc, index)), "sites": sub_run_rows(doc, index),
-        })
-    return rows
+    return [{"index": index, "state": render.step_state(doc, index),
+             "target": ", ".join(targets(step)), "where": render.step_where(step),
+             "command": step.get("do"), "alt_do": step.get("alt_do"),
+             **execution(step, render.tries(doc, index)), "sites": sub_run_rows(doc, index)}
+            for index, step in enumerate(doc["job"])]
 
 
 def sub_run_rows(doc: Doc, index: int) -> list[Doc]:
@@ -228,23 +224,23 @@ class Dashboard:
              request: Request) -> Reply:
         """The page `template` shows with what `view` found (or the reply it gave); one
         line saying why when the job or the site's CouchDB cannot be read."""
-        status = HTTPStatus.OK
+        code = HTTPStatus.OK
         try:
             values = view(request)
         except client.NoSuchJob as error:
-            status, template, values = HTTPStatus.NOT_FOUND, "missing.html", {"message": str(error)}
+            code, template, values = HTTPStatus.NOT_FOUND, "missing.html", {"message": str(error)}
         except client.NewerFormat as error:
-            status, template, values = HTTPStatus.CONFLICT, "missing.html", {"message": str(error)}
+            code, template, values = HTTPStatus.CONFLICT, "missing.html", {"message": str(error)}
         except CouchError as error:
             self.log.warning("dashboard cannot read", page=template, error=error)
-            status, template = HTTPStatus.SERVICE_UNAVAILABLE, "missing.html"
+            code, template = HTTPStatus.SERVICE_UNAVAILABLE, "missing.html"
             values = {"message": render.explain_couch_error(error, self.config)}
         if isinstance(values, Reply):
             return values
         html = self.templates.get_template(template).render(
             site=self.site, authorized=request.authorized, writes=self.writes,
             fragment=request.query.get("fragment") == "1", **values)
-        return Reply("text/html; charset=utf-8", html.encode(), status, dict(SECURITY_HEADERS))
+        return Reply("text/html; charset=utf-8", html.encode(), code, dict(SECURITY_HEADERS))
 
     def static(self, request: Request) -> Reply:
         if request.param not in STATIC_TYPES:
@@ -264,22 +260,20 @@ class Dashboard:
         """Every site as this one sees it: itself from its own state, the others from
         their replicated status documents and the `running` view."""
         running = running_by_site(self.db.view(PEOPLE_DDOC, "running", include_docs=True))
-        published = {doc["site"]: doc for doc in CouchStore(self.db).statuses()
-                     if isinstance(doc.get("site"), str)}
+        published = {parsed.site: parsed for doc in CouchStore(self.db).statuses()
+                     if (parsed := status.SiteStatus.parse(doc))}
         now = datetime.now(UTC)
         rows = [self._own_row(running.get(self.site, []))]
         for name in sorted({*self.known_sites, *published, *running} - {self.site}):
-            doc = published.get(name)
-            parsed = status.SiteStatus.parse(doc) if doc else None
-            seen = parse_time(parsed.updated_at) if parsed else None
+            steps = running.get(name, [])
+            if (parsed := published.get(name)) is None:
+                rows.append(SiteRow(name, steps, busy=len(steps)))
+                continue
+            seen = parse_time(parsed.updated_at)
             rows.append(SiteRow(
-                name=name, here=False, workers=parsed.workers if parsed else None,
-                free=parsed.free_workers if parsed else None, booked=None,
-                busy=len(running.get(name, [])),
-                draining=parsed.draining if parsed else None,
-                last_seen=render.short_time(parsed.updated_at) if parsed else "never",
-                silent=seen is None or (now - seen).total_seconds() > status.STALE_AFTER,
-                running=running.get(name, [])))
+                name, steps, busy=len(steps), workers=parsed.workers, free=parsed.free_workers,
+                draining=parsed.draining, last_seen=render.short_time(parsed.updated_at),
+                silent=seen is None or (now - seen).total_seconds() > status.STALE_AFTER))
         return rows
 
     def _own_row(self, running: list[Doc]) -> SiteRow:
@@ -289,10 +283,10 @@ class Dashboard:
             latest = self.db.last_seq()
         except CouchError:
             latest = None
-        return SiteRow(name=self.site, here=True, workers=workers["size"], free=workers["free"],
-                       booked=workers["booked"], busy=workers["busy"],
+        return SiteRow(self.site, running, busy=workers["busy"], here=True,
+                       workers=workers["size"], free=workers["free"], booked=workers["booked"],
                        draining=own["draining"], last_seen="now", silent=False,
-                       feed_seq=received, feed_lag=feed_lag(latest, received), running=running)
+                       feed_seq=received, feed_lag=feed_lag(latest, received))
 
     def jobs(self, request: Request) -> dict[str, Any] | Reply:
         query = request.query
