@@ -13,6 +13,7 @@ from enum import IntEnum, StrEnum
 from typing import Any, Literal, NotRequired, TypedDict, TypeVar, cast
 
 from .clock import utc_now
+from .javascript_json import is_number
 
 Doc = dict[str, Any]  # any JSON document as read or written: nothing about it is sure
 Leaf = Mapping[str, Any]  # a job's revision as stored, or normalised: a reader takes either
@@ -142,12 +143,10 @@ JOB_FORMAT = 1
 
 def newer_format(doc: Leaf) -> int | None:
     """The document's format when it is newer than this jobdist reads, else None."""
-    version = doc.get("format")
-    if isinstance(version, bool) or not isinstance(version, int | float):
+    version: Any = doc.get("format")  # (absent, the common case, costs no call)
+    if version is None or not is_number(version) or not float(version).is_integer():
         return None
-    if version != version or not float(version).is_integer() or version <= JOB_FORMAT:
-        return None  # (NaN, a fraction, or one we know)
-    return int(version)
+    return int(version) if version > JOB_FORMAT else None
 
 
 ANY = "any"

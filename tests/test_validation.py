@@ -637,6 +637,7 @@ CORPUS: list[tuple[str, Callable[[], Doc]]] = [
     ("format-text", variant(job(), ("format",), "2")),
     ("format-fraction", variant(job(), ("format",), 2.5)),
     ("format-null", variant(job(), ("format",), None)),
+    ("format-beyond-floats", variant(job(), ("format",), 10**400)),  # Infinity in JavaScript
     ("too-large", variant(job(), ("meta",), {"blob": "x" * MAX_DOC_SIZE})),
     ("too-many-steps", variant(job(), ("job",), [step(do=f"echo {i}") for i in range(1001)])),
     ("too-deep", variant(job(), ("meta",), {"a": nested(31)})),
