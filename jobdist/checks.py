@@ -1,8 +1,8 @@
 """The vocabulary the document rules are written in.
 
 A `Check` appends "<path>: <reason>" to a list for what is wrong with one value;
-`simple`, `text`, `object_of` and `list_of` build checks, and a `Shape` checks an
-object's fields in order, accepting no others.
+`must_be`, `choice`, `text`, `object_of` and `list_of` build checks, and a `Shape`
+checks an object's fields in order, accepting no others.
 """
 
 from __future__ import annotations
@@ -33,19 +33,6 @@ def is_string(value: Any) -> bool:
     return isinstance(value, str)
 
 
-def nullable(test: Callable[[Any], bool]) -> Callable[[Any], bool]:
-    return lambda value: value is None or test(value)
-
-
-def one_of(choices: tuple[Any, ...]) -> Callable[[Any], bool]:
-    # Compared by type too: in JavaScript `0 === false` is false, in Python `0 == False`.
-    return lambda value: any(type(value) is type(c) and value == c for c in choices)
-
-
-def describe_choices(choices: tuple[Any, ...]) -> str:
-    return "must be one of " + ", ".join(json.dumps(choice) for choice in choices)
-
-
 Check = Callable[[Any, str, list[str]], None]
 
 
@@ -55,23 +42,29 @@ class Field:
     check: Check
     optional: bool = False  # may be left out with no default (a field with one always may)
 
-    def required(self, defaults: dict[str, Any]) -> bool:
-        return not self.optional and self.name not in defaults
 
+def must_be(test: Callable[[Any], bool], what: str, *, allow_null: bool = False) -> Check:
+    """The value passes `test` (or is null, when allowed); else "must be [null or ]<what>"."""
+    reason = ("must be null or " if allow_null else "must be ") + what
 
-def simple(test: Callable[[Any], bool], reason: str) -> Check:
     def check(value: Any, path: str, errors: list[str]) -> None:
-        if not test(value):
+        if not ((allow_null and value is None) or test(value)):
             errors.append(f"{path}: {reason}")
 
     return check
 
 
+def choice(choices: tuple[Any, ...]) -> Check:
+    # Compared by type too: in JavaScript `0 === false` is false, in Python `0 == False`.
+    return must_be(lambda value: any(type(value) is type(c) and value == c for c in choices),
+                   "one of " + ", ".join(json.dumps(c) for c in choices))
+
+
 def optional_number(comparison: str, bound: int) -> Check:
     """null, or a number `comparison` bound (">" or ">=")."""
     compare = operator.gt if comparison == ">" else operator.ge
-    test = nullable(lambda value: is_number(value) and compare(value, bound))
-    return simple(test, f"must be null or a number {comparison} {bound}")
+    return must_be(lambda value: is_number(value) and compare(value, bound),
+                   f"a number {comparison} {bound}", allow_null=True)
 
 
 def text(max_length: int, *, non_empty: bool, allow_null: bool = False) -> Check:
@@ -96,7 +89,8 @@ class Shape:
         self.fields = fields
         self.names = [field.name for field in fields]  # in order: "did you mean" ties
         self.known = frozenset(self.names)
-        self.required = frozenset(field.name for field in fields if field.required(defaults))
+        self.required = frozenset(field.name for field in fields
+                                  if not field.optional and field.name not in defaults)
 
     def check(self, obj: dict[str, Any], prefix: str, errors: list[str]) -> None:
         """Check each field in order; one with a default may be left out; an object

@@ -10,32 +10,27 @@ Parity with JavaScript shapes a few choices:
   `1.0` from `1`), but never a bool;
 - lengths count UTF-16 code units, as JavaScript's `.length` does;
 - the size limit measures the text `JSON.stringify` would produce.
-
-The rules are written in the vocabulary of jobdist/checks.py and measure as
-jobdist/javascript_json.py does; jobdist/document_rules.py holds the rules of
-site status and schedule documents.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
+from datetime import date
 from typing import Any
 
 from .checks import (
     Check,
     Field,
     Shape,
-    describe_choices,
+    choice,
     is_list,
     is_object,
     is_string,
     list_of,
-    nullable,
+    must_be,
     object_of,
-    one_of,
     optional_number,
-    simple,
     sorted_like_javascript,
     text,
     unchecked,
@@ -81,8 +76,9 @@ STEP_STATUSES = (None, "running", "finished", "failed")
 # Revision metadata the server adds to the document it validates: not measured.
 UNMEASURED_FIELDS = ("_rev", "_revisions")
 # CouchDB's own top-level members (it refuses any other name starting with _), not checked.
-COUCHDB_FIELDS = ("_rev", "_revisions", "_conflicts", "_deleted_conflicts", "_deleted",
-                  "_attachments", "_revs_info", "_local_seq")
+COUCHDB_FIELDS = [Field(name, unchecked, optional=True) for name in (
+    "_rev", "_revisions", "_conflicts", "_deleted_conflicts", "_deleted", "_attachments",
+    "_revs_info", "_local_seq")]
 
 SITE_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
 ISO_UTC = re.compile(
@@ -95,34 +91,17 @@ SITE_NAME_RULE = (
 )
 SITE_NAME_REASON = "must be " + SITE_NAME_RULE
 ISO_UTC_RULE = "an ISO 8601 UTC time ending in Z (YYYY-MM-DDTHH:MM:SS[.ffffff]Z)"
-ISO_UTC_REASON = "must be " + ISO_UTC_RULE
 TARGET_REASON = 'must be "any", a site name or a non-empty list of site names'
 CONTROL_CHARACTER = re.compile("[\x00-\x1f\x7f]")
-ID_REASON = (
-    f"must be a string of 1-{MAX_ID_LENGTH} characters, without control characters "
+ID_RULE = (
+    f"a string of 1-{MAX_ID_LENGTH} characters, without control characters "
     "or unpaired surrogates"
 )
-DAYS_IN_MONTH = (31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
-
-
-class InvalidJob(ValueError):
-    """A job document that breaks the rules; `.errors` lists every broken rule."""
-
-    def __init__(self, errors: list[str]) -> None:
-        super().__init__(format_errors(errors))
-        self.errors = errors
 
 
 def format_errors(errors: list[str]) -> str:
     """The errors as one line: exactly the `reason` CouchDB answers with."""
     return "; ".join(errors)
-
-
-def check_job(doc: Any) -> None:
-    """Raise InvalidJob unless the document follows the rules."""
-    errors = validate_job(doc)
-    if errors:
-        raise InvalidJob(errors)
 
 
 # --- value tests -------------------------------------------------------------
@@ -142,9 +121,11 @@ def is_iso_utc(value: Any) -> bool:
 
 def is_calendar_day(text: str) -> bool:
     """A day that exists (no February 30) in a year >= 1 (what datetime can represent)."""
-    year, month, day = int(text[0:4]), int(text[5:7]), int(text[8:10])
-    leap = year % 4 == 0 and (year % 100 != 0 or year % 400 == 0)
-    return year >= 1 and day <= DAYS_IN_MONTH[month - 1] + (1 if month == 2 and leap else 0)
+    try:
+        date(int(text[0:4]), int(text[5:7]), int(text[8:10]))
+    except ValueError:
+        return False
+    return True
 
 
 def is_doc_id(value: Any) -> bool:
@@ -157,8 +138,9 @@ def is_doc_id(value: Any) -> bool:
     )
 
 
-def count_up_to(maximum: int) -> Callable[[Any], bool]:
-    return lambda value: is_integer(value) and 0 <= value <= maximum
+def integer_between(low: int, high: int) -> Check:
+    return must_be(lambda value: is_integer(value) and low <= value <= high,
+                   f"an integer between {low} and {high}")
 
 
 def check_target(value: Any, path: str, errors: list[str]) -> None:
@@ -196,6 +178,8 @@ def check_steps(value: Any, path: str, errors: list[str]) -> None:
         errors.append(f"{path}: must have at most {MAX_STEPS} steps")
     for index, step in enumerate(value):
         STEP(step, f"{path}[{index}]", errors)
+        if is_object(step):
+            check_broadcast(step, f"{path}[{index}]", errors)
 
 
 def step_index(step_count: int | None) -> Check:
@@ -212,19 +196,20 @@ def step_index(step_count: int | None) -> Check:
 
 # --- the document ------------------------------------------------------------
 
-SITE = simple(is_site_name, SITE_NAME_REASON)
-OPTIONAL_SITE = simple(nullable(is_site_name), "must be null or " + SITE_NAME_RULE)
-TIME = simple(is_iso_utc, ISO_UTC_REASON)
-OPTIONAL_TIME = simple(nullable(is_iso_utc), "must be null or " + ISO_UTC_RULE)
-COUNT = simple(count_up_to(MAX_COUNT), f"must be an integer between 0 and {MAX_COUNT}")
-RETRIES = simple(count_up_to(MAX_RETRIES), f"must be an integer between 0 and {MAX_RETRIES}")
-NAME = simple(is_site_name, "must be " + SITE_NAME_RULE.replace("a site name", "a name"))
+SITE = must_be(is_site_name, SITE_NAME_RULE)
+OPTIONAL_SITE = must_be(is_site_name, SITE_NAME_RULE, allow_null=True)
+TIME = must_be(is_iso_utc, ISO_UTC_RULE)
+OPTIONAL_TIME = must_be(is_iso_utc, ISO_UTC_RULE, allow_null=True)
+OPTIONAL_STRING = must_be(is_string, "a string", allow_null=True)
+COUNT = integer_between(0, MAX_COUNT)
+NAME = must_be(is_site_name, SITE_NAME_RULE.replace("a site name", "a name"))
+FLAG = must_be(lambda value: isinstance(value, bool), "true or false")
 # The tick a schedule created the job for (jobdist/schedules.py).
 TICK = object_of([Field("name", NAME), Field("tick", TIME)],
                  "must be an object {name, tick}")
 
 RETRY_STRATEGY_FIELDS = [
-    Field("max_retries", RETRIES),
+    Field("max_retries", integer_between(0, MAX_RETRIES)),
     Field("max_time", optional_number(">", 0)),
     Field("sleep", optional_number(">=", 0)),
     Field("sleep_factor", optional_number(">=", 1)),
@@ -237,8 +222,8 @@ OUTPUT_FIELDS = [
 ]
 
 PROGRESS_FIELDS = [
-    Field("fraction", simple(lambda value: is_number(value) and 0 <= value <= 1,
-                             "must be a number between 0 and 1")),
+    Field("fraction", must_be(lambda value: is_number(value) and 0 <= value <= 1,
+                              "a number between 0 and 1")),
     Field("message", text(MAX_PROGRESS_MESSAGE, non_empty=False)),
     Field("at", TIME),
 ]
@@ -246,7 +231,6 @@ PROGRESS_FIELDS = [
 # --- broadcast steps (docs/job-document.md, "Broadcast steps") ---
 MAX_RUN_SITES = 1000
 BROADCAST_REASON = 'only for a broadcast step (target "all", or a list of sites with each: true)'
-FLAG = simple(lambda value: isinstance(value, bool), "must be true or false")
 # What an execution records, on its step or on its sub-run.
 EXECUTION_FIELDS = [
     Field("exec_time", optional_number(">=", 0)),
@@ -254,21 +238,16 @@ EXECUTION_FIELDS = [
     Field("finish_time", OPTIONAL_TIME),
     Field("lease_until", OPTIONAL_TIME),
     Field("attempts", COUNT),
-    Field("exit_code", simple(nullable(is_integer), "must be null or an integer")),
+    Field("exit_code", must_be(is_integer, "an integer", allow_null=True)),
     Field("output", object_of(OUTPUT_FIELDS, "must be null or an object {stdout, stderr}",
                               allow_null=True)),
     Field("progress", object_of(PROGRESS_FIELDS,
                                 "must be null or an object {fraction, message, at}",
                                 allow_null=True)),
 ]
-EXECUTIONER = Field("executioner", simple(nullable(is_string), "must be null or a string"))
-SUB_RUN_FIELDS = [
-    Field("epoch", COUNT),
-    Field("status", simple(one_of(RUN_STATUSES), describe_choices(RUN_STATUSES))),
-    EXECUTIONER,
-    *EXECUTION_FIELDS,
-]
-SUB_RUN = object_of(SUB_RUN_FIELDS, "must be an object")
+SUB_RUN = object_of([Field("epoch", COUNT), Field("status", choice(RUN_STATUSES)),
+                     Field("executioner", OPTIONAL_STRING), *EXECUTION_FIELDS],
+                    "must be an object")
 
 
 def check_runs(value: Any, path: str, errors: list[str]) -> None:
@@ -306,16 +285,9 @@ def check_broadcast(step: dict[str, Any], path: str, errors: list[str]) -> None:
                 errors.append(f"{path}.dropped[{index}]: not one of the step's sites (runs)")
 
 
-BROADCAST_FIELDS = [
-    Field("each", FLAG, optional=True),
-    Field("each_policy", simple(one_of(EACH_POLICIES), describe_choices(EACH_POLICIES)),
-          optional=True),
-    Field("runs", check_runs, optional=True),
-    Field("dropped", list_of(SITE), optional=True),
-]
-
-# Submitter fields first, then the runtime fields. Only `do` has no default.
-STEP_FIELDS = [
+# Submitter fields first, then the runtime fields, then a broadcast step's. Only `do`
+# has no default. check_steps checks a step's broadcast fields agree, after these.
+STEP = object_of([
     Field("target", check_target),
     Field("do", text(MAX_DO_LENGTH, non_empty=True)),
     Field("alt_do", text(MAX_DO_LENGTH, non_empty=True, allow_null=True)),
@@ -325,33 +297,25 @@ STEP_FIELDS = [
     Field("epoch", COUNT),
     Field("claimed_by", OPTIONAL_SITE),
     Field("winner", OPTIONAL_SITE),
-    EXECUTIONER,
-    Field("step_status", simple(one_of(STEP_STATUSES), describe_choices(STEP_STATUSES))),
+    Field("executioner", OPTIONAL_STRING),
+    Field("step_status", choice(STEP_STATUSES)),
     *EXECUTION_FIELDS,
-]
-STEP_OBJECT = object_of(STEP_FIELDS + BROADCAST_FIELDS, "must be an object", STEP_DEFAULTS)
+    Field("each", FLAG, optional=True),
+    Field("each_policy", choice(EACH_POLICIES), optional=True),
+    Field("runs", check_runs, optional=True),
+    Field("dropped", list_of(SITE), optional=True),
+], "must be an object", STEP_DEFAULTS)
 
-
-def check_step(value: Any, path: str, errors: list[str]) -> None:
-    STEP_OBJECT(value, path, errors)
-    if is_object(value):
-        check_broadcast(value, path, errors)
-
-
-STEP = check_step
-
-EVENT_FIELDS = [
-    Field("event", simple(one_of(HISTORY_EVENTS), describe_choices(HISTORY_EVENTS))),
+EVENT = object_of([
+    Field("event", choice(HISTORY_EVENTS)),
     Field("step", COUNT),
     Field("site", SITE),
-    Field("worker", simple(nullable(is_string), "must be null or a string")),
+    Field("worker", OPTIONAL_STRING),
     Field("epoch", COUNT),
     Field("at", TIME),
-    Field("detail", simple(nullable(is_string), "must be null or a string")),
-    Field("reason", simple(one_of(EVENT_REASONS), describe_choices(EVENT_REASONS)),
-          optional=True),
-]
-EVENT = object_of(EVENT_FIELDS, "must be an object", EVENT_DEFAULTS)
+    Field("detail", OPTIONAL_STRING),
+    Field("reason", choice(EVENT_REASONS), optional=True),
+], "must be an object", EVENT_DEFAULTS)
 
 
 def check_after(own_id: Any) -> Check:
@@ -360,46 +324,42 @@ def check_after(own_id: Any) -> Check:
         if not is_list(value) or len(value) > MAX_AFTER:
             errors.append(f"{path}: must be a list of at most {MAX_AFTER} job ids")
             return
-        check_each_once(value, path, errors, is_doc_id, ID_REASON, "job id", own_id)
+        check_each_once(value, path, errors, is_doc_id, "must be " + ID_RULE, "job id", own_id)
 
     return check
 
 
-def job_fields(step_count: int | None, own_id: Any = None) -> list[Field]:
-    """Top-level fields: the job's, then the user's `meta`, then CouchDB's; no others.
-
-    Their order breaks ties between "did you mean" hints: the job's own come first.
-    Two depend on the document (its step count, its id); the others are built once.
-    """
-    return [*JOB_FIELDS_BEFORE_STEP, Field("step", step_index(step_count)),
-            *JOB_FIELDS_BEFORE_AFTER, Field("after", check_after(own_id), optional=True),
-            *JOB_FIELDS_LAST]
-
-
-JOB_FIELDS_BEFORE_STEP = [
-    Field("_id", simple(is_doc_id, ID_REASON), optional=True),
+# Top-level fields: the job's, then the user's `meta`, then CouchDB's; no others. Their
+# order breaks ties between "did you mean" hints: the job's own come first.
+JOB_FIELDS = [
+    Field("_id", must_be(is_doc_id, ID_RULE), optional=True),
     Field("type", unchecked),  # checked first, by validate_job
     Field("creator", SITE),
-    Field("priority", simple(is_integer, "must be an integer")),
+    Field("priority", must_be(is_integer, "an integer")),
     Field("created_at", OPTIONAL_TIME),  # null (the default) until the creator accepts
     Field("updated_at", OPTIONAL_TIME),
-]
-JOB_FIELDS_BEFORE_AFTER = [
-    Field("job_status", simple(one_of(JOB_STATUSES), describe_choices(JOB_STATUSES))),
+    Field("step", unchecked),  # job_fields gives its check, which needs the step count
+    Field("job_status", choice(JOB_STATUSES)),
     Field("job", check_steps),
     Field("history", list_of(EVENT)),
     Field("keepalive_at", TIME, optional=True),
-    Field("meta", simple(is_object, "must be an object"), optional=True),
+    Field("meta", must_be(is_object, "an object"), optional=True),
     Field("schedule", TICK, optional=True),
-]
-JOB_FIELDS_LAST = [  # (`after` comes before these) Waiting: docs/job-document.md
-    Field("after_policy", simple(one_of(AFTER_POLICIES), describe_choices(AFTER_POLICIES)),
-          optional=True),
+    # Waiting (docs/job-document.md, "Waiting"): absent means none.
+    Field("after", unchecked, optional=True),  # as `step`: its check needs the job's id
+    Field("after_policy", choice(AFTER_POLICIES), optional=True),
     Field("not_before", OPTIONAL_TIME, optional=True),
-    Field("format", simple(lambda value: is_integer(value) and 1 <= value <= JOB_FORMAT,
-                           f"must be an integer between 1 and {JOB_FORMAT}"), optional=True),
-    *(Field(name, unchecked, optional=True) for name in COUCHDB_FIELDS),
+    Field("format", integer_between(1, JOB_FORMAT), optional=True),
+    *COUCHDB_FIELDS,
 ]
+
+
+def job_fields(step_count: int | None, own_id: Any) -> list[Field]:
+    """JOB_FIELDS with the checks of `step` and `after`, which depend on the document;
+    the others are built once."""
+    per_document = {"step": step_index(step_count), "after": check_after(own_id)}
+    return [Field(field.name, per_document[field.name], field.optional)
+            if field.name in per_document else field for field in JOB_FIELDS]
 
 
 EMPTY_DOCUMENT = ("document: empty: was the body sent as JSON? (Content-Type: "
@@ -502,6 +462,4 @@ SERVER_FILLED: dict[str, Any] = {"type": "job", "creator": "cli"}
 
 def validate_submission(doc: Any) -> list[str]:
     """validate_job on the document as it would be stored: `type` and `creator` filled."""
-    if not is_object(doc):
-        return validate_job(doc)
-    return validate_job({**SERVER_FILLED, **doc})
+    return validate_job({**SERVER_FILLED, **doc} if is_object(doc) else doc)

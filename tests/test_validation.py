@@ -41,8 +41,6 @@ from jobdist.model import (
 from jobdist.validation import (
     JS_GROWTH,
     MAX_DOC_SIZE,
-    InvalidJob,
-    check_job,
     format_errors,
     json_length,
     json_size,
@@ -207,7 +205,6 @@ def nested(depth: int) -> Any:
 )
 def test_valid_documents_pass(doc: Doc) -> None:
     assert validate_job(doc) == []
-    check_job(doc)
 
 
 # --- one failing case per rule -----------------------------------------------------
@@ -397,14 +394,6 @@ def test_too_large_documents_are_refused() -> None:
     assert validate_job(doc) == [
         "document: too large: its JSON exceeds 1048576 characters (1 MiB)"
     ]
-
-
-def test_check_job_raises_with_every_error() -> None:
-    with pytest.raises(InvalidJob) as raised:
-        check_job(job(priority="1", creator=""))
-    assert raised.value.errors == ["creator: " + SITE_RULE, "priority: must be an integer"]
-    assert str(raised.value) == format_errors(raised.value.errors)
-    assert isinstance(raised.value, ValueError)
 
 
 def test_submission_gets_server_fields_but_keeps_what_it_has() -> None:
