@@ -47,7 +47,7 @@ def javascript_length(text: str) -> int:
     if MAYBE_RESPELLED.search(text):  # rare: tokenise to skip what is inside strings
         for token in PYTHON_NUMBER.findall(text):
             if token and not SAME_SPELLING.fullmatch(token):
-                total += len(javascript_spelling(token)) - len(token)
+                total += len(javascript_number(float(token))) - len(token)
     return total
 
 
@@ -58,11 +58,6 @@ MAYBE_RESPELLED = re.compile(
 PYTHON_NUMBER = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|(-?(?:\d[\d.eE+-]*|Infinity)|NaN)')
 # An integer JavaScript holds exactly (below 2**53) is spelled alike in both.
 SAME_SPELLING = re.compile(r"-?\d{1,15}")
-
-
-def javascript_spelling(token: str) -> str:
-    number = float(token)
-    return javascript_number(number) if math.isfinite(number) else "null"
 
 
 def walked_json_length(value: Any) -> int:
@@ -85,22 +80,15 @@ def walked_json_length(value: Any) -> int:
 
 
 def scalar_length(value: Any) -> int:
-    if isinstance(value, str):
-        # JSON.stringify escapes lone surrogates as \udXXX: 6 units, not 1.
-        surrogates = len(LONE_SURROGATE.findall(value))
-        return text_length(json.dumps(value, ensure_ascii=False)) + 5 * surrogates
-    if value is True:
-        return 4
-    if value is False:
-        return 5
-    if is_number(value):
-        return len(javascript_number(value))
-    return 4  # null, and what JSON.stringify turns into null
+    if value is None or isinstance(value, str | int | float):  # (a bool is an int)
+        return javascript_length(json.dumps(value, ensure_ascii=False))
+    return 4  # what JSON.stringify turns into null
 
 
-def javascript_number(value: float) -> str:
-    """Number.prototype.toString for a finite number (ECMA-262 Number::toString)."""
-    number = float(value)
+def javascript_number(number: float) -> str:
+    """A number as JSON.stringify writes it: Number::toString (ECMA-262), null if not finite."""
+    if not math.isfinite(number):
+        return "null"
     if number == 0:
         return "0"
     sign = "-" if number < 0 else ""
