@@ -269,7 +269,9 @@ def normalise(doc: Leaf) -> Job:
     Applied where a job enters the decision core (core.usable_leaves, core.merge,
     core.keepalive) and the analytics, so that no reader keeps its own defaults.
     `doc` itself is never changed: the result is `doc` when nothing is missing,
-    else a copy. A malformed document is filled only where its shape allows.
+    else a copy. A malformed document is filled only where its shape allows (and
+    is no Job, whatever the type says: the decision core only normalises documents
+    that validate_job accepts).
     """
     filled = with_defaults(doc, JOB_DEFAULTS)
     for name, fill in (("job", normalise_step), ("history", normalise_event)):
@@ -278,8 +280,6 @@ def normalise(doc: Leaf) -> Job:
             done = [fill(item) if isinstance(item, dict) else item for item in items]
             if any(new is not old for new, old in zip(done, items, strict=True)):
                 filled = {**filled, name: done}
-    # (A malformed document is no Job, whatever the type says: the decision core
-    # only normalises documents that validate_job accepts.)
     return cast(Job, filled)
 
 
@@ -478,7 +478,7 @@ def sole_target(step: Leaf) -> str | None:
 # --- broadcast steps (docs/job-document.md, "Broadcast steps") ---------------------
 
 EACH_POLICIES = ("all", "any")  # all: every site must succeed; any: one site is enough
-RUN_STATUSES = (None, "running", "finished", "failed")
+RUN_STATUSES = (None, "running", "finished", "failed")  # a step's step_status, a sub-run's
 
 
 def is_broadcast(step: Leaf) -> bool:

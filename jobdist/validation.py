@@ -49,6 +49,7 @@ from .model import (
     EACH_POLICIES,
     EVENT_DEFAULTS,
     EVENT_REASONS,
+    FINAL_STATUSES,
     HISTORY_EVENTS,
     JOB_DEFAULTS,
     JOB_FORMAT,
@@ -71,8 +72,6 @@ MAX_ID_LENGTH = 256
 MAX_COUNT = 1_000_000_000
 MAX_RETRIES = 1000
 
-JOB_STATUSES = (None, "success", "failed", "cancelled")
-STEP_STATUSES = (None, "running", "finished", "failed")
 # Revision metadata the server adds to the document it validates: not measured.
 UNMEASURED_FIELDS = ("_rev", "_revisions")
 # CouchDB's own top-level members (it refuses any other name starting with _), not checked.
@@ -298,7 +297,7 @@ STEP = object_of([
     Field("claimed_by", OPTIONAL_SITE),
     Field("winner", OPTIONAL_SITE),
     Field("executioner", OPTIONAL_STRING),
-    Field("step_status", choice(STEP_STATUSES)),
+    Field("step_status", choice(RUN_STATUSES)),
     *EXECUTION_FIELDS,
     Field("each", FLAG, optional=True),
     Field("each_policy", choice(EACH_POLICIES), optional=True),
@@ -339,7 +338,7 @@ JOB_FIELDS = [
     Field("created_at", OPTIONAL_TIME),  # null (the default) until the creator accepts
     Field("updated_at", OPTIONAL_TIME),
     Field("step", unchecked),  # job_fields gives its check, which needs the step count
-    Field("job_status", choice(JOB_STATUSES)),
+    Field("job_status", choice((None, *FINAL_STATUSES))),
     Field("job", check_steps),
     Field("history", list_of(EVENT)),
     Field("keepalive_at", TIME, optional=True),
