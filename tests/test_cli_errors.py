@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import os
 import subprocess
@@ -15,8 +14,7 @@ import click
 import pytest
 from click.testing import CliRunner, Result
 
-import jobdist
-from jobdist.cli import COMMANDS, jobdist_version, main
+from jobdist.cli import COMMANDS, main
 from jobdist.lab.localserver import free_port
 from jobdist.validation import validate_submission
 
@@ -108,14 +106,6 @@ def test_version() -> None:
     project = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["project"]
     result = CliRunner().invoke(main, ["--version"])
     assert (result.exit_code, result.stdout) == (0, f"jobdist {project['version']}\n")
-
-
-def test_version_without_an_installed_distribution(monkeypatch: pytest.MonkeyPatch) -> None:
-    def not_installed(name: str) -> str:
-        raise importlib.metadata.PackageNotFoundError(name)
-
-    monkeypatch.setattr(importlib.metadata, "version", not_installed)
-    assert jobdist_version() == jobdist.__version__
 
 
 def test_stdin_is_read_without_deprecated_calls() -> None:
@@ -325,8 +315,9 @@ def test_as_a_process_no_traceback(sites: Path, tmp_path: Path) -> None:
 
 
 def test_a_long_summary_is_cut_at_a_word_within_the_width() -> None:
-    from jobdist.cli import shortened
-
-    assert shortened("Cancel a job.", 40) == "Cancel a job."
-    cut = shortened("Write the credentials files the site configs name, and nobody else", 30)
-    assert len(cut) <= 30 and cut.endswith("...") and cut == "Write the credentials files..."
+    listed = CliRunner().invoke(main, ["--help"], terminal_width=60).stdout
+    commands = listed.split("Commands:\n")[1].splitlines()
+    summaries = dict(line.split(maxsplit=1) for line in commands)
+    assert summaries["cancel"] == "Cancel a job."
+    assert summaries["secrets"] == "Write the credentials and admin token..."
+    assert all(len(line) <= 60 for line in listed.splitlines())

@@ -1,19 +1,12 @@
 """The `jobdist` command line: a thin shell over `jobdist.client`.
 
-Every command talks to one site's CouchDB (`--site`, default `$JOBDIST_SITE`,
-else `global`) named in a sites directory (`--sites`, default
-`$JOBDIST_SITES`, else `sites`), except `setup` and `watch`, which visit every
-site. What a command shows of a job is the merge of all its live leaf
-revisions (`core.merge`), the same view the daemons decide on, never CouchDB's
-winning revision alone.
+Every command talks to one site's CouchDB (`--site`) named in a sites directory
+(`--sites`), except `setup` and `watch`, which visit every site. What a command
+shows of a job is the merge of all its live leaf revisions (`core.merge`), the
+same view the daemons decide on, never CouchDB's winning revision alone.
 
-The commands live by subject: `jobs.py` (submit, show, logs, list, cancel,
-adopt, drop-site, watch, validate), `schedules.py` (schedule add, list, show,
-pause, resume, remove), `sites.py` (site run, setup, secrets, cleanup), the
-lab's (`cluster`, `demo`, `bench`) and the Spark `report`. A command's module
-is imported only when that command runs: `jobdist --help` loads none of them,
-nor CouchDB's client, rich or Spark. Errors people meet (an unknown site, an
-unreachable CouchDB, a bad job file, a missing sites directory or config) are
+A command's module is imported only when that command runs: `jobdist --help`
+loads none of them, nor CouchDB's client, rich or Spark. Errors people meet are
 one line on stderr starting with `jobdist:` and exit status 2, never a
 traceback: see `Cli`.
 """
@@ -22,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import textwrap
 from typing import Any
 
 import click
@@ -94,7 +88,8 @@ class Cli(click.Group):
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         """The commands' list from COMMANDS, without importing them."""
         limit = formatter.width - 6 - max(map(len, COMMANDS))
-        rows = [(name, shortened(text, limit)) for name, (_, text) in sorted(COMMANDS.items())]
+        rows = [(name, textwrap.shorten(text, limit, placeholder="..."))
+                for name, (_, text) in sorted(COMMANDS.items())]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
 
@@ -119,25 +114,8 @@ class Cli(click.Group):
             sys.exit(EXIT_ERROR)
 
 
-def jobdist_version() -> str:
-    """The installed distribution's version, else (run from a checkout) the package's."""
-    import importlib.metadata
-
-    try:
-        return importlib.metadata.version("jobdist")
-    except importlib.metadata.PackageNotFoundError:
-        return jobdist.__version__
-
-
-def print_version(ctx: click.Context, _param: click.Parameter, asked: bool) -> None:
-    if asked and not ctx.resilient_parsing:
-        click.echo(f"jobdist {jobdist_version()}")
-        ctx.exit()
-
-
 @click.group(cls=Cli, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--version", is_flag=True, expose_value=False, is_eager=True,
-              callback=print_version, help="Show the version and exit.")
+@click.version_option(jobdist.__version__, prog_name="jobdist", message="%(prog)s %(version)s")
 def main() -> None:
     """A multi-site job distributor on replicated CouchDB.
 
@@ -145,13 +123,3 @@ def main() -> None:
     $JOBDIST_SITES) by --site ($JOBDIST_SITE, default global).
     """
 
-
-def shortened(text: str, limit: int) -> str:
-    """`text` within `limit` characters, cut at a word and marked "..." when it is longer
-    (click's own helper for this is deprecated)."""
-    if len(text) <= limit:
-        return text
-    cut = text[:max(limit - 3, 1)]
-    if text[len(cut)] != " ":  # in the middle of a word: leave the word out
-        cut = cut.rsplit(" ", 1)[0]
-    return cut.rstrip(" ,;:.") + "..."
