@@ -35,21 +35,21 @@ from jobdist.model import (
 )
 from jobdist.tables import Cell, Col, FittedTable
 
+# What the error of a request that got no answer says, by what it means.
+UNREACHABLE_CAUSES = (
+    ("connection refused", ("connection refused", "errno 111")),
+    ("timed out", ("timed out", "timeout")),
+    ("unknown host", ("name or service not known", "failed to resolve", "nodename nor servname",
+                      "name resolution")),
+)
+
 
 def explain_couch_error(error: CouchError, site: SiteConfig | None) -> str:
     """One line: what failed, at which site, and what to do about it when we know."""
     text = str(error)
     if isinstance(error, Unavailable) and error.status is None:  # no answer at all
-        lowered = text.lower()
-        if "connection refused" in lowered or "errno 111" in lowered:
-            cause = "connection refused"
-        elif "timed out" in lowered or "timeout" in lowered:
-            cause = "timed out"
-        elif any(s in lowered for s in ("name or service not known", "failed to resolve",
-                                        "nodename nor servname", "name resolution")):
-            cause = "unknown host"
-        else:
-            cause = "no answer"
+        cause = next((cause for cause, signs in UNREACHABLE_CAUSES
+                      if any(sign in text.lower() for sign in signs)), "no answer")
         where = (f"the CouchDB of site {site.name} at {site.couch.url}" if site is not None
                  else "CouchDB")
         return (f"cannot reach {where}: {cause} (is it running? "
@@ -94,8 +94,7 @@ def step_state(doc: Doc, index: int) -> str:
         return "not run"
     if index > doc["step"]:
         return "not started"  # ("waiting" is the word of a job that waits for others)
-    return {Phase.OPEN: "open", Phase.CLAIMED: "claimed", Phase.WON: "won",
-            Phase.RUNNING: "running"}[phase]
+    return phase.name.lower()  # open, claimed, won or running
 
 
 def progress_text(step: Leaf) -> str:
@@ -107,12 +106,10 @@ def progress_text(step: Leaf) -> str:
     return f"{percent}% {report.get('message') or ''}".strip()
 
 
-def step_status_cell(doc: Doc, index: int) -> str:
-    """The step's state, with its percentage while it runs."""
-    state = step_state(doc, index)
-    if state != "running" or not progress_text(doc["job"][index]):
-        return state
-    return f"{state} {progress_text(doc['job'][index]).split(' ', 1)[0]}"
+def with_percent(state: str, record: Leaf) -> str:
+    """A step's (or a sub-run's) state, with its percentage while it runs."""
+    progress = progress_text(record)
+    return f"{state} {progress.split(' ', 1)[0]}" if state == "running" and progress else state
 
 
 def progress_lines(doc: Doc) -> list[Text]:
@@ -139,13 +136,8 @@ def step_where(step: Doc) -> str:
     counts = fan_out(step)
     if counts is not None:
         return f"{counts[0]}/{counts[1]} sites"
-    if step.get("executioner"):
-        return str(step["executioner"])
-    if step.get("winner"):
-        return str(step["winner"])
-    if step.get("claimed_by"):
-        return f"{step['claimed_by']} (claim)"
-    return "-"
+    claim = f"{step['claimed_by']} (claim)" if step.get("claimed_by") else "-"
+    return str(step.get("executioner") or step.get("winner") or claim)
 
 
 def job_status_text(doc: Doc) -> str:
@@ -191,9 +183,9 @@ WATCH_RUNNING_COLUMNS = (
 def steps_table(doc: Doc) -> FittedTable:
     rows: list[list[Cell]] = []
     for index, step in enumerate(doc["job"]):
-        rows.append([str(index), step_status_cell(doc, index), plain(", ".join(targets(step))),
-                     plain(step_where(step)), *execution_cells(step, tries(doc, index)),
-                     plain(step["do"])])
+        rows.append([str(index), with_percent(step_state(doc, index), step),
+                     plain(", ".join(targets(step))), plain(step_where(step)),
+                     *execution_cells(step, tries(doc, index)), plain(step["do"])])
         rows += sub_run_rows(doc, index)
     return FittedTable(STEP_COLUMNS, rows, title="steps")
 
@@ -206,15 +198,10 @@ def sub_run_status(step: Doc, site: str, run: Leaf) -> str:
 
 def sub_run_rows(doc: Doc, index: int) -> list[list[Cell]]:
     """A broadcast step's sub-runs, a row per site under the step's own row."""
-    rows: list[list[Cell]] = []
     step = doc["job"][index]
-    for site, run in sorted(sub_runs(step).items()):
-        status = sub_run_status(step, site, run)
-        if status == "running" and progress_text(run):
-            status += " " + progress_text(run).split(" ", 1)[0]
-        rows.append(["", status, plain(f"at {site}"), plain(run.get("executioner")),
-                     *execution_cells(run, tries(doc, index, site)), ""])
-    return rows
+    return [["", with_percent(sub_run_status(step, site, run), run), plain(f"at {site}"),
+             plain(run.get("executioner")), *execution_cells(run, tries(doc, index, site)), ""]
+            for site, run in sorted(sub_runs(step).items())]
 
 
 def tries(doc: Doc, index: int, site: str | None = None) -> int:
@@ -263,10 +250,8 @@ def step_log(doc: Doc, index: int) -> str:
 
 def outcome_text(record: Leaf) -> str:
     """`, exit 0, took 1.2s`: what is known of how the execution ended."""
-    exit_code = record.get("exit_code")
-    took = took_text(record)
-    return ("" if exit_code is None else f", exit {exit_code}") + (f", took {took}" if took
-                                                                   else "")
+    exit_code, took = record.get("exit_code"), took_text(record)
+    return ("" if exit_code is None else f", exit {exit_code}") + (f", took {took}" if took else "")
 
 
 def output_text(record: Leaf) -> str:
@@ -369,7 +354,6 @@ def job_header(doc: Doc, leaves: int, site: str,
     return Text("\n").join(lines)
 
 
-
 def progress_view(doc: Doc) -> Group:
     done = sum(1 for step in doc["job"] if step_phase(step) == Phase.DONE)
     total = len(doc["job"])
@@ -396,14 +380,12 @@ def failure_reason(doc: Doc) -> str:
     return ""
 
 
-
 def list_row(row: JobRow) -> list[Cell]:
     step = "-" if row.status not in ("live", "waiting") else f"{row.step + 1}/{row.steps}"
     if row.status == "live" and row.fan_out:
         step += f" ({row.fan_out} sites)"
     return [row.id, row.status, step, plain(row.creator), str(row.priority),
             short_time(row.created_at), short_time(row.updated_at), plain(row.command)]
-
 
 
 def watch_view(snapshots: list[SiteSnapshot]) -> Group:
@@ -420,12 +402,10 @@ def watch_view(snapshots: list[SiteSnapshot]) -> Group:
         sites.append([site.name, site.couch.url, f"{len(snap.running)}/{site.workers}",
                       *(str(snap.counts.get(status, 0)) for status in STATUSES)])
         running += [running_row(site, row) for row in snap.running]
-    parts: list[Any] = [FittedTable(WATCH_SITE_COLUMNS, sites,
-                                    title=f"sites at {short_time(utc_now())} UTC"),
-                        *errors, Text("")]
-    parts.append(FittedTable(WATCH_RUNNING_COLUMNS, running, title="running steps")
-                 if running else Text("no steps running"))
-    return Group(*parts)
+    steps = (FittedTable(WATCH_RUNNING_COLUMNS, running, title="running steps") if running
+             else Text("no steps running"))
+    title = f"sites at {short_time(utc_now())} UTC"
+    return Group(FittedTable(WATCH_SITE_COLUMNS, sites, title=title), *errors, Text(""), steps)
 
 
 def running_row(site: SiteConfig, row: Doc) -> list[Cell]:

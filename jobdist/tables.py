@@ -38,14 +38,13 @@ class Col:
 Cell = str | Text
 
 
+@dataclass(frozen=True)
 class FittedTable:
     """A table laid out for the width it is rendered in (see the module's doc)."""
 
-    def __init__(self, columns: Sequence[Col], rows: Sequence[Sequence[Cell]],
-                 title: str | None = None) -> None:
-        self.columns = list(columns)
-        self.rows = [list(row) for row in rows]
-        self.title = title
+    columns: Sequence[Col]
+    rows: Sequence[Sequence[Cell]]
+    title: str | None = None
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         yield self.layout(options.max_width)
