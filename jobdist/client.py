@@ -74,12 +74,9 @@ class StillConflicting(JobdistError):
 def site_database(site: SiteConfig, *, quick: bool = False) -> Database:
     """The site's jobs database for an operator's command: a few quick retries, not
     the daemon's patience (`quick`: fewer, for views that refresh every second)."""
-    if quick:
-        couch = Couch(site.couch.url, user=site.couch.user, password=site.couch.password,
-                      timeout=3.0, retries=1, retry_time=1.0)
-    else:
-        couch = Couch(site.couch.url, user=site.couch.user, password=site.couch.password,
-                      timeout=15.0, retries=2, retry_time=3.0)
+    timeout, retries, retry_time = (3.0, 1, 1.0) if quick else (15.0, 2, 3.0)
+    couch = Couch(site.couch.url, user=site.couch.user, password=site.couch.password,
+                  timeout=timeout, retries=retries, retry_time=retry_time)
     return couch.database(site.couch.database)
 
 
@@ -87,20 +84,16 @@ def site_database(site: SiteConfig, *, quick: bool = False) -> Database:
 
 
 def read_merged(db: Database, site: str, job_id: str) -> tuple[Doc, list[Doc]]:
-    """The job merged from all its live leaves, and the leaves; NoSuchJob when absent."""
+    """The job merged from all its live leaves, and the leaves; NoSuchJob when absent,
+    NewerFormat when a leaf is of a format this release cannot read."""
     leaves = [leaf for leaf in db.leaves(job_id) if leaf.get("type") == "job"]
     if not leaves:
         raise NoSuchJob(f"no job {job_id!r} at site {site}")
-    refuse_newer_format(job_id, leaves)
-    return as_doc(core.merge(leaves)), leaves
-
-
-def refuse_newer_format(job_id: str, leaves: list[Doc]) -> None:
-    """Raise NewerFormat when a leaf of the job is of a format this release cannot read."""
-    newest = max((newer_format(leaf) or 0 for leaf in leaves), default=0)
+    newest = max(newer_format(leaf) or 0 for leaf in leaves)
     if newest:
         raise NewerFormat(f"job {job_id!r} is of format {newest}, newer than this jobdist "
                           f"reads ({JOB_FORMAT}): use the jobdist of an upgraded site")
+    return as_doc(core.merge(leaves)), leaves
 
 
 def read_merged_many(db: Database, ids: list[str]) -> dict[str, Doc]:
@@ -150,9 +143,6 @@ class JobRow:
     command: str
     fan_out: str | None = None  # a broadcast step's "done/sites"
 
-    def as_json(self) -> Doc:
-        return dict(self.__dict__)
-
 
 def row_from_summary(doc_id: str, created_at: str, value: Doc) -> JobRow:
     return JobRow(doc_id, value.get("status") or "live", str(value.get("creator")),
@@ -200,14 +190,12 @@ def list_jobs(db: Database, *, status: str | None = None, creator: str | None = 
         view, prefix = "by_creator", [creator]
     else:
         view, prefix = "by_status", []
-    if site is not None and creator is not None:
+    check_creator = site is not None and creator is not None
+    if check_creator:
         page_size = 200  # rows of other creators are skipped: read more at a time
     streams = [_view_rows(db, view, [*prefix, name], before, page_size) for name in statuses]
     rows = heapq.merge(*streams, key=lambda row: (row.created_at, row.id), reverse=True)
-    for row in rows:
-        if site is not None and creator is not None and row.creator != creator:
-            continue
-        yield row
+    return (row for row in rows if not check_creator or row.creator == creator)
 
 
 def _view_rows(db: Database, view: str, prefix: list[Any], before: str | None,
@@ -233,25 +221,22 @@ def count_by_status(db: Database) -> dict[str, int]:
     return {row["key"][0]: row["value"] for row in db.view(PEOPLE_DDOC, "by_status", group_level=1)}
 
 
-def running_at(db: Database, site: str) -> list[Doc]:
-    """The `running` view's rows for the steps running at `site`, with their jobs."""
-    return db.view(PEOPLE_DDOC, "running", startkey=[site], endkey=[site, {}], include_docs=True)
-
-
 @dataclass
 class SiteSnapshot:
     """What `watch` shows of a site: jobs by state and the steps running there."""
 
     site: SiteConfig
     counts: dict[str, int]
-    running: list[Doc]
+    running: list[Doc]  # the `running` view's rows for the site, with their jobs
     error: CouchError | None = None
 
 
 def snapshot_site(site: SiteConfig) -> SiteSnapshot:
     db = site_database(site, quick=True)
     try:
-        return SiteSnapshot(site, count_by_status(db), running_at(db, site.name))
+        running = db.view(PEOPLE_DDOC, "running", startkey=[site.name], endkey=[site.name, {}],
+                          include_docs=True)
+        return SiteSnapshot(site, count_by_status(db), running)
     except CouchError as error:
         return SiteSnapshot(site, {}, [], error)
 

@@ -48,6 +48,27 @@ def parse_target(text: str) -> str | list[str]:
     return names[0] if len(names) == 1 else names
 
 
+def job_submission(file: str | None, file_format: str, steps: tuple[str, ...],
+                   targets: tuple[str, ...] = (), retries: tuple[int, ...] = (),
+                   timeouts: tuple[float, ...] = (), alts: tuple[str, ...] = (),
+                   priority: int | None = None) -> Any:
+    """The job of a FILE or of `--step` options (one of the two); --priority overrides
+    the file's."""
+    if file is not None and steps:
+        raise BadOptions("give a job FILE or --step options, not both")
+    if file is None:
+        if not steps:
+            raise BadOptions("nothing to submit: give a job FILE (`-` for stdin) or --step CMD")
+        return submission_from_flags(steps, targets, retries, timeouts, alts, priority)
+    if targets or retries or timeouts or alts:
+        raise BadOptions("--target, --retries, --timeout and --alt go with --step, "
+                         "not with a job FILE")
+    submission = read_job_file(file, file_format)
+    if priority is not None and isinstance(submission, dict):
+        submission["priority"] = priority
+    return submission
+
+
 def submission_from_flags(steps: tuple[str, ...], targets: tuple[str, ...],
                           retries: tuple[int, ...], timeouts: tuple[float, ...],
                           alts: tuple[str, ...], priority: int | None) -> Doc:
@@ -117,27 +138,28 @@ def unknown_targets(submission: Any, sites: Collection[str]) -> list[str]:
     return errors
 
 
-
 def read_job_file(file: str, file_format: str = "auto") -> Any:
     """A submission from a JSON or YAML file (`-`: stdin), as plain JSON values."""
+    name = "<stdin>" if file == "-" else file  # what its errors say
     try:
         data = read_stdin() if file == "-" else Path(file).read_bytes()
     except OSError as error:
-        raise UnreadableFile(f"{file}: cannot read: {error.strerror or error}") from None
+        raise UnreadableFile(f"{name}: cannot read: {error.strerror or error}") from None
     if holds_nothing(data):
-        raise UnreadableFile(f"{file}: empty: no job in it (a job file holds an object with "
+        raise UnreadableFile(f"{name}: empty: no job in it (a job file holds an object with "
                              "its steps under `job`)")
     if file_format == "auto":
         file_format = guess_format(file, data)
-    if file_format == "json":
-        try:
-            return parse_json(data)
-        except UnreadableFile as error:
-            raise UnreadableFile(f"{file}: {error}") from None
+    invalid = f"{name}: not valid {file_format.upper()}"
     try:
-        return parse_yaml(data)
+        text = data.decode("utf-8-sig")
+        return parse_json(text) if file_format == "json" else parse_yaml(text)
+    except UnicodeDecodeError:
+        raise UnreadableFile(f"{invalid}: not UTF-8 text") from None
+    except RecursionError:
+        raise UnreadableFile(f"{invalid}: nested too deeply") from None
     except UnreadableFile as error:
-        raise UnreadableFile(f"{file}: {error}") from None
+        raise UnreadableFile(f"{name}: {error}") from None
 
 
 def holds_nothing(data: bytes) -> bool:
@@ -147,8 +169,7 @@ def holds_nothing(data: bytes) -> bool:
 
 
 def read_stdin() -> bytes:
-    """Standard input as bytes: the text stream's buffer (what click.get_binary_stream
-    returned, without the call newer Click deprecates)."""
+    """Standard input as bytes (click.get_binary_stream is deprecated in newer Click)."""
     if sys.stdin is None:  # started without one
         raise OSError("no standard input")
     return sys.stdin.buffer.read()
@@ -164,13 +185,9 @@ def guess_format(file: str, data: bytes) -> str:
     return "json" if start in (b"{", b"[") else "yaml"
 
 
-def parse_json(data: bytes) -> Any:
+def parse_json(text: str) -> Any:
     try:
-        return json.loads(data.decode("utf-8-sig"), parse_constant=reject_constant)
-    except UnicodeDecodeError:
-        raise UnreadableFile("not valid JSON: not UTF-8 text") from None
-    except RecursionError:
-        raise UnreadableFile("not valid JSON: nested too deeply") from None
+        return json.loads(text, parse_constant=reject_constant)
     except ValueError as error:
         raise UnreadableFile(f"not valid JSON: {error}") from None
 
@@ -180,17 +197,11 @@ def reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON value")
 
 
-def parse_yaml(data: bytes) -> Any:
+def parse_yaml(text: str) -> Any:
     import yaml
 
     try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError:
-        raise UnreadableFile("not valid YAML: not UTF-8 text") from None
-    try:
-        value = yaml.load(text, Loader=_job_yaml_loader())  # a SafeLoader
-    except RecursionError:
-        raise UnreadableFile("not valid YAML: nested too deeply") from None
+        value = yaml.load(text, Loader=job_yaml_loader())  # a SafeLoader
     except yaml.YAMLError as error:
         raise UnreadableFile(f"not valid YAML: {describe_yaml_error(error)}") from None
     problem = non_json_value(value, "")
@@ -210,7 +221,7 @@ def describe_yaml_error(error: Exception) -> str:
     return " ".join(f"{where}{problem}{f' ({context})' if context else ''}".split())
 
 
-def _job_yaml_loader() -> type:
+def job_yaml_loader() -> type:
     """SafeLoader without timestamps: `2026-01-01` stays text, as in JSON."""
     import yaml
 
@@ -227,25 +238,17 @@ def _job_yaml_loader() -> type:
 
 def non_json_value(value: Any, path: str) -> str | None:
     """Where a YAML value has something JSON cannot hold (a binary, a set, .nan...)."""
-    if value is None or isinstance(value, bool | int | str):
+    where = path or "the document"
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{where}: {value} is not a JSON number"
+    if value is None or isinstance(value, bool | int | float | str):
         return None
-    if isinstance(value, float):
-        return None if math.isfinite(value) else f"{path or 'the document'}: {value} is not a " \
-                                                 "JSON number"
-    if isinstance(value, list):
-        for index, item in enumerate(value):
-            found = non_json_value(item, f"{path}[{index}]")
-            if found:
-                return found
-        return None
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                return f"{path or 'the document'}: key {key!r} is not a string (quote it)"
-            found = non_json_value(item, f"{path}.{key}" if path else key)
-            if found:
-                return found
-        return None
-    return f"{path or 'the document'}: a {type(value).__name__} is not a JSON value"
-
-
+    if not isinstance(value, list | dict):
+        return f"{where}: a {type(value).__name__} is not a JSON value"
+    for key, item in value.items() if isinstance(value, dict) else enumerate(value):
+        if isinstance(value, dict) and not isinstance(key, str):
+            return f"{where}: key {key!r} is not a string (quote it)"
+        inner = f"{path}[{key}]" if isinstance(key, int) else f"{path}.{key}" if path else key
+        if found := non_json_value(item, inner):
+            return found
+    return None

@@ -1,9 +1,7 @@
 """The `jobdist` command line: a thin shell over `jobdist.client`.
 
 Every command talks to one site's CouchDB (`--site`) named in a sites directory
-(`--sites`), except `setup` and `watch`, which visit every site. What a command
-shows of a job is the merge of all its live leaf revisions (`core.merge`), the
-same view the daemons decide on, never CouchDB's winning revision alone.
+(`--sites`), except `setup` and `watch`, which visit every site.
 
 A command's module is imported only when that command runs: `jobdist --help`
 loads none of them, nor CouchDB's client, rich or Spark. Errors people meet are

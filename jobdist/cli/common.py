@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import functools
 import getpass
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -21,6 +23,7 @@ EXIT_JOB_NOT_OK = 1
 EXIT_INTERRUPTED = 130
 
 SITE_META = "jobdist.site"  # click context meta: the site a command talks to
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class CliError(Exception):
@@ -35,14 +38,29 @@ class CliError(Exception):
 sites_option = click.option(
     "--sites", "sites_dir", default="sites", show_default=True, envvar="JOBDIST_SITES",
     type=click.Path(path_type=Path), help="Directory of site configs ($JOBDIST_SITES).")
-SITE_HELP = ("The site whose CouchDB to talk to ($JOBDIST_SITE; default: global, or the only "
-             "site).")
-site_option = click.option(
-    "--site", "--at", "site_name", default=None, envvar="JOBDIST_SITE", metavar="SITE",
-    help=SITE_HELP)
-# `submit` says --site only: its --at is the time the job may start at.
-submit_site_option = click.option(
-    "--site", "site_name", default=None, envvar="JOBDIST_SITE", metavar="SITE", help=SITE_HELP)
+
+
+def site_option_as(*names: str, help: str = "The site whose CouchDB to talk to "
+                   "($JOBDIST_SITE; default: global, or the only site).") -> Callable[[F], F]:
+    """The option naming the site to talk to: --site or --at, or one of them where the
+    other means something else."""
+    return click.option(*names, "site_name", default=None, envvar="JOBDIST_SITE",
+                        metavar="SITE", help=help)
+
+
+site_option = site_option_as("--site", "--at")
+
+# A job's options shared by `submit`, `validate` and `schedule add`.
+format_option = click.option(
+    "--format", "file_format", type=click.Choice(["auto", "json", "yaml"]), default="auto",
+    show_default=True, help="How FILE is written; auto: by its extension (.json, .yaml, .yml), "
+                            "else JSON when it starts with { or [, else YAML.")
+step_option = click.option("--step", "steps", multiple=True, metavar="CMD",
+                           help="A step's shell command; repeat for more steps, run in order.")
+target_option = click.option(
+    "--target", "targets", multiple=True, metavar="SITES",
+    help="Where the step at the same position may run: a site, a comma-separated list of "
+         "sites, or any. Give none (all any) or one per --step.")
 
 
 def load_site_configs(sites_dir: Path) -> dict[str, SiteConfig]:
@@ -75,8 +93,17 @@ def known_site(sites: dict[str, SiteConfig], name: str, option: str = "") -> Sit
     return sites[name]
 
 
-def open_site(sites_dir: Path, name: str | None) -> tuple[SiteConfig, Database]:
-    return connect(pick_site(load_site_configs(sites_dir), name))
+def at_site(command: Callable[..., None]) -> Callable[..., None]:
+    """The --sites and --site options, handed to `command` as the site and its database."""
+
+    @sites_option
+    @site_option
+    @functools.wraps(command)
+    def opened(*args: Any, sites_dir: Path, site_name: str | None, **kwargs: Any) -> None:
+        site, db = connect(pick_site(load_site_configs(sites_dir), site_name))
+        command(*args, site=site, db=db, **kwargs)
+
+    return opened
 
 
 def connect(site: SiteConfig) -> tuple[SiteConfig, Database]:

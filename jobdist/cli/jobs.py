@@ -3,26 +3,27 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import re
 import sys
 import time
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
 import click
 from click.core import ParameterSource
-from rich.console import Group
 from rich.live import Live
 
 from jobdist import client
-from jobdist.client import STATUSES, JobRow
+from jobdist.client import STATUSES
 from jobdist.config import SiteConfig
 from jobdist.couch import Database
 from jobdist.jobfile import (
     UnreadableFile,
+    job_submission,
     read_job_file,
-    submission_from_flags,
     unknown_targets,
     wait_options,
 )
@@ -51,15 +52,17 @@ from .common import (
     EXIT_INTERRUPTED,
     EXIT_JOB_NOT_OK,
     CliError,
+    at_site,
     connect,
+    format_option,
     known_site,
     load_site_configs,
-    open_site,
     operator_name,
     pick_site,
-    site_option,
+    site_option_as,
     sites_option,
-    submit_site_option,
+    step_option,
+    target_option,
 )
 
 # --- submit ------------------------------------------------------------------------
@@ -67,15 +70,9 @@ from .common import (
 
 @click.command()
 @click.argument("file", required=False)
-@click.option("--format", "file_format", type=click.Choice(["auto", "json", "yaml"]),
-              default="auto", show_default=True,
-              help="How FILE is written; auto: by its extension (.json, .yaml, .yml), "
-                   "else JSON when it starts with { or [, else YAML.")
-@click.option("--step", "steps", multiple=True, metavar="CMD",
-              help="A step's shell command; repeat for more steps, run in order.")
-@click.option("--target", "targets", multiple=True, metavar="SITES",
-              help="Where the step at the same position may run: a site, a comma-separated "
-                   "list of sites, or any. Give none (all any) or one per --step.")
+@format_option
+@step_option
+@target_option
 @click.option("--retries", "retries", multiple=True, type=click.IntRange(min=0), metavar="N",
               help="Retries after a failed attempt: once for every step, or one per --step.")
 @click.option("--timeout", "timeouts", multiple=True, type=click.FloatRange(min=0, min_open=True),
@@ -103,7 +100,7 @@ from .common import (
 @click.option("--dry-run", is_flag=True, help="Print the job as it would be submitted; "
                                               "submit nothing.")
 @sites_option
-@submit_site_option
+@site_option_as("--site")  # its --at is the time the job may start at
 def submit(file: str | None, file_format: str, steps: tuple[str, ...],
            targets: tuple[str, ...], retries: tuple[int, ...], timeouts: tuple[float, ...],
            alts: tuple[str, ...], priority: int | None, after: tuple[str, ...],
@@ -121,19 +118,8 @@ def submit(file: str | None, file_format: str, steps: tuple[str, ...],
     Targets are checked against the sites directory; every validation error
     is printed on a line of its own (exit 2).
     """
-    if file is not None and steps:
-        raise CliError("give a job FILE or --step options, not both")
-    if file is None and not steps:
-        raise CliError("nothing to submit: give a job FILE (`-` for stdin) or --step CMD")
-    if file is not None:
-        if targets or retries or timeouts or alts:
-            raise CliError("--target, --retries, --timeout and --alt go with --step, "
-                           "not with a job FILE")
-        submission = read_job_file(file, file_format)
-        if priority is not None and isinstance(submission, dict):
-            submission["priority"] = priority
-    else:
-        submission = submission_from_flags(steps, targets, retries, timeouts, alts, priority)
+    submission = job_submission(file, file_format, steps, targets, retries, timeouts, alts,
+                                priority)
     waits = wait_options(after, after_policy, at, delay)
     if waits and isinstance(submission, dict):
         submission.update(waits)
@@ -170,31 +156,32 @@ def follow_job(db: Database, site: SiteConfig, job_id: str, interval: float = 0.
     console = make_console()
     seen: set[str] = set()
     try:
-        doc, _ = client.read_merged(db, site.name, job_id)
-        if console.is_terminal:
-            with Live(progress_view(doc), console=console, refresh_per_second=4) as live:
-                while doc["job_status"] is None:
-                    time.sleep(interval)
-                    doc, _ = client.read_merged(db, site.name, job_id)
-                    live.update(progress_view(doc))
-        else:
+        with Live(console=console) if console.is_terminal else contextlib.nullcontext() as live:
             while True:
-                lines = [(json.dumps(entry, sort_keys=True), event_line(entry))
-                         for entry in doc.get("history", [])]
-                for key, line in [*lines, *((line, line) for line in progress_events(doc))]:
-                    if key not in seen:
-                        seen.add(key)
-                        click.echo(line)
+                doc, _ = client.read_merged(db, site.name, job_id)
+                if live is not None:
+                    live.update(progress_view(doc))
+                else:
+                    echo_new_events(doc, seen)
                 if doc["job_status"] is not None:
                     break
                 time.sleep(interval)
-                doc, _ = client.read_merged(db, site.name, job_id)
     except KeyboardInterrupt:
         click.echo(f"stopped following {job_id}; the job goes on: jobdist show {job_id}",
                    err=True)
         sys.exit(EXIT_INTERRUPTED)
     click.echo(f"{job_id}: {doc['job_status']}{failure_reason(doc)}")
     return doc
+
+
+def echo_new_events(doc: Doc, seen: set[str]) -> None:
+    """A line for each history entry and progress report of the job not in `seen` yet."""
+    history = [(json.dumps(entry, sort_keys=True), event_line(entry))
+               for entry in doc.get("history", [])]
+    for key, line in [*history, *((line, line) for line in progress_events(doc))]:
+        if key not in seen:
+            seen.add(key)
+            click.echo(line)
 
 
 # --- show, logs ---------------------------------------------------------------------------
@@ -204,42 +191,31 @@ def follow_job(db: Database, site: SiteConfig, job_id: str, interval: float = 0.
 @click.argument("job_id")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the merged document (with `_conflicts` when there are).")
-@sites_option
-@site_option
-def show(job_id: str, as_json: bool, sites_dir: Path, site_name: str | None) -> None:
+@at_site
+def show(job_id: str, as_json: bool, site: SiteConfig, db: Database) -> None:
     """Show a job as a site sees it: its steps and history, merged from all its
     conflicting revisions (as the daemons merge them)."""
-    site, db = open_site(sites_dir, site_name)
     doc, leaves = client.read_merged(db, site.name, job_id)
     if as_json:
         shown = client.with_conflicts(doc, leaves)
         click.echo(json.dumps(shown, indent=2, ensure_ascii=False))
         return
-    console = make_console()
-    console.print(job_header(doc, len(leaves), site.name, client.awaited_statuses(db, doc)))
-    console.print()
-    console.print(steps_table(doc))
-    console.print()
-    console.print(history_table(doc))
+    header = job_header(doc, len(leaves), site.name, client.awaited_statuses(db, doc))
+    make_console().print(header, "", steps_table(doc), "", history_table(doc), sep="\n")
 
 
 @click.command()
 @click.argument("job_id")
 @click.option("--step", "only_step", type=int, default=None, help="Only this step (from 0).")
-@sites_option
-@site_option
-def logs(job_id: str, only_step: int | None, sites_dir: Path, site_name: str | None) -> None:
+@at_site
+def logs(job_id: str, only_step: int | None, site: SiteConfig, db: Database) -> None:
     """Print each step's output: the last 4 KiB of stdout and stderr (a broadcast
     step's at each site), with its exit code and time."""
-    site, db = open_site(sites_dir, site_name)
     doc, _ = client.read_merged(db, site.name, job_id)
     indexes = range(len(doc["job"]))
-    if only_step is not None:
-        if only_step not in indexes:
-            raise CliError(f"job {job_id} has steps 0 to {len(doc['job']) - 1}, "
-                           f"not {only_step}")
-        indexes = range(only_step, only_step + 1)
-    for index in indexes:
+    if only_step is not None and only_step not in indexes:
+        raise CliError(f"job {job_id} has steps 0 to {len(doc['job']) - 1}, not {only_step}")
+    for index in indexes if only_step is None else [only_step]:
         click.echo(step_log(doc, index), nl=False)
 
 
@@ -259,9 +235,8 @@ TIME_PREFIX = re.compile(r"^\d{4}(-\d{2}(-\d{2}([T ][0-9:.]*Z?)?)?)?$")
                    "2026-11-22): the next page after a listing's last job.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per job, one a line.")
 @sites_option
-@click.option("--at", "site_name", default=None, envvar="JOBDIST_SITE", metavar="SITE",
-              help="The site whose CouchDB to ask ($JOBDIST_SITE; default: global, or the "
-                   "only site). Elsewhere --site, here --at: --site filters.")
+@site_option_as("--at", help="The site whose CouchDB to ask ($JOBDIST_SITE; default: global, "
+                             "or the only site). Elsewhere --site, here --at: --site filters.")
 def list_command(status: str | None, involving: str | None, creator: str | None, limit: int,
                  before: str | None, as_json: bool, sites_dir: Path,
                  site_name: str | None) -> None:
@@ -279,16 +254,11 @@ def list_command(status: str | None, involving: str | None, creator: str | None,
     site, db = connect(pick_site(sites, site_name))
     rows = client.list_jobs(db, status=status, creator=creator, site=involving, before=before,
                      page_size=min(limit + 1, 100))
-    shown: list[JobRow] = []
-    more = False
-    for row in rows:
-        if len(shown) == limit:
-            more = True
-            break
-        shown.append(row)
+    shown = list(islice(rows, limit + 1))
+    more, shown = len(shown) > limit, shown[:limit]
     if as_json:
         for row in shown:
-            click.echo(json.dumps(row.as_json()))
+            click.echo(json.dumps(dataclasses.asdict(row)))
         return
     if not shown:
         click.echo(f"no jobs match at site {site.name}")
@@ -296,13 +266,10 @@ def list_command(status: str | None, involving: str | None, creator: str | None,
     console = make_console()
     console.print(FittedTable(LIST_COLUMNS, [list_row(row) for row in shown]))
     if more:
-        again = ["jobdist list"]
-        for flag, value in (("--status", status), ("--site", involving),
-                            ("--creator", creator)):
-            if value:
-                again.append(f"{flag} {value}")
-        again.append(f"--before {shown[-1].created_at}")
-        click.echo(f"{len(shown)} newest shown; older: {' '.join(again)}")
+        filters = (("--status", status), ("--site", involving), ("--creator", creator))
+        again = " ".join(["jobdist list", *(f"{flag} {value}" for flag, value in filters if value),
+                          f"--before {shown[-1].created_at}"])
+        click.echo(f"{len(shown)} newest shown; older: {again}")
 
 
 # --- cancel ------------------------------------------------------------------------------
@@ -311,13 +278,11 @@ def list_command(status: str | None, involving: str | None, creator: str | None,
 @click.command()
 @click.argument("job_id")
 @click.option("--reason", default=None, help="Why (kept in the job's history).")
-@sites_option
-@site_option
-def cancel(job_id: str, reason: str | None, sites_dir: Path, site_name: str | None) -> None:
+@at_site
+def cancel(job_id: str, reason: str | None, site: SiteConfig, db: Database) -> None:
     """Cancel a job. The site running its current step sees the change on its
     feed and kills the step's process group. Exit 1 if the job had already
     ended otherwise."""
-    site, db = open_site(sites_dir, site_name)
     reason = reason or f"cancelled by {operator_name()} from the command line"
     outcome = client.cancel(db, site.name, job_id, reason)
     status = outcome.job["job_status"]
@@ -339,17 +304,15 @@ def cancel(job_id: str, reason: str | None, sites_dir: Path, site_name: str | No
               help="The creator site that is gone for good.")
 @click.option("--reason", default=None, help="Why (kept in each job's history).")
 @click.option("--dry-run", is_flag=True, help="Count the jobs; change nothing.")
-@sites_option
-@site_option
-def adopt(gone: str, reason: str | None, dry_run: bool, sites_dir: Path,
-          site_name: str | None) -> None:
+@at_site
+def adopt(gone: str, reason: str | None, dry_run: bool, site: SiteConfig,
+          db: Database) -> None:
     """Make this site (--site) the creator of every live job that SITE created.
 
     For a creator site lost for good: without its creator a job's claims wait
     forever. Use it only once SITE is down for good or cut off: if SITE still
     runs behind a partition, both arbitrate until it sees the adoption, and a
     step may then run twice (in two epochs, recorded in the history)."""
-    site, db = open_site(sites_dir, site_name)
     if gone == site.name:
         raise CliError(f"site {site.name} cannot adopt its own jobs: run this at another site "
                        "(--site)")
@@ -366,15 +329,13 @@ def adopt(gone: str, reason: str | None, dry_run: bool, sites_dir: Path,
 @click.argument("job_id")
 @click.argument("lost_site", metavar="SITE")
 @click.option("--reason", default=None, help="Why (kept in the job's history).")
-@sites_option
-@site_option
-def drop_site(job_id: str, lost_site: str, reason: str | None, sites_dir: Path,
-              site_name: str | None) -> None:
+@at_site
+def drop_site(job_id: str, lost_site: str, reason: str | None, site: SiteConfig,
+              db: Database) -> None:
     """Remove SITE, lost for good, from JOB_ID's current broadcast step.
 
     Run it at the job's creator (--site). The step then waits for the other sites
     only; if SITE comes back, its part of the step is stopped and does not count."""
-    site, db = open_site(sites_dir, site_name)
     reason = reason or f"dropped by {operator_name()} from the command line"
     job = client.drop_site(db, site.name, job_id, lost_site, reason)
     click.echo(f"dropped {lost_site} from step {job['step']} of {job_id} at site {site.name}; "
@@ -390,21 +351,16 @@ def watch(once: bool, interval: float, sites_dir: Path) -> None:
     """A live view of every site: jobs by status, busy workers and running steps.
 
     With --once, the exit status is 1 when a site's CouchDB did not answer."""
-    sites = list(load_site_configs(sites_dir).values())
-
-    def view() -> Group:
-        return watch_view([client.snapshot_site(site) for site in sites])
-
+    sites = load_site_configs(sites_dir).values()
     console = make_console()
     if once:
         snapshots = [client.snapshot_site(site) for site in sites]
         console.print(watch_view(snapshots))
         sys.exit(1 if any(snap.error for snap in snapshots) else 0)
-    with contextlib.suppress(KeyboardInterrupt), \
-            Live(view(), console=console, refresh_per_second=4) as live:
+    with contextlib.suppress(KeyboardInterrupt), Live(console=console) as live:
         while True:
+            live.update(watch_view([client.snapshot_site(site) for site in sites]))
             time.sleep(interval)
-            live.update(view())
 
 
 # --- validate ----------------------------------------------------------------------------
@@ -412,9 +368,7 @@ def watch(once: bool, interval: float, sites_dir: Path) -> None:
 
 @click.command()
 @click.argument("file")
-@click.option("--format", "file_format", type=click.Choice(["auto", "json", "yaml"]),
-              default="auto", show_default=True,
-              help="How FILE is written (auto: by extension, else by its first character).")
+@format_option
 @sites_option
 def validate(file: str, file_format: str, sites_dir: Path) -> None:
     """Check the job in FILE (JSON or YAML, `-` for stdin) as `submit` would: the
@@ -424,8 +378,7 @@ def validate(file: str, file_format: str, sites_dir: Path) -> None:
     try:
         doc = read_job_file(file, file_format)
     except UnreadableFile as problem:
-        message = str(problem).removeprefix(f"{file}: ")
-        click.echo(f"{name}: {message}", err=True)
+        click.echo(str(problem), err=True)
         sys.exit(EXIT_ERROR)
     errors = job_errors(doc, validation_sites(doc, name, sites_dir))
     for error in errors:

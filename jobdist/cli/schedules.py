@@ -10,20 +10,25 @@ from cronsim import CronSimError
 
 from jobdist import client
 from jobdist.clock import utc_now
+from jobdist.config import SiteConfig
+from jobdist.couch import Database
 from jobdist.document_rules import MISSED_POLICIES
-from jobdist.jobfile import read_job_file, submission_from_flags, unknown_targets
+from jobdist.jobfile import job_submission, unknown_targets
 from jobdist.render import make_console, plain, short_time
 from jobdist.schedules import BadSchedule, new_schedule, next_ticks
 from jobdist.tables import Cell, Col, FittedTable
 
 from .common import (
     CliError,
+    at_site,
     connect,
     known_site,
     load_site_configs,
     pick_site,
     site_option,
     sites_option,
+    step_option,
+    target_option,
 )
 
 SCHEDULE_COLUMNS = (
@@ -48,10 +53,8 @@ def schedule() -> None:
 @click.option("--missed", type=click.Choice(MISSED_POLICIES), default="latest",
               show_default=True, help="Ticks missed while the owner was down: run the "
                                       "latest once, run all, or skip them.")
-@click.option("--step", "steps", multiple=True, metavar="CMD",
-              help="A step's shell command (or give a job FILE), as for `submit`.")
-@click.option("--target", "targets", multiple=True, metavar="SITES",
-              help="Where the step at the same position may run, as for `submit`.")
+@step_option
+@target_option
 @click.option("--priority", type=int, default=None, help="The jobs' priority.")
 @sites_option
 @site_option
@@ -59,14 +62,7 @@ def add(name: str, file: str | None, cron: str, timezone: str, owner: str | None
         missed: str, steps: tuple[str, ...], targets: tuple[str, ...], priority: int | None,
         sites_dir: Path, site_name: str | None) -> None:
     """Add schedule NAME: the job in FILE (or --step options) at every tick of --cron."""
-    if (file is None) == (not steps):
-        raise CliError("give the job as a FILE or as --step options (one of the two)")
-    if file is not None:
-        submission = read_job_file(file)
-        if priority is not None and isinstance(submission, dict):
-            submission["priority"] = priority
-    else:
-        submission = submission_from_flags(steps, targets, (), (), (), priority)
+    submission = job_submission(file, "auto", steps, targets, priority=priority)
     sites = load_site_configs(sites_dir)
     site = pick_site(sites, site_name)
     owner = known_site(sites, owner, "--owner").name if owner else site.name
@@ -84,11 +80,9 @@ def add(name: str, file: str | None, cron: str, timezone: str, owner: str | None
 
 
 @schedule.command("list")
-@sites_option
-@site_option
-def list_schedules(sites_dir: Path, site_name: str | None) -> None:
+@at_site
+def list_schedules(site: SiteConfig, db: Database) -> None:
     """Every schedule, with its next tick."""
-    site, db = connect(pick_site(load_site_configs(sites_dir), site_name))
     rows = client.list_schedules(db)
     if not rows:
         click.echo(f"no schedules at site {site.name}")
@@ -114,11 +108,9 @@ def next_tick(doc: dict[str, object]) -> str | None:
 @schedule.command("show")
 @click.argument("name")
 @click.option("--json", "as_json", is_flag=True, help="Print the schedule document.")
-@sites_option
-@site_option
-def show(name: str, as_json: bool, sites_dir: Path, site_name: str | None) -> None:
+@at_site
+def show(name: str, as_json: bool, site: SiteConfig, db: Database) -> None:
     """A schedule, its job and its next ticks."""
-    site, db = connect(pick_site(load_site_configs(sites_dir), site_name))
     doc = client.read_schedule(db, site.name, name)
     if as_json:
         click.echo(json.dumps(doc, indent=2, ensure_ascii=False))
@@ -138,10 +130,8 @@ def enabler(name: str, enabled: bool, help_text: str) -> click.Command:
 
     @schedule.command(name, help=help_text)
     @click.argument("schedule_name", metavar="NAME")
-    @sites_option
-    @site_option
-    def command(schedule_name: str, sites_dir: Path, site_name: str | None) -> None:
-        site, db = connect(pick_site(load_site_configs(sites_dir), site_name))
+    @at_site
+    def command(schedule_name: str, site: SiteConfig, db: Database) -> None:
         client.set_schedule_enabled(db, site.name, schedule_name, enabled)
         click.echo(f"{'resumed' if enabled else 'paused'} schedule {schedule_name}")
 
@@ -154,10 +144,8 @@ resume = enabler("resume", True, "Make jobs again, from the next tick on.")
 
 @schedule.command("remove")
 @click.argument("name")
-@sites_option
-@site_option
-def remove(name: str, sites_dir: Path, site_name: str | None) -> None:
+@at_site
+def remove(name: str, site: SiteConfig, db: Database) -> None:
     """Remove a schedule; the jobs it made stay."""
-    site, db = connect(pick_site(load_site_configs(sites_dir), site_name))
     client.remove_schedule(db, site.name, name)
     click.echo(f"removed schedule {name}")

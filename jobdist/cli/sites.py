@@ -3,8 +3,8 @@ remove old jobs."""
 
 from __future__ import annotations
 
-import contextlib
 import sys
+from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,19 +12,11 @@ import click
 
 from jobdist.clock import parse_duration
 from jobdist.config import SiteConfig, ensure_credentials, load_site, load_sites
-from jobdist.couch import CouchError
+from jobdist.couch import CouchError, Database
 from jobdist.render import explain_couch_error, short_time
 from jobdist.retention import cleanup as run_cleanup
 
-from .common import (
-    EXIT_JOB_NOT_OK,
-    CliError,
-    load_site_configs,
-    open_site,
-    pick_site,
-    site_option,
-    sites_option,
-)
+from .common import EXIT_JOB_NOT_OK, CliError, at_site, load_site_configs, pick_site, sites_option
 
 
 @click.group()
@@ -148,31 +140,21 @@ def site_error(error: CouchError, site: SiteConfig) -> str:
                    "only exported jobs are removed.")
 @click.option("--dry-run", is_flag=True, help="Count what would be removed; change nothing "
                                               "(and export nothing).")
-@sites_option
-@site_option
-def cleanup(older_than: str, export_path: Path | None, dry_run: bool, sites_dir: Path,
-            site_name: str | None) -> None:
+@at_site
+def cleanup(older_than: str, export_path: Path | None, dry_run: bool, site: SiteConfig,
+            db: Database) -> None:
     """Remove finished jobs (success, failed, cancelled) past a retention period.
 
     Deletes every revision of each such job at the site; replication carries
     the deletions to the other sites.
     """
     period = parse_duration(older_than)
-    site, db = open_site(sites_dir, site_name)
-    export = None
-    if export_path is not None and not dry_run:
-        try:
-            export = export_path.open("a", encoding="utf-8")
-        except OSError as error:
-            raise CliError(f"{export_path}: cannot write: {error.strerror or error}") from None
-    try:
-        report = run_cleanup(db, period, export=export, dry_run=dry_run)
-    except OSError as error:  # writing the export failed: nothing of that batch was deleted
+    try:  # a batch is deleted only once its export is written and synced (retention.py)
+        with (export_path.open("a", encoding="utf-8") if export_path and not dry_run
+              else nullcontext()) as export:
+            report = run_cleanup(db, period, export=export, dry_run=dry_run)
+    except OSError as error:
         raise CliError(f"{export_path}: cannot write: {error.strerror or error}") from None
-    finally:
-        if export is not None:
-            with contextlib.suppress(OSError):
-                export.close()
     when = short_time(report.cutoff)
     if dry_run:
         click.echo(f"would remove {report.found} finished jobs last updated before {when} UTC "
