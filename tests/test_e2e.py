@@ -342,10 +342,10 @@ def test_a_delayed_job_does_not_start_before_its_time(cluster: LocalCluster,
 
 def test_nightly_backup_a_schedule_snapshots_every_site_then_a_job_verifies_at_global(
         cluster: LocalCluster, tmp_path: Path) -> None:
-    """The nightly-backup example (docs/protocol.md, "Waiting for other jobs"): a
-    schedule's job snapshots every site; a job at global waits for that tick's job (its
-    id is known before the tick: it waits for a job not there yet) and verifies. The
-    snapshot is one broadcast step (docs/protocol.md, "Broadcast steps")."""
+    """The nightly-backup example (docs/job-document.md, "Waiting for other jobs and
+    for a time"): a schedule's job snapshots every site; a job at global waits for that
+    tick's job (its id is known before the tick: it waits for a job not there yet) and
+    verifies. The snapshot is one broadcast step (docs/protocol.md, "Broadcast steps")."""
     snapshots = tmp_path / "snapshots"
     snapshots.mkdir()
     changed = later(utc_now(), -61)  # the owner makes the latest tick at once (missed: latest)
