@@ -21,7 +21,6 @@ from jobdist.analytics.source import (
     CouchSource,
     list_job_ids,
     load_jobs,
-    open_database,
     skipped_jobs,
     spark_failure,
     start_spark,
@@ -35,7 +34,6 @@ from jobdist.cli.common import (
     site_option,
     sites_option,
 )
-from jobdist.couch import Database
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -50,90 +48,87 @@ Stage = Callable[[str], None]
 # -- charts and the HTML page ----------------------------------------------------------
 
 
-def histogram(df: DataFrame, column: str, low: float | None, high: float | None,
-              bins: int = HISTOGRAM_BINS) -> tuple[list[float], list[int]]:
+def histogram(df: DataFrame, column: str, low: float | None,
+              high: float | None) -> tuple[list[float], list[int]]:
     """Bin edges and counts, binned by Spark; values past `high` land in the last bin."""
     from pyspark.sql import functions as F
 
     if low is None or high is None:
         return [], []
-    width = (high - low) / bins if high > low else 1.0
-    bin_of = F.least(F.greatest(F.floor((F.col(column) - low) / width), F.lit(0)), F.lit(bins - 1))
+    width = (high - low) / HISTOGRAM_BINS if high > low else 1.0
+    bin_of = F.least(F.greatest(F.floor((F.col(column) - low) / width), F.lit(0)),
+                     F.lit(HISTOGRAM_BINS - 1))
     found = {row["bin"]: row["count"] for row in
              df.where(F.col(column).isNotNull()).groupBy(bin_of.alias("bin")).count().collect()}
-    return [low + i * width for i in range(bins + 1)], [found.get(i, 0) for i in range(bins)]
+    return ([low + i * width for i in range(HISTOGRAM_BINS + 1)],
+            [found.get(i, 0) for i in range(HISTOGRAM_BINS)])
 
 
-def png_data_uri(figure: Any) -> str:
+def chart(draw: Callable[[Any], None], counting: bool = True) -> str:
+    """A chart drawn by `draw` on fresh axes, as a PNG data URI."""
+    # Figure without pyplot: no global state and no GUI backend (the Agg canvas draws it).
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    figure = Figure(figsize=(7, 3.2))
+    axes = figure.subplots()
+    if counting:  # no "0.5 jobs" on a small run
+        axes.yaxis.set_major_locator(MaxNLocator(integer=True))
+    draw(axes)
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=100, bbox_inches="tight")
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
-def whole_numbers(axes: Any) -> None:
-    """Counts get integer ticks: no "0.5 jobs" on a small run."""
-    from matplotlib.ticker import MaxNLocator
+def histogram_chart(df: DataFrame, column: str, spread: dict, low: float | None,
+                    high: float | None, title: str) -> str:
+    """The column's histogram from `low` to `high`, with its p50 and p95."""
+    edges, bin_counts = histogram(df, column, low, high)
+    marks = {"p50": spread["p50"], "p95": spread["p95"]}
 
-    axes.yaxis.set_major_locator(MaxNLocator(integer=True))
+    def draw(axes: Any) -> None:
+        if bin_counts:
+            axes.stairs(bin_counts, edges, fill=True, alpha=0.6)
+        for (label, value), colour in zip(marks.items(), ("tab:orange", "tab:red"), strict=True):
+            if value is not None:
+                axes.axvline(value, color=colour, linestyle="--", label=f"{label} {value:.3f} s")
+        if any(value is not None for value in marks.values()):
+            axes.legend()
+        axes.set(title=title, xlabel="seconds", ylabel="count")
 
-
-def histogram_chart(edges: list[float], bin_counts: list[int], title: str, xlabel: str,
-                    marks: dict[str, float | None]) -> str:
-    # Figure without pyplot: no global state and no GUI backend (the Agg canvas draws it).
-    from matplotlib.figure import Figure
-
-    figure = Figure(figsize=(7, 3.2))
-    axes = figure.subplots()
-    if bin_counts:
-        axes.stairs(bin_counts, edges, fill=True, alpha=0.6)
-    for (label, value), colour in zip(marks.items(), ("tab:orange", "tab:red"), strict=False):
-        if value is not None:
-            axes.axvline(value, color=colour, linestyle="--", label=f"{label} {value:.3f} s")
-    if any(value is not None for value in marks.values()):
-        axes.legend()
-    axes.set(title=title, xlabel=xlabel, ylabel="count")
-    whole_numbers(axes)
-    return png_data_uri(figure)
+    return chart(draw)
 
 
-def bar_chart(labels: list[str], values: list[float], title: str, ylabel: str,
-              percent: bool = False) -> str:
-    from matplotlib.figure import Figure
+def bar_chart(bars: dict[str, float], title: str, ylabel: str, percent: bool = False) -> str:
+    def draw(axes: Any) -> None:
+        values = list(bars.values())
+        drawn = axes.bar(list(bars), values, color="tab:blue")
+        axes.bar_label(drawn, labels=[f"{v:.0%}" if percent else f"{v:g}" for v in values])
+        axes.set(title=title, ylabel=ylabel)
+        axes.set_ylim(0, max([1.0 if percent else 0.0, *values]) * 1.15 or 1.0)  # label room
 
-    figure = Figure(figsize=(7, 3.2))
-    axes = figure.subplots()
-    bars = axes.bar(labels, values, color="tab:blue")
-    axes.bar_label(bars, labels=[f"{v:.0%}" if percent else f"{v:g}" for v in values])
-    axes.set(title=title, ylabel=ylabel)
-    axes.set_ylim(0, max([1.0 if percent else 0.0, *values]) * 1.15 or 1.0)  # room for labels
-    if not percent:
-        whole_numbers(axes)
-    return png_data_uri(figure)
+    return chart(draw, counting=not percent)
 
 
 def draw_charts(tables: dict[str, DataFrame], summary: dict) -> dict[str, str]:
     """The report's charts as PNG data URIs, by title."""
     makespan, overhead = summary["makespan_s"], summary["overhead_s"]
-    sites = summary["sites"]
-    revisions = dict(sorted(counts(tables["jobs"], "revisions").items()))
-    # The overhead axis stops at p99: one stuck step must not squeeze the rest into one bar.
-    overhead_high = overhead["p99"]
+    revisions = sorted(counts(tables["jobs"], "revisions").items())
     return {
         "Makespan per job": histogram_chart(
-            *histogram(tables["jobs"], "makespan_s", makespan["min"], makespan["max"]),
-            "Makespan per job (first start to last finish)", "seconds",
-            {"p50": makespan["p50"], "p95": makespan["p95"]}),
+            tables["jobs"], "makespan_s", makespan, makespan["min"], makespan["max"],
+            "Makespan per job (first start to last finish)"),
+        # The overhead axis stops at p99: one stuck step must not squeeze the rest into one bar.
         "Scheduling overhead per step": histogram_chart(
-            *histogram(tables["steps"], "overhead_s", min(overhead["min"] or 0.0, 0.0),
-                       overhead_high),
-            "Scheduling overhead per step (runnable to start; steps past p99 in the last bar)",
-            "seconds", {"p50": overhead["p50"], "p95": overhead["p95"]}),
+            tables["steps"], "overhead_s", overhead, min(overhead["min"] or 0.0, 0.0),
+            overhead["p99"],
+            "Scheduling overhead per step (runnable to start; steps past p99 in the last bar)"),
         "Utilisation per site": bar_chart(
-            list(sites), [s["utilisation"] or 0.0 for s in sites.values()],
+            {site: s["utilisation"] or 0.0 for site, s in summary["sites"].items()},
             f"Utilisation per site ({summary['workers_per_site']} workers a site)",
             "busy / (workers x window)", percent=True),
         "Revisions per job": bar_chart(
-            [str(r) for r in revisions], list(revisions.values()),
+            {str(count): jobs for count, jobs in revisions},
             "Revisions per job (replication cost)", "jobs"),
     }
 
@@ -150,17 +145,21 @@ def percent(fraction: float | None) -> str:
     return "-" if fraction is None else f"{fraction:.1%}"
 
 
+def seconds(spread: dict, *keys: str) -> str:
+    """Some figures of a spread in seconds, as "p50 / max"."""
+    return " / ".join(fmt(spread[key], " s") for key in keys)
+
+
 def headline(summary: dict) -> list[tuple[str, str]]:
     """The figures at the top of the report, as (label, text)."""
-    makespan, overhead = summary["makespan_s"], summary["overhead_s"]
-    revisions = summary["revisions_per_job"]
+    revisions, waits = summary["revisions_per_job"], summary["waits"]
     status = ", ".join(f"{count} {name}" for name, count in summary["status"].items())
     return [
         ("jobs", f"{summary['jobs']} ({status or 'none'})"),
         ("steps run", f"{summary['steps_run']} of {summary['steps']}"),
-        ("makespan p50 / p95", f"{fmt(makespan['p50'], ' s')} / {fmt(makespan['p95'], ' s')}"),
+        ("makespan p50 / p95", seconds(summary["makespan_s"], "p50", "p95")),
         ("makespan / ideal (mean)", fmt(summary["makespan_ratio"]["mean"])),
-        ("overhead p50 / p95", f"{fmt(overhead['p50'], ' s')} / {fmt(overhead['p95'], ' s')}"),
+        ("overhead p50 / p95", seconds(summary["overhead_s"], "p50", "p95")),
         ("revisions per job min / mean / max",
          f"{fmt(revisions['min'])} / {fmt(revisions['mean'], digits=2)} / "
          f"{fmt(revisions['max'])}"),
@@ -171,22 +170,15 @@ def headline(summary: dict) -> list[tuple[str, str]]:
         ("steps saved by alt_do", fmt(summary["alt_do_steps"])),
         *([("skipped jobs (break the job rules)", str(len(summary["skipped"])))]
           if summary["skipped"] else []),
-        *wait_headline(summary["waits"]),
-        *broadcast_headline(summary["broadcast"]),
-        *tick_headline(summary["ticks"]),
-        ("window", fmt(summary["window_s"], " s")),
-    ]
-
-
-def wait_headline(waits: dict) -> list[tuple[str, str]]:
-    wait, late = waits["wait_s"], waits["start_lateness_s"]
-    return [
         ("waiting jobs: released / failed by a dependency / not released",
          f"{waits['jobs']}: {waits['released']} / {waits['failed_by_dependency']} / "
          f"{waits['not_released']}"),
-        ("wait p50 / max", f"{fmt(wait['p50'], ' s')} / {fmt(wait['max'], ' s')}"),
+        ("wait p50 / max", seconds(waits["wait_s"], "p50", "max")),
         ("delayed jobs, start lateness p50 / max",
-         f"{waits['delayed']}: {fmt(late['p50'], ' s')} / {fmt(late['max'], ' s')}"),
+         f"{waits['delayed']}: {seconds(waits['start_lateness_s'], 'p50', 'max')}"),
+        *broadcast_headline(summary["broadcast"]),
+        *tick_headline(summary["ticks"]),
+        ("window", fmt(summary["window_s"], " s")),
     ]
 
 
@@ -194,22 +186,19 @@ def broadcast_headline(broadcast: dict) -> list[tuple[str, str]]:
     """The broadcast figures, when the run had broadcast steps."""
     if not broadcast["steps"]:
         return []
-    lag = broadcast["lag_s"]
     return [("broadcast steps (sites each, mean)",
              f"{broadcast['steps']} ({fmt(broadcast['sites_per_step']['mean'], digits=2)})"),
-            ("slowest site's lag p50 / max", f"{fmt(lag['p50'], ' s')} / {fmt(lag['max'], ' s')}")]
+            ("slowest site's lag p50 / max", seconds(broadcast["lag_s"], "p50", "max"))]
 
 
 def tick_headline(ticks: dict) -> list[tuple[str, str]]:
     """The schedule figures, when the run had jobs that schedules made."""
     if not ticks["ticks"]:
         return []
-    made, started = ticks["creation_lateness_s"], ticks["start_lateness_s"]
     return [("scheduled jobs (schedules)", f"{ticks['ticks']} ({len(ticks['by_schedule'])})"),
-            ("tick to job created p50 / max", f"{fmt(made['p50'], ' s')} / "
-                                              f"{fmt(made['max'], ' s')}"),
-            ("tick to first start p50 / max", f"{fmt(started['p50'], ' s')} / "
-                                              f"{fmt(started['max'], ' s')}")]
+            ("tick to job created p50 / max",
+             seconds(ticks["creation_lateness_s"], "p50", "max")),
+            ("tick to first start p50 / max", seconds(ticks["start_lateness_s"], "p50", "max"))]
 
 
 def html_table(header: list[str], rows: list[list[Any]]) -> str:
@@ -298,11 +287,14 @@ def run_report(
     otherwise starts one on `master` and always stops it. `workers` is the worker count
     assumed for every site in utilisation: documents do not record it.
     """
+    from py4j.protocol import Py4JError  # type: ignore[import-untyped]
+    from pyspark.errors import PySparkException
     from pyspark.sql import SparkSession
 
     stage = on_stage or (lambda _: None)
     started = time.monotonic()
-    database = open_database(source)
+    database = source.open()
+    database.info()  # a wrong name or login fails here, before Spark starts
     stage("listing job ids")  # before Spark: a database without the views fails at once
     ids = list_job_ids(database)
     out = Path(out)
@@ -312,28 +304,23 @@ def run_report(
         stage(f"starting Spark on {master}")
     spark = active or start_spark(master, out / "spark.log")
     try:
-        summary = _pipeline(spark, source, database, ids, out, workers, stage)
+        summary, charts = analyse(spark, source, ids, out, workers, stage)
+    except (PySparkException, Py4JError) as error:
+        raise spark_failure(error) from error
     finally:
         if active is None:
             spark.stop()
-    summary["seconds"] = round(time.monotonic() - started, 3)
-    return summary
+    stage("writing report.html")
+    report = out / "report.html"
+    read = f"{database.url} · {len(ids) - len(summary['skipped'])} jobs"
+    report.write_text(render_page(summary, charts, read), encoding="utf-8")
+    return summary | {"out": str(out), "report": str(report), "tables": list(TABLES),
+                      "seconds": round(time.monotonic() - started, 3)}
 
 
-def _pipeline(spark: SparkSession, source: CouchSource, database: Database, ids: list[str],
-              out: Path, workers: int, stage: Stage) -> dict:
-    """The analysis, a failed Spark job turned into one line."""
-    from py4j.protocol import Py4JError  # type: ignore[import-untyped]
-    from pyspark.errors import PySparkException
-
-    try:
-        return _analyse(spark, source, database, ids, out, workers, stage)
-    except (PySparkException, Py4JError) as error:
-        raise spark_failure(error) from error
-
-
-def _analyse(spark: SparkSession, source: CouchSource, database: Database, ids: list[str],
-             out: Path, workers: int, stage: Stage) -> dict:
+def analyse(spark: SparkSession, source: CouchSource, ids: list[str], out: Path,
+            workers: int, stage: Stage) -> tuple[dict, dict[str, str]]:
+    """Write the tables under `out`; the summary and the charts."""
     stage(f"fetching {len(ids)} jobs")
     raw = load_jobs(spark, source, ids)
     tables: dict[str, DataFrame] = {}
@@ -346,15 +333,10 @@ def _analyse(spark: SparkSession, source: CouchSource, database: Database, ids: 
         stage(f"writing {len(tables)} tables")
         write_tables(tables, out)
         stage("drawing charts")
-        charts = draw_charts(tables, summary)
+        return summary, draw_charts(tables, summary)
     finally:
         for df in (raw, *tables.values()):  # a caller's session outlives this report
             df.unpersist()
-    stage("writing report.html")
-    report = out / "report.html"
-    read = f"{database.url} · {len(ids) - len(skipped)} jobs"
-    report.write_text(render_page(summary, charts, read), encoding="utf-8")
-    return summary | {"out": str(out), "report": str(report), "tables": list(TABLES)}
 
 
 # -- the command -----------------------------------------------------------------------
@@ -388,6 +370,7 @@ def print_summary(console: Console, summary: dict) -> None:
     console.print(f"report: {summary['report']} ({summary['seconds']:.1f} s)")
 
 
+@click.command("report")
 @sites_option
 @site_option
 @click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path),
@@ -395,8 +378,8 @@ def print_summary(console: Console, summary: dict) -> None:
 @click.option("--master", default="local[*]", show_default=True, help="Spark master.")
 @click.option("--workers", default=2, show_default=True, type=click.IntRange(min=1),
               help="Workers per site, for utilisation (documents do not record it).")
-def _report(sites_dir: Path, site_name: str | None, out: Path, master: str,
-            workers: int) -> None:
+def report(sites_dir: Path, site_name: str | None, out: Path, master: str,
+           workers: int) -> None:
     """Analyse every job in a site's database with Spark: tables and an HTML report.
 
     The site's CouchDB, database and login come from its config in the sites
@@ -421,5 +404,3 @@ def _report(sites_dir: Path, site_name: str | None, out: Path, master: str,
     if (line := skipped_line(summary["skipped"])) is not None:
         click.echo(f"jobdist: {line}", err=True)
 
-
-report = click.command("report")(_report)

@@ -3,7 +3,7 @@
 The driver lists job ids only (the `by_status` view: every document of type
 job, whatever its id); the executors fetch their share of the documents over
 HTTP, so no single process ever holds every document. Each document becomes
-one row with its steps and history as nested arrays (`raw_schema`); a job that
+one row with its steps and history as nested arrays (`RAW_COLUMNS`); a job that
 breaks the job rules becomes a row that says why, and the tables leave it out.
 Starting the Spark session that does this is here too. pyspark is imported
 inside functions, so the rest of the `jobdist` command works without it.
@@ -34,7 +34,6 @@ from jobdist.validation import validate_job
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
-    from pyspark.sql.types import StructType
 
 ID_PAGE = 1000  # rows per page of the view that lists the job ids on the driver
 SKIPPED_REASON_LENGTH = 200  # characters of the first rule a skipped job breaks
@@ -59,6 +58,24 @@ LOCAL_SPARK_CONF = {  # only for local masters: a cluster's executors must reach
         filter(None, [str(Path(__file__).resolve().parents[2]),
                       os.environ.get("PYTHONPATH")])),
 }
+
+RUN = ("struct<site: string, status: string, dropped: boolean, attempts: int, exit_code: int, "
+       "exec_time: double, start_time: timestamp, finish_time: timestamp>")
+STEP = ("struct<target: string, targeted: boolean, epoch: int, winner: string, "
+        "executioner: string, step_status: string, exec_time: double, start_time: timestamp, "
+        "finish_time: timestamp, attempts: int, exit_code: int, progress: double, "
+        f"progress_message: string, broadcast: boolean, runs: array<{RUN}>>")
+EVENT = ("struct<event: string, step: int, site: string, worker: string, epoch: int, "
+         "at: timestamp, detail: string, reason: string>")
+RAW_COLUMNS = {  # one row per job, in `job_row`'s order
+    "job_id": "string", "creator": "string", "priority": "int", "job_status": "string",
+    "current_step": "int", "created_at": "timestamp", "updated_at": "timestamp",
+    "revisions": "int", "steps": f"array<{STEP}>", "history": f"array<{EVENT}>",
+    "after_count": "int", "not_before": "timestamp", "schedule": "string", "tick": "timestamp",
+    "skipped": "string",  # why the tables leave the job out
+}
+RAW_SCHEMA = ", ".join(f"{name} {kind}" for name, kind in RAW_COLUMNS.items())
+
 
 class ReportError(JobdistError):
     """A failure a person can act on; the message is one line without credentials."""
@@ -87,14 +104,6 @@ class CouchSource:
 # -- the driver: which documents exist ------------------------------------------------
 
 
-def open_database(source: CouchSource) -> Database:
-    """The database, checked to exist and to let us in: a wrong name or login fails here,
-    before Spark starts (a CouchError)."""
-    database = source.open()
-    database.info()
-    return database
-
-
 def list_job_ids(database: Database, page_size: int = ID_PAGE) -> list[str]:
     """The id of every document of type job, malformed ones too, in pages of the
     `by_status` view without documents: design, site status and schedule documents
@@ -119,12 +128,12 @@ def fetch_partition(source: CouchSource, ids: Iterable[str]) -> Iterator[tuple]:
 
 def skipped_row(doc_id: str, reason: str) -> tuple:
     """A row the tables leave out: the job's id and the first rule it breaks."""
-    blanks = (None,) * (len(raw_schema().fields) - 2)
+    blanks = (None,) * (len(RAW_COLUMNS) - 2)
     return (doc_id, *blanks, reason[:SKIPPED_REASON_LENGTH])
 
 
 def job_row(doc: Leaf) -> tuple:
-    """A job document as a tuple in `raw_schema()` order; a field it leaves out reads
+    """A job document as a tuple in `RAW_COLUMNS` order; a field it leaves out reads
     as its default (a job written over HTTP)."""
     doc = normalise(doc)
     return (
@@ -226,51 +235,6 @@ def _float(value: Any) -> float | None:
     return float(value)
 
 
-def raw_schema() -> StructType:
-    from pyspark.sql.types import (
-        ArrayType,
-        BooleanType,
-        DoubleType,
-        IntegerType,
-        StringType,
-        StructField,
-        StructType,
-        TimestampType,
-    )
-
-    def struct(*fields: tuple[str, Any]) -> StructType:
-        return StructType([StructField(name, kind(), True) for name, kind in fields])
-
-    step = struct(
-        ("target", StringType), ("targeted", BooleanType), ("epoch", IntegerType),
-        ("winner", StringType), ("executioner", StringType), ("step_status", StringType),
-        ("exec_time", DoubleType), ("start_time", TimestampType),
-        ("finish_time", TimestampType), ("attempts", IntegerType), ("exit_code", IntegerType),
-        ("progress", DoubleType), ("progress_message", StringType),
-    )
-    sub_run = struct(
-        ("site", StringType), ("status", StringType), ("dropped", BooleanType),
-        ("attempts", IntegerType), ("exit_code", IntegerType), ("exec_time", DoubleType),
-        ("start_time", TimestampType), ("finish_time", TimestampType),
-    )
-    step.add("broadcast", BooleanType()).add("runs", ArrayType(sub_run, True))
-    event = struct(
-        ("event", StringType), ("step", IntegerType), ("site", StringType),
-        ("worker", StringType), ("epoch", IntegerType), ("at", TimestampType),
-        ("detail", StringType), ("reason", StringType),
-    )
-    job = struct(
-        ("job_id", StringType), ("creator", StringType), ("priority", IntegerType),
-        ("job_status", StringType), ("current_step", IntegerType),
-        ("created_at", TimestampType), ("updated_at", TimestampType),
-        ("revisions", IntegerType),
-    )
-    job.add("steps", ArrayType(step, True)).add("history", ArrayType(event, True))
-    job.add("after_count", IntegerType(), True).add("not_before", TimestampType(), True)
-    job.add("schedule", StringType(), True).add("tick", TimestampType(), True)
-    return job.add("skipped", StringType(), True)  # why the tables leave the job out
-
-
 def load_jobs(spark: SparkSession, source: CouchSource, ids: list[str]) -> DataFrame:
     """One row per job, fetched by the executors and kept (memory, then disk) for reuse."""
     from pyspark import StorageLevel
@@ -279,7 +243,7 @@ def load_jobs(spark: SparkSession, source: CouchSource, ids: list[str]) -> DataF
                      math.ceil(len(ids) / IDS_PER_PARTITION), 1)
     fetch = functools.partial(fetch_partition, source)
     rows = spark.sparkContext.parallelize(ids, partitions).mapPartitions(fetch)
-    raw = spark.createDataFrame(rows, raw_schema(), verifySchema=False)
+    raw = spark.createDataFrame(rows, RAW_SCHEMA, verifySchema=False)
     return raw.persist(StorageLevel.MEMORY_AND_DISK)
 
 

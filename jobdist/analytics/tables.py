@@ -5,27 +5,37 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Callable
-from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jobdist.model import Reason
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame, Row
+    from pyspark.sql import Column, DataFrame
 
 TABLES = ("jobs", "steps", "events", "sites", "failures", "waits", "broadcasts", "ticks")
 CSV_TIME_FORMAT = "yyyy-MM-dd'T'HH:mm:ss.SSSSSSX"  # the documents' own ISO 8601 UTC form
+RAN = ("finished", "failed")  # a step, or a site's part of a broadcast step, that ran
 
 
-# -- the tables ------------------------------------------------------------------------
+# -- column expressions -----------------------------------------------------------------
 
 
 def seconds_between(start: Column | str, end: Column | str) -> Column:
     from pyspark.sql import functions as F
 
-    return (F.unix_micros(F.col(end) if isinstance(end, str) else end)
-            - F.unix_micros(F.col(start) if isinstance(start, str) else start)) / 1e6
+    return (F.unix_micros(end) - F.unix_micros(start)) / 1e6
+
+
+def named(name: str) -> Callable[[Column], Column]:
+    """A condition on a history event: it is called `name`."""
+    return lambda event: event["event"] == name
+
+
+def gives(event: Column, reason: Reason) -> Column:
+    """The event's reason code is `reason`; false, not null, when it has none (events
+    written before events had codes have none: a report counts them as plain ones)."""
+    return event["reason"].eqNullSafe(reason.value)
 
 
 def history_count(condition: Callable[[Column], Column]) -> Column:
@@ -34,36 +44,17 @@ def history_count(condition: Callable[[Column], Column]) -> Column:
     return F.size(F.filter("history", condition))
 
 
-def steps_table(raw: DataFrame) -> DataFrame:
-    """One row per step; a step became runnable when the job did (step 0) or when the one
-    before it finished."""
+def first_event(condition: Callable[[Column], Column]) -> Column:
+    """The time of the job's first history event that meets `condition` (null: none)."""
     from pyspark.sql import functions as F
 
-    exploded = raw.select("job_id", job_runnable_at().alias("job_runnable_at"), "steps",
-                          "history", F.posexplode("steps").alias("step", "s"))
-    index = F.col("step")
-    previous = F.col("steps")[F.greatest(index - 1, F.lit(0))]["finish_time"]
-    return exploded.select(
-        "job_id",
-        "step",
-        F.col("s.target").alias("target"),
-        F.col("s.targeted").alias("targeted"),
-        F.coalesce("s.winner", F.split("s.executioner", "/")[0]).alias("site"),
-        F.col("s.executioner").alias("executioner"),
-        F.col("s.step_status").alias("status"),
-        F.col("s.epoch").alias("epoch"),
-        F.col("s.attempts").alias("attempts"),
-        history_count(lambda e: _event_at(index, e, "retried")).alias("retries"),
-        F.col("s.exit_code").alias("exit_code"),
-        F.col("s.exec_time").alias("exec_time_s"),
-        F.col("s.progress").alias("progress"),  # the last value the command reported
-        F.col("s.progress_message").alias("progress_message"),
-        F.when(index == 0, F.col("job_runnable_at")).otherwise(previous).alias("runnable_at"),
-        F.col("s.start_time").alias("start_time"),
-        F.col("s.finish_time").alias("finish_time"),
-        F.exists("history", lambda e: _event_at(index, e) & _gives(e, Reason.ALT_DO))
-        .alias("alt_do_used"),
-    ).withColumn("overhead_s", seconds_between("runnable_at", "start_time"))
+    return F.array_min(F.filter("history", condition)["at"])
+
+
+def job_status() -> Column:
+    from pyspark.sql import functions as F
+
+    return F.coalesce("job_status", F.lit("live")).alias("status")
 
 
 def job_runnable_at() -> Column:
@@ -72,8 +63,7 @@ def job_runnable_at() -> Column:
     the wait itself is no scheduling overhead."""
     from pyspark.sql import functions as F
 
-    released = first_event(lambda e: e["event"] == "ready")
-    return F.greatest("created_at", "not_before", released)
+    return F.greatest("created_at", "not_before", first_event(named("ready")))
 
 
 def step_ideal(step: Column) -> Column:
@@ -82,22 +72,10 @@ def step_ideal(step: Column) -> Column:
     from pyspark.sql import functions as F
 
     runs = F.filter(step["runs"], lambda r: ~r["dropped"])
-    longest_run = F.array_max(F.transform(runs, lambda r: r["exec_time"]))
-    return F.coalesce(step["exec_time"], longest_run, F.lit(0.0))
+    return F.coalesce(step["exec_time"], F.array_max(runs["exec_time"]), F.lit(0.0))
 
 
-def _event_at(index: Column, event: Column, name: str | None = None) -> Column:
-    """The history event is about step `index` (and is called `name`, when given)."""
-    condition = event["step"] == index
-    return condition if name is None else condition & (event["event"] == name)
-
-
-def _gives(event: Column, reason: Reason) -> Column:
-    """The event's reason code is `reason`; false, not null, when it has none (events
-    written before events had codes have none: a report counts them as plain ones)."""
-    from pyspark.sql import functions as F
-
-    return F.coalesce(event["reason"] == reason.value, F.lit(False))
+# -- the tables ------------------------------------------------------------------------
 
 
 def jobs_table(raw: DataFrame) -> DataFrame:
@@ -105,35 +83,25 @@ def jobs_table(raw: DataFrame) -> DataFrame:
     its longest sub-run), revisions, claims."""
     from pyspark.sql import functions as F
 
-    def over_steps(field: str) -> Column:
-        return F.transform("steps", lambda s: s[field])
-
-    def sum_steps(field: str, zero: Column) -> Column:
-        return F.aggregate("steps", zero, lambda total, s: total + F.coalesce(s[field], zero))
-
-    def named(name: str) -> Callable[[Column], Column]:
-        return lambda e: e["event"] == name
-
-    ended = F.col("job_status").isNotNull()
-    claims, wins = history_count(named("claimed")), history_count(named("won"))
+    claims = history_count(named("claimed"))
     jobs = raw.select(
-        "job_id", "creator", "priority",
-        F.coalesce("job_status", F.lit("live")).alias("status"),
+        "job_id", "creator", "priority", job_status(),
         F.size("steps").alias("steps"),
-        F.size(F.filter("steps", lambda s: s["step_status"].isin("finished", "failed")))
-        .alias("steps_run"),
+        F.size(F.filter("steps", lambda s: s["step_status"].isin(*RAN))).alias("steps_run"),
         F.size(F.filter("steps", lambda s: s["targeted"])).alias("targeted_steps"),
         "created_at",
-        F.array_min(over_steps("start_time")).alias("first_start"),
-        F.when(ended, F.array_max(over_steps("finish_time"))).alias("last_finish"),
+        F.array_min("steps.start_time").alias("first_start"),
+        F.when(F.col("job_status").isNotNull(), F.array_max("steps.finish_time"))
+        .alias("last_finish"),
         F.round(F.aggregate("steps", F.lit(0.0), lambda total, s: total + step_ideal(s)), 6)
         .alias("ideal_s"),
-        sum_steps("attempts", F.lit(0)).alias("attempts"),
+        F.aggregate("steps.attempts", F.lit(0), lambda total, n: total + F.coalesce(n, F.lit(0)))
+        .alias("attempts"),
         history_count(named("retried")).alias("retries"),
         history_count(named("failed")).alias("failures"),
         claims.alias("claims"),
-        F.greatest(claims - wins, F.lit(0)).alias("lost_claims"),
-        history_count(lambda e: _gives(e, Reason.ALT_DO)).alias("alt_do_steps"),
+        F.greatest(claims - history_count(named("won")), F.lit(0)).alias("lost_claims"),
+        history_count(lambda e: gives(e, Reason.ALT_DO)).alias("alt_do_steps"),
         "revisions",
     )
     return jobs.select(
@@ -146,6 +114,30 @@ def jobs_table(raw: DataFrame) -> DataFrame:
         F.round(F.col("turnaround_s") - F.col("ideal_s"), 6).alias("waiting_s"),
         F.try_divide("revisions", "steps").alias("revisions_per_step"),
     )
+
+
+def steps_table(raw: DataFrame) -> DataFrame:
+    """One row per step; a step became runnable when the job did (step 0) or when the one
+    before it finished."""
+    from pyspark.sql import functions as F
+
+    index = F.col("step")
+    previous = F.col("steps")[F.greatest(index - 1, F.lit(0))]["finish_time"]
+    exploded = raw.select("job_id", job_runnable_at().alias("job_runnable_at"), "steps",
+                          "history", F.posexplode("steps").alias("step", "s"))
+    return exploded.select(
+        "job_id", "step", "s.target", "s.targeted",
+        F.coalesce("s.winner", F.split("s.executioner", "/")[0]).alias("site"),
+        "s.executioner", F.col("s.step_status").alias("status"), "s.epoch", "s.attempts",
+        history_count(lambda e: (e["step"] == index) & (e["event"] == "retried"))
+        .alias("retries"),
+        "s.exit_code", F.col("s.exec_time").alias("exec_time_s"),
+        "s.progress", "s.progress_message",  # the last progress the command reported
+        F.when(index == 0, F.col("job_runnable_at")).otherwise(previous).alias("runnable_at"),
+        "s.start_time", "s.finish_time",
+        F.exists("history", lambda e: (e["step"] == index) & gives(e, Reason.ALT_DO))
+        .alias("alt_do_used"),
+    ).withColumn("overhead_s", seconds_between("runnable_at", "start_time"))
 
 
 def events_table(raw: DataFrame) -> DataFrame:
@@ -162,27 +154,18 @@ def failures_table(events: DataFrame) -> DataFrame:
         "job_id", "step", "site", "worker", "epoch", "at", F.col("detail").alias("reason"))
 
 
-def first_event(condition: Callable[[Column], Column]) -> Column:
-    """The time of the job's first history event that meets `condition` (null: none)."""
-    from pyspark.sql import functions as F
-
-    return F.array_min(F.transform(F.filter("history", condition), lambda e: e["at"]))
-
-
 def waits_table(raw: DataFrame) -> DataFrame:
     """One row per job that waits or waited (for other jobs, or for a time): when its
     creator released it (`ready`) or failed it for a job it waited for, how long that
     took from its creation, and how late its first start came after `not_before`."""
     from pyspark.sql import functions as F
 
-    by_dependency = first_event(lambda e: (e["event"] == "failed")
-                                & _gives(e, Reason.WAITED_FOR))
+    failed_by = first_event(lambda e: named("failed")(e) & gives(e, Reason.WAITED_FOR))
     waits = raw.where((F.col("after_count") > 0) | F.col("not_before").isNotNull()).select(
-        "job_id", "creator", F.coalesce("job_status", F.lit("live")).alias("status"),
-        "after_count", "not_before", "created_at",
-        first_event(lambda e: e["event"] == "ready").alias("released_at"),
-        by_dependency.alias("dependency_failed_at"),
-        first_event(lambda e: e["event"] == "started").alias("first_start"),
+        "job_id", "creator", job_status(), "after_count", "not_before", "created_at",
+        first_event(named("ready")).alias("released_at"),
+        failed_by.alias("dependency_failed_at"),
+        first_event(named("started")).alias("first_start"),
     )
     return waits.select(
         "*",
@@ -193,25 +176,6 @@ def waits_table(raw: DataFrame) -> DataFrame:
     )
 
 
-def wait_figures(waits: DataFrame) -> dict:
-    """The waiting jobs in the summary: how many, how their wait ended, how long it was,
-    and how late delayed jobs started."""
-    from pyspark.sql import functions as F
-
-    totals = only_row(waits.agg(
-        F.count("*").alias("jobs"),
-        F.count("released_at").alias("released"),
-        F.sum(F.col("failed_by_dependency").cast("int")).alias("failed_by_dependency"),
-        F.count("not_before").alias("delayed"),
-    ))
-    still = totals["jobs"] - totals["released"] - (totals["failed_by_dependency"] or 0)
-    figures = spreads(waits, "wait_s", "start_lateness_s")
-    return {"jobs": totals["jobs"], "released": totals["released"],
-            "failed_by_dependency": totals["failed_by_dependency"] or 0,
-            "not_released": still, "delayed": totals["delayed"],
-            "wait_s": figures["wait_s"], "start_lateness_s": figures["start_lateness_s"]}
-
-
 def ticks_table(raw: DataFrame) -> DataFrame:
     """One row per job a schedule made: how late its owner created the tick's job
     (`creation_lateness_s`, the owner's pass, or a catch-up after it was down) and how
@@ -219,20 +183,13 @@ def ticks_table(raw: DataFrame) -> DataFrame:
     from pyspark.sql import functions as F
 
     ticks = raw.where(F.col("tick").isNotNull()).select(
-        "job_id", "schedule", "tick", "creator",
-        F.coalesce("job_status", F.lit("live")).alias("status"), "created_at",
-        first_event(lambda e: e["event"] == "started").alias("first_start"))
+        "job_id", "schedule", "tick", "creator", job_status(), "created_at",
+        first_event(named("started")).alias("first_start"))
     return ticks.select(
         "*",
         seconds_between("tick", "created_at").alias("creation_lateness_s"),
         seconds_between("tick", "first_start").alias("start_lateness_s"),
     )
-
-
-def tick_figures(ticks: DataFrame) -> dict:
-    """Schedule lateness in the summary: ticks by schedule, and how late they ran."""
-    figures = spreads(ticks, "creation_lateness_s", "start_lateness_s")
-    return {"ticks": ticks.count(), "by_schedule": counts(ticks, "schedule"), **figures}
 
 
 def broadcasts_table(raw: DataFrame) -> DataFrame:
@@ -258,7 +215,7 @@ def broadcasts_table(raw: DataFrame) -> DataFrame:
         how_many("failed").alias("failed"),
         (F.size("s.runs") - F.size(counting)).alias("dropped"),
         F.col("s.start_time").alias("opened_at"),
-        F.array_min(F.transform(ended, lambda r: r["finish_time"])).alias("first_finish"),
+        F.array_min(ended["finish_time"]).alias("first_finish"),
         slowest["finish_time"].alias("last_finish"),
         slowest["site"].alias("slowest_site"),
     ).select(
@@ -266,26 +223,6 @@ def broadcasts_table(raw: DataFrame) -> DataFrame:
         seconds_between("first_finish", "last_finish").alias("lag_s"),
         seconds_between("opened_at", "last_finish").alias("span_s"),
     )
-
-
-def broadcast_summary(broadcasts: DataFrame) -> dict:
-    """Broadcast fan-out: how many steps, how many sites each, the slowest site's lag."""
-    figures = spreads(broadcasts, "sites", "lag_s", "span_s")
-    return {"steps": broadcasts.count(), "sites_per_step": figures["sites"],
-            "lag_s": figures["lag_s"], "span_s": figures["span_s"],
-            "slowest_sites": counts(broadcasts.where("slowest_site IS NOT NULL"),
-                                    "slowest_site", limit=10)}
-
-
-def run_window(steps: DataFrame) -> tuple[datetime | None, datetime | None, float | None]:
-    """First start and last finish over every step that ran, and the seconds between."""
-    from pyspark.sql import functions as F
-
-    row = only_row(steps.agg(
-        F.min("start_time").alias("start"), F.max("finish_time").alias("end"),
-        seconds_between(F.min("start_time"), F.max("finish_time")).alias("seconds"),
-    ))
-    return row["start"], row["end"], row["seconds"]
 
 
 def parts_table(raw: DataFrame) -> DataFrame:
@@ -297,13 +234,13 @@ def parts_table(raw: DataFrame) -> DataFrame:
         .where(F.col("s.broadcast")) \
         .select("history", "step", F.col("s.start_time").alias("runnable_at"),
                 F.explode("s.runs").alias("r")) \
-        .where(~F.col("r.dropped") & F.col("r.status").isin("finished", "failed"))
+        .where(~F.col("r.dropped") & F.col("r.status").isin(*RAN))
     site = F.col("r.site")
     return parts.select(
         site.alias("site"),
         F.col("r.exec_time").alias("exec_time_s"),
-        F.exists("history", lambda e: _event_at(F.col("step"), e) & (e["site"] == site)
-                 & _gives(e, Reason.ALT_DO)).alias("alt_do_used"),
+        F.exists("history", lambda e: (e["step"] == F.col("step")) & (e["site"] == site)
+                 & gives(e, Reason.ALT_DO)).alias("alt_do_used"),
         seconds_between("runnable_at", "r.start_time").alias("overhead_s"),
     )
 
@@ -314,30 +251,27 @@ def sites_table(steps: DataFrame, parts: DataFrame, events: DataFrame, workers: 
     `workers` slots over the window."""
     from pyspark.sql import functions as F
 
-    ran = steps.where(F.col("status").isin("finished", "failed") & F.col("site").isNotNull()) \
+    ran = steps.where(F.col("status").isin(*RAN) & F.col("site").isNotNull()) \
         .select("site", "exec_time_s", "alt_do_used", "overhead_s").unionByName(parts)
     work = ran.groupBy("site").agg(
         F.count("*").alias("steps"),
         F.round(F.coalesce(F.sum("exec_time_s"), F.lit(0.0)), 6).alias("busy_s"),
-        F.sum(F.col("alt_do_used").cast("int")).alias("alt_do_steps"),
+        F.count_if("alt_do_used").alias("alt_do_steps"),
         F.percentile("overhead_s", 0.5).alias("overhead_p50_s"),
         F.percentile("overhead_s", 0.95).alias("overhead_p95_s"),
     )
     # An execution's events (they name its worker): not the creator ending a step or a job.
-    trouble = events.where(F.col("event").isin("retried", "failed")
-                           & F.col("worker").isNotNull()).groupBy("site").agg(
-        F.sum((F.col("event") == "retried").cast("int")).alias("retries"),
-        F.sum((F.col("event") == "failed").cast("int")).alias("failures"),
+    trouble = events.where(F.col("worker").isNotNull()).groupBy("site").agg(
+        F.count_if(F.col("event") == "retried").alias("retries"),
+        F.count_if(F.col("event") == "failed").alias("failures"),
     )
-    capacity = F.lit(workers) * F.lit(window_s).cast("double")
+    window = F.lit(window_s).cast("double")
     return (
         work.join(trouble, "site", "left")
         .fillna(0, ["retries", "failures"])
         .select(
-            "site", "steps", "busy_s",
-            F.lit(window_s).cast("double").alias("window_s"),
-            F.lit(workers).alias("workers"),
-            F.try_divide("busy_s", capacity).alias("utilisation"),
+            "site", "steps", "busy_s", window.alias("window_s"), F.lit(workers).alias("workers"),
+            F.try_divide("busy_s", F.lit(workers) * window).alias("utilisation"),
             "retries", "failures", "alt_do_steps", "overhead_p50_s", "overhead_p95_s",
         )
         .orderBy("site")
@@ -345,10 +279,14 @@ def sites_table(steps: DataFrame, parts: DataFrame, events: DataFrame, workers: 
 
 
 def build_tables(raw: DataFrame, workers: int) -> tuple[dict[str, DataFrame], float | None]:
-    """The tables by name, and the run's wall-clock window in seconds."""
+    """The tables by name, and the run's wall-clock window in seconds: the first step
+    start anywhere to the last step finish anywhere."""
+    from pyspark.sql import functions as F
+
     steps = steps_table(raw).cache()
     events = events_table(raw).cache()  # read by four outputs: explode it once
-    _, _, window_s = run_window(steps)
+    window_s = steps.agg(seconds_between(F.min("start_time"), F.max("finish_time"))) \
+        .collect()[0][0]
     tables = {
         "jobs": jobs_table(raw).cache(),
         "steps": steps,
@@ -370,25 +308,16 @@ def spreads(df: DataFrame, *columns: str) -> dict[str, dict[str, float | None]]:
     all in one Spark job."""
     from pyspark.sql import functions as F
 
-    stats = []
-    for column in columns:
-        stats += [F.min(column).alias(f"{column}.min"),
-                  F.percentile(column, [0.5, 0.95, 0.99]).alias(f"{column}.p"),
-                  F.max(column).alias(f"{column}.max"), F.avg(column).alias(f"{column}.mean")]
-    row = only_row(df.agg(*stats))
-    found = {}
-    for column in columns:
-        p50, p95, p99 = row[f"{column}.p"] or (None, None, None)
-        found[column] = {"min": row[f"{column}.min"], "p50": p50, "p95": p95, "p99": p99,
-                         "max": row[f"{column}.max"], "mean": row[f"{column}.mean"]}
-    return found
+    def spread(column: str) -> Column:
+        percentiles = F.percentile(column, [0.5, 0.95, 0.99])  # one aggregate, read thrice
+        return F.struct(
+            F.min(column).alias("min"), percentiles[0].alias("p50"),
+            percentiles[1].alias("p95"), percentiles[2].alias("p99"),
+            F.max(column).alias("max"), F.avg(column).alias("mean"),
+        ).alias(column)
 
-
-def only_row(frame: DataFrame) -> Row:
-    """The row of an aggregation without grouping: there is always exactly one."""
-    row = frame.first()
-    assert row is not None
-    return row
+    row = df.agg(*map(spread, columns)).collect()[0]
+    return {column: row[column].asDict() for column in columns}
 
 
 def counts(df: DataFrame, column: str, limit: int | None = None) -> dict[Any, int]:
@@ -400,41 +329,58 @@ def counts(df: DataFrame, column: str, limit: int | None = None) -> dict[Any, in
     return {row[column]: row["count"] for row in rows}
 
 
+def wait_figures(waits: DataFrame) -> dict:
+    """The waiting jobs: how many, how their wait ended, how long it was, and how late
+    delayed jobs started."""
+    from pyspark.sql import functions as F
+
+    totals = waits.agg(
+        F.count("*").alias("jobs"),
+        F.count("released_at").alias("released"),
+        F.count_if("failed_by_dependency").alias("failed_by_dependency"),
+        F.count("not_before").alias("delayed"),
+    ).collect()[0].asDict()
+    ended = totals["released"] + totals["failed_by_dependency"]
+    return totals | {"not_released": totals["jobs"] - ended} \
+        | spreads(waits, "wait_s", "start_lateness_s")
+
+
+def broadcast_figures(broadcasts: DataFrame) -> dict:
+    figures = spreads(broadcasts, "sites", "lag_s", "span_s")
+    return {"steps": broadcasts.count(), "sites_per_step": figures.pop("sites"), **figures,
+            "slowest_sites": counts(broadcasts.where("slowest_site IS NOT NULL"),
+                                    "slowest_site", limit=10)}
+
+
+def tick_figures(ticks: DataFrame) -> dict:
+    figures = spreads(ticks, "creation_lateness_s", "start_lateness_s")
+    return {"ticks": ticks.count(), "by_schedule": counts(ticks, "schedule"), **figures}
+
+
+SUMMED = ("steps", "steps_run", "retries", "failures", "lost_claims", "alt_do_steps")
+
+
 def summarise(tables: dict[str, DataFrame], workers: int, window_s: float | None) -> dict:
     from pyspark.sql import functions as F
 
-    jobs, steps = tables["jobs"], tables["steps"]
-    totals = only_row(jobs.agg(
-        F.count("*").alias("jobs"), F.sum("steps").alias("steps"),
-        F.sum("steps_run").alias("steps_run"), F.sum("retries").alias("retries"),
-        F.sum("lost_claims").alias("lost_claims"), F.sum("alt_do_steps").alias("alt_do_steps"),
-        F.avg("revisions_per_step").alias("revisions_per_step"),
-        F.sum("failures").alias("failures"),
-    ))
-    sites = {row["site"]: row.asDict() for row in tables["sites"].collect()}
+    jobs = tables["jobs"]
+    totals = jobs.agg(
+        F.count("*").alias("jobs"), F.avg("revisions_per_step").alias("revisions_per_step"),
+        *(F.coalesce(F.sum(column), F.lit(0)).alias(column) for column in SUMMED),
+    ).collect()[0].asDict()
     per_job = spreads(jobs, "makespan_s", "turnaround_s", "ideal_s", "makespan_ratio",
                       "revisions")
-    reasons = counts(tables["failures"], "reason", limit=10)
-    return {
-        "jobs": totals["jobs"],
-        "steps": totals["steps"] or 0,
-        "steps_run": totals["steps_run"] or 0,
+    return totals | {
         "status": counts(jobs, "status"),
-        **{name: per_job[name] for name in ("makespan_s", "turnaround_s", "ideal_s",
-                                            "makespan_ratio")},
-        "overhead_s": spreads(steps, "overhead_s")["overhead_s"],
-        "revisions_per_job": per_job["revisions"],
-        "revisions_per_step": totals["revisions_per_step"],
-        "lost_claims": totals["lost_claims"] or 0,
-        "retries": totals["retries"] or 0,
-        "failures": totals["failures"] or 0,
-        "failure_reasons": reasons,
-        "alt_do_steps": totals["alt_do_steps"] or 0,
+        "revisions_per_job": per_job.pop("revisions"),
+        **per_job,
+        "overhead_s": spreads(tables["steps"], "overhead_s")["overhead_s"],
+        "failure_reasons": counts(tables["failures"], "reason", limit=10),
         "window_s": window_s,
         "workers_per_site": workers,
-        "sites": sites,
+        "sites": {row["site"]: row.asDict() for row in tables["sites"].collect()},
         "waits": wait_figures(tables["waits"]),
-        "broadcast": broadcast_summary(tables["broadcasts"]),
+        "broadcast": broadcast_figures(tables["broadcasts"]),
         "ticks": tick_figures(tables["ticks"]),
     }
 
