@@ -3,7 +3,7 @@
 The driver lists job ids only (the `by_status` view: every document of type
 job, whatever its id); the executors fetch their share of the documents over
 HTTP, so no single process ever holds every document. Each document becomes
-one row with its steps and history as nested arrays (`RAW_COLUMNS`); a job that
+one row with its steps and history as nested arrays (`JOB`); a job that
 breaks the job rules becomes a row that says why, and the tables leave it out.
 Starting the Spark session that does this is here too. pyspark is imported
 inside functions, so the rest of the `jobdist` command works without it.
@@ -18,7 +18,7 @@ import os
 import re
 import shutil
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -59,22 +59,33 @@ LOCAL_SPARK_CONF = {  # only for local masters: a cluster's executors must reach
                       os.environ.get("PYTHONPATH")])),
 }
 
-RUN = ("struct<site: string, status: string, dropped: boolean, attempts: int, exit_code: int, "
-       "exec_time: double, start_time: timestamp, finish_time: timestamp>")
-STEP = ("struct<target: string, targeted: boolean, epoch: int, winner: string, "
-        "executioner: string, step_status: string, exec_time: double, start_time: timestamp, "
-        "finish_time: timestamp, attempts: int, exit_code: int, progress: double, "
-        f"progress_message: string, broadcast: boolean, runs: array<{RUN}>>")
-EVENT = ("struct<event: string, step: int, site: string, worker: string, epoch: int, "
-         "at: timestamp, detail: string, reason: string>")
-RAW_COLUMNS = {  # one row per job, in `job_row`'s order
-    "job_id": "string", "creator": "string", "priority": "int", "job_status": "string",
-    "current_step": "int", "created_at": "timestamp", "updated_at": "timestamp",
-    "revisions": "int", "steps": f"array<{STEP}>", "history": f"array<{EVENT}>",
-    "after_count": "int", "not_before": "timestamp", "schedule": "string", "tick": "timestamp",
-    "skipped": "string",  # why the tables leave the job out
-}
-RAW_SCHEMA = ", ".join(f"{name} {kind}" for name, kind in RAW_COLUMNS.items())
+Fields = list[tuple[str, str]]  # (name, Spark type) of a row's values, in their order
+
+
+def fields(spec: str) -> Fields:
+    """`"name type, name type"` as fields; the types are flat (no commas in them)."""
+    return [(name, kind) for name, kind in (part.split() for part in spec.split(", "))]
+
+
+def struct(of: Fields) -> str:
+    return "struct<" + ", ".join(f"{name}: {kind}" for name, kind in of) + ">"
+
+
+# The rows' schema and the rows themselves (`row`) come from these, so they cannot drift.
+RUN = fields("site string, status string, dropped boolean, attempts int, exit_code int, "
+             "exec_time double, start_time timestamp, finish_time timestamp")
+STEP = [*fields("target string, targeted boolean, epoch int, winner string, "
+                "executioner string, step_status string, exec_time double, "
+                "start_time timestamp, finish_time timestamp, attempts int, exit_code int, "
+                "progress double, progress_message string, broadcast boolean"),
+        ("runs", f"array<{struct(RUN)}>")]
+EVENT = fields("event string, step int, site string, worker string, epoch int, at timestamp, "
+               "detail string, reason string")
+JOB = [*fields("job_id string, creator string, priority int, job_status string, "
+               "current_step int, created_at timestamp, updated_at timestamp, revisions int"),
+       ("steps", f"array<{struct(STEP)}>"), ("history", f"array<{struct(EVENT)}>"),
+       *fields("after_count int, not_before timestamp, schedule string, tick timestamp, "
+               "skipped string")]  # skipped: why the tables leave the job out
 
 
 class ReportError(JobdistError):
@@ -128,87 +139,41 @@ def fetch_partition(source: CouchSource, ids: Iterable[str]) -> Iterator[tuple]:
 
 def skipped_row(doc_id: str, reason: str) -> tuple:
     """A row the tables leave out: the job's id and the first rule it breaks."""
-    blanks = (None,) * (len(RAW_COLUMNS) - 2)
-    return (doc_id, *blanks, reason[:SKIPPED_REASON_LENGTH])
+    return row(JOB, {}, job_id=doc_id, skipped=reason[:SKIPPED_REASON_LENGTH])
 
 
 def job_row(doc: Leaf) -> tuple:
-    """A job document as a tuple in `RAW_COLUMNS` order; a field it leaves out reads
-    as its default (a job written over HTTP)."""
+    """A job document as a `JOB` row; a field it leaves out reads as its default (a job
+    written over HTTP)."""
     doc = normalise(doc)
-    return (
-        doc["_id"],
-        doc.get("creator"),
-        _int(doc.get("priority")),
-        doc.get("job_status"),
-        _int(doc.get("step")),
-        _moment(doc.get("created_at")),
-        _moment(doc.get("updated_at")),
-        _int(str(doc.get("_rev", "0")).split("-")[0]),
-        [step_row(step) for step in doc.get("job") or []],
-        [event_row(event) for event in doc.get("history") or []],
-        len(awaited(doc)),  # waiting: how many jobs it names, and its time
-        _moment(doc.get("not_before")),
-        *_schedule_tick(doc.get("schedule")),
-        None,  # skipped: no, the job follows the rules
-    )
-
-
-def _schedule_tick(made_by: Any) -> tuple[str | None, datetime | None]:
-    """(schedule name, tick) of a job a schedule made (its `schedule` field)."""
-    if not isinstance(made_by, dict):
-        return None, None
-    name = made_by.get("name")
-    return (name if isinstance(name, str) else None), _moment(made_by.get("tick"))
+    made_by: Leaf = doc["schedule"] if isinstance(doc.get("schedule"), dict) else {}
+    schedule = made_by.get("name")
+    return row(JOB, doc, job_id=doc["_id"], current_step=_int(doc.get("step")),
+               revisions=_int(str(doc.get("_rev", "0")).split("-")[0]),
+               steps=[step_row(step) for step in doc.get("job") or []],
+               history=[row(EVENT, event) for event in doc.get("history") or []],
+               after_count=len(awaited(doc)),  # waiting: how many jobs it names, and its time
+               schedule=schedule if isinstance(schedule, str) else None,
+               tick=_moment(made_by.get("tick")), skipped=None)
 
 
 def step_row(step: Leaf) -> tuple:
     target = step.get("target")
     targets = [str(t) for t in target] if isinstance(target, list) else [str(target)]
-    return (
-        ",".join(targets),
-        len(targets) == 1 and targets[0] != "any",
-        _int(step.get("epoch")),
-        step.get("winner"),
-        step.get("executioner"),
-        step.get("step_status"),
-        _float(step.get("exec_time")),
-        _moment(step.get("start_time")),
-        _moment(step.get("finish_time")),
-        _int(step.get("attempts")),
-        _int(step.get("exit_code")),
-        *_progress(step.get("progress")),
-        is_broadcast(step),
-        [sub_run_row(site, run, site in dropped_sites(step))
-         for site, run in sorted(sub_runs(step).items())],
-    )
+    progress = step["progress"] if isinstance(step.get("progress"), dict) else {}  # its last
+    return row(STEP, step, target=",".join(targets),
+               targeted=len(targets) == 1 and targets[0] != "any",
+               progress=_float(progress.get("fraction")), progress_message=progress.get("message"),
+               broadcast=is_broadcast(step),
+               runs=[row(RUN, run, site=site, dropped=site in dropped_sites(step))
+                     for site, run in sorted(sub_runs(step).items())])
 
 
-def sub_run_row(site: str, run: Leaf, dropped: bool) -> tuple:
-    """One site's part of a broadcast step."""
-    return (site, run.get("status"), dropped, _int(run.get("attempts")),
-            _int(run.get("exit_code")), _float(run.get("exec_time")),
-            _moment(run.get("start_time")), _moment(run.get("finish_time")))
-
-
-def _progress(report: Any) -> tuple[float | None, Any]:
-    """The step's last progress report: (fraction, message), or nothing."""
-    if not isinstance(report, dict):
-        return None, None
-    return _float(report.get("fraction")), report.get("message")
-
-
-def event_row(event: Leaf) -> tuple:
-    return (
-        event.get("event"),
-        _int(event.get("step")),
-        event.get("site"),
-        event.get("worker"),
-        _int(event.get("epoch")),
-        _moment(event.get("at")),
-        event.get("detail"),
-        event.get("reason"),
-    )
+def row(of: Fields, doc: Leaf, **made: Any) -> tuple:
+    """The values of the fields `of` in `doc`, each read as its Spark type (a string as it
+    is); `made` gives those that are not plain fields of `doc`."""
+    return tuple(made[name] if name in made else READ.get(kind, lambda value: value)(doc.get(name))
+                 for name, kind in of)
 
 
 def _moment(text: Any) -> datetime | None:
@@ -235,6 +200,9 @@ def _float(value: Any) -> float | None:
     return float(value)
 
 
+READ: dict[str, Callable[[Any], Any]] = {"int": _int, "double": _float, "timestamp": _moment}
+
+
 def load_jobs(spark: SparkSession, source: CouchSource, ids: list[str]) -> DataFrame:
     """One row per job, fetched by the executors and kept (memory, then disk) for reuse."""
     from pyspark import StorageLevel
@@ -243,7 +211,7 @@ def load_jobs(spark: SparkSession, source: CouchSource, ids: list[str]) -> DataF
                      math.ceil(len(ids) / IDS_PER_PARTITION), 1)
     fetch = functools.partial(fetch_partition, source)
     rows = spark.sparkContext.parallelize(ids, partitions).mapPartitions(fetch)
-    raw = spark.createDataFrame(rows, RAW_SCHEMA, verifySchema=False)
+    raw = spark.createDataFrame(rows, struct(JOB), verifySchema=False)
     return raw.persist(StorageLevel.MEMORY_AND_DISK)
 
 
