@@ -7,6 +7,8 @@ pipeline computes is checked against arithmetic written out here.
 from __future__ import annotations
 
 import csv
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -524,6 +526,32 @@ def test_command_without_java(couch_server: LocalServer, jobs_db: str, tmp_path:
     assert answer.exit_code == 2 and "Traceback" not in answer.output
     assert answer.stderr.strip() == (
         "jobdist: Java not found: Spark needs Java 17 or 21 (install a JDK or set JAVA_HOME)")
+
+
+# The command as run where the `analytics` extra is not installed: pyspark, and the py4j
+# that comes with it, cannot be imported.
+WITHOUT_PYSPARK = """
+import sys
+
+class NotInstalled:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in {"pyspark", "py4j"}:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+sys.meta_path.insert(0, NotInstalled())
+from jobdist.cli import main
+main()
+"""
+
+
+def test_command_without_pyspark(couch_server: LocalServer, jobs_db: str,
+                                 tmp_path: Path) -> None:
+    sites = sites_dir(tmp_path / "sites", couch_server.url, jobs_db)
+    done = subprocess.run(
+        [sys.executable, "-c", WITHOUT_PYSPARK, "report", "--sites", str(sites),
+         "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stderr) == (
+        2, "jobdist: pyspark is not installed: pip install 'jobdist[analytics]'\n")
 
 
 # -- broadcast fan-out ---------------------------------------------------------------------

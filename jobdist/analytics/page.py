@@ -1,6 +1,5 @@
-"""`jobdist report`'s page and command: charts and one self-contained HTML page from
-the tables, the pipeline from CouchDB to them, and the command that runs it.
-matplotlib is imported inside functions, like pyspark."""
+"""`jobdist report`'s page and pipeline: charts and one self-contained HTML page from
+the tables, and the pipeline from CouchDB to them."""
 
 from __future__ import annotations
 
@@ -10,12 +9,15 @@ import io
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import click
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
+# Figure without pyplot: no global state and no GUI backend (the Agg canvas draws it).
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+from py4j.protocol import Py4JError  # type: ignore[import-untyped]
+from pyspark.errors import PySparkException
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from jobdist.analytics.source import (
     CouchSource,
@@ -26,21 +28,9 @@ from jobdist.analytics.source import (
     start_spark,
 )
 from jobdist.analytics.tables import TABLES, build_tables, counts, summarise, write_tables
-from jobdist.cli.common import (
-    CliError,
-    connect,
-    load_site_configs,
-    pick_site,
-    site_option,
-    sites_option,
-)
-
-if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
 
 HISTOGRAM_BINS = 30
 SKIPPED_SHOWN = 20  # skipped jobs the page names (all are counted); the terminal names 3
-OPTIONAL_MODULES = frozenset({"pyspark", "py4j", "matplotlib"})  # the `analytics` extra
 
 Stage = Callable[[str], None]
 
@@ -51,8 +41,6 @@ Stage = Callable[[str], None]
 def histogram(df: DataFrame, column: str, low: float | None,
               high: float | None) -> tuple[list[float], list[int]]:
     """Bin edges and counts, binned by Spark; values past `high` land in the last bin."""
-    from pyspark.sql import functions as F
-
     if low is None or high is None:
         return [], []
     width = (high - low) / HISTOGRAM_BINS if high > low else 1.0
@@ -66,10 +54,6 @@ def histogram(df: DataFrame, column: str, low: float | None,
 
 def chart(draw: Callable[[Any], None], counting: bool = True) -> str:
     """A chart drawn by `draw` on fresh axes, as a PNG data URI."""
-    # Figure without pyplot: no global state and no GUI backend (the Agg canvas draws it).
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
-
     figure = Figure(figsize=(7, 3.2))
     axes = figure.subplots()
     if counting:  # no "0.5 jobs" on a small run
@@ -287,10 +271,6 @@ def run_report(
     otherwise starts one on `master` and always stops it. `workers` is the worker count
     assumed for every site in utilisation: documents do not record it.
     """
-    from py4j.protocol import Py4JError  # type: ignore[import-untyped]
-    from pyspark.errors import PySparkException
-    from pyspark.sql import SparkSession
-
     stage = on_stage or (lambda _: None)
     started = time.monotonic()
     database = source.open()
@@ -337,70 +317,3 @@ def analyse(spark: SparkSession, source: CouchSource, ids: list[str], out: Path,
     finally:
         for df in (raw, *tables.values()):  # a caller's session outlives this report
             df.unpersist()
-
-
-# -- the command -----------------------------------------------------------------------
-
-
-class StageDisplay:
-    """A spinner on the current stage, and a line with the time of each finished one."""
-
-    def __init__(self, status: Any, console: Console) -> None:
-        self.status, self.console = status, console
-        self.current: str | None = None
-        self.since = time.monotonic()
-
-    def __call__(self, name: str) -> None:
-        self.done()
-        self.current, self.since = escape(name), time.monotonic()  # "local[2]" is no markup
-        self.status.update(f"{self.current} …")
-
-    def done(self) -> None:
-        if self.current is not None:
-            elapsed = time.monotonic() - self.since
-            self.console.print(f"[green]✓[/] {self.current} ({elapsed:.1f} s)")
-        self.current = None
-
-
-def print_summary(console: Console, summary: dict) -> None:
-    table = Table(show_header=False, box=None)
-    for label, value in headline(summary):
-        table.add_row(label, value)
-    console.print(table)
-    console.print(f"report: {summary['report']} ({summary['seconds']:.1f} s)")
-
-
-@click.command("report")
-@sites_option
-@site_option
-@click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path),
-              help="Directory for the tables (Parquet and CSV) and report.html.")
-@click.option("--master", default="local[*]", show_default=True, help="Spark master.")
-@click.option("--workers", default=2, show_default=True, type=click.IntRange(min=1),
-              help="Workers per site, for utilisation (documents do not record it).")
-def report(sites_dir: Path, site_name: str | None, out: Path, master: str,
-           workers: int) -> None:
-    """Analyse every job in a site's database with Spark: tables and an HTML report.
-
-    The site's CouchDB, database and login come from its config in the sites
-    directory, as for every command."""
-    site = pick_site(load_site_configs(sites_dir), site_name)
-    connect(site)  # a CouchDB error now names the site
-    console = Console()  # stdout: stderr is the JVM's log while Spark starts
-    try:
-        with console.status("starting …") as status:
-            display = StageDisplay(status, console)
-            summary = run_report(CouchSource.of_site(site), out, master, workers,
-                                 on_stage=display)
-            display.done()
-    except ModuleNotFoundError as error:
-        if error.name not in OPTIONAL_MODULES:
-            raise
-        raise CliError(f"{error.name} is not installed: pip install 'jobdist[analytics]'") \
-            from None
-    except OSError as error:
-        raise CliError(" ".join(str(error).split())) from None
-    print_summary(console, summary)
-    if (line := skipped_line(summary["skipped"])) is not None:
-        click.echo(f"jobdist: {line}", err=True)
-

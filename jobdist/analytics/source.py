@@ -5,8 +5,7 @@ job, whatever its id); the executors fetch their share of the documents over
 HTTP, so no single process ever holds every document. Each document becomes
 one row with its steps and history as nested arrays (`JOB`); a job that
 breaks the job rules becomes a row that says why, and the tables leave it out.
-Starting the Spark session that does this is here too. pyspark is imported
-inside functions, so the rest of the `jobdist` command works without it.
+Starting the Spark session that does this is here too.
 """
 
 from __future__ import annotations
@@ -22,7 +21,12 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from pyspark import StorageLevel
+from pyspark.errors import PySparkException
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from jobdist.config import SiteConfig
 from jobdist.couch import Couch, Database
@@ -31,9 +35,6 @@ from jobdist.design import PEOPLE_DDOC
 from jobdist.errors import JobdistError
 from jobdist.model import Leaf, awaited, dropped_sites, is_broadcast, normalise, sub_runs
 from jobdist.validation import validate_job
-
-if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
 
 ID_PAGE = 1000  # rows per page of the view that lists the job ids on the driver
 SKIPPED_REASON_LENGTH = 200  # characters of the first rule a skipped job breaks
@@ -133,34 +134,29 @@ def fetch_partition(source: CouchSource, ids: Iterable[str]) -> Iterator[tuple]:
     for doc in database.bulk_get(list(ids)):
         if doc.get("type") != "job":  # replaced since it was listed
             continue
-        broken = validate_job(doc)
-        yield skipped_row(doc["_id"], broken[0]) if broken else job_row(doc)
-
-
-def skipped_row(doc_id: str, reason: str) -> tuple:
-    """A row the tables leave out: the job's id and the first rule it breaks."""
-    return row(JOB, {}, job_id=doc_id, skipped=reason[:SKIPPED_REASON_LENGTH])
+        if broken := validate_job(doc):
+            yield row(JOB, {}, job_id=doc["_id"], skipped=broken[0][:SKIPPED_REASON_LENGTH])
+        else:
+            yield job_row(doc)
 
 
 def job_row(doc: Leaf) -> tuple:
     """A job document as a `JOB` row; a field it leaves out reads as its default (a job
     written over HTTP)."""
     doc = normalise(doc)
-    made_by: Leaf = doc["schedule"] if isinstance(doc.get("schedule"), dict) else {}
-    schedule = made_by.get("name")
+    made_by: Leaf = doc.get("schedule") or {}  # validated: {name, tick}, if a schedule made it
     return row(JOB, doc, job_id=doc["_id"], current_step=_int(doc.get("step")),
                revisions=_int(str(doc.get("_rev", "0")).split("-")[0]),
                steps=[step_row(step) for step in doc.get("job") or []],
                history=[row(EVENT, event) for event in doc.get("history") or []],
                after_count=len(awaited(doc)),  # waiting: how many jobs it names, and its time
-               schedule=schedule if isinstance(schedule, str) else None,
-               tick=_moment(made_by.get("tick")), skipped=None)
+               schedule=made_by.get("name"), tick=_moment(made_by.get("tick")), skipped=None)
 
 
 def step_row(step: Leaf) -> tuple:
     target = step.get("target")
     targets = [str(t) for t in target] if isinstance(target, list) else [str(target)]
-    progress = step["progress"] if isinstance(step.get("progress"), dict) else {}  # its last
+    progress = step.get("progress") or {}  # its last report, validated: {fraction, message}
     return row(STEP, step, target=",".join(targets),
                targeted=len(targets) == 1 and targets[0] != "any",
                progress=_float(progress.get("fraction")), progress_message=progress.get("message"),
@@ -205,8 +201,6 @@ READ: dict[str, Callable[[Any], Any]] = {"int": _int, "double": _float, "timesta
 
 def load_jobs(spark: SparkSession, source: CouchSource, ids: list[str]) -> DataFrame:
     """One row per job, fetched by the executors and kept (memory, then disk) for reuse."""
-    from pyspark import StorageLevel
-
     partitions = max(spark.sparkContext.defaultParallelism,
                      math.ceil(len(ids) / IDS_PER_PARTITION), 1)
     fetch = functools.partial(fetch_partition, source)
@@ -217,12 +211,9 @@ def load_jobs(spark: SparkSession, source: CouchSource, ids: list[str]) -> DataF
 
 def skipped_jobs(raw: DataFrame) -> list[dict[str, str]]:
     """The jobs the tables leave out, by id: {"job_id", "reason"} each."""
-    from pyspark.sql import functions as F
-
     skipped = raw.where(F.col("skipped").isNotNull()).orderBy("job_id")
-    return [{"job_id": row["job_id"], "reason": row["skipped"]}
-            for row in skipped.select("job_id", "skipped").collect()]
-
+    return [row.asDict() for row in skipped.select("job_id", F.col("skipped").alias("reason"))
+            .collect()]
 
 
 # -- Spark session ---------------------------------------------------------------------
@@ -230,12 +221,9 @@ def skipped_jobs(raw: DataFrame) -> list[dict[str, str]]:
 
 def require_java() -> None:
     java_home = os.environ.get("JAVA_HOME")
-    if java_home and Path(java_home, "bin", "java").exists():
-        return
-    if not java_home and shutil.which("java"):
-        return
-    raise ReportError("Java not found: Spark needs Java 17 or 21 "
-                      "(install a JDK or set JAVA_HOME)")
+    if not (Path(java_home, "bin", "java").exists() if java_home else shutil.which("java")):
+            raise ReportError("Java not found: Spark needs Java 17 or 21 "
+                          "(install a JDK or set JAVA_HOME)")
 
 
 @contextlib.contextmanager
@@ -256,13 +244,9 @@ def stderr_to(path: Path) -> Iterator[None]:
 def start_spark(master: str = "local[*]", log_path: Path | None = None) -> SparkSession:
     """A quiet Spark session: its console output goes to `log_path` (or nowhere)."""
     require_java()
-    from pyspark.errors import PySparkException
-    from pyspark.sql import SparkSession
-
-    builder = SparkSession.builder.master(master).appName("jobdist-report")
     local = master.startswith("local")
-    for key, value in {**SPARK_CONF, **(LOCAL_SPARK_CONF if local else {})}.items():
-        builder = builder.config(key, value)
+    builder = SparkSession.builder.master(master).appName("jobdist-report") \
+        .config(map={**SPARK_CONF, **(LOCAL_SPARK_CONF if local else {})})
     try:
         with stderr_to(log_path or Path(os.devnull)):
             session = builder.getOrCreate()
@@ -280,6 +264,5 @@ def _first_line(error: BaseException) -> str:
 
 def spark_failure(error: BaseException) -> ReportError:
     """One line from a failed Spark job: the CouchDB error an executor met, when it was one."""
-    text = str(error)
-    found = re.findall(r"jobdist\.couch\.\w+: (.+)", text)
+    found = re.findall(r"jobdist\.couch\.\w+: (.+)", str(error))
     return ReportError(found[-1].strip() if found else f"Spark job failed: {_first_line(error)}")

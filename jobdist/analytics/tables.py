@@ -6,24 +6,23 @@ from __future__ import annotations
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
 
 from jobdist.model import Reason
-
-if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame
 
 TABLES = ("jobs", "steps", "events", "sites", "failures", "waits", "broadcasts", "ticks")
 CSV_TIME_FORMAT = "yyyy-MM-dd'T'HH:mm:ss.SSSSSSX"  # the documents' own ISO 8601 UTC form
 RAN = ("finished", "failed")  # a step, or a site's part of a broadcast step, that ran
+SUMMED = ("steps", "steps_run", "retries", "failures", "lost_claims", "alt_do_steps")
 
 
 # -- column expressions -----------------------------------------------------------------
 
 
 def seconds_between(start: Column | str, end: Column | str) -> Column:
-    from pyspark.sql import functions as F
-
     return (F.unix_micros(end) - F.unix_micros(start)) / 1e6
 
 
@@ -39,21 +38,15 @@ def gives(event: Column, reason: Reason) -> Column:
 
 
 def history_count(condition: Callable[[Column], Column]) -> Column:
-    from pyspark.sql import functions as F
-
     return F.size(F.filter("history", condition))
 
 
 def first_event(condition: Callable[[Column], Column]) -> Column:
     """The time of the job's first history event that meets `condition` (null: none)."""
-    from pyspark.sql import functions as F
-
     return F.array_min(F.filter("history", condition)["at"])
 
 
 def job_status() -> Column:
-    from pyspark.sql import functions as F
-
     return F.coalesce("job_status", F.lit("live")).alias("status")
 
 
@@ -61,16 +54,12 @@ def job_runnable_at() -> Column:
     """When the job's first step could start: its creation, or the end of a deliberate
     wait (its not-before time, its creator's release from waiting), whichever is last;
     the wait itself is no scheduling overhead."""
-    from pyspark.sql import functions as F
-
     return F.greatest("created_at", "not_before", first_event(named("ready")))
 
 
 def step_ideal(step: Column) -> Column:
     """A step's part of the ideal: its `exec_time`, or a broadcast step's longest sub-run
     (its sites run it in parallel; dropped sites are not waited for); 0 if none ran."""
-    from pyspark.sql import functions as F
-
     runs = F.filter(step["runs"], lambda r: ~r["dropped"])
     return F.coalesce(step["exec_time"], F.array_max(runs["exec_time"]), F.lit(0.0))
 
@@ -81,8 +70,6 @@ def step_ideal(step: Column) -> Column:
 def jobs_table(raw: DataFrame) -> DataFrame:
     """One row per job: makespans, the ideal (its steps back to back, a broadcast step as
     its longest sub-run), revisions, claims."""
-    from pyspark.sql import functions as F
-
     claims = history_count(named("claimed"))
     jobs = raw.select(
         "job_id", "creator", "priority", job_status(),
@@ -119,13 +106,9 @@ def jobs_table(raw: DataFrame) -> DataFrame:
 def steps_table(raw: DataFrame) -> DataFrame:
     """One row per step; a step became runnable when the job did (step 0) or when the one
     before it finished."""
-    from pyspark.sql import functions as F
-
     index = F.col("step")
     previous = F.col("steps")[F.greatest(index - 1, F.lit(0))]["finish_time"]
-    exploded = raw.select("job_id", job_runnable_at().alias("job_runnable_at"), "steps",
-                          "history", F.posexplode("steps").alias("step", "s"))
-    return exploded.select(
+    return raw.select("*", F.posexplode("steps").alias("step", "s")).select(
         "job_id", "step", "s.target", "s.targeted",
         F.coalesce("s.winner", F.split("s.executioner", "/")[0]).alias("site"),
         "s.executioner", F.col("s.step_status").alias("status"), "s.epoch", "s.attempts",
@@ -133,7 +116,7 @@ def steps_table(raw: DataFrame) -> DataFrame:
         .alias("retries"),
         "s.exit_code", F.col("s.exec_time").alias("exec_time_s"),
         "s.progress", "s.progress_message",  # the last progress the command reported
-        F.when(index == 0, F.col("job_runnable_at")).otherwise(previous).alias("runnable_at"),
+        F.when(index == 0, job_runnable_at()).otherwise(previous).alias("runnable_at"),
         "s.start_time", "s.finish_time",
         F.exists("history", lambda e: (e["step"] == index) & gives(e, Reason.ALT_DO))
         .alias("alt_do_used"),
@@ -141,26 +124,19 @@ def steps_table(raw: DataFrame) -> DataFrame:
 
 
 def events_table(raw: DataFrame) -> DataFrame:
-    from pyspark.sql import functions as F
-
     return raw.select("job_id", F.explode("history").alias("e")).select(
         "job_id", "e.event", "e.step", "e.site", "e.worker", "e.epoch", "e.at", "e.detail")
 
 
 def failures_table(events: DataFrame) -> DataFrame:
-    from pyspark.sql import functions as F
-
     return events.where(F.col("event") == "failed").select(
         "job_id", "step", "site", "worker", "epoch", "at", F.col("detail").alias("reason"))
 
 
 def waits_table(raw: DataFrame) -> DataFrame:
-    """One row per job that waits or waited (for other jobs, or for a time): when its
-    creator released it (`ready`) or failed it for a job it waited for, how long that
-    took from its creation, and how late its first start came after `not_before`."""
-    from pyspark.sql import functions as F
-
-    failed_by = first_event(lambda e: named("failed")(e) & gives(e, Reason.WAITED_FOR))
+    """One row per job that waits or waited, for other jobs or for a time: how its wait
+    ended, how long it took, and how late a delayed job started."""
+    failed_by = first_event(lambda e: (e["event"] == "failed") & gives(e, Reason.WAITED_FOR))
     waits = raw.where((F.col("after_count") > 0) | F.col("not_before").isNotNull()).select(
         "job_id", "creator", job_status(), "after_count", "not_before", "created_at",
         first_event(named("ready")).alias("released_at"),
@@ -177,11 +153,8 @@ def waits_table(raw: DataFrame) -> DataFrame:
 
 
 def ticks_table(raw: DataFrame) -> DataFrame:
-    """One row per job a schedule made: how late its owner created the tick's job
-    (`creation_lateness_s`, the owner's pass, or a catch-up after it was down) and how
-    late its first step started after the tick (`start_lateness_s`)."""
-    from pyspark.sql import functions as F
-
+    """One row per job a schedule made: how late after its tick it was made, and how late
+    it started."""
     ticks = raw.where(F.col("tick").isNotNull()).select(
         "job_id", "schedule", "tick", "creator", job_status(), "created_at",
         first_event(named("started")).alias("first_start"))
@@ -196,8 +169,6 @@ def broadcasts_table(raw: DataFrame) -> DataFrame:
     """One row per broadcast step its creator opened: its fan-out (sites, how each
     ended), and how long the step waited for its slowest site after the fastest one
     finished (`lag_s`): what one slow site costs every broadcast."""
-    from pyspark.sql import functions as F
-
     steps = raw.select("job_id", F.posexplode("steps").alias("step", "s")) \
         .where(F.col("s.broadcast") & (F.size("s.runs") > 0))
     counting = F.filter("s.runs", lambda r: ~r["dropped"])
@@ -228,8 +199,6 @@ def broadcasts_table(raw: DataFrame) -> DataFrame:
 def parts_table(raw: DataFrame) -> DataFrame:
     """Each site's ended part of a broadcast step, as the sites table counts a step run:
     runnable when the creator opened the step (dropped sites' parts left out)."""
-    from pyspark.sql import functions as F
-
     parts = raw.select("history", F.posexplode("steps").alias("step", "s")) \
         .where(F.col("s.broadcast")) \
         .select("history", "step", F.col("s.start_time").alias("runnable_at"),
@@ -249,8 +218,6 @@ def sites_table(steps: DataFrame, parts: DataFrame, events: DataFrame, workers: 
                 window_s: float | None) -> DataFrame:
     """One row per site that ran steps (or parts of broadcast steps): busy time against
     `workers` slots over the window."""
-    from pyspark.sql import functions as F
-
     ran = steps.where(F.col("status").isin(*RAN) & F.col("site").isNotNull()) \
         .select("site", "exec_time_s", "alt_do_used", "overhead_s").unionByName(parts)
     work = ran.groupBy("site").agg(
@@ -281,8 +248,6 @@ def sites_table(steps: DataFrame, parts: DataFrame, events: DataFrame, workers: 
 def build_tables(raw: DataFrame, workers: int) -> tuple[dict[str, DataFrame], float | None]:
     """The tables by name, and the run's wall-clock window in seconds: the first step
     start anywhere to the last step finish anywhere."""
-    from pyspark.sql import functions as F
-
     steps = steps_table(raw).cache()
     events = events_table(raw).cache()  # read by four outputs: explode it once
     window_s = steps.agg(seconds_between(F.min("start_time"), F.max("finish_time"))) \
@@ -303,12 +268,11 @@ def build_tables(raw: DataFrame, workers: int) -> tuple[dict[str, DataFrame], fl
 # -- summary figures --------------------------------------------------------------------
 
 
-def spreads(df: DataFrame, *columns: str) -> dict[str, dict[str, float | None]]:
-    """min, p50, p95, p99, max and mean of each column (exact percentiles, nulls ignored),
-    all in one Spark job."""
-    from pyspark.sql import functions as F
+def figures(df: DataFrame, spread: tuple[str, ...], **totals: Column) -> dict:
+    """The `totals` over `df`, and the min, p50, p95, p99, max and mean of each column in
+    `spread` (exact percentiles, nulls ignored), all in one Spark job."""
 
-    def spread(column: str) -> Column:
+    def spread_of(column: str) -> Column:
         percentiles = F.percentile(column, [0.5, 0.95, 0.99])  # one aggregate, read thrice
         return F.struct(
             F.min(column).alias("min"), percentiles[0].alias("p50"),
@@ -316,72 +280,51 @@ def spreads(df: DataFrame, *columns: str) -> dict[str, dict[str, float | None]]:
             F.max(column).alias("max"), F.avg(column).alias("mean"),
         ).alias(column)
 
-    row = df.agg(*map(spread, columns)).collect()[0]
-    return {column: row[column].asDict() for column in columns}
+    named_totals = (total.alias(name) for name, total in totals.items())
+    return df.agg(*map(spread_of, spread), *named_totals).collect()[0].asDict(recursive=True)
 
 
 def counts(df: DataFrame, column: str, limit: int | None = None) -> dict[Any, int]:
     """How often each value of `column` occurs, most frequent first."""
-    from pyspark.sql import functions as F
-
     grouped = df.groupBy(column).count().orderBy(F.desc("count"), column)
     rows = grouped.limit(limit).collect() if limit else grouped.collect()
     return {row[column]: row["count"] for row in rows}
 
 
 def wait_figures(waits: DataFrame) -> dict:
-    """The waiting jobs: how many, how their wait ended, how long it was, and how late
-    delayed jobs started."""
-    from pyspark.sql import functions as F
-
-    totals = waits.agg(
-        F.count("*").alias("jobs"),
-        F.count("released_at").alias("released"),
-        F.count_if("failed_by_dependency").alias("failed_by_dependency"),
-        F.count("not_before").alias("delayed"),
-    ).collect()[0].asDict()
-    ended = totals["released"] + totals["failed_by_dependency"]
-    return totals | {"not_released": totals["jobs"] - ended} \
-        | spreads(waits, "wait_s", "start_lateness_s")
+    found = figures(waits, ("wait_s", "start_lateness_s"), jobs=F.count("*"),
+                    released=F.count("released_at"),
+                    failed_by_dependency=F.count_if("failed_by_dependency"),
+                    delayed=F.count("not_before"))
+    ended = found["released"] + found["failed_by_dependency"]
+    return found | {"not_released": found["jobs"] - ended}
 
 
 def broadcast_figures(broadcasts: DataFrame) -> dict:
-    figures = spreads(broadcasts, "sites", "lag_s", "span_s")
-    return {"steps": broadcasts.count(), "sites_per_step": figures.pop("sites"), **figures,
-            "slowest_sites": counts(broadcasts.where("slowest_site IS NOT NULL"),
-                                    "slowest_site", limit=10)}
-
-
-def tick_figures(ticks: DataFrame) -> dict:
-    figures = spreads(ticks, "creation_lateness_s", "start_lateness_s")
-    return {"ticks": ticks.count(), "by_schedule": counts(ticks, "schedule"), **figures}
-
-
-SUMMED = ("steps", "steps_run", "retries", "failures", "lost_claims", "alt_do_steps")
+    found = figures(broadcasts, ("sites", "lag_s", "span_s"), steps=F.count("*"))
+    found["sites_per_step"] = found.pop("sites")
+    return found | {"slowest_sites": counts(broadcasts.where("slowest_site IS NOT NULL"),
+                                            "slowest_site", limit=10)}
 
 
 def summarise(tables: dict[str, DataFrame], workers: int, window_s: float | None) -> dict:
-    from pyspark.sql import functions as F
-
-    jobs = tables["jobs"]
-    totals = jobs.agg(
-        F.count("*").alias("jobs"), F.avg("revisions_per_step").alias("revisions_per_step"),
-        *(F.coalesce(F.sum(column), F.lit(0)).alias(column) for column in SUMMED),
-    ).collect()[0].asDict()
-    per_job = spreads(jobs, "makespan_s", "turnaround_s", "ideal_s", "makespan_ratio",
-                      "revisions")
-    return totals | {
+    jobs, ticks = tables["jobs"], tables["ticks"]
+    summary = figures(
+        jobs, ("makespan_s", "turnaround_s", "ideal_s", "makespan_ratio", "revisions"),
+        jobs=F.count("*"), revisions_per_step=F.avg("revisions_per_step"),
+        **{column: F.coalesce(F.sum(column), F.lit(0)) for column in SUMMED})
+    summary["revisions_per_job"] = summary.pop("revisions")
+    return summary | {
         "status": counts(jobs, "status"),
-        "revisions_per_job": per_job.pop("revisions"),
-        **per_job,
-        "overhead_s": spreads(tables["steps"], "overhead_s")["overhead_s"],
+        "overhead_s": figures(tables["steps"], ("overhead_s",))["overhead_s"],
         "failure_reasons": counts(tables["failures"], "reason", limit=10),
         "window_s": window_s,
         "workers_per_site": workers,
         "sites": {row["site"]: row.asDict() for row in tables["sites"].collect()},
         "waits": wait_figures(tables["waits"]),
         "broadcast": broadcast_figures(tables["broadcasts"]),
-        "ticks": tick_figures(tables["ticks"]),
+        "ticks": figures(ticks, ("creation_lateness_s", "start_lateness_s"), ticks=F.count("*"))
+        | {"by_schedule": counts(ticks, "schedule")},
     }
 
 
