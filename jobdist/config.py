@@ -75,7 +75,7 @@ import os
 import re
 import secrets
 import tomllib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from datetime import timedelta
 from functools import cached_property
@@ -103,46 +103,108 @@ class ConfigError(JobdistError, ValueError):
 
 def known_settings(section: str) -> tuple[str, ...]:
     """The keys of a section; the top level's ("") include the sections."""
-    if section:
-        return SETTINGS[section]
-    return (*SETTINGS[""], *(name for name in SETTINGS if name))
+    return (*SETTINGS[""], *SECTIONS) if not section else SETTINGS[section]
 
 
 def dotted(section: str, key: str) -> str:
     return f"{section}.{key}" if section else key
 
 
-class Section(Mapping[str, Any]):
-    """One table of a site config, readable only by the keys SETTINGS lists.
+# How a setting's TOML value becomes its typed value: by the field's declared type
+# (READERS), or by the reader its metadata names (`read`); a relative path is read from
+# the config file's directory.
 
-    Reading another is a bug in this module (configs holding that key would be
-    refused as unknown), and fails on every load, not quietly.
-    """
+def _path(value: Any, config_path: Path) -> Path:
+    path = Path(str(value)).expanduser()
+    return path if path.is_absolute() else config_path.parent / path
 
-    def __init__(self, name: str, table: Mapping[str, Any]) -> None:
-        self.name = name
-        self._table = table
 
-    def __getitem__(self, key: str) -> Any:
-        self._require_listed(key)
-        if key not in self._table:
-            raise KeyError(dotted(self.name, key))  # "missing setting 'couch.url'"
-        return self._table[key]
+def _flag(value: Any, _: Path) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"must be true or false, not {value!r}")
+    return value
 
-    def __contains__(self, key: object) -> bool:
-        self._require_listed(key)
-        return key in self._table
 
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._table)
+def _number(value: Any, _: Path) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"must be a number, not {value!r}")
+    return float(value)
 
-    def __len__(self) -> int:
-        return len(self._table)
 
-    def _require_listed(self, key: object) -> None:
-        if key not in known_settings(self.name):
-            raise RuntimeError(f"config.py reads {dotted(self.name, str(key))!r}, which "
-                               "SETTINGS does not list")
+def _count(value: Any, _: Path) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"must be an integer >= 0, not {value!r}")
+    return value
+
+
+def _text(value: Any, _: Path) -> str:
+    return str(value)
+
+
+def _duration(value: Any, _: Path) -> timedelta:
+    return parse_duration(str(value))
+
+
+def _site_names(value: Any, _: Path) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(name, str) for name in value):
+        raise ValueError(f"must be a list of site names, not {value!r}")
+    return tuple(value)
+
+
+READERS: dict[str, Callable[[Any, Path], Any]] = {
+    "str": _text, "str | None": _text, "float": _number, "float | None": _number,
+    "int": _count, "int | None": _count, "tuple[str, ...]": _site_names,
+    "bool": _flag, "Path | None": _path, "timedelta | None": _duration,
+}
+
+
+def _site_name(value: Any, _: Path) -> str:
+    if not isinstance(value, str) or not SITE_NAME.match(value):
+        raise ValueError(f"{value!r} must be 1-64 of a-z, 0-9, _ and -")
+    if value in (ANY, ALL):  # a step targeting it would run anywhere, or everywhere
+        raise ValueError(f"{value!r} is a target that means "
+                         f"{'any site' if value == ANY else 'every site'}: choose another")
+    return value
+
+
+def _peer_urls(value: Any, _: Path) -> dict[str, str]:
+    if not isinstance(value, dict):
+        raise ValueError(f"must be a table of site = url, not {value!r}")
+    return {str(peer): str(url) for peer, url in value.items()}
+
+
+def _allow_list(patterns: Any, _: Path) -> tuple[re.Pattern[str], ...]:
+    if not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
+        raise ValueError("must be a list of regular expressions")
+    compiled = []
+    for pattern in patterns:
+        try:
+            compiled.append(re.compile(pattern))
+        except re.error as error:
+            raise ValueError(f"bad pattern {pattern!r}: {error}") from None
+    return tuple(compiled)
+
+
+def _successors(table: Any, _: Path) -> dict[str, tuple[str, ...]]:
+    """`{creator = [site, ...]}`: site names, none twice in a line, never the creator."""
+    if not isinstance(table, dict):
+        raise ValueError(f"must be a table of creator = [sites], not {table!r}")
+    lines = {}
+    for creator, line in table.items():
+        if not SITE_NAME.match(creator):
+            raise ValueError(f"{creator!r} is not a site name")
+        if not isinstance(line, list) or not all(isinstance(name, str) and SITE_NAME.match(name)
+                                                 for name in line):
+            raise ValueError(f"{creator} must be a list of site names, not {line!r}")
+        if creator in line or len(set(line)) != len(line):
+            raise ValueError(f"a site appears twice in the line {[creator, *line]}")
+        lines[creator] = tuple(line)
+    return lines
+
+
+def read_by(reader: Callable[[Any, Path], Any]) -> dict[str, Any]:
+    """A field's metadata: `reader` reads it, whatever its type."""
+    return {"read": reader}
 
 
 # A field the loader fills in from elsewhere (a credentials file, the environment):
@@ -174,14 +236,15 @@ class ReplicationSettings:
 
     filtered: bool = False
     relay: bool = False
-    peer_urls: Mapping[str, str] = field(default_factory=dict, hash=False)
+    peer_urls: Mapping[str, str] = field(default_factory=dict, hash=False,
+                                         metadata=read_by(_peer_urls))
 
 
 @dataclass(frozen=True)
 class CommandSettings:
     """[commands]: which commands the site runs."""
 
-    allow: tuple[re.Pattern[str], ...] | None = None
+    allow: tuple[re.Pattern[str], ...] | None = field(default=None, metadata=read_by(_allow_list))
     allow_shell: bool = False
 
     def allows(self, command: str) -> bool:
@@ -236,7 +299,8 @@ class SuccessionSettings:
     """[succession]: per creator, the sites that take its live jobs over, in order, once
     it has been silent for creator_timeout (docs/protocol.md, "Automatic succession")."""
 
-    successors: Mapping[str, tuple[str, ...]] = field(default_factory=dict, hash=False)
+    successors: Mapping[str, tuple[str, ...]] = field(default_factory=dict, hash=False,
+                                                      metadata=read_by(_successors))
     creator_timeout: float = core.CREATOR_TIMEOUT
 
 
@@ -274,22 +338,9 @@ DEPRECATED: dict[tuple[str, str], str] = {
 _warned: set[tuple[Path, str]] = set()  # (config, key) whose deprecation was logged
 
 
-def _keys(cls: type) -> tuple[str, ...]:
-    return tuple(f.name for f in fields(cls) if not f.metadata.get("derived"))
-
-
-# Every key a site config may hold, by section ("": the top level, besides the
-# sections), derived from the dataclasses: what is read and what is accepted
-# cannot drift.
-SETTINGS: dict[str, tuple[str, ...]] = {
-    "": ("name", "workers", "peers"),
-    **{name: _keys(cls) for name, cls in SECTIONS.items()},
-}
-
-
 @dataclass(frozen=True)
 class SiteConfig:
-    name: str
+    name: str = field(metadata=read_by(_site_name))
     couch: CouchSettings
     workers: int = 2
     peers: tuple[str, ...] = ()
@@ -300,7 +351,7 @@ class SiteConfig:
     succession: SuccessionSettings = field(default_factory=SuccessionSettings)
     admin: AdminSettings = field(default_factory=AdminSettings)
     tuning: TuningSettings = field(default_factory=TuningSettings)
-    path: Path | None = None
+    path: Path | None = field(default=None, metadata=DERIVED)
 
     @cached_property
     def timings(self) -> Timings:
@@ -331,6 +382,18 @@ class SiteConfig:
         return (self.daemon.journal or DEFAULT_JOURNAL) / self.name
 
 
+def _keys(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in fields(cls) if not f.metadata.get("derived")
+                 and f.name not in SECTIONS)
+
+
+# Every key a site config may hold, by section ("": the top level, besides the
+# sections), derived from the dataclasses that loading fills field by field: what
+# is read and what is accepted cannot drift.
+SETTINGS: dict[str, tuple[str, ...]] = {
+    "": _keys(SiteConfig), **{name: _keys(cls) for name, cls in SECTIONS.items()}}
+
+
 def load_site(path: Path | str) -> SiteConfig:
     path = Path(path)
     try:
@@ -342,9 +405,9 @@ def load_site(path: Path | str) -> SiteConfig:
     try:
         _move_deprecated(raw, path)
         _check_known(raw)
-        return _site_from(Section("", raw), path)
-    except (KeyError, TypeError, ValueError) as error:
-        raise ConfigError(f"{path}: {_describe(error)}") from None
+        return _site_from(raw, path)
+    except (TypeError, ValueError) as error:
+        raise ConfigError(f"{path}: {error}") from None
 
 
 def load_sites(directory: Path | str) -> dict[str, SiteConfig]:
@@ -421,109 +484,45 @@ def _unknown_setting(section: str, key: str) -> str:
     return f"unknown setting {dotted(section, key)!r}{suffix}"
 
 
-def _section(raw: Section, name: str) -> Section:
-    table = raw.get(name, {})
-    if not isinstance(table, dict):
-        raise ValueError(f"{name} must be a table ([{name}]), not {table!r}")
-    return Section(name, table)
-
-
-def _site_from(raw: Section, path: Path) -> SiteConfig:
-    name = raw["name"]
-    if not isinstance(name, str) or not SITE_NAME.match(name):
-        raise ValueError(f"name {name!r} must be 1-64 of a-z, 0-9, _ and -")
-    if name in (ANY, ALL):  # a step targeting it would run anywhere, or everywhere
-        raise ValueError(f"name {name!r} is a target that means "
-                         f"{'any site' if name == ANY else 'every site'}: choose another")
-    workers = int(raw.get("workers", 2))
-    if workers < 0:
-        raise ValueError("workers must be >= 0")
-    tables = {section: _section(raw, section) for section in SECTIONS}
-    settings = {section: _read_section(section, table, path)
-                for section, table in tables.items()}
-    couch = settings["couch"]
-    if not couch.url:
-        raise KeyError("couch.url")
+def _site_from(raw: dict[str, Any], path: Path) -> SiteConfig:
+    values = _read(SiteConfig, "", raw, path)
+    if "name" not in values:
+        raise ValueError("missing setting 'name'")
+    if not values["couch"].url:
+        raise ValueError("missing setting 'couch.url'")
+    name, couch, admin = values["name"], values["couch"], values["admin"]
     user, password = _login(couch.user, couch.password, couch.credentials, "JOBDIST_COUCH",
                             name)
     admin_user, admin_password = _login(None, None, couch.admin_credentials,
                                         "JOBDIST_COUCH_ADMIN", name)
-    settings["couch"] = replace(couch, user=user, password=password, admin_user=admin_user,
-                                admin_password=admin_password)
-    admin = settings["admin"]
-    settings["admin"] = replace(admin, token=admin.token or os.environ.get("JOBDIST_ADMIN_TOKEN")
-                                or read_token(admin.token_file))
-    site = SiteConfig(name=name, workers=workers, peers=tuple(raw.get("peers", ())),
-                      path=path, **settings)
+    values["couch"] = replace(couch, user=user, password=password, admin_user=admin_user,
+                              admin_password=admin_password)
+    values["admin"] = replace(admin, token=admin.token or os.environ.get("JOBDIST_ADMIN_TOKEN")
+                              or read_token(admin.token_file))
+    site = SiteConfig(path=path, **values)
     site.timings.check()
     return site
 
 
-def _read_section(section: str, table: Section, path: Path) -> Any:
-    """A section's dataclass from its table: each key read by its field's type, each
-    missing one left to the dataclass's default (the one place defaults are written)."""
-    cls = SECTIONS[section]
+def _read(cls: type, section: str, table: Any, path: Path) -> dict[str, Any]:
+    """The values `table` sets of `cls`'s fields, each read by its field's reader, and each
+    section's dataclass from its own table; a key left out is left to the dataclass's
+    default (the one place defaults are written)."""
+    if not isinstance(table, dict):
+        raise ValueError(f"{section} must be a table ([{section}]), not {table!r}")
     values = {}
     for item in fields(cls):
-        if item.metadata.get("derived") or item.name not in table:
-            continue
-        read = SPECIAL_READERS.get((section, item.name)) or READERS[str(item.type)]
-        try:
-            values[item.name] = read(table[item.name], path)
-        except (TypeError, ValueError) as error:
-            raise ValueError(f"{dotted(section, item.name)}: {error}") from None
-    return cls(**values)
-
-
-def _path(value: Any, config_path: Path) -> Path:
-    """A path setting; a relative one is read from the config file's directory."""
-    path = Path(str(value)).expanduser()
-    return path if path.is_absolute() else config_path.parent / path
-
-
-def _flag(value: Any, _: Path) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"must be true or false, not {value!r}")
-    return value
-
-
-def _number(value: Any, _: Path) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"must be a number, not {value!r}")
-    return float(value)
-
-
-def _integer(value: Any, _: Path) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"must be an integer, not {value!r}")
-    return value
-
-
-def _text(value: Any, _: Path) -> str:
-    return str(value)
-
-
-def _duration(value: Any, _: Path) -> timedelta:
-    return parse_duration(str(value))
-
-
-def _peer_urls(value: Any, _: Path) -> dict[str, str]:
-    if not isinstance(value, dict):
-        raise ValueError(f"must be a table of site = url, not {value!r}")
-    return {str(peer): str(url) for peer, url in value.items()}
-
-
-# How a setting's text becomes its typed value, by the field's declared type.
-READERS: dict[str, Callable[[Any, Path], Any]] = {
-    "str": _text, "str | None": _text, "float": _number, "float | None": _number,
-    "int | None": _integer,
-    "bool": _flag, "Path | None": _path, "timedelta | None": _duration,
-}
-SPECIAL_READERS: dict[tuple[str, str], Callable[[Any, Path], Any]] = {
-    ("commands", "allow"): lambda value, _: _allow_list(value),
-    ("replication", "peer_urls"): _peer_urls,
-    ("succession", "successors"): lambda value, _: _successors(value),
-}
+        if cls is SiteConfig and item.name in SECTIONS:
+            section_cls = SECTIONS[item.name]
+            values[item.name] = section_cls(**_read(section_cls, item.name,
+                                                    table.get(item.name, {}), path))
+        elif item.name in table and not item.metadata.get("derived"):
+            read = item.metadata.get("read") or READERS[str(item.type)]
+            try:
+                values[item.name] = read(table[item.name], path)
+            except (TypeError, ValueError) as error:
+                raise ValueError(f"{dotted(section, item.name)}: {error}") from None
+    return values
 
 
 def _login(user: str | None, password: str | None, credentials: Path | None,
@@ -538,41 +537,6 @@ def _login(user: str | None, password: str | None, credentials: Path | None,
 
 def _env(name: str, site: str) -> str | None:
     return os.environ.get(f"{name}_{site.upper()}") or os.environ.get(name)
-
-
-def _allow_list(patterns: Any) -> tuple[re.Pattern[str], ...]:
-    if not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
-        raise ValueError("must be a list of regular expressions")
-    compiled = []
-    for pattern in patterns:
-        try:
-            compiled.append(re.compile(pattern))
-        except re.error as error:
-            raise ValueError(f"bad pattern {pattern!r}: {error}") from None
-    return tuple(compiled)
-
-
-def _successors(table: Any) -> dict[str, tuple[str, ...]]:
-    """`{creator = [site, ...]}`: site names, none twice in a line, never the creator."""
-    if not isinstance(table, dict):
-        raise ValueError(f"must be a table of creator = [sites], not {table!r}")
-    lines = {}
-    for creator, line in table.items():
-        if not SITE_NAME.match(creator):
-            raise ValueError(f"{creator!r} is not a site name")
-        if not isinstance(line, list) or not all(isinstance(name, str) and SITE_NAME.match(name)
-                                                 for name in line):
-            raise ValueError(f"{creator} must be a list of site names, not {line!r}")
-        if creator in line or len(set(line)) != len(line):
-            raise ValueError(f"a site appears twice in the line {[creator, *line]}")
-        lines[creator] = tuple(line)
-    return lines
-
-
-def _describe(error: Exception) -> str:
-    if isinstance(error, KeyError):
-        return f"missing setting {error.args[0]!r}"
-    return str(error)
 
 
 def ensure_credentials(sites: dict[str, SiteConfig], sites_dir: Path) -> dict[str, SiteConfig]:

@@ -17,7 +17,6 @@ from jobdist.config import (
     SECTIONS,
     SETTINGS,
     ConfigError,
-    Section,
     SiteConfig,
     SuccessionSettings,
     load_site,
@@ -81,6 +80,21 @@ def test_timings_that_break_a_relation_are_refused(tmp_path: Path, text: str,
                                                     message: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_site(write_config(tmp_path, BASE + text))
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("workers = -1\n" + BASE, "workers: must be an integer >= 0, not -1"),
+    ("workers = 2.5\n" + BASE, "workers: must be an integer >= 0, not 2.5"),
+    ('peers = "reg_b"\n' + BASE, "peers: must be a list of site names, not 'reg_b'"),
+    ('name = "Solo"\n[couch]\nurl = "http://127.0.0.1:5999"\n',
+     "name: 'Solo' must be 1-64 of a-z, 0-9, _ and -"),
+    ('[couch]\nurl = "http://127.0.0.1:5999"\n', "missing setting 'name'"),
+], ids=["workers-negative", "workers-fraction", "peers-not-a-list", "name-case", "no-name"])
+def test_a_top_level_setting_is_read_by_its_type(tmp_path: Path, text: str,
+                                                 message: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        load_site(write_config(tmp_path, text))
+    assert str(raised.value) == f"{tmp_path / 'solo.toml'}: {message}"
 
 
 def test_the_heartbeat_follows_the_lease_unless_tuned(tmp_path: Path) -> None:
@@ -244,21 +258,6 @@ def test_every_listed_setting_is_read(tmp_path: Path, monkeypatch: pytest.Monkey
     assert load_site(write_config(tmp_path, config_with(setting))) != default
 
 
-def test_reading_an_unlisted_key_is_a_bug_caught_at_once() -> None:
-    section = Section("daemon", {"lease": 5.0})
-    assert section["lease"] == 5.0 and section.get("shutdown_grace", 10.0) == 10.0
-    with pytest.raises(KeyError, match=re.escape("daemon.shutdown_grace")):
-        section["shutdown_grace"]
-    unlisted = re.escape("'daemon.leese', which SETTINGS does not list")
-    with pytest.raises(RuntimeError, match=unlisted):
-        section.get("leese")
-
-
-def test_a_section_is_a_mapping() -> None:
-    section = Section("admin", {"port": 7984})
-    assert dict(section) == {"port": 7984} and list(section.values()) == [7984]
-
-
 def test_succession_is_off_by_default_and_read_in_order(tmp_path: Path) -> None:
     assert load_site(write_config(tmp_path, BASE)).succession.successors == {}
     site = load_site(write_config(tmp_path, BASE + '[succession]\ncreator_timeout = 8\n'
@@ -299,5 +298,5 @@ def test_the_documented_succession_table_loads(tmp_path: Path, doc: str) -> None
 @pytest.mark.parametrize("name", ["any", "all"])
 def test_a_site_cannot_be_named_like_a_target_that_means_many(tmp_path: Path,
                                                                 name: str) -> None:
-    with pytest.raises(ValueError, match=f"name '{name}' is a target that means"):
+    with pytest.raises(ValueError, match=f"name: '{name}' is a target that means"):
         load_site(write_config(tmp_path, BASE.replace('"solo"', f'"{name}"')))
