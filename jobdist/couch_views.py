@@ -12,6 +12,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from .couch import Database
+from .couch_sdk import sdk_params
 from .model import Doc
 
 
@@ -48,18 +49,10 @@ def iter_view(
 
 
 def _normalise_range(params: Mapping[str, Any]) -> dict[str, Any]:
-    """The query with CouchDB's aliases folded and `key` turned into a range."""
-    query = dict(params)
-    for alias, name in (
-        ("start_key", "startkey"),
-        ("end_key", "endkey"),
-        ("start_key_doc_id", "startkey_docid"),
-        ("end_key_doc_id", "endkey_docid"),
-    ):
-        if alias in query:
-            query[name] = query.pop(alias)
+    """The query under the SDK's names (`startkey` → `start_key`), `key` turned into a range."""
+    query = sdk_params(params)
     if "key" in query:
-        query["startkey"] = query["endkey"] = query.pop("key")
+        query["start_key"] = query["end_key"] = query.pop("key")
         query.pop("inclusive_end", None)
     return query
 
@@ -73,10 +66,10 @@ def _restart_at(
     query: dict[str, Any], row: Doc, by_docid: bool, run_length: int, run_key: str | None
 ) -> None:
     """Point `query` at `row`, the first row not yet yielded."""
-    query["startkey"] = row.get("key")
+    query["start_key"] = row.get("key")
     query.pop("skip", None)
-    query.pop("startkey_docid", None)
+    query.pop("start_key_doc_id", None)
     if by_docid and "id" in row:
-        query["startkey_docid"] = row["id"]
+        query["start_key_doc_id"] = row["id"]
     elif _key_token(row.get("key")) == run_key:
         query["skip"] = run_length  # rows with this key that were yielded already
