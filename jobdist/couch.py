@@ -1,20 +1,10 @@
 """CouchDB access layer: one `Couch` per server, one `Database` per database.
 
-Our client is IBM's Cloudant SDK (`ibmcloudant.CloudantV1` with its
-`BasicAuthenticator`): every document, bulk, view, `_all_docs`, `_changes`,
-`_local`, design, `_replicator`, `_security` and session call goes through it.
-Views are paged by hand (couch_views.iter_view): the SDK's view pager restarts
-each page at `startkey_docid`, which pouchdb-server ignores. This module is the thin
-layer above it that the rest of jobdist sees: typed results (`Saved`,
-`Conflict`, `Rejected`), one error family (`CouchError`) with one-line messages
-that never show credentials, retries bounded in time, and what the SDK cannot
-do for us on both servers we support:
-
-* leaf revisions come from `_all_docs?conflicts=true` plus `_bulk_get`: the SDK
-  has no `open_revs`.
-* pouchdb-server returns `_bulk_docs` results out of order and `_local`
-  documents without a JSON content type; both are coped with here.
-
+Every call goes through IBM's Cloudant SDK (`ibmcloudant.CloudantV1`, set up in
+couch_sdk.py). This is the thin layer above it that the rest of jobdist sees:
+typed results (`Saved`, `Conflict`, `Rejected`), one error family (`CouchError`)
+with one-line messages, retries bounded in time, and what the SDK cannot do for us
+on both servers we support (leaf revisions, pouchdb-server's `_bulk_docs` order).
 Credentials never appear in `url` attributes or in error messages. The `_changes`
 feed is read in couch_changes.py, views are paged in couch_views.py, and design and
 replication documents are written in couch_sync.py.
@@ -38,7 +28,7 @@ from ibmcloudant import CloudantV1
 from tenacity import (
     RetryCallState,
     Retrying,
-    retry_if_exception_type,
+    retry_if_exception,
     stop_after_attempt,
     stop_after_delay,
     wait_exponential,
@@ -53,7 +43,6 @@ log = logging.getLogger("jobdist.couch")
 _NO_DB_REASONS = frozenset({"Database does not exist.", "no_db_file"})
 _BULK_GET_CHUNK = 500
 _WRITE_ATTEMPTS = 3
-_ID_PAGE = 200  # the SDK's largest page
 
 
 class CouchError(Exception):
@@ -116,21 +105,17 @@ class Rejected:
 SaveResult = Saved | Conflict
 
 
-class _ServerError(Exception):
-    """A 5xx answer, raised inside the retry loop so that tenacity retries it."""
-
-    def __init__(self, error: ApiException) -> None:
-        super().__init__(error.code)
-        self.error = error
-
-
-# Worth another try: the server may be restarting, overloaded or briefly unreachable.
 _UNREACHABLE = (
     requests.ConnectionError,
     requests.Timeout,
     requests.exceptions.ChunkedEncodingError,
 )
-_TRANSIENT = (*_UNREACHABLE, _ServerError)
+
+
+def _transient(error: BaseException) -> bool:
+    """Worth another try: the server may be restarting, overloaded or briefly unreachable."""
+    return isinstance(error, _UNREACHABLE) or (
+        isinstance(error, ApiException) and error.status_code >= 500)
 
 
 class Couch:
@@ -220,12 +205,7 @@ class Couch:
         """
 
         def attempt() -> Any:
-            try:
-                return operation(*args, **kwargs).get_result()
-            except ApiException as error:
-                if error.status_code >= 500:
-                    raise _ServerError(error) from None
-                raise
+            return operation(*args, **kwargs).get_result()
 
         with self.errors(what):
             result = self._retrying(what)(attempt) if retry else attempt()
@@ -236,8 +216,6 @@ class Couch:
         """Turn what the SDK and `requests` raise into one-line `CouchError`s."""
         try:
             yield
-        except _ServerError as exc:
-            raise self._api_error(exc.error, what) from None
         except ApiException as exc:
             raise self._api_error(exc, what) from None
         except (json.JSONDecodeError, RecursionError) as exc:  # e.g. nested too deep for us
@@ -285,7 +263,7 @@ class Couch:
         return Retrying(
             stop=stop_after_attempt(self.retries) | stop_after_delay(self.retry_time),
             wait=wait_exponential(multiplier=0.25, max=4),
-            retry=retry_if_exception_type(_TRANSIENT),
+            retry=retry_if_exception(_transient),
             before_sleep=before_sleep,
             reraise=True,
         )
@@ -359,7 +337,7 @@ class Database:
 
         One `_all_docs` request brings every winner with its `_conflicts`; one
         `_bulk_get` brings the losing leaves of the conflicted ones. Per document,
-        `open_revs=all` would cost a request each.
+        `open_revs=all` (which the SDK lacks) would cost a request each.
         """
         wanted = list(dict.fromkeys(ids))
         found: dict[str, list[Doc]] = {}
@@ -380,12 +358,9 @@ class Database:
         doc_id = require_id(doc)
         client = self.couch.client
         kind, name = split_id(doc_id)
-        if kind == "_design":
-            operation, body = client.put_design_document, {"design_document": doc}
-        elif kind == "_local":
-            operation, body = client.put_local_document, {"document": doc}
-        else:
-            operation, body = client.put_document, {"document": doc}
+        operation = {"_design": client.put_design_document,
+                     "_local": client.put_local_document}.get(kind, client.put_document)
+        body = {"design_document" if kind == "_design" else "document": doc}
         return self._saved(doc_id, lambda: self.call(f"save {doc_id!r}", operation, name, **body))
 
     def delete(self, doc_id: str, rev: str) -> SaveResult:
