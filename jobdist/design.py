@@ -51,8 +51,7 @@ def design_dir() -> Traversable:
 
 def load_design_docs(root: Traversable | None = None) -> list[dict[str, Any]]:
     """One design document per directory under `root` (default: ours), in name order."""
-    folders = (root or design_dir()).iterdir()
-    return [build_design_doc(folder) for folder in sorted(folders, key=by_name)
+    return [build_design_doc(folder) for folder in entries(root or design_dir())
             if folder.is_dir()]
 
 
@@ -62,22 +61,16 @@ def design_version(doc: dict[str, Any] | None) -> int:
     return version if isinstance(version, int) and not isinstance(version, bool) else 0
 
 
-def by_name(item: Traversable) -> str:
-    return item.name
-
-
 def build_design_doc(folder: Traversable) -> dict[str, Any]:
     doc: dict[str, Any] = {"_id": f"_design/{folder.name}", "language": "javascript",
                            VERSION_FIELD: DESIGN_VERSION}
     validator = folder / "validate_doc_update.js"
     if validator.is_file():
         doc["validate_doc_update"] = read_source(validator)
-    views = load_views(folder / "views")
-    if views:
-        doc["views"] = views
-    filters = load_filters(folder / "filters")
-    if filters:
-        doc["filters"] = filters
+    views = {view.name: scripts(view) for view in entries(folder / "views") if view.is_dir()}
+    for key, functions in (("views", views), ("filters", scripts(folder / "filters"))):
+        if functions:
+            doc[key] = functions
     if folder.name == PEOPLE_DDOC:
         # Apache CouchDB 3 keeps every design document's indexes warm after writes (its
         # background indexer) unless told not to: people's views are built when queried.
@@ -85,25 +78,16 @@ def build_design_doc(folder: Traversable) -> dict[str, Any]:
     return doc
 
 
-def load_views(folder: Traversable) -> dict[str, dict[str, str]]:
-    views: dict[str, dict[str, str]] = {}
-    for view in sorted(subdirectories(folder), key=by_name):
-        views[view.name] = {"map": read_source(view / "map.js")}
-        reduce = view / "reduce.js"
-        if reduce.is_file():
-            views[view.name]["reduce"] = read_source(reduce)
-    return views
+def scripts(folder: Traversable) -> dict[str, str]:
+    """The functions of a folder's `.js` files, by name: a view's `map` and `reduce`,
+    or the filters."""
+    return {path.name.removesuffix(".js"): read_source(path) for path in entries(folder)
+            if path.name.endswith(".js")}
 
 
-def load_filters(folder: Traversable) -> dict[str, str]:
-    if not folder.is_dir():
-        return {}
-    scripts = sorted((path for path in folder.iterdir() if path.name.endswith(".js")), key=by_name)
-    return {path.name.removesuffix(".js"): read_source(path) for path in scripts}
-
-
-def subdirectories(folder: Traversable) -> list[Traversable]:
-    return [path for path in folder.iterdir() if path.is_dir()] if folder.is_dir() else []
+def entries(folder: Traversable) -> list[Traversable]:
+    """What a folder holds, in name order; nothing when it is not there."""
+    return sorted(folder.iterdir(), key=lambda path: path.name) if folder.is_dir() else []
 
 
 def read_source(path: Traversable) -> str:
