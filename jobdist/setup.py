@@ -1,26 +1,19 @@
-"""Setting sites up: databases, design documents, replications. Idempotent.
+"""Setting sites up: databases, design documents, users, `_security`, replications.
 
-Used by `jobdist setup`, by the local cluster, and by docker-compose's one-shot
-setup service (`python -m jobdist.setup --sites DIR`). It logs in as the
-server admin (`admin_credentials`) where a site has one. For each site: its
-jobs database (and `_users` on Apache CouchDB, which logs errors without it),
-our design documents, a user for every site (role `jobdist`: the daemon of
-that site and the replications it pushes log in as it), the database's
-`_security` (members: role `jobdist`; nobody else may read or write), and the
-`_replicator` documents the topology calls for (jobdist/topology.py:
-a Mango selector on Apache CouchDB, a JavaScript filter on pouchdb-server, as
-`GET /` says unless told), with the pushing site's credentials in the
-endpoints because the replicator runs inside CouchDB. Stale replications of
-the database set up (topology.owned_prefix: never another database's) are
-removed, except a running one on pouchdb-server, which crashes when such a
-document is deleted. A second run changes nothing.
+Used by `jobdist setup`, the local cluster and docker-compose's one-shot setup
+service (`python -m jobdist.setup --sites DIR`), logged in as the server admin
+(`admin_credentials`) where a site has one. Each site gets its jobs database, our
+design documents, a user for every site (role `jobdist`, which alone may read and
+write the database: the site's daemon and the replications it pushes log in as
+it), and the `_replicator` documents the topology calls for (topology.py), stale
+ones of the same database removed. Idempotent: a second run changes nothing.
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
@@ -86,32 +79,35 @@ def setup_sites(sites: dict[str, SiteConfig], chosen: list[SiteConfig] | None = 
     `warn` (default: `report`) hears of what was left alone on purpose.
     """
     explain = explain or (lambda error, site: f"{site.name}: {error}")
+    warn = warn or report
     for site in sites.values():  # every site's user is created and used by replications
         site.require_credentials()
     warning = full_mesh_warning(sites)
     if warning is not None:
-        (warn or report)(warning)
-    ready = []
+        warn(warning)
     changes = 0
+
+    def each(group: Iterable[SiteConfig], work: Callable[[SiteConfig], int]) -> list[SiteConfig]:
+        """Count the changes `work` makes at each site; the sites it did not fail at."""
+        nonlocal changes
+        done = []
+        for site in group:
+            try:
+                changes += work(site)
+                done.append(site)
+            except CouchError as error:
+                if problem is None:
+                    raise
+                problem(explain(error, site))
+        return done
+
     logins = site_logins(sites)
-    for site in chosen or list(sites.values()):  # every database first: replications target them
-        try:
-            changes += setup_database(site, report, logins)
-            ready.append(site)
-        except CouchError as error:
-            if problem is None:
-                raise
-            problem(explain(error, site))
     wanted = replications(sites)
-    for site in ready:
-        try:
-            changes += sync_replications(site, [r for r in wanted if r.source.name == site.name],
-                                         {r.doc_id for r in wanted}, report, problem or _raise,
-                                         warn or report, server_kind)
-        except CouchError as error:
-            if problem is None:
-                raise
-            problem(explain(error, site))
+    # Every database first: replications target them.
+    ready = each(chosen or sites.values(), lambda site: setup_database(site, report, logins))
+    each(ready, lambda site: sync_replications(
+        site, [r for r in wanted if r.source.name == site.name], {r.doc_id for r in wanted},
+        report, problem or _raise, warn, server_kind))
     return changes
 
 
@@ -125,6 +121,7 @@ def setup_database(site: SiteConfig, report: Say, logins: dict[str, str] | None 
     """The site's jobs database, design documents, users and `_security`; changes made."""
     couch = admin_couch_of(site)
     changes = 0
+    # Apache CouchDB logs errors without `_users`.
     if couch.is_apache_couchdb() and not couch.database("_users").exists():
         couch.ensure_database("_users")
         changes += 1
