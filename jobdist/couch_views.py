@@ -8,7 +8,7 @@ page at `start_key_doc_id`, which pouchdb-server ignores, so rows sharing a key
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Mapping
 from typing import Any
 
 from .couch import Database
@@ -18,7 +18,7 @@ from .model import Doc
 
 def iter_view(
     db: Database, ddoc: str, view: str, *, page_size: int = 200, **params: Any
-) -> Iterator[Doc]:
+) -> Generator[Doc, None, None]:
     """Every row of a view query, fetched `page_size` rows at a time.
 
     Pages restart at the first row not yet yielded, by key and (on CouchDB)

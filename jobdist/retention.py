@@ -90,8 +90,7 @@ def _window(db: Database, cutoff: str, after: str | None, size: int,
     if after is not None:
         params["startkey"] = after
     found: list[tuple[str, str]] = []
-    rows = iter_view(db, DDOC, VIEW, page_size=page_size, **params)
-    try:
+    with contextlib.closing(iter_view(db, DDOC, VIEW, page_size=page_size, **params)) as rows:
         for row in rows:
             key = row["key"]
             if after is not None and key <= after:
@@ -99,8 +98,6 @@ def _window(db: Database, cutoff: str, after: str | None, size: int,
             if len(found) >= size and key != found[-1][1]:
                 break
             found.append((row["id"], key))
-    finally:
-        rows.close()  # type: ignore[attr-defined]
     return found
 
 
@@ -142,14 +139,15 @@ class Deleted:
     refused: list[str] = field(default_factory=list)  # "id: reason" the server refused
 
 
-def delete_jobs(db: Database, jobs: Iterable[Expired]) -> Deleted:
-    """Delete exactly the leaf revisions each job was read with.
+def delete_jobs(db: Database, jobs: Iterable[Expired], result: Deleted | None = None) -> Deleted:
+    """Delete exactly the leaf revisions each job was read with; counted in `result` (new
+    unless given).
 
     A leaf that is no longer a leaf (someone wrote on top of it) conflicts:
     the job changed after it was read (and exported), so it counts as changed.
     One `_bulk_docs` request per round, each id at most once per round.
     """
-    result = Deleted()
+    result = result or Deleted()
     jobs = list(jobs)
     failed: set[str] = set()
     rounds = max((len(job.revs) for job in jobs), default=0)
@@ -165,7 +163,7 @@ def delete_jobs(db: Database, jobs: Iterable[Expired]) -> Deleted:
             elif isinstance(outcome, Rejected):
                 failed.add(outcome.id)
                 result.refused.append(f"{outcome.id}: {outcome.error}: {outcome.reason}")
-    result.jobs = sum(1 for job in jobs if job.id not in failed)
+    result.jobs += sum(1 for job in jobs if job.id not in failed)
     return result
 
 
@@ -192,11 +190,7 @@ def cleanup(db: Database, older_than: timedelta, *, export: IO[str] | None = Non
         if export is not None:
             done = export_jobs(pending, export)
             report.exported += len(done)
-        deleted = delete_jobs(db, done)
-        report.deleted.jobs += deleted.jobs
-        report.deleted.revisions += deleted.revisions
-        report.deleted.changed += deleted.changed
-        report.deleted.refused += deleted.refused
+        delete_jobs(db, done, report.deleted)
         pending.clear()
 
     for job in find_expired(db, report.cutoff, window=batch, creator=creator):
@@ -223,18 +217,14 @@ class PeriodicCleanup(Periodic):
         self.older_than = older_than
         self.interval = interval
         self.export = export
-        self.removed = 0
 
     def wait_before_pass(self) -> float:
         return self.interval
 
     def pass_once(self) -> Report:
-        if self.export is None:
-            report = cleanup(self.db, self.older_than, creator=self.site)
-        else:
-            with open(self.export, "a", encoding="utf-8") as out:
-                report = cleanup(self.db, self.older_than, export=out, creator=self.site)
-        self.removed += report.deleted.jobs
+        export = self.export
+        with open(export, "a", encoding="utf-8") if export else contextlib.nullcontext() as out:
+            report = cleanup(self.db, self.older_than, export=out, creator=self.site)
         if report.deleted.jobs:
             self.log.info("retention removed", jobs=report.deleted.jobs, cutoff=report.cutoff)
         return report
