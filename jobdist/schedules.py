@@ -1,26 +1,13 @@
 """Schedules: a document that makes its owner site create a job at every tick.
 
-    {"_id": "schedule-nightly", "type": "schedule", "name": "nightly",
-     "cron": "0 2 * * *", "timezone": "Europe/Zurich", "owner": "global",
-     "enabled": true, "missed": "latest", "job": {"job": [...steps...]},
-     "created_at": "...", "updated_at": "..."}
-
-Only the owner's daemon creates a schedule's jobs (`Scheduler`, a thread of
-the daemon). A tick's job is the same document wherever and however often it
-is made: its id is `job-<tick>-<name>` and its fields come from the schedule
-and the tick alone (the tick is its creation time, the owner its creator).
-So if two sites ever create one tick (an owner restored from a backup, a
-site that takes the owner's place) CouchDB holds one job, perhaps with two
-identical revisions, which the creator merges like any other conflict.
-
-Ticks are computed in the schedule's time zone (cronsim follows daylight
-saving: a 02:30 that does not exist runs at 03:00, one that happens twice
-runs once). A tick the owner finds more than `LATE_AFTER` seconds late was
-missed (the daemon was down): the schedule's `missed` policy says what then:
-`latest` runs the most recent missed tick once, `all` runs each (at most
-`MAX_CATCH_UP` a pass), `skip` runs none. Ticks before the schedule's last
-change (`updated_at`: created, paused, resumed, edited) never run, so a
-schedule resumed after a month does not replay the month.
+The document, its fields and its `missed` policies are described in
+docs/job-document.md ("Schedules"). Only the owner's daemon creates a schedule's
+jobs (`Scheduler`, a thread of the daemon), and a tick's job is the same document
+wherever and however often it is made (id `job-<tick>-<name>`, fields from the
+schedule and the tick alone): two sites that make one tick write one job, at worst
+two identical revisions, merged like any other conflict (docs/protocol.md,
+"Schedules: one job per tick"). Ticks are computed in the schedule's time zone,
+daylight saving followed (cronsim).
 """
 
 from __future__ import annotations
@@ -149,7 +136,6 @@ class Scheduler(Periodic):
         self.db = db
         self.period = period
         self.delay = 1.0  # until the first pass: the schedules are read once the site runs
-        self.jobs_created = 0
 
     def wait_before_pass(self) -> float:
         return self.delay
@@ -203,5 +189,4 @@ class Scheduler(Periodic):
             else:
                 self.log.error("tick job refused", job=job["_id"], schedule=doc["name"],
                                result=result)
-        self.jobs_created += len(report.created)
         return report
