@@ -102,10 +102,17 @@ COUCHDB_REPLICATION_SETTINGS: dict[str, Any] = {
 
 @dataclass(frozen=True)
 class Replication:
+    """A push from `source` to its peer `target`."""
+
     source: SiteConfig
     target: SiteConfig
-    filter: str
-    query_params: dict[str, str] | None
+
+    @property
+    def filter(self) -> str:
+        """Only the jobs that concern the target from a filtered site, except to a relay."""
+        if self.source.replication.filtered and not self.target.replication.relay:
+            return JOBS_FOR_SITE
+        return EVERY_JOB
 
     @property
     def doc_id(self) -> str:
@@ -145,8 +152,8 @@ def replication_doc(link: Replication, kind: ServerKind) -> dict[str, Any]:
         return doc | {"source": link.source_endpoint, "selector": link.selector,
                       **COUCHDB_REPLICATION_SETTINGS}
     doc |= {"source": link.source.couch.database, "filter": link.filter, "checkpoint": False}
-    if link.query_params:
-        doc["query_params"] = link.query_params
+    if link.filter == JOBS_FOR_SITE:
+        doc["query_params"] = {"site": link.target.name}
     return doc
 
 
@@ -167,15 +174,7 @@ def endpoint(couch_url: str, database: str, login: SiteConfig) -> str:
 
 def replications(sites: dict[str, SiteConfig]) -> list[Replication]:
     """Every push replication the sites' configs call for."""
-    wanted = []
-    for site in sites.values():
-        for peer_name in site.peers:
-            peer = sites[peer_name]
-            if site.replication.filtered and not peer.replication.relay:
-                wanted.append(Replication(site, peer, JOBS_FOR_SITE, {"site": peer.name}))
-            else:
-                wanted.append(Replication(site, peer, EVERY_JOB, None))
-    return wanted
+    return [Replication(site, sites[peer]) for site in sites.values() for peer in site.peers]
 
 
 JOBS_DATABASE = "jobs"
