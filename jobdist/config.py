@@ -1,72 +1,17 @@
-"""Site configuration: one TOML file per site (sites/NAME.toml).
+"""Site configuration: one TOML file per site (sites/NAME.toml), read into a
+`SiteConfig` holding one frozen dataclass per table.
 
-    name = "reg_a"
-    workers = 2
-    peers = ["global", "reg_b"]        # sites this one replicates with
-
-    [replication]
-    filtered = false                   # push to peers only the jobs that concern them
-    relay = false                      # a hub: peers push everything here to pass on
-    peer_urls = { reg_b = "https://gw.example:6984" }   # reach a peer elsewhere than its url
-
-    [couch]
-    url = "http://127.0.0.1:5985"
-    database = "jobs"
-    credentials = "../.jobdist/secrets/reg_a.toml"      # the site's user (daemon, replications)
-    admin_credentials = "../.jobdist/secrets/admin.toml"  # only `jobdist setup` uses it
-
-    [commands]
-    allow = ['rsync [^ ]+ [^ ]+', '/opt/backup/bin/[a-z-]+( [a-z0-9/_.-]+)*']  # full matches
-    allow_shell = false                # true: commands may also use ; & | $ ` < > ( )
-
-    [daemon]
-    shutdown_grace = 10.0              # running steps get this long on SIGTERM
-    lease = 60.0                       # a winner's promise lasts this long unless renewed
-    clock_skew_margin = 10.0           # the creator waits this much past a lease
-    journal = "/var/lib/jobdist/journal"   # results kept while CouchDB does not answer, in
-                                       # DIR/SITE (default: .jobdist/journal/SITE, from
-                                       # the working directory; the start-up log says where)
-
-    [succession]                       # optional: automatic creator succession
-    successors = { global = ["reg_a", "reg_b"] }   # per creator, in order (default: none)
-    creator_timeout = 120.0            # a creator silent this long (our clock) is succeeded
-
-    [retention]                        # optional: the daemon removes its own old jobs
-    older_than = "30d"                 # finished jobs last updated longer ago (90m, 12h, 30d)
-    interval = 3600.0                  # seconds between passes
-    export = "/var/lib/jobdist/removed.jsonl"   # append each job here before removing it
-
-    [admin]
-    port = 7984                        # the daemon's HTTP endpoint; none when unset
-    host = "127.0.0.1"
-    token = "..."                      # or $JOBDIST_ADMIN_TOKEN; required for every POST
-    token_file = "../.jobdist/secrets/admin-token"  # else read from here (mode 600)
-
-    [tuning]                           # internal knobs; the defaults are what we measured
-    heartbeat = 15.0                   # lease renewals (default: a quarter of the lease)
-    booking_timeout = 60.0             # give up a claim the creator has not decided
-    start_write_delay = 1.0            # a step ending sooner has its start written with its
-                                       # end, one revision (0: at once; lease / 4 at most)
-    keepalive_period = 5.0             # seconds between keep-alive passes
-    keepalive_stale_after = 30.0       # re-save open jobs unchanged for this long
-
-Credentials files are TOML (`user = "..."`, `password = "..."`), relative paths
-are read from the config file's directory, and a file that others may read is
-refused. The environment overrides the files: $JOBDIST_COUCH_USER_REG_A and
-$JOBDIST_COUCH_PASSWORD_REG_A for site reg_a, else $JOBDIST_COUCH_USER and
-$JOBDIST_COUCH_PASSWORD (and the same with JOBDIST_COUCH_ADMIN_ for the admin).
-A password never appears in a repr, a log line or an error.
-Without `[commands] allow` a site runs any command; with it, only those that
-fully match one of the patterns and, unless `allow_shell = true`, use none of
-the shell's operators ; & | $ ` < > ( ) or a newline.
-
-A key that SETTINGS does not list is refused, with the nearest known one
-("unknown setting 'deamon' (did you mean 'daemon'?)"): a misspelt setting
-would otherwise leave its default in force without a word.
+docs/operations.md ("Site settings") shows every key with an example. Each key is
+read by its dataclass field (its type, or the reader its metadata names), whose
+default is the one in force; a key that no field reads is refused, with the nearest
+known one, since a misspelt setting would otherwise leave its default in force
+without a word. Credentials come from files only their owner may read, or the
+environment (docs/operations.md, "Security"), and a password never appears in a
+repr, a log line or an error.
 
 Every interval derived from the timings (and the relations they must keep) is in
 timings.py (`SiteConfig.timings`). The keys [tuning] took over from [daemon] and
-[keepalive] (DEPRECATED) are still read, with a warning in the log.
+[keepalive] (DEPRECATED) are still read until 0.2, with a warning in the log.
 """
 
 from __future__ import annotations
@@ -220,7 +165,7 @@ class CouchSettings:
     database: str = "jobs"
     credentials: Path | None = None  # the site's user (daemon, replications)
     admin_credentials: Path | None = None  # only `jobdist setup` uses it
-    user: str | None = None
+    user: str | None = None  # inline, without a credentials file
     password: str | None = field(default=None, repr=False)
     admin_user: str | None = field(default=None, metadata=DERIVED)
     admin_password: str | None = field(default=None, repr=False, metadata=DERIVED)
@@ -234,10 +179,10 @@ class CouchSettings:
 class ReplicationSettings:
     """[replication]: what a site pushes to its peers, and where it reaches them."""
 
-    filtered: bool = False
-    relay: bool = False
-    peer_urls: Mapping[str, str] = field(default_factory=dict, hash=False,
-                                         metadata=read_by(_peer_urls))
+    filtered: bool = False  # push to peers only the jobs that concern them
+    relay: bool = False  # a hub: peers push everything here to pass on
+    peer_urls: Mapping[str, str] = field(default_factory=dict, hash=False,  # reach a peer
+                                         metadata=read_by(_peer_urls))  # elsewhere than its url
 
 
 @dataclass(frozen=True)
@@ -245,7 +190,7 @@ class CommandSettings:
     """[commands]: which commands the site runs."""
 
     allow: tuple[re.Pattern[str], ...] | None = field(default=None, metadata=read_by(_allow_list))
-    allow_shell: bool = False
+    allow_shell: bool = False  # true: commands may also use the shell's operators
 
     def allows(self, command: str) -> bool:
         """May this site run `command` (its `[commands] allow` list, if any)?
@@ -289,9 +234,9 @@ class TuningSettings:
 class RetentionSettings:
     """[retention]: the daemon removes its own old finished jobs when `older_than` is set."""
 
-    older_than: timedelta | None = None
-    interval: float = 3600.0
-    export: Path | None = None
+    older_than: timedelta | None = None  # finished jobs last updated longer ago
+    interval: float = 3600.0  # seconds between passes
+    export: Path | None = None  # append each job here before removing it
 
 
 @dataclass(frozen=True)
@@ -310,7 +255,7 @@ class AdminSettings:
 
     port: int | None = None
     host: str = "127.0.0.1"
-    token: str | None = field(default=None, repr=False)
+    token: str | None = field(default=None, repr=False)  # or $JOBDIST_ADMIN_TOKEN
     token_file: Path | None = None  # written by `jobdist secrets` and `jobdist cluster up`
 
 
