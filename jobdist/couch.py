@@ -103,6 +103,7 @@ class Rejected:
 
 
 SaveResult = Saved | Conflict
+_ERRORS_BY_STATUS: dict[int, type[CouchError]] = {404: NotFound, 401: Forbidden, 403: Forbidden}
 
 
 _UNREACHABLE = (
@@ -181,10 +182,8 @@ class Couch:
         with this server's timeouts and retries."""
         if "://" not in address:
             return self.database(address)
-        clean, user, password = _split_credentials(address)
-        base, _, name = clean.rpartition("/")
-        peer = Couch(base, user=user, password=password, timeout=self.timeout,
-                     retries=self.retries, retry_time=self.retry_time)
+        base, _, name = address.rpartition("/")  # Couch takes the credentials out of `base`
+        peer = Couch(base, timeout=self.timeout, retries=self.retries, retry_time=self.retry_time)
         return peer.database(unquote(name))
 
     # -- the SDK underneath -------------------------------------------------------------
@@ -241,13 +240,7 @@ class Couch:
         if 200 <= status < 300:  # the SDK could not decode a successful answer
             return Undecodable(self.clean(f"{what}: the answer is not JSON we can read"))
         kind, reason = _error_fields(error.http_response)
-        cls: type[CouchError] = CouchError
-        if status == 404:
-            cls = NotFound
-        elif status in (401, 403):
-            cls = Forbidden
-        elif status >= 500:
-            cls = Unavailable
+        cls = _ERRORS_BY_STATUS.get(status, Unavailable if status >= 500 else CouchError)
         message = self.clean(f"{what} failed: HTTP {status} {kind}: {reason}")
         return cls(message, status=status, error=kind, reason=self.clean(reason))
 

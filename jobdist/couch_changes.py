@@ -97,12 +97,11 @@ def _stream(
             deadline is not None and time.monotonic() >= deadline
         )
 
-    # A read timeout a little above the heartbeat notices a dead connection;
-    # identity encoding because a gzipped stream is buffered by the server.
+    # A read timeout a little above the heartbeat notices a dead connection. (The client
+    # asks for no gzip, couch_sdk.new_client: a gzipped stream is buffered by the server.)
     client = db.couch.stream_client(heartbeat * 1.5 + 1.0)
     with db.couch.errors(what):
-        resp = client.post_changes_as_stream(
-            db.name, headers={"Accept-Encoding": "identity"}, **options).get_result()
+        resp = client.post_changes_as_stream(db.name, **options).get_result()
     with resp, db.couch.errors(what):
         parse = eventsource_items if options["feed"] == "eventsource" else continuous_items
         try:
