@@ -193,7 +193,6 @@ class Couch:
         what: str,
         operation: Callable[..., DetailedResponse],
         *args: Any,
-        retry: bool = True,
         **kwargs: Any,
     ) -> Any:
         """One SDK operation's result, retried on connection errors, timeouts and 5xx.
@@ -202,13 +201,8 @@ class Couch:
         time, and a daemon must give up within `retry_time` and decide again.
         4xx answers raise at once as the matching `CouchError`.
         """
-
-        def attempt() -> Any:
-            return operation(*args, **kwargs).get_result()
-
         with self.errors(what):
-            result = self._retrying(what)(attempt) if retry else attempt()
-            return json_result(result)
+            return json_result(self._retrying(what)(operation, *args, **kwargs).get_result())
 
     @contextmanager
     def errors(self, what: str) -> Iterator[None]:

@@ -31,7 +31,11 @@ _VIEW_PARAMS = {
 def new_client(url: str, user: str | None, password: str | None,
                timeout: tuple[float, float]) -> CloudantV1:
     """A client of the server at `url` (without credentials); timeout: (connect, read)."""
-    client = CloudantV1(authenticator=_authenticator(user, password))
+    # Basic rather than session (cookie) authentication: it survives a server
+    # restart without a 401 and a new login in the middle of a decision.
+    authenticator: Authenticator = (NoAuthAuthenticator() if user is None
+                                    else BasicAuthenticator(user, password or ""))
+    client = CloudantV1(authenticator=authenticator)
     client.set_service_url(url)
     client.set_http_config({"timeout": timeout})
     session = client.get_http_client()
@@ -43,14 +47,6 @@ def new_client(url: str, user: str | None, password: str | None,
     session.headers["Accept-Encoding"] = "identity"
     client.set_enable_gzip_compression(False)
     return client
-
-
-def _authenticator(user: str | None, password: str | None) -> Authenticator:
-    if user is None:
-        return NoAuthAuthenticator()
-    # Basic rather than session (cookie) authentication: it survives a server
-    # restart without a 401 and a new login in the middle of a decision.
-    return BasicAuthenticator(user, password or "")
 
 
 def _environment_once(session: requests.Session, url: str) -> None:
