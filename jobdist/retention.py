@@ -40,11 +40,6 @@ log = logging.getLogger("jobdist.retention")
 
 VIEW = "finished_before"  # key: updated_at of finished jobs
 
-def cutoff_time(older_than: timedelta, now: datetime | None = None) -> str:
-    """The ISO time before which a finished job's last update makes it expired."""
-    return format_time((now or datetime.now(UTC)) - older_than)
-
-
 @dataclass(frozen=True)
 class Expired:
     """An expired job: its merged document and the leaf revisions it was merged from."""
@@ -180,7 +175,8 @@ def cleanup(db: Database, older_than: timedelta, *, export: IO[str] | None = Non
             dry_run: bool = False, batch: int = 200, now: datetime | None = None,
             creator: str | None = None) -> Report:
     """Remove (or with dry_run only count) the expired jobs, exporting each batch first."""
-    report = Report(cutoff_time(older_than, now), dry_run=dry_run)
+    # Expired: finished, and last updated before this.
+    report = Report(format_time((now or datetime.now(UTC)) - older_than), dry_run=dry_run)
     pending: list[Expired] = []
 
     def flush() -> None:

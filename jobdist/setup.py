@@ -101,7 +101,9 @@ def setup_sites(sites: dict[str, SiteConfig], chosen: list[SiteConfig] | None = 
                 problem(explain(error, site))
         return done
 
-    logins = site_logins(sites)
+    # Every site's user and password: each must exist on every server.
+    logins = {site.couch.user: site.couch.password or "" for site in sites.values()
+              if site.couch.user}
     wanted = replications(sites)
     # Every database first: replications target them.
     ready = each(chosen or sites.values(), lambda site: setup_database(site, report, logins))
@@ -109,12 +111,6 @@ def setup_sites(sites: dict[str, SiteConfig], chosen: list[SiteConfig] | None = 
         site, [r for r in wanted if r.source.name == site.name], {r.doc_id for r in wanted},
         report, problem or _raise, warn, server_kind))
     return changes
-
-
-def site_logins(sites: dict[str, SiteConfig]) -> dict[str, str]:
-    """Every site's user and password: each must exist on every server."""
-    return {site.couch.user: site.couch.password or "" for site in sites.values()
-            if site.couch.user}
 
 
 def setup_database(site: SiteConfig, report: Say, logins: dict[str, str] | None = None) -> int:
