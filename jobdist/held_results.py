@@ -84,7 +84,7 @@ class HeldResults:
 
     def before(self, key: StepKey) -> bool:
         """Is the result of an earlier step of the job held? A job's results are written
-        in step order (a chained run can end while the end it is chained onto waits)."""
+        in step order (a later step can end here while an earlier one's result waits)."""
         return any(job_id == key[0] and step < key[1] for job_id, step in self.by_key)
 
     def status(self) -> dict[str, Any]:

@@ -3,25 +3,23 @@
 The plan runner, the manager and the settler ask it what runs here and tell it
 what became of each step (its methods are the transitions); the pool view the
 core decides on is derived from it (PlanRunner.pool_view). States, with the
-moves that leave each (docs/protocol.md, appendix, for launch ahead, riders and
-deferred start):
+moves that leave each (docs/protocol.md, appendix, for launch ahead and deferred
+start):
 
   BOOKED     a worker booked for a claim or start  -> LAUNCHING, QUEUED; gone: unbooked
   QUEUED     won here, waits for a worker          -> gone: decided otherwise
   LAUNCHING  its start in this batch               -> RUNNING: launched; BOOKED/gone: not
   AHEAD      launched before its start's write     -> RUNNING: written or stopped; DEFERRED
-  CHAINED    AHEAD, chained onto an end            -> RUNNING; RIDING: the end was held
   DEFERRED   AHEAD, its write held back (due_at)   -> DUE; ENDED: written with its end
   DUE        DEFERRED fallen due, in this batch    -> RUNNING; DEFERRED: no answer
-  RIDING     chained onto an end not written yet   -> RUNNING: the end written, or stopped
   RUNNING    launched, its start written or given up -> ENDED: reported
   ENDED      reported, its result not recorded     -> gone: recorded
 
 Every state from AHEAD on is a run of ours (RUNS): it counts as running, its
 worker no one else's, until its result is recorded; those launched ahead keep
 their journal entry (journal.unwritten_start) until their start is settled.
-The runs launched here lately (`launched`, `chained`) are kept apart: they must
-outlive the records (no fencing token issued here is used twice).
+The runs launched here lately (`launched`) are kept apart: they must outlive the
+records (no fencing token issued here is used twice).
 
 A result the server has not taken is kept not here but in HeldResults
 (held_results.py), with its journal entry and back-off: it outlives its record,
@@ -44,7 +42,7 @@ from . import core
 from .journal import Held
 from .model import StepKey
 
-MAX_RECENT = 10_000  # (step, epoch) pairs remembered as launched, or chained, here
+MAX_RECENT = 10_000  # (step, epoch) pairs remembered as launched here
 
 
 class State(Enum):
@@ -52,21 +50,17 @@ class State(Enum):
     QUEUED = "queued"
     LAUNCHING = "launching"
     AHEAD = "ahead"
-    CHAINED = "chained"
     DEFERRED = "deferred"
     DUE = "due"
-    RIDING = "riding"
     RUNNING = "running"
     ENDED = "ended"
 
 
-UNWRITTEN = frozenset({State.AHEAD, State.CHAINED, State.DEFERRED, State.DUE, State.RIDING})
+UNWRITTEN = frozenset({State.AHEAD, State.DEFERRED, State.DUE})  # in a write of ours to come
 RUNS = UNWRITTEN | {State.RUNNING, State.ENDED}
-IN_BATCH = frozenset({State.LAUNCHING, State.AHEAD, State.CHAINED, State.DUE})
+IN_BATCH = frozenset({State.LAUNCHING, State.AHEAD, State.DUE})
 HERE = RUNS | {State.LAUNCHING, State.QUEUED}  # a step of the job runs here, or is about to
 BOOKINGS = frozenset({State.BOOKED, State.LAUNCHING})  # a launch to come may keep a booking
-UNWRITTEN_STARTS = frozenset({State.AHEAD, State.DEFERRED, State.DUE})  # not chained
-LAUNCHED_AHEAD = UNWRITTEN - {State.RIDING}  # its start in a write of this site's to come
 
 
 @dataclass(frozen=True)
@@ -76,9 +70,8 @@ class Step:
     worker: str = ""  # LAUNCHING and runs
     epoch: int = 0  # LAUNCHING and runs
     entry: Held | None = None  # UNWRITTEN: the launch's journal entry
-    end_epoch: int | None = None  # CHAINED, RIDING: the epoch of the end it is chained onto
     due_at: float = 0.0  # DEFERRED: when its start's write falls due (monotonic)
-    after: str | None = None  # launched ahead: the end it followed (core.follows)
+    after: str | None = None  # runs: the end of the step before it followed (core.follows)
 
     @property
     def running(self) -> core.Running:
@@ -106,7 +99,6 @@ class Ledger:
         # and deferred starts are served oldest first.
         self._steps: dict[StepKey, Step] = {}
         self.launched = Recent()  # a start decided on a stale view never launches one again
-        self.chained = Recent()  # launched chained onto an end: only its record starts it
         # When each worker's last run left the ledger (monotonic): its free time starts there.
         self.worker_freed: dict[str, float] = {}
 
@@ -169,36 +161,23 @@ class Ledger:
                 if step.state is State.QUEUED}
 
     def unwritten(self, states: Collection[State] = UNWRITTEN, job_id: str | None = None,
-                  ) -> list[tuple[StepKey, Held, int | None]]:
-        """Our runs launched ahead whose start is not written: their journal entry, and the
-        epoch of the end each is chained onto (None: not chained)."""
-        return [(key, step.entry, step.end_epoch) for key, step in self._steps.items()
+                  ) -> list[tuple[StepKey, Held]]:
+        """Our runs launched ahead whose start is not written, with their journal entry."""
+        return [(key, step.entry) for key, step in self._steps.items()
                 if step.state in states and step.entry is not None
                 and (job_id is None or key[0] == job_id)]
 
     def ahead(self) -> dict[StepKey, core.Running]:
-        """The runs whose start is not written, but the chained ones (core.PoolView)."""
-        return {key: ahead_run(entry) for key, entry, _ in self.unwritten(UNWRITTEN_STARTS)}
-
-    def riding(self) -> dict[StepKey, core.Rider]:
-        """The runs chained onto an end neither of them written (core.PoolView)."""
-        return {key: core.Rider(entry.worker, entry.epoch, end)
-                for key, entry, end in self.unwritten([State.CHAINED, State.RIDING])
-                if end is not None}
+        """The runs whose start is not written (core.PoolView)."""
+        return {key: ahead_run(entry) for key, entry in self.unwritten()}
 
     def unwritten_run(self, key: StepKey, epoch: int) -> core.Running | None:
-        """The run (key, epoch) if its start is still unwritten and not chained (only its
-        end's record may start that one)."""
+        """The run (key, epoch) if its start is still unwritten."""
         step = self._steps.get(key)
-        if step is None or step.state not in UNWRITTEN_STARTS or step.entry is None \
+        if step is None or step.state not in UNWRITTEN or step.entry is None \
                 or step.entry.epoch != epoch:
             return None
         return ahead_run(step.entry)
-
-    def end_held(self, key: StepKey, end_epoch: int) -> bool:
-        """Is the end (in `end_epoch`) of the step before `key` still to be recorded?"""
-        end = self.run((key[0], key[1] - 1))
-        return end is not None and end.epoch == end_epoch
 
     def due(self, now: float, limit: int) -> list[StepKey]:
         """At most `limit` deferred starts due now, the oldest first."""
@@ -254,32 +233,19 @@ class Ledger:
 
     # --- runs ---------------------------------------------------------------------------
 
-    def started(self, key: StepKey, worker: str, epoch: int) -> None:
-        self._enter(key, Step(State.RUNNING, worker=worker, epoch=epoch))
+    def started(self, key: StepKey, worker: str, epoch: int, after: str | None) -> None:
+        """Launched, after the end of the step before `after` (core.follows)."""
+        self._enter(key, Step(State.RUNNING, worker=worker, epoch=epoch, after=after))
         self.launched.note(key, epoch)
 
-    def launched_ahead(self, key: StepKey, entry: Held, chained_on: int | None) -> None:
-        state = State.AHEAD if chained_on is None else State.CHAINED
-        self._enter(key, replace(self._steps[key], state=state, entry=entry,
-                                 end_epoch=chained_on, after=entry.after))
-        if chained_on is not None:
-            self.chained.note(key, entry.epoch)
+    def launched_ahead(self, key: StepKey, entry: Held) -> None:
+        self._enter(key, replace(self._steps[key], state=State.AHEAD, entry=entry))
 
     def defer(self, key: StepKey, due_at: float) -> None:
         self._enter(key, replace(self._steps[key], state=State.DEFERRED, due_at=due_at))
 
     def fall_due(self, key: StepKey) -> None:
         self._enter(key, replace(self._steps[key], state=State.DUE))
-
-    def ride(self, key: StepKey) -> None:
-        """The end it is chained onto was not written: it goes on, riding on that end."""
-        self._enter(key, replace(self._steps[key], state=State.RIDING))
-
-    def ride_replayed(self, key: StepKey, held: Held, end_epoch: int) -> None:
-        """A held result of a run chained onto an end held too (Manager._ride_replayed)."""
-        self._enter(key, Step(State.RIDING, worker=held.worker, epoch=held.epoch, entry=held,
-                              end_epoch=end_epoch))
-        self.chained.note(key, held.epoch)
 
     def start_settled(self, key: StepKey) -> None:
         """Its start written, or never to be (stopped, killed): an ordinary run now."""

@@ -98,7 +98,6 @@ class Manager:
         self.held = HeldResults(journal, self.counts, self.log)
         for held in self.held.replay():
             self.ledger.unrecorded(held.key, held.worker, held.epoch)
-        self._ride_replayed()
         self.draining = False
         self.stop_event = threading.Event()
         # Waiting jobs we created (model.is_waiting), and how the jobs they wait for ended.
@@ -306,9 +305,7 @@ class Manager:
         def plan(leaves: list[Job], rejected: list[core.Unusable]) -> core.Plan:
             # The worker is free now: the core may chain the next step onto it.
             return core.plan_finish(leaves, self.context(), self.pool_view(held.key), held.key,
-                                    held.epoch, held.worker, held.result,
-                                    chained=(held.key, held.epoch) in self.ledger.chained,
-                                    after=held.after)
+                                    held.epoch, held.worker, held.result, after=held.after)
         return Task(held.job_id, plan, known=self.revisions.known(held.job_id),
                     retry_conflicts=True, then_decide=True, held=held)
 
@@ -330,16 +327,6 @@ class Manager:
                     end_on_refusal=False)
 
     # --- results the server did not take ------------------------------------------
-
-    def _ride_replayed(self) -> None:
-        """Replayed from the journal: the run of a step whose step before has its end held
-        too was chained onto that end, and neither was written (a start chained onto an
-        end is written with it). It rides on the end again (State.RIDING): the end's
-        record starts it in its epoch, then its own result is recorded (or its stop)."""
-        for key, held in self.held.by_key.items():
-            end = self.held.by_key.get((key[0], key[1] - 1))
-            if end is not None:
-                self.ledger.ride_replayed(key, held, end.epoch)
 
     def _held_tasks_due(self) -> list[Task]:
         return [self.record_task(held) for held in self.held.due()]

@@ -66,7 +66,6 @@ class PlanRunner:
             queued={key: now - since for key, since in ledger.queued().items()},
             queue_limit=self.config.workers,
             ahead=ledger.ahead(),
-            riding=ledger.riding(),
         )
 
     def free_workers(self) -> tuple[str, ...]:
@@ -117,15 +116,15 @@ class PlanRunner:
             self.journal.forget(entry)
             self.log.exception("cannot launch ahead", job=launch.key[0], step=launch.key[1])
             return
-        self.ledger.launched_ahead(launch.key, entry, launch.chained_on)
+        self.ledger.launched_ahead(launch.key, entry)
 
     def defers(self, plan: core.Plan, leaves: list[Job]) -> bool:
         """Hold back the write of a plan that only starts a step launched ahead, on a job
         with one leaf: if the step ends within `start_delay`, its start is written with its
         end (core.plan_finish, late_start), one revision instead of two; else when due
         (deferred_due). Any decision about the job meanwhile writes the start at once
-        (core.record_late_start). A chained start is written with its end already; a
-        plan that writes more than the start (a `ready` event, say) is written now."""
+        (core.record_late_start). A plan that writes more than the start (a `ready`
+        event, say) is written now."""
         if self.start_delay <= 0 or plan.action != core.Action.START or plan.deletions \
                 or len(leaves) != 1 or not only_starts(plan.doc, leaves[0]):
             return False
@@ -153,7 +152,7 @@ class PlanRunner:
         """The server did not answer the batch that was to write the job's due start: the
         run goes on, its start tried again later (a start never written is stopped only
         once the document, read, no longer calls for it: batch_done)."""
-        for key, entry, _ in self.ledger.unwritten([State.DUE], job_id):
+        for key, entry in self.ledger.unwritten([State.DUE], job_id):
             if time.time() - entry.since < self.defer_limit:  # else stopped with the batch
                 self.ledger.defer(key, time.monotonic() + self.start_delay)
 
@@ -161,7 +160,7 @@ class PlanRunner:
         """A decision about a job whose run's start is deferred, that does not write that
         start: the document no longer calls for it (core.record_late_start comes first, a
         cancel, a revocation, a lapsed win): the run is stopped with the batch."""
-        for key, entry, _ in self.ledger.unwritten([State.DEFERRED], job_id):
+        for key, entry in self.ledger.unwritten([State.DEFERRED], job_id):
             if not core.records_start(plan.doc, key, entry.epoch, self.site):
                 self.ledger.fall_due(key)
 
@@ -177,7 +176,7 @@ class PlanRunner:
         if not leaves or not unwritten:
             return
         doc = leaves[0] if len(leaves) == 1 else core.merge(leaves)
-        for key, entry, _ in unwritten:
+        for key, entry in unwritten:
             if core.records_start(doc, key, entry.epoch, self.site):
                 self.journal.forget(entry)
                 self.ledger.start_settled(key)
@@ -209,38 +208,17 @@ class PlanRunner:
     def batch_done(self, jobs: Container[str] | None = None) -> None:
         """Stop what was launched ahead of a start the batch did not write (refused, the
         server gone, or a newer revision that no longer calls for it): it runs on
-        nothing. Its report says how far it got (core.plan_finish, late_start). A run
-        chained onto an end that is held rides on it instead (State.RIDING), and is
-        stopped once that end is written without its start. With `jobs`, only theirs: a
-        batch decided while another batch's write is in flight (Settler.write) leaves
-        that batch's launches alone."""
+        nothing. Its report says how far it got (core.plan_finish, late_start). With
+        `jobs`, only theirs: a batch decided while another batch's write is in flight
+        (Settler.write) leaves that batch's launches alone."""
         def ours(key: StepKey) -> bool:
             return jobs is None or key[0] in jobs
         for key in self.ledger.in_state(State.LAUNCHING):
             if ours(key):
                 self.ledger.not_launching(key)  # launched, or their revision was not saved
-        for key, entry, end in self.ledger.unwritten([State.AHEAD, State.CHAINED, State.DUE]):
-            if not ours(key):
-                continue
-            if end is not None and self.ledger.end_held(key, end) and self.keep_riding(entry):
-                self.log.info("end not written: the step chained onto it goes on",
-                              job=key[0], step=key[1], epoch=entry.epoch)
-                self.ledger.ride(key)
-            else:  # (its journal entry stays until its report is recorded)
+        for key, entry in self.ledger.unwritten([State.AHEAD, State.DUE]):
+            if ours(key):  # (its journal entry stays until its report is recorded)
                 self.stop_unwritten(key, entry)
-        for key, entry, end in self.ledger.unwritten([State.RIDING]):
-            if ours(key) and end is not None and not self.ledger.end_held(key, end):
-                self.stop_unwritten(key, entry)
-
-    def keep_riding(self, entry: Held) -> bool:
-        """The run's journal entry, made durable: it now lasts the outage, not a batch."""
-        try:
-            self.journal.keep(entry)
-        except (OSError, JournalFull) as error:
-            self.log.warning("cannot keep the step chained onto a held end: stopping it",
-                             job=entry.job_id, step=entry.step, error=error)
-            return False
-        return True
 
     def stop_unwritten(self, key: StepKey, entry: Held) -> None:
         self.ledger.start_settled(key)  # never to be written
@@ -269,11 +247,9 @@ class PlanRunner:
         # A start written late was counted as a start when it was launched (defers).
         late = plan.reason == Reason.LATE_START
         self.counts["action_late_start" if late else f"action_{plan.action}"] += 1
-        for key, entry, _ in self.ledger.unwritten(job_id=doc_id):
+        for key, entry in self.ledger.unwritten(job_id=doc_id):
             if core.records_start(plan.doc, key, entry.epoch, self.site):
-                # (a rider that ended: its result has taken the entry's place)
-                if self.ledger.state(key) is not State.RIDING or self.pool.is_busy(key):
-                    self.journal.forget(entry)
+                self.journal.forget(entry)
                 self.ledger.start_settled(key)
         if plan.reason == Reason.WON_CLAIM:
             self.counts["claims_won"] += 1
@@ -362,7 +338,8 @@ class PlanRunner:
         execution = self.pool.start(
             effect.key, effect.epoch, doc["job"][index], env,
             on_retry=self.mailbox.retry_reporter(effect.key, effect.epoch, effect.worker))
-        self.ledger.started(effect.key, execution.worker, effect.epoch)
+        self.ledger.started(effect.key, execution.worker, effect.epoch,
+                            core.follows(doc, index))
         self.counts["steps_started"] += 1
 
     # --- bookings past their timeout ------------------------------------------------------

@@ -24,7 +24,7 @@ from . import core
 from .couch import Conflict, CouchError, Rejected, Saved, Undecodable
 from .held_results import HeldResults
 from .journal import Held
-from .ledger import HERE, IN_BATCH, LAUNCHED_AHEAD
+from .ledger import HERE, IN_BATCH, UNWRITTEN
 from .logs import EventLog
 from .mailbox import Mailbox
 from .model import Doc, Job, normalise
@@ -334,9 +334,7 @@ class Settler:
             self.log.warning("write failed", jobs=len(docs), error=error)
             for doc_id in plans:
                 # Its answer lost, the server may have taken it: what we knew as the job's
-                # newest revision may not be. Its next decision reads first (a result
-                # decided again on the revision before our own end chained a run onto
-                # an end already written, which no revision could then start).
+                # newest revision may not be. Its next decision reads first.
                 self.revisions.newest.pop(doc_id, None)
                 self._not_recorded(pending.pop(doc_id))
             return
@@ -350,7 +348,7 @@ class Settler:
             elif isinstance(result, Conflict):
                 self.counts["write_conflicts"] += 1
                 self.runner.conflicted(plan)
-                if not (task.retry_conflicts or self.ledger.has(doc_id, LAUNCHED_AHEAD)
+                if not (task.retry_conflicts or self.ledger.has(doc_id, UNWRITTEN)
                         or self.runner.booked_by(plan)):
                     del pending[doc_id]  # the conflicting revision comes through the feed
             else:

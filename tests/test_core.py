@@ -28,7 +28,6 @@ from jobdist.core import (
     Launch,
     Plan,
     PoolView,
-    Rider,
     Running,
     Unbook,
 )
@@ -896,53 +895,13 @@ def test_which_starts_launch_ahead():
     chained = finish(step(running(job("any", "any"), "reg_a"), 1, epoch=3), "reg_a",
                      pool("reg_a/w1"))
     assert chained.after == (Launch((JOB, 1), 4, "reg_a/w1"),)
-    assert chained.after[0].ahead and chained.after[0].chained_on == 1  # may ride on the end
-
-
-def test_an_end_written_late_starts_the_run_chained_onto_it_in_its_epoch():
-    """The end's first write was lost and its chained run goes on (ledger.State.RIDING):
-    the end's record starts that very run, on its worker, and books no other."""
-    doc = step(running(job("any", "any"), "reg_a"), 1, epoch=3)  # step 0 runs in epoch 1
-
-    def riding(epoch: int, end_epoch: int) -> PoolView:
-        return PoolView(("reg_a/w2",), running={(JOB, 1): Running("reg_a/w1", epoch)},
-                        riding={(JOB, 1): Rider("reg_a/w1", epoch, end_epoch)})
-
-    plan = finish(doc, "reg_a", riding(4, 1))
-    second = plan.doc["job"][1]
-    assert (second["epoch"], second["winner"], second["executioner"]) == (4, "reg_a", "reg_a/w1")
-    assert plan.after == (Launch((JOB, 1), 4, "reg_a/w1"),)
-    assert core.records_start(plan.doc, (JOB, 1), 4, "reg_a")
-    # A run of another epoch, or chained onto another end of step 0, is no rider of
-    # this end: the step is left to that run's report.
-    for other in (riding(5, 1), riding(4, 2)):
-        alone = finish(doc, "reg_a", other)
-        assert alone.doc["job"][1]["step_status"] is None and alone.after == ()
-    # Nor is a rider a run launched ahead whose start a later decision may write.
-    assert decide(plan_doc_after_end(doc), "reg_a", riding(4, 1)).action == "none"
-
-
-def plan_doc_after_end(doc: Doc) -> Doc:
-    """`doc` once step 0 is finished with nothing chained (the end written alone)."""
-    ended = step(copy.deepcopy(doc), 0, step_status="finished")
-    ended["step"] = 1
-    return ended
-
-
-def test_a_chained_run_is_started_only_by_the_end_it_rides_on():
-    """Its end written without it (stale, or another run's), the chained run's own report
-    never writes its start: it ran on an end that does not count."""
-    ended = plan_doc_after_end(step(running(job("any", "reg_a"), "reg_a"), 1, epoch=3))
-    lone = core.plan_finish([ended], ctx("reg_a"), pool(), (JOB, 1), 4, "reg_a/w1", Outcome())
-    assert lone.action == "finish"  # (a launch ahead of ours, the step's only target)
-    rider = core.plan_finish([ended], ctx("reg_a"), pool(), (JOB, 1), 4, "reg_a/w1", Outcome(),
-                             chained=True)
-    assert rider.action == "stale_finish" and rider.doc["job"][1]["epoch"] == 4
+    assert not chained.after[0].ahead  # its end's write may be lost: launched once written
 
 
 def test_a_stale_run_no_revision_showed_started_burns_its_epoch():
-    """A chained run whose end turned out stale never had its start written: its stale
-    finish moves the step's epoch up to the run's, so no later start here reuses it."""
+    """A run launched ahead after an end that turned out stale never had its start
+    written: its stale finish moves the step's epoch up to the run's, so no later start
+    here reuses it."""
     revoked = step(job("any", "any"), 0, epoch=2)  # step 0 revoked from us: open again
     plan = core.plan_finish([revoked], ctx("reg_a"), pool("reg_a/w1"), (JOB, 1), 1,
                             "reg_a/w1", Outcome(cancelled=True, ok=False))
@@ -1507,14 +1466,16 @@ def went_back_and_on(*, won_by: str) -> tuple[Doc, Doc]:
     on the other, the creator revoked step 0 (epoch 2), reg_b ran it again (epoch 3),
     and the creator, never having seen the first, won step 1 to `won_by` in epoch 1."""
     ran = job("any", "any", "any", rev="5-x")
-    step(ran, 0, claimed_by="reg_a", winner="reg_a", epoch=1, step_status="finished")
+    step(ran, 0, claimed_by="reg_a", winner="reg_a", epoch=1, step_status="finished",
+         finish_time=at(15))
     logged(ran, "started", "reg_a", 10, epoch=1)
     ran["step"] = 1
     logged(ran, "started", "reg_a", 20, epoch=1)
     step(ran, 1, claimed_by="reg_a", winner="reg_a", epoch=1, step_status="finished")
     ran["step"] = 2
     went_back = job("any", "any", "any", rev="6-l")
-    step(went_back, 0, claimed_by="reg_b", winner="reg_b", epoch=3, step_status="finished")
+    step(went_back, 0, claimed_by="reg_b", winner="reg_b", epoch=3, step_status="finished",
+         finish_time=at(30))
     went_back["step"] = 1
     step(went_back, 1, claimed_by=won_by, winner=won_by, epoch=1, lease_until=at(10_000))
     return ran, went_back
@@ -1529,12 +1490,13 @@ def test_a_win_in_an_epoch_its_site_already_started_the_step_in_is_released():
     released = apply(plan)
     assert (released["step"], current(released)["epoch"], current(released)["winner"]) == (
         1, 2, None)
-    # That run, had it gone on, ends as a stale finish: the step does not count it.
+    # That run, had it gone on, ends as a stale finish: it followed an end of step 0
+    # that does not count (its start is not written again late, in the win's epoch).
     ran, went_back = leaves
     ran["step"] = 1
     step(ran, 1, step_status="running", executioner="reg_a/w1", lease_until=at(10_000))
     finish = core.plan_finish([ran, went_back], ctx("reg_a"), pool(), (JOB, 1), 1,
-                              "reg_a/w1", Outcome(), chained=True)
+                              "reg_a/w1", Outcome(), after=core.follows(ran, 1))
     assert finish.action == "stale_finish" and apply(finish)["step"] == 1
     # Another site's win in that epoch is another token: it starts.
     other = core.plan(list(went_back_and_on(won_by="reg_b")), ctx("reg_b"), pool("reg_b/w1"))

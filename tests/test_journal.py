@@ -7,6 +7,7 @@ manager over a real pouchdb-server that is SIGKILLed while a step runs.
 from __future__ import annotations
 
 import stat
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -17,9 +18,8 @@ from jobdist.config import CouchSettings, DaemonSettings, SiteConfig
 from jobdist.couch import Couch, Database
 from jobdist.couch_sync import sync_design_docs
 from jobdist.design import load_design_docs
-from jobdist.journal import STOPPED_UNWRITTEN, Held, Journal, JournalFull
+from jobdist.journal import Held, Journal, JournalFull
 from jobdist.lab.localserver import LocalServer, free_port
-from jobdist.ledger import State
 from jobdist.manager import Manager
 from jobdist.model import Doc, new_job, new_step
 from jobdist.step_run import StepResult
@@ -117,10 +117,9 @@ def start_and_kill_server_mid_step(server: LocalServer, tmp_path: Path,
     assert manager.pool.is_busy((job["_id"], 0)), "the creator starts its step at once"
     server.kill()  # CouchDB dies while the step runs
     serve_until(manager, lambda: manager.held, "the result to be held")
-    # On disk: the end, and the start of the next step chained onto it, which runs on
-    # (State.RIDING): neither is written yet.
-    assert manager.journal_status()["on_disk"] == 2
-    assert manager.ledger.state((job["_id"], 1)) is State.RIDING
+    # On disk: the end. The next step, chained onto it, waits for that write.
+    assert manager.journal_status()["on_disk"] == 1
+    assert manager.ledger.run((job["_id"], 1)) is None
     return manager, job["_id"]
 
 
@@ -128,10 +127,12 @@ def test_a_step_that_ends_while_couchdb_is_down_is_recorded_once_it_is_back(
         server: LocalServer, tmp_path: Path) -> None:
     manager, job_id = start_and_kill_server_mid_step(server, tmp_path)
     try:
-        # The outage goes on: the result stays held, the step is not freed; the next
-        # step ends meanwhile, and its result waits behind the first.
-        serve_until(manager, lambda: (job_id, 1) in manager.held, "the second result held")
-        assert manager.ledger.run((job_id, 0)) is not None
+        # The outage goes on: the result stays held, the step is not freed, and the
+        # next step is not launched before its start is written with that end.
+        until = time.monotonic() + 0.5
+        serve_until(manager, lambda: time.monotonic() > until, "the outage to go on")
+        assert manager.ledger.run((job_id, 0)) is not None and manager.held
+        assert manager.ledger.run((job_id, 1)) is None
         server.start()
         db = Couch(server.url).database("jobs")
         serve_until(manager, lambda: db.get(job_id)["job_status"] == "success",
@@ -143,7 +144,7 @@ def test_a_step_that_ends_while_couchdb_is_down_is_recorded_once_it_is_back(
     assert not events(doc, "released") and not events(doc, "stale_finish")
     assert doc["job"][0]["epoch"] == 1 and doc["job"][0]["output"]["stdout"] == ""
     assert doc["job"][1]["output"]["stdout"] == "second\n"
-    assert manager.counts["results_held"] == 2 and manager.counts["results_replayed"] == 2
+    assert manager.counts["results_held"] == 1 and manager.counts["results_replayed"] == 1
     assert manager.journal_status() == {"held": 0, "on_disk": 0, "oldest_seconds": None,
                                         "directory": str(tmp_path / "journal")}
 
@@ -152,7 +153,7 @@ def test_a_daemon_restarted_during_the_outage_writes_the_held_result_before_deci
         server: LocalServer, tmp_path: Path) -> None:
     manager, job_id = start_and_kill_server_mid_step(server, tmp_path)
     manager.drain(1.0)  # the daemon stops while CouchDB is still down
-    assert manager.journal_status()["held"] == 2  # both steps' results
+    assert manager.journal_status()["held"] == 1
     server.start()
     successor, db = manager_for(server, tmp_path / "journal")  # same journal, new process
     try:
@@ -167,32 +168,6 @@ def test_a_daemon_restarted_during_the_outage_writes_the_held_result_before_deci
     assert not events(doc, "released")
     assert [entry["epoch"] for entry in events(doc, "finished")] == [1, 1]
     assert not list((tmp_path / "journal").glob("*.json"))
-
-
-def test_a_daemon_dead_during_the_outage_runs_a_chained_step_again_in_a_new_epoch(
-        server: LocalServer, tmp_path: Path) -> None:
-    """The run chained onto the held end ended, but its report died with the daemon:
-    the end's record starts it in its epoch, its journal entry stops it there, and the
-    step runs again in the next epoch, never twice in one."""
-    manager, job_id = start_and_kill_server_mid_step(server, tmp_path, "sleep 0.5")
-    manager.pool.shutdown(0.0)  # killed: what the workers reported is lost, the journal not
-    server.start()
-    successor, db = manager_for(server, tmp_path / "journal")
-    try:
-        assert successor.ledger.state((job_id, 1)) is State.RIDING
-        successor.recover()
-        serve_until(successor, lambda: db.get(job_id)["job_status"] == "success",
-                    "the job to end")
-    finally:
-        successor.pool.shutdown(1.0)
-    doc = db.get(job_id)
-    started = [(entry["step"], entry["epoch"]) for entry in events(doc, "started")]
-    assert started == [(0, 1), (1, 1), (1, 3)]  # (a release moves the step to epoch 2)
-    released = events(doc, "released")
-    assert [entry["step"] for entry in released] == [1]
-    assert STOPPED_UNWRITTEN in released[0]["detail"]
-    assert [(entry["step"], entry["epoch"]) for entry in events(doc, "finished")] == [
-        (0, 1), (1, 3)]
 
 
 def test_a_held_result_whose_job_was_deleted_frees_its_worker(
@@ -233,7 +208,5 @@ def test_a_held_result_whose_epoch_was_revoked_is_recorded_as_stale(
     stale = events(doc, "stale_finish")
     assert [(entry["step"], entry["epoch"]) for entry in stale if entry["step"] == 0] == [(0, 1)]
     assert all(entry["epoch"] != 1 for entry in events(doc, "finished"))
-    # The next step, chained onto that end and run meanwhile, was never shown started:
-    # its stale finish moved the step's epoch past its run's (core.burns_epoch).
-    assert [(entry["step"], entry["epoch"]) for entry in stale if entry["step"] == 1] == [(1, 1)]
-    assert doc["step"] == 0 and doc["job"][1]["epoch"] == 1
+    assert doc["step"] == 0  # and the next step, never launched, never ran
+    assert all(entry["step"] == 0 for entry in events(doc, "started"))

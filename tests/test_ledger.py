@@ -21,7 +21,7 @@ def test_a_launch_that_does_not_happen_leaves_its_booking_as_it_was() -> None:
     assert ledger.state(KEY) is State.BOOKED and ledger.booked_since() == {KEY: 10.0}
     ledger.launching(KEY, "w1", 2)
     ledger.not_launching(KEY)  # (the launch itself: Ledger.started)
-    ledger.started(KEY, "w1", 2)
+    ledger.started(KEY, "w1", 2, after=None)
     assert ledger.run(KEY) == core.Running("w1", 2) and (KEY, 2) in ledger.launched
     assert not ledger.booked_since()
 
@@ -37,17 +37,13 @@ def test_queued_wins_are_served_oldest_first_and_keep_their_time() -> None:
     assert ledger.in_state(State.QUEUED) == [("job", 1)]
 
 
-def test_a_chained_run_rides_on_its_held_end_then_runs_until_recorded() -> None:
+def test_a_run_launched_ahead_runs_once_its_start_is_settled_until_recorded() -> None:
     ledger = Ledger()
-    ledger.unrecorded(("job", 0), "w1", 1)  # the end, held
-    ledger.started(KEY, "w1", 1)
-    ledger.launched_ahead(KEY, unwritten_start("job", 1, 1, "w1", after="end"), chained_on=1)
-    assert ledger.riding() == {KEY: core.Rider("w1", 1, 1)} and not ledger.ahead()
-    assert (KEY, 1) in ledger.chained and ledger.end_held(KEY, 1)
-    ledger.ride(KEY)
-    assert ledger.state(KEY) is State.RIDING and ledger.riding()
-    ledger.start_settled(KEY)  # the end written with its start
-    assert ledger.state(KEY) is State.RUNNING and not ledger.riding()
+    ledger.started(KEY, "w1", 1, after="end")
+    ledger.launched_ahead(KEY, unwritten_start("job", 1, 1, "w1", after="end"))
+    assert ledger.ahead() == {KEY: core.Running("w1", 1)} and ledger.unwritten_run(KEY, 1)
+    ledger.start_settled(KEY)  # its start written
+    assert ledger.state(KEY) is State.RUNNING and not ledger.ahead()
     ledger.ended(KEY)
     assert ledger.state(KEY) is State.ENDED and ledger.followed(KEY) == "end"
     ledger.recorded(KEY, epoch=0)  # another run's epoch: not this one
@@ -58,8 +54,8 @@ def test_a_chained_run_rides_on_its_held_end_then_runs_until_recorded() -> None:
 
 def test_a_deferred_start_falls_due_and_can_be_deferred_again() -> None:
     ledger = Ledger()
-    ledger.started(KEY, "w1", 1)
-    ledger.launched_ahead(KEY, unwritten_start("job", 1, 1, "w1"), chained_on=None)
+    ledger.started(KEY, "w1", 1, after=None)
+    ledger.launched_ahead(KEY, unwritten_start("job", 1, 1, "w1"))
     assert ledger.unwritten_run(KEY, 1) == core.Running("w1", 1)
     ledger.defer(KEY, due_at=5.0)
     assert ledger.next_due() == 5.0 and ledger.due(now=4.0, limit=10) == []

@@ -268,7 +268,7 @@ def test_every_step_runs_once_in_order_on_an_allowed_site(world: World) -> None:
         for step, _, site in runs:
             target = doc["job"][step]["target"]
             assert target == "any" or site == target or site in target
-    for manager in world.managers.values():  # (chained starts, launched ahead, included)
+    for manager in world.managers.values():
         assert manager.counts["handler_errors"] == 0
     assert_overlapped(world)
 
@@ -281,35 +281,44 @@ def assert_overlapped(world: World) -> None:
 
 
 STOPPED_AHEAD = "stopped on this site: cancelled"  # (core.plan_finish; "... before start")
+WORKER_LOST = "worker lost"  # (core.on_running: a start recorded here with no run behind it)
+
+
+def released_after(doc: Doc, detail: str) -> set[tuple[int, int]]:
+    """The runs (step, epoch) a release with `detail` ended (a release raises the epoch)."""
+    return {(entry["step"], entry["epoch"] - 1) for entry in doc["history"]
+            if entry["event"] == "released" and entry["detail"].startswith(detail)}
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, *IN_FLIGHT], indirect=True)
 def test_outages_of_a_sites_server_never_run_a_step_twice_in_one_epoch(world: World) -> None:
     """Each site's server goes down now and then while its daemon runs on: an end is
-    held until the server is back, the step chained onto it rides on it, a start that
-    could not be written is stopped. Every run is in the job's history, no epoch runs
-    twice, each step finishes once, in order, and every job ends."""
+    held until the server is back, a start launched ahead that could not be written is
+    stopped, a start the server took but never answered is released (it never ran).
+    Every run is in the job's history, no epoch runs twice, each step finishes once, in
+    order, and every job ends."""
     rng = random.Random(11)
     ids = world.submit([[new_step(rng.choice(["true", "sleep 0.1"]), target=rng.choice(TARGETS))
                          for _ in range(rng.randint(1, 3))] for _ in range(30)])
     world.outages_until = time.monotonic() + 5.0
     docs = world.run(ids)
     executions = sum(m.counts["steps_started"] for m in world.managers.values())
-    assert executions == sum(len(started(doc)) for doc in docs.values())  # each recorded
-    reruns = 0
+    reruns = never_ran = 0
     for doc in docs.values():
         assert doc["job_status"] == "success", doc["history"]
         runs = [(step, epoch) for step, epoch, _ in started(doc)]
         assert len(set(runs)) == len(runs) and runs == sorted(runs), doc["history"]
         finished = [entry["step"] for entry in doc["history"] if entry["event"] == "finished"]
         assert finished == list(range(len(doc["job"]))), doc["history"]
-        # A step runs again only after a run launched ahead of a start the server did
-        # not take was stopped, and its stop recorded.
-        stopped = {(entry["step"], entry["epoch"] - 1) for entry in doc["history"]  # (raised)
-                   if entry["event"] == "released" and entry["detail"].startswith(STOPPED_AHEAD)}
-        again = [run for run, later in pairwise(runs) if run[0] == later[0]]
-        assert set(again) <= stopped, doc["history"]
-        reruns += len(again)
+        # A step starts again only after a run launched ahead of a start the server did
+        # not take was stopped, and its stop recorded; or after a start the server took
+        # whose answer was lost, never run, was released.
+        stopped, lost = released_after(doc, STOPPED_AHEAD), released_after(doc, WORKER_LOST)
+        again = {run for run, later in pairwise(runs) if run[0] == later[0]}
+        assert again <= stopped | lost, doc["history"]
+        reruns += len(again - lost)
+        never_ran += len(lost)
+    assert executions == sum(len(started(doc)) for doc in docs.values()) - never_ran
     counts = {name: manager.counts for name, manager in world.managers.items()}
     assert reruns <= sum(count["launches_stopped"] for count in counts.values())
     for manager in world.managers.values():
@@ -974,28 +983,69 @@ def test_a_step_that_ends_while_a_write_is_in_flight_is_recorded_before_its_answ
 
 def test_a_report_about_a_job_whose_write_is_in_flight_waits_for_its_answer(
         tmp_path: Path) -> None:
-    """A step chained onto an end in flight ends before that write's answer: its own end
-    is planned on what the write says, once it says it, so the job's results are written
-    in step order and none is lost."""
-    store, writer = TimedStore(Replica(), "global"), SlowAnswers(delay=0.5)
+    """A step ends while the write of its start (deferred, fallen due) is in flight: its
+    end is planned on what that write says, once it says it, so the job's revisions are
+    written in order and none is lost."""
+    store, writer = TimedStore(Replica(), "global"), SlowAnswers(delay=1.0)
     manager = in_flight_creator(tmp_path, store, writer, workers=1)
     try:
-        job = new_job("global", [new_step("true"), new_step("true")])
-        assert all(store.write([job]))
+        job = submitted(store, "sleep 1.5")  # its start due after start_write_delay, 1 s
         manager.process(job["_id"])
         serve_until(manager, lambda: store.replica.winner(job["_id"])["job_status"],
                     "the job's end")
         ended = store.replica.winner(job["_id"])
-        assert [(e["event"], e["step"]) for e in ended["history"]] == [
-            ("created", 0), ("started", 0), ("finished", 0), ("started", 1), ("finished", 1)]
-        # The first end (and the chained start) went out, the second end after its answer.
-        first_end, second_end = store.taken(job["_id"])[1:]
-        assert first_end < writer.answered_at[0] <= second_end
-        assert ended["job_status"] == "success" and manager.counts["steps_started"] == 2
-        assert manager.counts["reports_waited"] >= 1  # the second end came in flight
+        assert [e["event"] for e in ended["history"]] == ["created", "started", "finished"]
+        # The start went out, the end after its answer.
+        start, end = store.taken(job["_id"])[1:]
+        assert start < writer.answered_at[0] <= end
+        assert ended["job_status"] == "success" and manager.counts["steps_started"] == 1
+        assert manager.counts["reports_waited"] >= 1  # the end came in flight
         assert manager.counts["handler_errors"] == 0
     finally:
         manager.pool.shutdown(1.0)
+
+
+def test_a_chained_start_whose_answer_is_lost_is_released_and_run_once(tmp_path: Path) -> None:
+    """docs/protocol.md, "Launch ahead": a start chained onto an end is launched once that
+    write is answered. The server takes the end and the chained start, but the answer is
+    lost: the start, recorded with no run behind it, is released, and the step runs
+    once, in a new epoch."""
+    store = OutageStore(Replica(), "global")
+    manager = creator_alone(tmp_path, store, start_write_delay=0.0)
+    try:
+        job = new_job("global", [new_step("sleep 0.3"), new_step("true")])
+        assert all(store.write([job]))
+        manager.process(job["_id"])
+        store.answers_lost = True  # when step 0 ends
+        serve_until(manager, lambda: manager.held, "the end held")
+        assert manager.ledger.run((job["_id"], 1)) is None  # nothing launched
+        store.answers_lost = False
+        serve_until(manager, lambda: store.replica.winner(job["_id"])["job_status"],
+                    "the job's end")
+        doc = store.replica.winner(job["_id"])
+        [lost, ran] = [epoch for step, epoch, _ in started(doc) if step == 1]
+        assert released_after(doc, WORKER_LOST) == {(1, lost)} and ran > lost
+        assert [(e["step"], e["epoch"]) for e in doc["history"] if e["event"] == "finished"] \
+            == [(0, 1), (1, ran)]
+        assert manager.counts["steps_started"] == 2 and not manager.counts["launches_stopped"]
+        assert manager.counts["handler_errors"] == 0 and not manager.held
+    finally:
+        manager.pool.shutdown(1.0)
+
+
+def test_a_chained_run_notes_the_end_it_followed(tmp_path: Path) -> None:
+    """Its report is a stale finish should that end not count (core.late_start)."""
+    store = CountingStore(Replica(), "global")
+    manager = creator_alone(tmp_path, store)
+    try:
+        job = new_job("global", [new_step("true"), new_step("sleep 5")])
+        assert all(store.write([job]))
+        manager.process(job["_id"])
+        serve_until(manager, lambda: manager.pool.is_busy((job["_id"], 1)), "step 1 to run")
+        end = store.replica.winner(job["_id"])["job"][0]["finish_time"]
+        assert end is not None and manager.ledger.followed((job["_id"], 1)) == end
+    finally:
+        manager.pool.shutdown(0.0)
 
 
 def test_a_step_still_running_when_the_delay_is_up_has_its_start_written_then(

@@ -29,7 +29,6 @@ from .edits import (
     end_sub_run,
     log_event,
     log_sub_run,
-    next_step_epoch,
     note,
     outcome_reason,
     record_outcome,
@@ -63,7 +62,6 @@ def plan_finish(
     worker: str,
     outcome: StepOutcome,
     *,
-    chained: bool = False,
     after: str | None = None,
 ) -> Plan:
     """Record what an execution did; only a current execution advances the job.
@@ -72,13 +70,12 @@ def plan_finish(
     succeeded and this site may run the next one, it starts it in the same
     revision: nobody else writes to a running step, so nobody can compete.
     An execution launched ahead of its start whose start was never written
-    (late_start) gets its start and its end in one revision, unless it was
-    `chained` onto an end: only that end's record may start it (chain_next);
-    one that did not ran on an end that no longer counts (a stale finish). `after`:
-    the end of the step before that its launch followed (late_start).
+    (late_start) gets its start and its end in one revision, unless it ran on an
+    end that no longer counts (a stale finish). `after`: the end of the step before
+    that its launch followed (late_start).
     """
     merged = merge(leaves)
-    if chained or not late_start(merged, key, epoch, ctx, after):
+    if not late_start(merged, key, epoch, ctx, after):
         return finalize(leaves, merged, finish_decision(merged, ctx, pool, key, epoch, worker,
                                                         outcome), ctx)
     step = current_step(merged)
@@ -126,8 +123,8 @@ def finish_decision(merged: Job, ctx: Context, pool: PoolView, key: StepKey, epo
 
 def burns_epoch(merged: Job, key: StepKey, epoch: int) -> bool:
     """Is this a run of ours that no revision showed started (launched ahead, its start
-    never written: a chained run whose end turned out stale), of a step that is still
-    to start in an earlier epoch? Then its stale finish moves that step's epoch up to
+    never written: one that followed an end that no longer counts), of a step that is
+    still to start in an earlier epoch? Then its stale finish moves that step's epoch up to
     the run's, so no later start here issues the same fencing token again."""
     if not is_live(merged) or not merged["step"] <= key[1] < len(merged["job"]):
         return False
@@ -166,15 +163,6 @@ def chain_next(merged: Job, decision: Decision, ctx: Context, pool: PoolView) ->
             return decision
         return in_turn(decision, open_broadcast(after_finish, step, ctx, pool))
     key = (after_finish["_id"], after_finish["step"])
-    ending = current_step(merged).get("epoch", 0)
-    rider = pool.riding.get(key)
-    issued = next_step_epoch(after_finish)
-    if rider is not None and (rider.epoch, rider.end_epoch) == (issued, ending) \
-            and allows(step, ctx.site):
-        # Our run of it, chained onto an earlier write of this very end that was lost
-        # (a 409, or the server down: the end was held): its start is this one.
-        return in_turn(decision, start_decision(after_finish, step, ctx, rider.worker,
-                                                assign=True, chained_on=ending))
     worker = pool.worker_for(key)
     if worker is None or not (allows(step, ctx.site) and willing(step, ctx)) \
             or key in pool.running:
@@ -182,7 +170,7 @@ def chain_next(merged: Job, decision: Decision, ctx: Context, pool: PoolView) ->
         # that was revoked: it is killed first, once the document shows why.)
         return decision
     return in_turn(decision, start_decision(after_finish, step, ctx, worker, assign=True,
-                                            chained_on=ending))
+                                            chained=True))
 
 
 def finish_sub_run(merged: Job, ctx: Context, pool: PoolView, worker: str,

@@ -27,19 +27,19 @@ from .types import WON_CLAIM, Action, Book, Context, Decision, Edit, Launch, Poo
 
 
 def start_decision(doc: Job, step: Step, ctx: Context, worker: str, *, assign: bool,
-                   chained_on: int | None = None) -> Decision:
+                   chained: bool = False) -> Decision:
     """Start the step on `worker`; launched ahead of its write unless it is a win near
-    its start-by deadline (fresh_win). A start chained onto an end is launched ahead
-    too: if the end's write is lost, the end is held and the run goes on, its start
-    written with the held end (chain_next, ledger.State.RIDING)."""
+    its start-by deadline (fresh_win), or `chained` onto an end in the same write
+    (chain_next): launched ahead, it would run on an end whose write may be lost, and
+    keeping such runs bought no measurable speed (docs/protocol.md, "Launch ahead")."""
     key = (doc["_id"], doc["step"])
     epoch = next_step_epoch(doc) if assign else step.get("epoch", 0)
-    ahead = assign or fresh_win(step, ctx)
+    ahead = not chained and (assign or fresh_win(step, ctx))
     return Decision(
         Action.START,
         start(ctx, worker, assign=assign),
         before=(Book(key, worker),),
-        after=(Launch(key, epoch, worker, ahead=ahead, chained_on=chained_on),),
+        after=(Launch(key, epoch, worker, ahead=ahead),),
         detail="" if assign else WON_CLAIM,
         reason=None if assign else Reason.WON_CLAIM,
     )

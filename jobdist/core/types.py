@@ -39,19 +39,8 @@ class Running:
     # For a run launched ahead: when it was launched (ISO), the time its start records
     # however late it is written. Not part of a run's identity.
     launched_at: str | None = field(default=None, compare=False)
-    # For a run launched ahead: the end of the step before that its start followed
-    # (follows); None when unknown.
+    # The end of the step before that its start followed (follows); None when unknown.
     after: str | None = field(default=None, compare=False)
-
-
-@dataclass(frozen=True)
-class Rider:
-    """A run chained onto the end (in `end_epoch`) of the step before, neither of them
-    written yet: the end's record starts it (chain_next), nothing else does."""
-
-    worker: str
-    epoch: int
-    end_epoch: int
 
 
 @dataclass(frozen=True)
@@ -67,9 +56,8 @@ class PoolView:
     queued: Mapping[StepKey, float] = field(default_factory=dict)
     queue_limit: int = 0
     # Of `running`, the executions launched ahead of their start whose start is not
-    # written yet (see record_late_start); those chained onto an end are `riding`.
+    # written yet (see record_late_start).
     ahead: Mapping[StepKey, Running] = field(default_factory=dict)
-    riding: Mapping[StepKey, Rider] = field(default_factory=dict)
     # How long the longest free of `free_workers` has been free, by this site's clock
     # (None: not known). Claims wait on it (holds_claims).
     idle_for: float | None = None
@@ -235,9 +223,6 @@ class Launch:
     epoch: int
     worker: str
     ahead: bool = field(default=False, compare=False)  # may run before its start is written
-    # Chained onto the end of the step before (the end's epoch), in the same revision:
-    # if that write is lost, the run rides on the held end (ledger.State.RIDING).
-    chained_on: int | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
