@@ -21,6 +21,7 @@ from jobdist.clock import format_time
 from jobdist.couch import Conflict, Saved
 from jobdist.model import (
     Doc,
+    Job,
     Leaf,
     Phase,
     Progress,
@@ -105,6 +106,9 @@ class Execution:
     epoch: int
     worker: str
     site: str
+    # The end of the step before that the run followed (core.follows), as the daemon's
+    # ledger records it: a run after an end that no longer counts is a stale finish.
+    after: str | None = field(default=None, compare=False)
 
 
 @dataclass
@@ -180,7 +184,8 @@ class SimSite:
             plan = core.plan_finish(
                 self.replica.live_leaves(execution.key[0]), self.ctx(), self.pool(),
                 execution.key, execution.epoch, execution.worker,
-                Outcome(ok=False, cancelled=True, exit_code=None, reason="cancelled"))
+                Outcome(ok=False, cancelled=True, exit_code=None, reason="cancelled"),
+                after=execution.after)
             self.execute(execution.key[0], plan)
 
     def ctx(self) -> core.Context:
@@ -225,7 +230,8 @@ class SimSite:
             idle_for=self.clock.seconds - min(self.free_at.values(), default=self.clock.seconds),
             booked={k: core.Booking(w, self.clock.seconds - t)
                     for k, (w, t) in self.booked.items()},
-            running={k: core.Running(e.worker, e.epoch) for k, e in self.running.items()},
+            running={k: core.Running(e.worker, e.epoch, after=e.after)
+                     for k, e in self.running.items()},
             queued={k: self.clock.seconds - t for k, t in self.queued.items()},
             queue_limit=self.queue_limit,
         )
@@ -264,7 +270,7 @@ class SimSite:
         plan = core.plan_finish(
             self.replica.live_leaves(key[0]), self.ctx(), self.pool(), key,
             execution.epoch, execution.worker,
-            outcome or Outcome(progress=self.progress_report(execution)),
+            outcome or Outcome(progress=self.progress_report(execution)), after=execution.after,
         )
         self.execute(key[0], plan)
 
@@ -286,9 +292,9 @@ class SimSite:
         for rev in plan.deletions:
             assert self.replica.write({"_id": doc_id, "_rev": rev, "_deleted": True})
         for effect in plan.after:
-            self.apply(effect)
+            self.apply(effect, plan.doc)
 
-    def apply(self, effect: core.Effect) -> None:
+    def apply(self, effect: core.Effect, doc: Job | None = None) -> None:
         if isinstance(effect, core.Book):
             self.booked.setdefault(effect.key, (effect.worker, self.clock.seconds))
         elif isinstance(effect, core.Unbook):
@@ -297,7 +303,8 @@ class SimSite:
             assert effect.key not in self.running, f"{self.name} runs {effect.key} twice at once"
             worker, _ = self.booked.pop(effect.key)
             assert worker == effect.worker
-            execution = Execution(effect.key, effect.epoch, effect.worker, self.name)
+            after = core.follows(doc, effect.key[1]) if doc is not None else None
+            execution = Execution(effect.key, effect.epoch, effect.worker, self.name, after)
             self.running[effect.key] = execution
             self.ledger.append(execution)
         elif isinstance(effect, core.Assign) and self.room is not None:
