@@ -172,6 +172,8 @@ def test_the_owner_makes_the_missed_and_due_ticks_jobs(cluster: LocalCluster) ->
     ids = [tick_job_id("every-minute", tick) for tick in expected]
     ended = wait_until_done(site_db(cluster, "global"), ids, timeout=90)
     assert {job["job_status"] for job in ended} == {"success"}
+    # The ends reach the creator by replication, maybe after global: read them there.
+    wait_until_done(site_db(cluster, "reg_a"), ids, timeout=30)
     merged = read_merged_many(site_db(cluster, "reg_a"), ids)
     for job_id, job in merged.items():
         assert job["creator"] == "reg_a" and job["schedule"]["name"] == "every-minute"
