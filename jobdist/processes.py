@@ -6,33 +6,33 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 
-def group_has_live_members(pgid: int) -> bool:
-    """Whether any non-zombie process is still in the group.
+def live_processes() -> Iterator[tuple[Path, int]]:
+    """Each process's /proc directory and process group, zombies left out: orphans
+    re-parented to an init that never reaps (common in containers) stay zombies."""
+    for stat_file in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat_file.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # the process ended while we looked
+        if fields[0] not in ("Z", "X"):
+            yield stat_file.parent, int(fields[2])
 
-    Zombies are skipped because orphans re-parented to an init that never reaps
-    (common in containers) would otherwise make every group look alive forever.
-    """
+
+def group_has_live_members(pgid: int) -> bool:
+    """Whether any non-zombie process is still in the group."""
     try:  # the common case, asked of the kernel: an empty group (every step's end asks)
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         pass  # a member we may not signal: it is there
-    proc = Path("/proc")
-    if not proc.is_dir():  # not Linux: the kernel's answer, zombies included
+    if not Path("/proc").is_dir():  # not Linux: the kernel's answer, zombies included
         return True
-    for stat_file in proc.glob("[0-9]*/stat"):
-        try:
-            fields = stat_file.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue  # the process ended while we looked
-        state, pgrp = fields[0], int(fields[2])
-        if pgrp == pgid and state not in ("Z", "X"):
-            return True
-    return False
+    return any(group == pgid for _, group in live_processes())
 
 
 def signal_group(pgid: int, signum: signal.Signals) -> None:

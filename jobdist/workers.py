@@ -6,7 +6,9 @@ groups a killed daemon left behind.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import itertools
 import signal
 import threading
 import time
@@ -16,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from .logs import EventLog
-from .model import StepKey
-from .processes import signal_group
-from .step_output import ProgressFile, Report, clear_progress_dir
+from .model import Progress, StepKey
+from .processes import live_processes, signal_group
+from .step_output import ProgressFile, clear_progress_dir
 from .step_run import RetryCallback, StepResult, allow_all, not_run, run_step
 
 
@@ -32,10 +34,10 @@ class Execution:
     started_at: float  # time.monotonic()
     cancel: threading.Event
     thread: threading.Thread = field(init=False, repr=False)
-    progress: Report | None = None  # the latest report, from stdout's reader or the file
+    progress: Progress | None = None  # the latest report, from stdout's reader or the file
     progress_file: ProgressFile | None = None
 
-    def poll_progress(self) -> Report | None:
+    def poll_progress(self) -> Progress | None:
         """The latest report, after a look at the progress file."""
         report = None if self.progress_file is None else self.progress_file.poll()
         if report is not None:
@@ -65,8 +67,8 @@ class WorkerPool:
         self._on_done = on_done
         self._allows = allows
         self._lock = threading.Lock()
-        self._slots: list[str] = []  # active slots, in name order
-        self._retiring: set[str] = set()  # booked/busy slots to drop once free
+        self._slots: list[str] = []  # active slots, in name order; a booked or busy slot
+        # not among them is retiring: it goes once free
         self._booked: dict[StepKey, str] = {}
         self._busy: dict[StepKey, Execution] = {}
         self._free_at: dict[str, float] = {}  # when each slot last became free (monotonic)
@@ -74,10 +76,6 @@ class WorkerPool:
         self.resize(size)
 
     # -- queries --
-
-    def free_count(self) -> int:
-        with self._lock:
-            return len(self._free_slots())
 
     def is_booked(self, key: StepKey) -> bool:
         with self._lock:
@@ -87,14 +85,8 @@ class WorkerPool:
         with self._lock:
             return key in self._busy
 
-    def free_workers(self) -> list[str]:
-        """Names of the free slots, in the order `book` takes them."""
-        with self._lock:
-            return [] if self._closed else self._free_slots()
-
     def free_since(self) -> dict[str, float]:
-        """When each free slot became free (time.monotonic), in the order `book` takes
-        them (free_workers)."""
+        """When each free slot became free (time.monotonic), in the order `book` takes them."""
         with self._lock:
             return {} if self._closed else {worker: self._free_at[worker]
                                             for worker in self._free_slots()}
@@ -103,20 +95,12 @@ class WorkerPool:
         with self._lock:
             return dict(self._booked)
 
-    def booked_keys(self) -> list[StepKey]:
-        with self._lock:
-            return list(self._booked)
-
-    def progress_of(self, key: StepKey) -> Report | None:
+    def progress_of(self, key: StepKey) -> Progress | None:
         """The latest progress report of the step running as `key` (None: none, or not
         running)."""
         with self._lock:
             execution = self._busy.get(key)
         return None if execution is None else execution.poll_progress()
-
-    def running(self) -> list[Execution]:
-        with self._lock:
-            return list(self._busy.values())
 
     def snapshot(self) -> dict[str, Any]:
         """The pool's state for /status."""
@@ -136,22 +120,21 @@ class WorkerPool:
         """Reserve a free slot for `key` (`worker` if it is free); its name, or None if
         no slot is free."""
         with self._lock:
-            existing = self._worker_of(key)
-            if existing is not None:
-                return existing
-            free = self._free_slots()
-            if self._closed or not free:
-                return None
-            chosen = worker if worker in free else free[0]
-            self._booked[key] = chosen
-            return chosen
+            if key in self._busy:
+                return self._busy[key].worker
+            if key not in self._booked:
+                chosen = self._free_slot(worker)
+                if chosen is None:
+                    return None
+                self._booked[key] = chosen
+            return self._booked[key]
 
     def unbook(self, key: StepKey) -> None:
         """Free the slot booked for `key` (no-op if not booked; a busy slot is left alone)."""
         with self._lock:
             worker = self._booked.pop(key, None)
             if worker is not None:
-                self._release(worker)
+                self._free_at[worker] = time.monotonic()
 
     def start(
         self,
@@ -242,13 +225,14 @@ class WorkerPool:
                               on_progress=lambda report: setattr(execution, "progress", report))
         except Exception as error:  # the slot must be freed and the end reported anyway
             self._log_of(execution).exception("step crashed")
-            result = _crashed_result(execution, error)
+            result = not_run(f"worker error: {type(error).__name__}: {error}",
+                             time.monotonic() - execution.started_at)
         result = dataclasses.replace(result, progress=execution.poll_progress())  # either source
         if execution.progress_file is not None:
             execution.progress_file.remove()
         with self._lock:
             del self._busy[execution.key]
-            self._release(execution.worker)
+            self._free_at[execution.worker] = time.monotonic()
         try:
             self._on_done(execution, result)
         except Exception:
@@ -264,13 +248,15 @@ class WorkerPool:
             raise RuntimeError(f"step {key} is already running on {self._busy[key].worker}")
         if self._closed:
             raise RuntimeError("the worker pool is shut down")
-        worker = self._booked.pop(key, None)
-        if worker is not None:
-            return worker
-        free = self._free_slots()
-        if not free:
+        worker = self._booked.pop(key, None) or self._free_slot()
+        if worker is None:
             raise RuntimeError(f"no free worker slot for step {key}")
-        return free[0]
+        return worker
+
+    def _free_slot(self, preferred: str | None = None) -> str | None:
+        """`preferred` if it is free, else the first free slot (None: none, or shut down)."""
+        free = [] if self._closed else self._free_slots()
+        return preferred if preferred in free else next(iter(free), None)
 
     def _free_slots(self) -> list[str]:
         taken = self._busy_or_booked_workers()
@@ -279,39 +265,23 @@ class WorkerPool:
     def _busy_or_booked_workers(self) -> set[str]:
         return set(self._booked.values()) | {e.worker for e in self._busy.values()}
 
-    def _worker_of(self, key: StepKey) -> str | None:
-        if key in self._busy:
-            return self._busy[key].worker
-        return self._booked.get(key)
-
-    def _release(self, worker: str) -> None:
-        """A slot stopped being booked or busy: a retiring slot goes away now."""
-        self._retiring.discard(worker)
-        self._free_at[worker] = time.monotonic()
-
     def _retire(self, count: int) -> None:
-        """Drop `count` slots: free ones first, highest numbers first; others once free."""
+        """Drop `count` slots, free ones first, highest numbers first; a booked or busy one
+        dropped keeps its step (retiring) and goes once free."""
         free = set(self._free_slots())
         by_preference = sorted(self._slots, key=lambda w: (w not in free, -_slot_number(w)))
         for worker in by_preference[:count]:
             self._slots.remove(worker)
-            if worker not in free:
-                self._retiring.add(worker)
 
     def _add_slot(self) -> None:
-        """Bring back a retiring slot if there is one, else add the lowest unused name."""
-        if self._retiring:
-            worker = min(self._retiring, key=_slot_number)
-            self._retiring.remove(worker)
-        else:
-            used = {_slot_number(w) for w in self._slots} | {
-                _slot_number(w) for w in self._busy_or_booked_workers()
-            }
-            number = next(n for n in range(1, len(used) + 2) if n not in used)
-            worker = f"{self._site}/w{number}"
+        """Bring back a retiring slot if there is one (the pool never runs more steps than
+        its size), else add the lowest unused name."""
+        retiring = self._busy_or_booked_workers().difference(self._slots)
+        names = (f"{self._site}/w{number}" for number in itertools.count(1))
+        worker = min(retiring, key=_slot_number) if retiring else next(
+            name for name in names if name not in self._slots)
         self._free_at[worker] = time.monotonic()
-        self._slots.append(worker)
-        self._slots.sort(key=_slot_number)
+        bisect.insort(self._slots, worker, key=_slot_number)
 
 
 def _new_progress_file(directory: Path | None, log: EventLog) -> ProgressFile | None:
@@ -337,12 +307,6 @@ def _describe(execution: Execution, now: float) -> dict[str, Any]:
     }
 
 
-def _crashed_result(execution: Execution, error: Exception) -> StepResult:
-    return not_run(f"worker error: {type(error).__name__}: {error}",
-                    time.monotonic() - execution.started_at)
-
-
-
 def kill_orphans(site: str, couch: str) -> list[int]:
     """Kill the step process groups a previous daemon of this site left behind.
 
@@ -352,17 +316,17 @@ def kill_orphans(site: str, couch: str) -> list[int]:
     start-up, before it runs anything, a daemon finds and kills them.
     """
     marker = {f"JOBDIST_SITE={site}".encode(), f"JOBDIST_COUCH={couch}".encode()}
-    groups: set[int] = set()
-    for environ in Path("/proc").glob("[0-9]*/environ"):
-        try:
-            variables = set(environ.read_bytes().split(b"\0"))
-            stat = (environ.parent / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue  # gone, or not ours to read
-        if marker <= variables and stat[0] not in ("Z", "X"):
-            groups.add(int(stat[2]))
+    groups = sorted({group for process, group in live_processes()
+                     if marker <= _environment(process)})
     for pgid in groups:
         signal_group(pgid, signal.SIGKILL)
         EventLog("jobdist.workers", site=site).warning(
             "killed orphaned step process group", pgid=pgid)
-    return sorted(groups)
+    return groups
+
+
+def _environment(process: Path) -> set[bytes]:
+    try:
+        return set((process / "environ").read_bytes().split(b"\0"))
+    except OSError:  # gone, or not ours to read
+        return set()

@@ -388,7 +388,7 @@ class DoneLog:
 
     def __call__(self, execution: Execution, result: StepResult) -> None:
         assert self.pool is not None
-        seen = (self.pool.free_count(), self.pool.is_busy(execution.key))
+        seen = (self.pool.snapshot()["free"], self.pool.is_busy(execution.key))
         self.calls.append((execution, result, *seen))
         self.event.set()
 
@@ -426,17 +426,17 @@ K1, K2, K3 = ("job-1", 0), ("job-2", 0), ("job-3", 1)
 
 def test_book_unbook_and_idempotent_book(make_pool: Callable[[int], WorkerPool]) -> None:
     pool = make_pool(2)
-    assert pool.free_count() == 2
+    assert pool.snapshot()["free"] == 2
     assert pool.book(K1) == "alpha/w1"
     assert pool.book(K1) == "alpha/w1"
     assert pool.book(K2) == "alpha/w2"
     assert pool.book(K3) is None
-    assert pool.free_count() == 0
+    assert pool.snapshot()["free"] == 0
     assert pool.is_booked(K1) and not pool.is_busy(K1)
-    assert sorted(pool.booked_keys()) == [K1, K2]
+    assert sorted(pool.bookings()) == [K1, K2]
     pool.unbook(K1)
     pool.unbook(K3)  # not booked: no-op
-    assert pool.free_count() == 1 and not pool.is_booked(K1)
+    assert pool.snapshot()["free"] == 1 and not pool.is_booked(K1)
     assert pool.book(K3) == "alpha/w1"
 
 
@@ -475,14 +475,14 @@ def test_start_runs_and_frees_the_slot_before_on_done(
     assert (execution.key, execution.epoch, execution.worker) == (K1, 3, "alpha/w1")
     assert pool.is_busy(K1) and not pool.is_booked(K1)
     assert pool.book(K1) == "alpha/w1"  # idempotent while busy too
-    assert pool.free_count() == 0 and pool.running() == [execution]
+    assert pool.snapshot()["free"] == 0
     (tmp_path / "go").touch()
     done.wait_for(1)
     finished, result, free_seen, busy_seen = done.calls[0]
     assert finished is execution
     assert result.ok and result.stdout == "alpha/w1\n"
     assert (free_seen, busy_seen) == (1, False)
-    assert pool.running() == []
+    assert not pool.is_busy(K1)
 
 
 def test_start_without_booking_and_when_full(
@@ -507,7 +507,7 @@ def test_cancel_running_execution(make_pool: Callable[[int], WorkerPool], done: 
     done.wait_for(1)
     result = done.calls[0][1]
     assert result.cancelled and result.attempts == 1
-    assert pool.free_count() == 1
+    assert pool.snapshot()["free"] == 1
 
 
 def test_resize_grow_and_shrink_while_busy(
@@ -516,17 +516,17 @@ def test_resize_grow_and_shrink_while_busy(
     pool = make_pool(2)
     pool.start(K1, 0, gated_step(tmp_path / "go"), JOB_ENV)  # on w1
     pool.resize(4)
-    assert pool.free_count() == 3
+    assert pool.snapshot()["free"] == 3
     pool.resize(1)  # only free slots can go now; the busy one stays
-    assert pool.free_count() == 0 and pool.snapshot()["size"] == 1 and pool.is_busy(K1)
+    assert pool.snapshot()["free"] == 0 and pool.snapshot()["size"] == 1 and pool.is_busy(K1)
     pool.resize(0)  # the busy slot retires when its step ends
     assert pool.snapshot()["size"] == 0 and pool.is_busy(K1)
     (tmp_path / "go").touch()
     done.wait_for(1)
     assert done.calls[0][1].ok  # never killed by the resize
-    assert pool.free_count() == 0 and pool.book(K2) is None
+    assert pool.snapshot()["free"] == 0 and pool.book(K2) is None
     pool.resize(2)
-    assert pool.free_count() == 2
+    assert pool.snapshot()["free"] == 2
     assert [pool.book(K2), pool.book(K3)] == ["alpha/w1", "alpha/w2"]
 
 
@@ -538,7 +538,7 @@ def test_shrinking_keeps_booked_slots_until_unbooked(
     pool.resize(0)
     assert pool.is_booked(K1) and pool.book(K1) == "alpha/w1"
     pool.unbook(K1)
-    assert pool.free_count() == 0 and pool.book(K2) is None
+    assert pool.snapshot()["free"] == 0 and pool.book(K2) is None
 
 
 def test_shutdown_waits_then_cancels_the_rest(
