@@ -27,13 +27,12 @@ from .validation import MAX_PROGRESS_MESSAGE
 OUTPUT_TAIL_BYTES = 4096
 _READ_CHUNK = 65536
 
-Report = Progress  # a progress report: {fraction, message, at}, as the step holds it
-ProgressCallback = Callable[[Report], None]
+ProgressCallback = Callable[[Progress], None]
 PROGRESS_MARK = b"JOBDIST_PROGRESS"  # a stdout line `JOBDIST_PROGRESS 0.4 copying volume 3`
 MAX_PROGRESS_LINE = 1024  # bytes: a longer line is no progress report, and is not kept
 
 
-def parse_progress(line: str) -> Report | None:
+def parse_progress(line: str) -> Progress | None:
     """`JOBDIST_PROGRESS 0.4 copying volume 3` as a report; None for any other line.
 
     The fraction is a number from 0 to 1; the message, possibly empty, is cut
@@ -112,7 +111,7 @@ class ProgressFile:
         self.path = Path(name)
         self._seen: tuple[int, int] | None = None  # (mtime, size) when last read
 
-    def poll(self) -> Report | None:
+    def poll(self) -> Progress | None:
         """A new report if the file changed since the last look, else None."""
         try:
             stat = self.path.stat()
@@ -224,19 +223,17 @@ class Output:
         return True
 
     def _read_to_eof(self) -> None:
-        while fds := self._open():
-            ready = _readable(fds, None)
-            for fd in ready:
-                self._tails[fd].read_some()
+        while self._open():
+            self.read_for(60.0)
 
 
-def _readable(fds: list[int], seconds: float | None) -> list[int]:
-    """The descriptors of `fds` ready to read (or at EOF) within `seconds` (None: no
-    bound). poll, not select: select refuses descriptors numbered 1024 and above."""
+def _readable(fds: list[int], seconds: float) -> list[int]:
+    """The descriptors of `fds` ready to read (or at EOF) within `seconds`. poll, not
+    select: select refuses descriptors numbered 1024 and above."""
     poller = select.poll()
     for fd in fds:
         poller.register(fd, select.POLLIN)
-    return [fd for fd, _ in poller.poll(None if seconds is None else max(0.0, seconds) * 1000)]
+    return [fd for fd, _ in poller.poll(max(0.0, seconds) * 1000)]
 
 
 def _drop_leading_continuation_bytes(data: bytes) -> bytes:

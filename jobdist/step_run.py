@@ -15,14 +15,15 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .clock import utc_now
 from .javascript_json import text_length
 from .logs import EventLog
+from .model import Progress
 from .processes import group_has_live_members, signal_group
-from .step_output import Output, ProgressCallback, ProgressScanner, Report
+from .step_output import Output, ProgressCallback, ProgressScanner
 from .validation import MAX_STREAM_LENGTH
 
 KILL_GRACE_SECONDS = 2.0  # between SIGTERM and SIGKILL of a process group
@@ -48,7 +49,7 @@ class StepResult:
     reason: str  # human-readable outcome, e.g. "exit 3 after 4 attempts"
     cancelled: bool = False
     timed_out: bool = False
-    progress: Report | None = None  # the last progress report the command printed
+    progress: Progress | None = None  # the last progress report the command printed
 
 
 def retry_delays(strategy: Mapping[str, Any]) -> Iterator[float]:
@@ -122,14 +123,16 @@ def _wait_for_exit(
     "cancelled"."""
     deadline = None if timeout is None else time.monotonic() + timeout
     with _exit_watch(proc, output) as exits_within:
-        while True:
-            if cancel.is_set():
-                return "cancelled"
+        while not cancel.is_set():
             remaining = math.inf if deadline is None else deadline - time.monotonic()
             if remaining <= 0:
                 return "timed_out"
             if exits_within(min(POLL_SECONDS, remaining)):
                 return "exited"
+        return "cancelled"
+
+
+EXIT_POLL_SECONDS = 0.005  # without a pidfd
 
 
 @contextlib.contextmanager
@@ -149,7 +152,9 @@ def _exit_watch(proc: subprocess.Popen[bytes],
 
     def exits_within(seconds: float) -> bool:
         if pidfd is None:
-            return _polled_exit(proc, output, seconds)
+            if proc.poll() is None:
+                output.read_for(min(seconds, EXIT_POLL_SECONDS))
+            return proc.poll() is not None
         exited = output.read_for(seconds, also=pidfd)
         if exited:
             proc.wait()  # it exited: reap it, which sets its returncode
@@ -162,21 +167,13 @@ def _exit_watch(proc: subprocess.Popen[bytes],
             os.close(pidfd)
 
 
-EXIT_POLL_SECONDS = 0.005  # without a pidfd
-
-
-def _polled_exit(proc: subprocess.Popen[bytes], output: Output, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while proc.poll() is None:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return False
-        output.read_for(min(EXIT_POLL_SECONDS, remaining))
-    return True
-
-
-def _exit_outcome(returncode: int) -> tuple[int, str]:
-    """The exit code to record (shell convention 128+N for a signal) and its description."""
+def _outcome(ending: str, returncode: int, timeout: float | None) -> tuple[int | None, str]:
+    """The exit code to record (None if we killed the command; shell convention 128+N for
+    a signal) and its description."""
+    if ending == "timed_out":
+        return None, f"timed out after {float(timeout or 0)} s"
+    if ending == "cancelled":
+        return None, "cancelled"
     if returncode >= 0:
         return returncode, f"exit {returncode}"
     signum = -returncode
@@ -232,42 +229,17 @@ def _run_attempt(
         _terminate_group(proc, log, output)
     if not output.drain(READER_JOIN_SECONDS):
         log.warning("a process that left the group still holds an output pipe")
-    return _attempt_from_ending(ending, proc.returncode, number, timeout, output, log)
-
-
-def _attempt_from_ending(
-    ending: str,
-    returncode: int,
-    number: int,
-    timeout: float | None,
-    output: Output,
-    log: EventLog,
-) -> _Attempt:
-    out, err = output.stdout.text(), output.stderr.text()
-    if ending == "timed_out":
-        outcome = f"timed out after {float(timeout or 0)} s"
-        attempt = _Attempt(number, None, out, err, timed_out=True, outcome=outcome)
-    elif ending == "cancelled":
-        attempt = _Attempt(number, None, out, err, cancelled=True, outcome="cancelled")
-    else:
-        exit_code, outcome = _exit_outcome(returncode)
-        attempt = _Attempt(number, exit_code, out, err, outcome=outcome)
-    log.info("attempt ended", attempt=number, outcome=attempt.outcome)
-    return attempt
+    exit_code, outcome = _outcome(ending, proc.returncode, timeout)
+    log.info("attempt ended", attempt=number, outcome=outcome)
+    return _Attempt(number, exit_code, output.stdout.text(), output.stderr.text(),
+                    timed_out=ending == "timed_out", cancelled=ending == "cancelled",
+                    outcome=outcome)
 
 
 # --- a whole step: retries, alt_do, the result --------------------------------------------
 
 
-@dataclass(frozen=True)
-class _DoPhase:
-    """How `do` ended after its retries."""
-
-    last: _Attempt
-    summary: str  # e.g. "exit 1 after 3 attempts (max_time 10 s reached)"
-    cancelled_while_waiting: bool = False
-
-
+@dataclass
 class _StepRun:
     """One execution of a step. A plain loop rather than tenacity.Retrying: the stop rule
     (retries, elapsed + next sleep vs max_time, cancel), the cancel-aware sleep, alt_do and
@@ -275,107 +247,96 @@ class _StepRun:
     to say what this loop says directly.
     """
 
-    def __init__(
-        self,
-        step: Mapping[str, Any],
-        env: Mapping[str, str],
-        cancel: threading.Event,
-        on_retry: RetryCallback | None,
-        allows: Callable[[str], bool],
-        on_progress: ProgressCallback | None = None,
-    ) -> None:
-        self._on_progress = on_progress
-        self._progress: Report | None = None
-        self._step = step
-        self._env = env
-        self._allows = allows
-        self._cancel = cancel
-        self._on_retry = on_retry
-        self._log = step_log(env)
-        self._attempts = 0
-        self._start_time = utc_now()
-        self._started = time.monotonic()
+    step: Mapping[str, Any]
+    env: Mapping[str, str]
+    cancel: threading.Event
+    on_retry: RetryCallback | None
+    allows: Callable[[str], bool]
+    on_progress: ProgressCallback | None
+    progress: Progress | None = None  # the latest report
+    attempts: int = 0
+    start_time: str = field(default_factory=utc_now)
+    started: float = field(default_factory=time.monotonic)
+
+    def __post_init__(self) -> None:
+        self.log = step_log(self.env)
 
     def run(self) -> StepResult:
-        if self._cancel.is_set():
-            return self._cancelled_before_start()
-        do = self._run_do()
-        if do.cancelled_while_waiting:
-            reason = f"cancelled while waiting to retry ({do.summary})"
-            return self._result(do.last, reason, cancelled=True)
-        if do.last.ok or do.last.cancelled:
-            return self._result(do.last, do.summary)
-        alt_do = self._step.get("alt_do")
-        if not (isinstance(alt_do, str) and alt_do.strip()):
-            return self._result(do.last, do.summary)
-        if self._cancel.is_set():
-            return self._result(do.last, f"cancelled before alt_do ({do.summary})", cancelled=True)
-        self._log.info("do failed, running alt_do", reason=do.summary)
+        if self.cancel.is_set():
+            self.log.info("step cancelled before its first attempt")
+            return not_run("cancelled before start", 0.0, cancelled=True)
+        do, summary, cancelled = self._run_do()
+        alt_do = self.step.get("alt_do")
+        if cancelled or do.ok or do.cancelled or not (isinstance(alt_do, str) and alt_do.strip()):
+            return self._result(do, summary, cancelled=cancelled)
+        if self.cancel.is_set():
+            return self._result(do, f"cancelled before alt_do ({summary})", cancelled=True)
+        self.log.info("do failed, running alt_do", reason=summary)
         alt = self._attempt(alt_do)
-        return self._result(alt, self._alt_reason(alt, do), used_alt=True,
-                            output=labelled_outputs(do.last, alt))
+        return self._result(alt, self._alt_reason(alt, summary), used_alt=True,
+                            output=labelled_outputs(do, alt))
 
     def _attempt(self, command: str) -> _Attempt:
-        self._attempts += 1
-        if not self._allows(command):
-            self._log.warning("command refused", command=command)
-            return _Attempt(self._attempts, None, "", "", refused=True,
+        self.attempts += 1
+        if not self.allows(command):
+            self.log.warning("command refused", command=command)
+            return _Attempt(self.attempts, None, "", "", refused=True,
                             outcome="refused: the command matches no pattern of this "
                                     "site's [commands] allow list (or uses shell operators "
                                     "it does not allow)")
-        timeout = self._step.get("timeout")
-        return _run_attempt(command, self._env, self._attempts, timeout, self._cancel, self._log,
+        timeout = self.step.get("timeout")
+        return _run_attempt(command, self.env, self.attempts, timeout, self.cancel, self.log,
                             self._note_progress)
 
-    def _note_progress(self, report: Report) -> None:
+    def _note_progress(self, report: Progress) -> None:
         """From the thread that waits for the attempt: keep the latest, and pass it on."""
-        self._progress = report
-        if self._on_progress is not None:
-            self._on_progress(report)
+        self.progress = report
+        if self.on_progress is not None:
+            self.on_progress(report)
 
-    def _run_do(self) -> _DoPhase:
-        strategy = self._step.get("retry_strategy") or {}
+    def _run_do(self) -> tuple[_Attempt, str, bool]:
+        """`do` with its retries: its last attempt, why it ended, and whether a cancel
+        came while waiting to retry."""
+        strategy = self.step.get("retry_strategy") or {}
         max_time = strategy.get("max_time")
-        attempt = self._attempt(self._step["do"])
+        attempt = self._attempt(self.step["do"])
         for retry_number, delay in enumerate(retry_delays(strategy), start=1):
             if attempt.ok or attempt.cancelled or attempt.refused:
                 break  # a refused command would be refused again
             if max_time is not None and self._elapsed() + delay > max_time:
-                self._log.info("no retry: max_time reached", max_time=max_time)
-                summary = f"{self._summary(attempt)} (max_time {max_time} s reached)"
-                return _DoPhase(attempt, summary)
-            if self._cancel.is_set():  # no "retried" event for a retry that cannot happen
-                return _DoPhase(attempt, self._summary(attempt), cancelled_while_waiting=True)
-            self._announce_retry(attempt, retry_number, delay)
-            if self._cancel.wait(min(delay, threading.TIMEOUT_MAX)):
-                return _DoPhase(attempt, self._summary(attempt), cancelled_while_waiting=True)
-            attempt = self._attempt(self._step["do"])
-        return _DoPhase(attempt, self._summary(attempt))
+                self.log.info("no retry: max_time reached", max_time=max_time)
+                return attempt, f"{self._summary(attempt)} (max_time {max_time} s reached)", False
+            if not self.cancel.is_set():  # no "retried" event for a retry that cannot happen
+                self._announce_retry(attempt, retry_number, delay)
+            if self.cancel.wait(min(delay, threading.TIMEOUT_MAX)):
+                return attempt, f"cancelled while waiting to retry ({self._summary(attempt)})", True
+            attempt = self._attempt(self.step["do"])
+        return attempt, self._summary(attempt), False
 
     def _announce_retry(self, failed: _Attempt, retry_number: int, delay: float) -> None:
         reason = f"{failed.outcome}; retry {retry_number} in {delay} s"
-        self._log.info("retrying", attempt=failed.number, reason=reason)
-        if self._on_retry is None:
+        self.log.info("retrying", attempt=failed.number, reason=reason)
+        if self.on_retry is None:
             return
         try:
-            self._on_retry(failed.number, reason)
+            self.on_retry(failed.number, reason)
         except Exception:  # a broken history writer must not abort the step
-            self._log.exception("on_retry callback failed")
+            self.log.exception("on_retry callback failed")
 
     def _summary(self, attempt: _Attempt) -> str:
-        if self._attempts <= 1:
+        if self.attempts <= 1:
             return attempt.outcome
-        return f"{attempt.outcome} after {self._attempts} attempts"
+        return f"{attempt.outcome} after {self.attempts} attempts"
 
-    def _alt_reason(self, alt: _Attempt, do: _DoPhase) -> str:
+    def _alt_reason(self, alt: _Attempt, do_summary: str) -> str:
         if alt.ok:
-            return f"alt_do succeeded after do failed ({do.summary})"
+            return f"alt_do succeeded after do failed ({do_summary})"
         if alt.cancelled:
-            return f"cancelled during alt_do after do failed ({do.summary})"
-        return f"alt_do failed ({alt.outcome}) after do failed ({do.summary})"
+            return f"cancelled during alt_do after do failed ({do_summary})"
+        return f"alt_do failed ({alt.outcome}) after do failed ({do_summary})"
 
     def _elapsed(self) -> float:
-        return time.monotonic() - self._started
+        return time.monotonic() - self.started
 
     def _result(
         self, last: _Attempt, reason: str, used_alt: bool = False, cancelled: bool = False,
@@ -384,26 +345,22 @@ class _StepRun:
         """The step's end, from its `last` attempt; `output`: (stdout, stderr) if not its."""
         cancelled = cancelled or last.cancelled
         stdout, stderr = output or (last.stdout, last.stderr)
-        self._log.info("step finished", exit=last.exit_code, reason=reason)
+        self.log.info("step finished", exit=last.exit_code, reason=reason)
         return StepResult(
             ok=last.ok and not cancelled,
             used_alt=used_alt,
             exit_code=last.exit_code,
-            attempts=self._attempts,
+            attempts=self.attempts,
             exec_time=self._elapsed(),
-            start_time=self._start_time,
+            start_time=self.start_time,
             finish_time=utc_now(),
             stdout=stdout,
             stderr=stderr,
             reason=reason,
             cancelled=cancelled,
             timed_out=last.timed_out,
-            progress=self._progress,
+            progress=self.progress,
         )
-
-    def _cancelled_before_start(self) -> StepResult:
-        self._log.info("step cancelled before its first attempt")
-        return not_run("cancelled before start", 0.0, cancelled=True)
 
 
 def labelled_outputs(do: _Attempt, alt: _Attempt) -> tuple[str, str]:
@@ -435,13 +392,10 @@ def _joined(first_label: str, first: str, second_label: str, second: str) -> str
 
 
 def _last_units(text: str, units: int) -> str:
-    """The end of `text` that is at most `units` UTF-16 code units long."""
-    kept = text[-units:] if units > 0 else ""
-    excess, start = text_length(kept) - units, 0
-    while excess > 0:  # characters beyond U+FFFF take two units
-        excess -= 2 if ord(kept[start]) > 0xFFFF else 1
-        start += 1
-    return kept[start:]
+    """The end of `text` that is at most `units` UTF-16 code units long (a JSON string's
+    length); a character cut in two is left out."""
+    encoded = text.encode("utf-16-le", "surrogatepass")
+    return encoded[max(0, len(encoded) - 2 * units):].decode("utf-16-le", "ignore")
 
 
 def allow_all(command: str) -> bool:
@@ -462,12 +416,11 @@ def run_step(
     JOBDIST_STEP, JOBDIST_SITE, JOBDIST_EPOCH; JOBDIST_ATTEMPT is set here, 1, 2, ...).
     Setting `cancel` kills the running attempt's process group and ends the step at
     once, with no more retries nor alt_do. `on_retry(failed_attempt_number, reason)`
-    is called before each retry's sleep. A command `allows` refuses is not run: the
-    attempt fails at once, without retries (alt_do, if allowed, still runs).
-    `on_progress(report)` is called for each progress line the command prints on stdout
-    (`parse_progress`), from the thread that runs the step (or, once the step is over,
-    the one reading a pipe that a process outside its group still holds); the result
-    keeps the last one. An exception it raises is logged and ignored.
+    is called before each retry's sleep. A command `allows` refuses fails at once,
+    without retries (alt_do, if allowed, still runs). `on_progress(report)` is called
+    for each progress line on stdout, from the thread that runs the step (or, once the
+    step is over, the one reading a pipe that a process outside its group still holds);
+    the result keeps the last one. An exception it raises is logged and ignored.
     """
     return _StepRun(step, env, cancel or threading.Event(), on_retry, allows,
                     on_progress).run()
