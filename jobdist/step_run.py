@@ -49,7 +49,7 @@ class StepResult:
     reason: str  # human-readable outcome, e.g. "exit 3 after 4 attempts"
     cancelled: bool = False
     timed_out: bool = False
-    progress: Progress | None = None  # the last progress report the command printed
+    progress: Progress | None = None  # the last progress report: the pool sets it
 
 
 def retry_delays(strategy: Mapping[str, Any]) -> Iterator[float]:
@@ -59,12 +59,11 @@ def retry_delays(strategy: Mapping[str, Any]) -> Iterator[float]:
     (None: fixed), never above `sleep_max` (None: no cap); None sleep means 0.
     """
     delay = float(strategy.get("sleep") or 0)
-    factor = strategy.get("sleep_factor")
+    factor = strategy.get("sleep_factor") or 1
     cap = strategy.get("sleep_max")
     for _ in range(int(strategy.get("max_retries") or 0)):
         yield delay if cap is None else min(delay, float(cap))
-        if factor is not None:
-            delay *= factor  # float multiplication saturates at inf instead of raising
+        delay *= factor  # float multiplication saturates at inf instead of raising
 
 
 # --- one attempt: a process group, its output, its end --------------------------------
@@ -85,15 +84,15 @@ class _Attempt:
 
     @property
     def ok(self) -> bool:
-        return self.exit_code == 0 and not (self.timed_out or self.cancelled)
+        return self.exit_code == 0  # None when the attempt was killed
 
 
 def step_log(env: Mapping[str, str]) -> EventLog:
     """The log of one step's run: its job, step, site and worker, from the env the
     caller passes to the command."""
     return EventLog("jobdist.workers", **{
-        field: env.get(variable, "-")
-        for field, variable in (("job", "JOBDIST_JOB_ID"), ("step", "JOBDIST_STEP"),
+        name: env.get(variable, "-")
+        for name, variable in (("job", "JOBDIST_JOB_ID"), ("step", "JOBDIST_STEP"),
                                 ("site", "JOBDIST_SITE"), ("worker", "JOBDIST_WORKER"))
     })
 
@@ -253,7 +252,6 @@ class _StepRun:
     on_retry: RetryCallback | None
     allows: Callable[[str], bool]
     on_progress: ProgressCallback | None
-    progress: Progress | None = None  # the latest report
     attempts: int = 0
     start_time: str = field(default_factory=utc_now)
     started: float = field(default_factory=time.monotonic)
@@ -286,13 +284,7 @@ class _StepRun:
                                     "it does not allow)")
         timeout = self.step.get("timeout")
         return _run_attempt(command, self.env, self.attempts, timeout, self.cancel, self.log,
-                            self._note_progress)
-
-    def _note_progress(self, report: Progress) -> None:
-        """From the thread that waits for the attempt: keep the latest, and pass it on."""
-        self.progress = report
-        if self.on_progress is not None:
-            self.on_progress(report)
+                            self.on_progress)
 
     def _run_do(self) -> tuple[_Attempt, str, bool]:
         """`do` with its retries: its last attempt, why it ended, and whether a cancel
@@ -359,7 +351,6 @@ class _StepRun:
             reason=reason,
             cancelled=cancelled,
             timed_out=last.timed_out,
-            progress=self.progress,
         )
 
 
@@ -419,8 +410,8 @@ def run_step(
     is called before each retry's sleep. A command `allows` refuses fails at once,
     without retries (alt_do, if allowed, still runs). `on_progress(report)` is called
     for each progress line on stdout, from the thread that runs the step (or, once the
-    step is over, the one reading a pipe that a process outside its group still holds);
-    the result keeps the last one. An exception it raises is logged and ignored.
+    step is over, the one reading a pipe that a process outside its group still holds).
+    An exception it raises is logged and ignored.
     """
     return _StepRun(step, env, cancel or threading.Event(), on_retry, allows,
                     on_progress).run()

@@ -33,6 +33,7 @@ class Execution:
     worker: str
     started_at: float  # time.monotonic()
     cancel: threading.Event
+    log: EventLog = field(repr=False)
     thread: threading.Thread = field(init=False, repr=False)
     progress: Progress | None = None  # the latest report, from stdout's reader or the file
     progress_file: ProgressFile | None = None
@@ -111,7 +112,10 @@ class WorkerPool:
                 "free": len(self._free_slots()),
                 "booked": len(self._booked),
                 "busy": len(self._busy),
-                "running": [_describe(execution, now) for execution in self._busy.values()],
+                "running": [{"job_id": job_id, "step": step, "epoch": execution.epoch,
+                             "worker": execution.worker,
+                             "seconds": round(now - execution.started_at, 1)}
+                            for (job_id, step), execution in self._busy.items()],
             }
 
     # -- booking and running --
@@ -152,9 +156,10 @@ class WorkerPool:
         """
         with self._lock:
             worker = self._take_slot_for(key)
-            execution = Execution(key, epoch, worker, time.monotonic(), threading.Event())
-            execution.progress_file = progress_file = _new_progress_file(self._progress_dir,
-                                                                         self._log_of(execution))
+            log = EventLog("jobdist.workers", job=key[0], step=key[1], site=self._site,
+                           worker=worker)
+            execution = Execution(key, epoch, worker, time.monotonic(), threading.Event(), log)
+            execution.progress_file = progress_file = _new_progress_file(self._progress_dir, log)
             extra = {} if progress_file is None else {
                 "JOBDIST_PROGRESS_FILE": str(progress_file.path)}
             execution.thread = threading.Thread(
@@ -164,7 +169,7 @@ class WorkerPool:
                 daemon=True,
             )
             self._busy[key] = execution
-        self._log_of(execution).info("step started", epoch=epoch)
+        execution.log.info("step started", epoch=epoch)
         execution.thread.start()
         return execution
 
@@ -174,7 +179,7 @@ class WorkerPool:
             execution = self._busy.get(key)
         if execution is None:
             return False
-        self._log_of(execution).info("cancelling")
+        execution.log.info("cancelling")
         execution.cancel.set()
         return True
 
@@ -204,7 +209,7 @@ class WorkerPool:
             execution.thread.join(max(0.0, deadline - time.monotonic()))
         stragglers = [execution for execution in executions if execution.thread.is_alive()]
         for execution in stragglers:
-            self._log_of(execution).info("shutdown cancels")
+            execution.log.info("shutdown cancels")
             execution.cancel.set()
         for execution in stragglers:
             execution.thread.join()
@@ -224,7 +229,7 @@ class WorkerPool:
             result = run_step(step, env, execution.cancel, on_retry, self._allows,
                               on_progress=lambda report: setattr(execution, "progress", report))
         except Exception as error:  # the slot must be freed and the end reported anyway
-            self._log_of(execution).exception("step crashed")
+            execution.log.exception("step crashed")
             result = not_run(f"worker error: {type(error).__name__}: {error}",
                              time.monotonic() - execution.started_at)
         result = dataclasses.replace(result, progress=execution.poll_progress())  # either source
@@ -236,12 +241,7 @@ class WorkerPool:
         try:
             self._on_done(execution, result)
         except Exception:
-            self._log_of(execution).exception("on_done failed")
-
-    def _log_of(self, execution: Execution) -> EventLog:
-        job_id, step = execution.key
-        return EventLog("jobdist.workers", job=job_id, step=step, site=self._site,
-                        worker=execution.worker)
+            execution.log.exception("on_done failed")
 
     def _take_slot_for(self, key: StepKey) -> str:
         if key in self._busy:
@@ -294,17 +294,6 @@ def _new_progress_file(directory: Path | None, log: EventLog) -> ProgressFile | 
 
 def _slot_number(worker: str) -> int:
     return int(worker.rsplit("/w", 1)[1])
-
-
-def _describe(execution: Execution, now: float) -> dict[str, Any]:
-    job_id, step = execution.key
-    return {
-        "job_id": job_id,
-        "step": step,
-        "epoch": execution.epoch,
-        "worker": execution.worker,
-        "seconds": round(now - execution.started_at, 1),
-    }
 
 
 def kill_orphans(site: str, couch: str) -> list[int]:
