@@ -26,6 +26,7 @@ from .validation import MAX_PROGRESS_MESSAGE
 
 OUTPUT_TAIL_BYTES = 4096
 _READ_CHUNK = 65536
+UTF8_CONTINUATION_BYTES = bytes(range(0x80, 0xC0))  # 10xxxxxx: inside a character
 
 ProgressCallback = Callable[[Progress], None]
 PROGRESS_MARK = b"JOBDIST_PROGRESS"  # a stdout line `JOBDIST_PROGRESS 0.4 copying volume 3`
@@ -134,13 +135,11 @@ class ProgressFile:
 
 
 class _Tail:
-    """One output pipe's last `limit` bytes (each chunk handed to `scanner` too)."""
+    """One output pipe's last OUTPUT_TAIL_BYTES (each chunk handed to `scanner` too)."""
 
-    def __init__(self, stream: IO[bytes], limit: int,
-                 scanner: ProgressScanner | None = None) -> None:
+    def __init__(self, stream: IO[bytes], scanner: ProgressScanner | None = None) -> None:
         self.stream = stream
         self._scanner = scanner
-        self._limit = limit
         self._tail = bytearray()
         self._truncated = False
         self._lock = threading.Lock()  # read on by a thread once the step's result is out
@@ -157,8 +156,8 @@ class _Tail:
             return
         with self._lock:
             self._tail += chunk
-            if len(self._tail) > self._limit:
-                del self._tail[: -self._limit]
+            if len(self._tail) > OUTPUT_TAIL_BYTES:
+                del self._tail[:-OUTPUT_TAIL_BYTES]
                 self._truncated = True
         if self._scanner is not None:
             self._scanner.feed(chunk)
@@ -167,8 +166,8 @@ class _Tail:
         """The tail decoded as UTF-8; undecodable bytes and NULs become U+FFFD."""
         with self._lock:
             data = bytes(self._tail)
-            if self._truncated:
-                data = _drop_leading_continuation_bytes(data)
+            if self._truncated:  # the cut may have split a character: drop its rest
+                data = data[:3].lstrip(UTF8_CONTINUATION_BYTES) + data[3:]
         return data.decode("utf-8", errors="replace").replace("\x00", "\ufffd")
 
 
@@ -183,8 +182,8 @@ class Output:
 
     def __init__(self, stdout: IO[bytes], stderr: IO[bytes],
                  scanner: ProgressScanner | None = None) -> None:
-        self.stdout = _Tail(stdout, OUTPUT_TAIL_BYTES, scanner)
-        self.stderr = _Tail(stderr, OUTPUT_TAIL_BYTES)
+        self.stdout = _Tail(stdout, scanner)
+        self.stderr = _Tail(stderr)
         self._tails = {stdout.fileno(): self.stdout, stderr.fileno(): self.stderr}
 
     def _open(self) -> list[int]:
@@ -234,12 +233,3 @@ def _readable(fds: list[int], seconds: float) -> list[int]:
     for fd in fds:
         poller.register(fd, select.POLLIN)
     return [fd for fd, _ in poller.poll(max(0.0, seconds) * 1000)]
-
-
-def _drop_leading_continuation_bytes(data: bytes) -> bytes:
-    """Cutting a tail may split a UTF-8 character; drop its orphaned continuation bytes."""
-    start = 0
-    while start < min(3, len(data)) and data[start] & 0xC0 == 0x80:
-        start += 1
-    return data[start:]
-

@@ -193,48 +193,6 @@ def step_environment() -> dict[str, str]:
             if not name.startswith(SECRET_VARIABLES)}
 
 
-def _run_attempt(
-    command: str,
-    env: Mapping[str, str],
-    number: int,
-    timeout: float | None,
-    cancel: threading.Event,
-    log: EventLog,
-    on_progress: ProgressCallback | None = None,
-) -> _Attempt:
-    """Run `command` once with /bin/sh in a new process group and wait for its end."""
-    log.info("attempt started", attempt=number, command=command)
-    try:
-        proc = subprocess.Popen(
-            ["/bin/sh", "-c", command],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env={**step_environment(), **env, "JOBDIST_ATTEMPT": str(number)},
-            start_new_session=True,
-            bufsize=0,  # raw pipes: readers get whatever is there, no buffering here
-        )
-    except (OSError, ValueError) as error:  # e.g. a NUL byte in the command
-        log.error("attempt could not start", attempt=number, error=error)
-        return _Attempt(number, None, "", "", outcome=f"could not start: {error}")
-    assert proc.stdout is not None and proc.stderr is not None  # both are PIPE
-    scanner = None if on_progress is None else ProgressScanner(on_progress)
-    output = Output(proc.stdout, proc.stderr, scanner)
-    ending = _wait_for_exit(proc, timeout, cancel, output)
-    if ending != "exited" or group_has_live_members(proc.pid):
-        # Also after a normal exit: a step's processes must not outlive it, and
-        # leftovers would keep our pipes open.
-        log.warning("killing process group", attempt=number, ending=ending)
-        _terminate_group(proc, log, output)
-    if not output.drain(READER_JOIN_SECONDS):
-        log.warning("a process that left the group still holds an output pipe")
-    exit_code, outcome = _outcome(ending, proc.returncode, timeout)
-    log.info("attempt ended", attempt=number, outcome=outcome)
-    return _Attempt(number, exit_code, output.stdout.text(), output.stderr.text(),
-                    timed_out=ending == "timed_out", cancelled=ending == "cancelled",
-                    outcome=outcome)
-
-
 # --- a whole step: retries, alt_do, the result --------------------------------------------
 
 
@@ -282,9 +240,41 @@ class _StepRun:
                             outcome="refused: the command matches no pattern of this "
                                     "site's [commands] allow list (or uses shell operators "
                                     "it does not allow)")
+        return self._run(command, self.attempts)
+
+    def _run(self, command: str, number: int) -> _Attempt:
+        """Run `command` once with /bin/sh in a new process group and wait for its end."""
+        self.log.info("attempt started", attempt=number, command=command)
+        try:
+            proc = subprocess.Popen(
+                ["/bin/sh", "-c", command],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env={**step_environment(), **self.env, "JOBDIST_ATTEMPT": str(number)},
+                start_new_session=True,
+                bufsize=0,  # raw pipes: readers get whatever is there, no buffering here
+            )
+        except (OSError, ValueError) as error:  # e.g. a NUL byte in the command
+            self.log.error("attempt could not start", attempt=number, error=error)
+            return _Attempt(number, None, "", "", outcome=f"could not start: {error}")
+        assert proc.stdout is not None and proc.stderr is not None  # both are PIPE
+        scanner = None if self.on_progress is None else ProgressScanner(self.on_progress)
+        output = Output(proc.stdout, proc.stderr, scanner)
         timeout = self.step.get("timeout")
-        return _run_attempt(command, self.env, self.attempts, timeout, self.cancel, self.log,
-                            self.on_progress)
+        ending = _wait_for_exit(proc, timeout, self.cancel, output)
+        if ending != "exited" or group_has_live_members(proc.pid):
+            # Also after a normal exit: a step's processes must not outlive it, and
+            # leftovers would keep our pipes open.
+            self.log.warning("killing process group", attempt=number, ending=ending)
+            _terminate_group(proc, self.log, output)
+        if not output.drain(READER_JOIN_SECONDS):
+            self.log.warning("a process that left the group still holds an output pipe")
+        exit_code, outcome = _outcome(ending, proc.returncode, timeout)
+        self.log.info("attempt ended", attempt=number, outcome=outcome)
+        return _Attempt(number, exit_code, output.stdout.text(), output.stderr.text(),
+                        timed_out=ending == "timed_out", cancelled=ending == "cancelled",
+                        outcome=outcome)
 
     def _run_do(self) -> tuple[_Attempt, str, bool]:
         """`do` with its retries: its last attempt, why it ended, and whether a cancel
