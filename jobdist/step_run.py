@@ -7,7 +7,6 @@ timeout or a cancel can kill everything the command started, reads its output
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import signal
@@ -114,31 +113,15 @@ def _terminate_group(proc: subprocess.Popen[bytes], log: EventLog, output: Outpu
     proc.wait()
 
 
+EXIT_POLL_SECONDS = 0.005  # without a pidfd
+
+
 def _wait_for_exit(
     proc: subprocess.Popen[bytes], timeout: float | None, cancel: threading.Event,
     output: Output,
 ) -> str:
     """Wait for the shell to exit, reading its output; returns "exited", "timed_out" or
-    "cancelled"."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    with _exit_watch(proc, output) as exits_within:
-        while not cancel.is_set():
-            remaining = math.inf if deadline is None else deadline - time.monotonic()
-            if remaining <= 0:
-                return "timed_out"
-            if exits_within(min(POLL_SECONDS, remaining)):
-                return "exited"
-        return "cancelled"
-
-
-EXIT_POLL_SECONDS = 0.005  # without a pidfd
-
-
-@contextlib.contextmanager
-def _exit_watch(proc: subprocess.Popen[bytes],
-                output: Output) -> Iterator[Callable[[float], bool]]:
-    """A wait for the process's exit that returns the moment it exits, reading `output`
-    while it waits.
+    "cancelled".
 
     `Popen.wait` with a timeout sleeps in steps that grow to POLL_SECONDS, so a
     step's end was noticed 25 ms late on average; a pidfd (Linux 5.3+) wakes the
@@ -148,22 +131,31 @@ def _exit_watch(proc: subprocess.Popen[bytes],
         pidfd: int | None = os.pidfd_open(proc.pid)
     except (AttributeError, OSError):  # not Linux, or an old kernel
         pidfd = None
-
-    def exits_within(seconds: float) -> bool:
-        if pidfd is None:
-            if proc.poll() is None:
-                output.read_for(min(seconds, EXIT_POLL_SECONDS))
-            return proc.poll() is not None
-        exited = output.read_for(seconds, also=pidfd)
-        if exited:
-            proc.wait()  # it exited: reap it, which sets its returncode
-        return exited
-
+    deadline = None if timeout is None else time.monotonic() + timeout
     try:
-        yield exits_within
+        while not cancel.is_set():
+            remaining = math.inf if deadline is None else deadline - time.monotonic()
+            if remaining <= 0:
+                return "timed_out"
+            if _exits_within(proc, output, pidfd, min(POLL_SECONDS, remaining)):
+                return "exited"
+        return "cancelled"
     finally:
         if pidfd is not None:
             os.close(pidfd)
+
+
+def _exits_within(proc: subprocess.Popen[bytes], output: Output, pidfd: int | None,
+                  seconds: float) -> bool:
+    """Whether the process exits within `seconds` (reading `output` meanwhile)."""
+    if pidfd is None:
+        if proc.poll() is None:
+            output.read_for(min(seconds, EXIT_POLL_SECONDS))
+        return proc.poll() is not None
+    if not output.read_for(seconds, also=pidfd):
+        return False
+    proc.wait()  # it exited: reap it, which sets its returncode
+    return True
 
 
 def _outcome(ending: str, returncode: int, timeout: float | None) -> tuple[int | None, str]:

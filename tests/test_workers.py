@@ -22,7 +22,7 @@ from jobdist.step_output import (
     ProgressScanner,
     parse_progress,
 )
-from jobdist.step_run import StepResult, _exit_watch, retry_delays, run_step
+from jobdist.step_run import StepResult, _wait_for_exit, retry_delays, run_step
 from jobdist.validation import MAX_STREAM_LENGTH
 from jobdist.workers import Execution, WorkerPool
 
@@ -694,15 +694,14 @@ def test_a_pool_keeps_progress_files_in_its_own_directory_and_clears_what_a_kill
     assert sorted(directory.iterdir()) == [unrelated]  # removed after the step
 
 
-def test_the_exit_watch_reads_the_output_while_it_waits() -> None:
+def test_the_wait_for_exit_reads_the_output_while_it_waits() -> None:
     # More than a pipe holds, then an exit: unread, the writer would never exit.
     proc = subprocess.Popen(["sh", "-c", "head -c 300000 /dev/zero; echo end >&2"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0)
     assert proc.stdout is not None and proc.stderr is not None
     output = Output(proc.stdout, proc.stderr)
     try:
-        with _exit_watch(proc, output) as exits_within:
-            assert wait_until(lambda: exits_within(0.05))
+        assert _wait_for_exit(proc, 10.0, threading.Event(), output) == "exited"
         assert output.drain(10.0)
         assert output.stdout.text() == "\ufffd" * OUTPUT_TAIL_BYTES  # NULs, replaced
         assert output.stderr.text() == "end\n"
@@ -753,16 +752,22 @@ def test_output_is_read_on_descriptors_past_1024() -> None:
     assert output.stdout.text() == "high\n"
 
 
-def test_the_exit_watch_tells_a_running_process_from_one_that_exited() -> None:
+@pytest.mark.parametrize("pidfd", [True, False])
+def test_the_wait_for_exit_tells_a_running_process_from_one_that_exited(
+        pidfd: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    if not pidfd:  # as on a system without pidfd_open: the process is polled
+        monkeypatch.delattr(os, "pidfd_open")
     proc = subprocess.Popen(["sleep", "30"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             bufsize=0)
     assert proc.stdout is not None and proc.stderr is not None
+    output, cancel = Output(proc.stdout, proc.stderr), threading.Event()
     try:
-        with _exit_watch(proc, Output(proc.stdout, proc.stderr)) as exits_within:
-            assert not exits_within(0.01)
-            proc.kill()
-            assert exits_within(10.0)
-            assert proc.returncode is not None  # reaped
+        assert _wait_for_exit(proc, 0.05, cancel, output) == "timed_out"
+        proc.kill()
+        assert _wait_for_exit(proc, 10.0, cancel, output) == "exited"
+        assert proc.returncode is not None  # reaped
+        cancel.set()
+        assert _wait_for_exit(proc, 10.0, cancel, output) == "cancelled"
     finally:
         proc.kill()
         proc.wait()
