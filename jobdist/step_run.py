@@ -52,11 +52,8 @@ class StepResult:
 
 
 def retry_delays(strategy: Mapping[str, Any]) -> Iterator[float]:
-    """The sleeps before retries 1..max_retries, in order (pure; max_time is applied later).
-
-    `sleep` before the first retry, multiplied by `sleep_factor` for each later one
-    (None: fixed), never above `sleep_max` (None: no cap); None sleep means 0.
-    """
+    """The sleeps before retries 1..max_retries (max_time is applied later): `sleep`
+    (None: 0), times `sleep_factor` (None: 1) for each later one, at most `sleep_max`."""
     delay = float(strategy.get("sleep") or 0)
     factor = strategy.get("sleep_factor") or 1
     cap = strategy.get("sleep_max")
@@ -72,7 +69,6 @@ def retry_delays(strategy: Mapping[str, Any]) -> Iterator[float]:
 class _Attempt:
     """The end of one attempt of `do` or `alt_do`."""
 
-    number: int
     exit_code: int | None
     stdout: str
     stderr: str
@@ -228,7 +224,7 @@ class _StepRun:
         self.attempts += 1
         if not self.allows(command):
             self.log.warning("command refused", command=command)
-            return _Attempt(self.attempts, None, "", "", refused=True,
+            return _Attempt(None, "", "", refused=True,
                             outcome="refused: the command matches no pattern of this "
                                     "site's [commands] allow list (or uses shell operators "
                                     "it does not allow)")
@@ -249,7 +245,7 @@ class _StepRun:
             )
         except (OSError, ValueError) as error:  # e.g. a NUL byte in the command
             self.log.error("attempt could not start", attempt=number, error=error)
-            return _Attempt(number, None, "", "", outcome=f"could not start: {error}")
+            return _Attempt(None, "", "", outcome=f"could not start: {error}")
         assert proc.stdout is not None and proc.stderr is not None  # both are PIPE
         scanner = None if self.on_progress is None else ProgressScanner(self.on_progress)
         output = Output(proc.stdout, proc.stderr, scanner)
@@ -264,7 +260,7 @@ class _StepRun:
             self.log.warning("a process that left the group still holds an output pipe")
         exit_code, outcome = _outcome(ending, proc.returncode, timeout)
         self.log.info("attempt ended", attempt=number, outcome=outcome)
-        return _Attempt(number, exit_code, output.stdout.text(), output.stderr.text(),
+        return _Attempt(exit_code, output.stdout.text(), output.stderr.text(),
                         timed_out=ending == "timed_out", cancelled=ending == "cancelled",
                         outcome=outcome)
 
@@ -289,11 +285,11 @@ class _StepRun:
 
     def _announce_retry(self, failed: _Attempt, retry_number: int, delay: float) -> None:
         reason = f"{failed.outcome}; retry {retry_number} in {delay} s"
-        self.log.info("retrying", attempt=failed.number, reason=reason)
+        self.log.info("retrying", attempt=self.attempts, reason=reason)
         if self.on_retry is None:
             return
         try:
-            self.on_retry(failed.number, reason)
+            self.on_retry(self.attempts, reason)
         except Exception:  # a broken history writer must not abort the step
             self.log.exception("on_retry callback failed")
 

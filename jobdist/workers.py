@@ -97,8 +97,7 @@ class WorkerPool:
             return dict(self._booked)
 
     def progress_of(self, key: StepKey) -> Progress | None:
-        """The latest progress report of the step running as `key` (None: none, or not
-        running)."""
+        """The latest progress report of the step running as `key`, if any."""
         with self._lock:
             execution = self._busy.get(key)
         return None if execution is None else execution.poll_progress()
@@ -192,15 +191,12 @@ class WorkerPool:
         with self._lock:
             while len(self._slots) < size:
                 self._add_slot()
-            excess = len(self._slots) - size
-            if excess > 0:
-                self._retire(excess)
+            while len(self._slots) > size:
+                self._retire_slot()
 
     def shutdown(self, grace: float) -> list[Execution]:
-        """Stop taking work, give running steps `grace` seconds, then cancel the rest.
-
-        Returns the executions that had to be cancelled, once they have all ended.
-        """
+        """Stop taking work, give running steps `grace` seconds, then cancel the rest;
+        returns those cancelled, once all have ended."""
         with self._lock:
             self._closed = True
             executions = list(self._busy.values())
@@ -265,13 +261,10 @@ class WorkerPool:
     def _busy_or_booked_workers(self) -> set[str]:
         return set(self._booked.values()) | {e.worker for e in self._busy.values()}
 
-    def _retire(self, count: int) -> None:
-        """Drop `count` slots, free ones first, highest numbers first; a booked or busy one
-        dropped keeps its step (retiring) and goes once free."""
-        free = set(self._free_slots())
-        by_preference = sorted(self._slots, key=lambda w: (w not in free, -_slot_number(w)))
-        for worker in by_preference[:count]:
-            self._slots.remove(worker)
+    def _retire_slot(self) -> None:
+        """Drop the highest-numbered free slot, else the highest-numbered slot: booked or
+        busy, it keeps its step (retiring) and goes once free."""
+        self._slots.remove(max(self._free_slots() or self._slots, key=_slot_number))
 
     def _add_slot(self) -> None:
         """Bring back a retiring slot if there is one (the pool never runs more steps than
