@@ -50,11 +50,8 @@ DoneCallback = Callable[[Execution, StepResult], None]
 
 
 class WorkerPool:
-    """The site's worker slots, each free, booked (reserved for a claim) or busy (running).
-
-    Slots are named f"{site}/w{n}". Shrinking retires free slots at once and booked or
-    busy ones when they become free, so running work is never killed by a resize.
-    """
+    """The site's worker slots, named f"{site}/w{n}", each free, booked (reserved for a
+    claim) or busy (running)."""
 
     def __init__(self, site: str, size: int, on_done: DoneCallback,
                  allows: Callable[[str], bool] = allow_all,
@@ -185,7 +182,8 @@ class WorkerPool:
     # -- size and lifetime --
 
     def resize(self, size: int) -> None:
-        """Grow at once; shrink by dropping free slots now and booked/busy ones once free."""
+        """Grow at once; shrink by dropping free slots now and booked or busy ones once
+        free, so that a resize never kills running work."""
         if size < 0:
             raise ValueError(f"pool size must be >= 0, not {size}")
         with self._lock:
