@@ -1,41 +1,34 @@
 """Site status documents: each site's room for work, published for the creators.
 
-Every daemon publishes one small replicated document, `site-<name>`, saying
-how many of its workers are free, whether it is draining, and that it takes
-assignments. A creator that cannot start an open step itself gives it to a
-site whose status shows room: the `won` revision it writes after a claim,
-written without waiting for one, so a remote step starts one replication hop
-after it is submitted instead of three (docs/protocol.md, "Assignment by
-room"). Sites read their creators' status to know a claim would mostly lose to
-such an assignment, and hold it back for a moment.
+Every daemon publishes one small replicated document, `site-<name>`: how many of
+its workers are free, whether it is draining, that it assigns. A creator that
+cannot start an open step itself gives it to a site whose status shows room: the
+`won` revision it writes after a claim, written without waiting for one, so a
+remote step starts one replication hop after it is submitted instead of three
+(docs/protocol.md, "Assignment by room"). Sites read their creators' status to
+know a claim would mostly lose to such an assignment, and hold it back a moment.
 
-A site's room is its free workers and its queue: as many wins as it has
-workers, held until a worker frees (core.queues), so that a busy site's next
-start costs no hop. The creator counts the wins each site has not started (any
-creator's) from the job documents themselves (Board.saw_job). The knowledge
-is always a little stale, which costs time, never safety: a site assigned a
-step it can neither start nor hold releases it as after any claim, and the
-creator still alone picks winners. Publishing is bounded: a changed room at
-most once a second, an unchanged one every `REFRESH` seconds (sooner when
-succession needs it) so that others can tell a silent site from a busy one.
+A site's room is its free workers and its queue: as many wins as it has workers,
+held until a worker frees (core.queues), so that a busy site's next start costs no
+hop. The knowledge is always a little stale, which costs time, never safety: a
+site assigned a step it can neither start nor hold releases it as after any
+claim, and the creator still alone picks winners. An unchanged status is published
+again every REFRESH seconds (Publisher), so that others tell a silent site from a busy one.
 
-Silence is what automatic creator succession acts on: a creator none of whose
-statuses has been new to us for `creator_timeout`, measured on our own monotonic
-clock from when we last heard one, never by comparing its `updated_at` with our
-clock (the two clocks may disagree by any amount).
+Silence is what automatic creator succession acts on: no new status from a
+creator for `creator_timeout`, measured on our own monotonic clock from when we
+last heard one, never by comparing its `updated_at` with our clock (the two
+clocks may disagree by any amount).
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from .document_rules import validate_site_status
 from .model import Doc, Leaf, Phase, Reason, StepKey, step_phase
-
-log = logging.getLogger("jobdist.status")
 
 PREFIX = "site-"
 MIN_INTERVAL = 1.0  # seconds between two publications of a changed room
@@ -190,7 +183,9 @@ class Board:
         started waits in that site's queue, whoever created it; a win a site gave back
         unstarted says to queue it nothing for a while (QUEUE_BACKOFF); a step we gave a
         site that has ended frees its worker there. True when a site has room again."""
-        self._note_given(doc_id, doc, now)
+        win = _unstarted_win(doc_id, doc)
+        if win is not None and win[1] == self.site:
+            self._note_given(doc, win, now)
         freed = False
         for key in [key for key in self.assigned if key[0] == doc_id and _ended(doc, key[1])]:
             # Its worker is free again, whatever the site's last status says, unless the
@@ -201,9 +196,9 @@ class Board:
                 self.assigned[chained] = (site, at)
             freed = freed or chained is None
         before = self.won.pop(doc_id, None)
-        won = _won_elsewhere(doc_id, doc, self.site)
-        if won is not None:
-            self.won[doc_id] = won
+        elsewhere = None if win is None or win[1] == self.site else (win[0], win[1])
+        if elsewhere is not None:
+            self.won[doc_id] = elsewhere
             while len(self.won) > MAX_WON:
                 del self.won[next(iter(self.won))]
         elif doc is not None and before is not None:  # the release itself, seen once
@@ -212,18 +207,20 @@ class Board:
                 site, reason = gave_back
                 self.no_queue[site] = max(self.no_queue.get(site, 0.0),
                                           now + QUEUE_BACKOFF[reason])
-        return freed or (before is not None and won is None)
+        return freed or (before is not None and elsewhere is None)
 
-    def _note_given(self, doc_id: str, doc: Leaf | None, now: float) -> None:
-        """A win of ours in another creator's job, seen for the first time: that creator
-        is feeding us. Seeing the same win again (a queued win read, a feed's late copy)
-        is no news of the creator."""
-        given = _given_here(doc_id, doc, self.site)
-        if given is None or given[1] in self.given:
+    def _note_given(self, doc: Leaf | None, win: tuple[StepKey, str, Leaf], now: float) -> None:
+        """A win of ours, not started, in another creator's job, seen for the first
+        time: that creator is live and feeding us. Seeing the same win again (a queued
+        win read, a feed's late copy) is no news of the creator."""
+        assert doc is not None  # (the win is read from it)
+        key, _, step = win
+        creator, epoch = doc.get("creator"), step.get("epoch")
+        if not isinstance(creator, str) or creator == self.site or not isinstance(epoch, int) \
+                or (key, epoch) in self.given:
             return
-        creator, win = given
         self.fed[creator] = now
-        self.given[win] = None
+        self.given[key, epoch] = None
         while len(self.given) > MAX_WON:
             del self.given[next(iter(self.given))]
 
@@ -239,27 +236,6 @@ class Board:
         """Creators whose fresh status says they assign open steps."""
         return frozenset(site for site, (status, heard) in self.statuses.items()
                          if status.assigns and now - heard < STALE_AFTER)
-
-
-def _won_elsewhere(doc_id: str, doc: Leaf | None, site: str) -> tuple[StepKey, str] | None:
-    """(step, winner) when a site other than `site` won the job's step and has not started
-    it."""
-    win = _unstarted_win(doc_id, doc)
-    return None if win is None or win[1] == site else (win[0], win[1])
-
-
-def _given_here(doc_id: str, doc: Leaf | None, site: str
-                ) -> tuple[str, tuple[StepKey, int]] | None:
-    """(creator, (step, epoch)) of a job whose current step `site` won and has not
-    started, when another site created it: that creator is live and gives `site` work."""
-    win = _unstarted_win(doc_id, doc)
-    if win is None or win[1] != site:
-        return None
-    assert isinstance(doc, dict)
-    creator, epoch = doc.get("creator"), win[2].get("epoch")
-    if not isinstance(creator, str) or creator == site or not isinstance(epoch, int):
-        return None
-    return creator, (win[0], epoch)
 
 
 def _unstarted_win(doc_id: str, doc: Leaf | None) -> tuple[StepKey, str, Leaf] | None:
