@@ -23,7 +23,6 @@ from sortedcontainers import SortedList
 
 from . import core
 from .model import ALL, ANY, Doc, Leaf, is_waiting
-from .store import Open
 
 TAKEN_FIELDS = ("claimed_by", "winner", "step_status")  # any of them set: not open
 
@@ -63,8 +62,7 @@ class Backlog:
 
     def __init__(self, site: str) -> None:
         self.site = site
-        self.open: dict[str, Open] = {}
-        self.place: dict[str, Place] = {}  # of each: core.line_place
+        self.open: dict[str, Place] = {}  # each open step's job, and its core.line_place
         # The same, in line order: a freed worker's next step is found by reading the
         # first few, not by sorting them all (under a burst of 1,000 jobs that sort was
         # a twentieth of the daemon's CPU).
@@ -76,17 +74,14 @@ class Backlog:
         `whole`: one leaf as stored (not a merge of several), which a write may extend."""
         wanted = open_targets(doc) if doc is not None else []
         self.kept.pop(doc_id, None)
-        before = self.place.pop(doc_id, None)
+        before = self.open.pop(doc_id, None)
         if before is not None:
             self.line.remove((before, doc_id))
         if self.site not in wanted and ANY not in wanted:
-            self.open.pop(doc_id, None)
             return
         assert doc is not None
-        created = doc.get("created_at")
-        place = self.place[doc_id] = core.doc_place(self.site, doc_id, doc)
+        place = self.open[doc_id] = core.doc_place(self.site, doc_id, doc)
         self.line.add((place, doc_id))
-        self.open[doc_id] = Open(doc_id, place[0], created if isinstance(created, str) else "")
         if whole and not doc.get("_conflicts") and len(self.kept) < MAX_KEPT:
             self.kept[doc_id] = cast(Doc, doc)
 
@@ -97,9 +92,9 @@ class Backlog:
                 if doc_id in self.kept and self.kept[doc_id].get("creator") == self.site)
         return [(doc_id, self.kept[doc_id]) for doc_id in itertools.islice(ours, limit)]
 
-    def first(self, limit: int, passed: Container[str]) -> list[Open]:
-        """The `limit` first in line, leaving out the jobs in `passed`."""
-        return [self.open[doc_id] for doc_id in itertools.islice(self._in_line(passed), limit)]
+    def first(self, limit: int, passed: Container[str]) -> list[str]:
+        """The `limit` first jobs in line, leaving out those in `passed`."""
+        return list(itertools.islice(self._in_line(passed), limit))
 
     def _in_line(self, passed: Container[str]) -> Iterator[str]:
         return (doc_id for _, doc_id in self.line if doc_id not in passed)

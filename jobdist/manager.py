@@ -207,8 +207,7 @@ class Manager:
         queued = self._queued_win_tasks(freeing, busy)
         taken = {task.doc_id for task in [*reports, *queued]}
         backlog = self.periodic.backlog
-        line = [row.job_id for row in backlog.first(
-            freeing, Either(self.skipped, Either(taken, busy)))]
+        line = backlog.first(freeing, Either(self.skipped, Either(taken, busy)))
         kept = list(itertools.takewhile(backlog.kept.__contains__, line))  # in line order
         return [*queued, *(self.decide_task(doc_id, known=backlog.kept[doc_id])
                            for doc_id in kept)]

@@ -15,11 +15,11 @@ from __future__ import annotations
 import math
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TypeVar
 
 from . import core, status
-from .backlog import Backlog
+from .backlog import Backlog, Place
 from .clock import later, utc_now
 from .config import SiteConfig
 from .couch import CouchError, Saved
@@ -46,7 +46,6 @@ class PeriodicWork:
     def __init__(self, config: SiteConfig, store: JobStore, pool: WorkerPool,
                  board: status.Board, skipped: OrderedDict[str, str], own_revs: deque[str],
                  log: EventLog) -> None:
-        self.config = config
         self.timings = config.timings
         self.site = config.name
         self.store = store
@@ -121,18 +120,18 @@ class PeriodicWork:
             return []
         self.last_scan, self.scan_due = now, False
         limit = 4 * len(free_workers())
-        rows = self.backlog.first(limit, self.skipped)
+        line = self.backlog.first(limit, self.skipped)
         since_view = now - self.last_view_scan
-        if (not rows and self.view_cut and since_view >= SCAN_INTERVAL) \
+        if (not line and self.view_cut and since_view >= SCAN_INTERVAL) \
                 or (since_view >= VIEW_SCAN_INTERVAL and idle_for() >= NET_SCAN_IDLE):
             self.last_view_scan = now
             shown, whole = self.claimable(limit)
-            chosen = self.in_line([*rows, *shown], limit)
+            chosen = self.in_line(line, shown, limit)
             # Rows the view showed that we leave out are in no backlog: ask again.
             left_out = {row.job_id for row in shown} - set(chosen) - self.backlog.open.keys()
             self.view_cut = not whole or bool(left_out)
             return chosen
-        return self.in_line(rows, limit)
+        return line
 
     def claimable(self, limit: int) -> tuple[list[Open], bool]:
         """Open steps this site may run, as the `claimable` view has them, and whether
@@ -154,13 +153,16 @@ class PeriodicWork:
         whole = self.view_answers >= 2 and all(len(rows) < limit + extra for rows in answers)
         return [row for rows in answers for row in rows if row.job_id not in self.skipped], whole
 
-    def in_line(self, rows: list[Open], limit: int) -> list[str]:
-        """The first `limit` jobs in this site's line (core.line_place); a row only the
-        view showed counts as another site's job (a view row does not name the creator)."""
-        def place(row: Open) -> tuple[int, int, str, int]:
-            return self.backlog.place.get(row.job_id) or core.line_place(
+    def in_line(self, line: list[str], shown: list[Open], limit: int) -> list[str]:
+        """The first `limit` jobs in this site's line (core.line_place) of the backlog's
+        `line` and the view's rows; a row only the view showed counts as another site's
+        job (a view row does not name the creator)."""
+        def place(row: Open) -> Place:
+            return self.backlog.open.get(row.job_id) or core.line_place(
                 self.site, row.job_id, row.rank, row.created_at, own=False)
-        return list(dict.fromkeys(row.job_id for row in sorted(rows, key=place)))[:limit]
+        places = {doc_id: self.backlog.open[doc_id] for doc_id in line} | \
+            {row.job_id: place(row) for row in shown}
+        return sorted(places, key=places.__getitem__)[:limit]
 
     def open_for_room_due(self) -> list[tuple[str, Doc | None]]:
         """As creator: a site has room: give it our open steps, first in line, each with
@@ -182,14 +184,10 @@ class PeriodicWork:
         if (mine or since_view < SCAN_INTERVAL) and since_view < VIEW_SCAN_INTERVAL:
             return mine
         self.last_assign_view_scan = now
-        try:
-            open_ids = self.store.open_created(self.site, 2 * room + min(len(self.skipped), 1000))
-        except CouchError as error:
-            self.log.warning("open-step scan failed", error=error)
-            return mine
         known = {doc_id for doc_id, _ in mine}
-        return [*mine, *((doc_id, None) for doc_id in open_ids
-                         if doc_id not in self.skipped and doc_id not in known)]
+        open_ids = self._scan("open-step", lambda: self.store.open_created(
+            self.site, 2 * room + min(len(self.skipped), 1000)))
+        return [*mine, *((doc_id, None) for doc_id in open_ids if doc_id not in known)]
 
     # --- leases: renewing ours, revoking those past due ------------------------------------
 
@@ -229,13 +227,9 @@ class PeriodicWork:
             return []
         self.last_lease_scan = now
         cutoff = later(utc_now(), -self.timings.clock_skew_margin)
-        try:
-            due = self.store.leases_due(self.site, cutoff)
-        except CouchError as error:
-            self.log.warning("lease scan failed", error=error)
-            self.leases_seen.clear()  # renewals go unseen meanwhile: count afresh after
-            return []
-        return [doc_id for doc_id in due if doc_id not in self.skipped]
+        # Renewals go unseen while the scan fails: count afresh after.
+        return self._scan("lease", lambda: self.store.leases_due(self.site, cutoff),
+                          on_failure=self.leases_seen.clear)
 
     def silences(self, doc_id: str, leaves: list[Job]) -> tuple[dict[str, float], float]:
         """How long this site has seen each of the job's current leases (a broadcast
@@ -277,15 +271,10 @@ class PeriodicWork:
                 now - self.last_succession_scan < self.timings.succession_scan_interval:
             return []
         self.last_succession_scan = now
-        ids: list[str] = []
-        try:
-            for site in sorted(self.silent(now)):
-                ids += self.store.involving(site)
-        except CouchError as error:
-            self.log.warning("succession scan failed", error=error)
-            self.board.restart_silence(now)  # we heard nothing meanwhile: count afresh
-            return []
-        return [doc_id for doc_id in dict.fromkeys(ids) if doc_id not in self.skipped]
+        # We heard nothing while the scan failed: count silence afresh.
+        return self._scan("succession", lambda: [
+            doc_id for site in sorted(self.silent(now)) for doc_id in self.store.involving(site)
+        ], on_failure=lambda: self.board.restart_silence(now))
 
     def silent(self, now: float) -> frozenset[str]:
         """The sites of our succession lines silent for creator_timeout, by our clock."""
@@ -300,12 +289,18 @@ class PeriodicWork:
         if now - self.last_waiting_scan < WAITING_SCAN_INTERVAL:
             return []
         self.last_waiting_scan = now
+        return self._scan("waiting", lambda: self.store.waiting(self.site))
+
+    def _scan(self, what: str, query: Callable[[], Iterable[str]],
+              on_failure: Callable[[], None] = lambda: None) -> list[str]:
+        """The jobs a scan answers, each once, less the skipped ones ([] when it fails)."""
         try:
-            ids = self.store.waiting(self.site)
+            ids = list(query())
         except CouchError as error:
-            self.log.warning("waiting scan failed", error=error)
+            self.log.warning(f"{what} scan failed", error=error)
+            on_failure()
             return []
-        return [doc_id for doc_id in ids if doc_id not in self.skipped]
+        return [doc_id for doc_id in dict.fromkeys(ids) if doc_id not in self.skipped]
 
     # --- site status -------------------------------------------------------------------
 
@@ -332,7 +327,8 @@ class PeriodicWork:
 
     def publish_status_if_due(self, mine: status.SiteStatus, force: bool = False) -> None:
         now = time.monotonic()
-        if not force and not self.publisher.due(mine, now, self.open_steps_wait()):
+        # While open steps we may run wait (the backlog), our room is news at once.
+        if not force and not self.publisher.due(mine, now, urgent=bool(self.backlog.open)):
             return
         doc = mine.as_doc()
         try:
@@ -358,12 +354,8 @@ class PeriodicWork:
     def status_wait(self, mine: status.SiteStatus, timeout: float) -> float:
         """No longer than until our status is to be published (a changed room settled)."""
         now = time.monotonic()
-        due = self.publisher.due_at(mine, now, self.open_steps_wait())
+        due = self.publisher.due_at(mine, now, urgent=bool(self.backlog.open))
         return min(timeout, max(0.0, due - now))
-
-    def open_steps_wait(self) -> bool:
-        """Do open steps that we may run wait (the backlog)? Then our room is news."""
-        return bool(self.backlog.open)
 
     # --- the feed checkpoint ---------------------------------------------------------------
 
