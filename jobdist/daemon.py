@@ -24,7 +24,7 @@ from .couch import Database, Forbidden
 from .hub import ChangeHub
 from .journal import Journal
 from .keepalive import KeepAlive
-from .listener import Listener, load_checkpoint
+from .listener import Listener
 from .logs import EventLog
 from .mailbox import Mailbox
 from .manager import Manager, site_pool
@@ -62,13 +62,14 @@ class Daemon:
         self.pool = site_pool(config, self.mailbox)
         # The manager's writes: one thread, so that it serves reports while one is in flight.
         self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="jobdist-writer")
-        self.manager = Manager(config, CouchStore(self.db), sites, Journal(config.journal_dir()),
+        store = CouchStore(self.db)
+        self.manager = Manager(config, store, sites, Journal(config.journal_dir()),
                                self.pool, self.mailbox, self.writer)
         self.stop_event = self.manager.stop_event
         self.started = time.monotonic()
         self.changes = ChangeHub()  # the feed, fanned out to the dashboard's event streams
         self.listener = Listener(self.db, config.name, self.mailbox.inbox,
-                                 load_checkpoint(self.db, config.name), self.stop_event,
+                                 store.load_checkpoint(config.name), self.stop_event,
                                  self.mailbox.wake, on_change=self.changes.publish)
         self.keepalive = KeepAlive(self.db, config.name, config.timings.keepalive_period,
                                    config.timings.keepalive_stale_after, self.stop_event,
@@ -80,19 +81,9 @@ class Daemon:
         self.admin: AdminServer | None = None
 
     @property
-    def uptime(self) -> float:
-        """Seconds since the daemon was created."""
-        return time.monotonic() - self.started
-
-    @property
     def known_sites(self) -> frozenset[str]:
         """This site and every site it knows of (its peers, the sites directory's)."""
         return self.manager.known_sites
-
-    @property
-    def feed_position(self) -> object:
-        """The last change the manager decided on: opaque (int or CouchDB sequence)."""
-        return self.manager.seq
 
     def status(self) -> dict[str, Any]:
         """What the admin endpoint shows of this site (GET /status, the metrics, the
@@ -107,7 +98,7 @@ class Daemon:
             "draining": manager.draining,
             "running": running,
             "feed": {
-                "seq": self.feed_position,  # opaque: an int or a CouchDB sequence string
+                "seq": manager.seq,  # the last change decided on: an int or a CouchDB sequence
                 "received": self.listener.since,
                 "queued": self.mailbox.inbox.qsize(),
                 "reconnects": self.listener.reconnects,
@@ -116,7 +107,7 @@ class Daemon:
             "keepalive_period": self.keepalive.period,
             "keepalive_resaves": self.keepalive.resaved,
             "keepalive_left_for_room": self.keepalive.left_for_room,
-            "uptime_seconds": round(self.uptime, 3),
+            "uptime_seconds": round(time.monotonic() - self.started, 3),
             "memory_bytes": resident_memory_bytes(),
             "counts": dict(manager.counts),  # one C-level copy: safe beside the manager thread
         }

@@ -25,8 +25,6 @@ from .couch import CouchError, Database
 from .couch_changes import changes
 from .periodic import Periodic
 
-CHECKPOINT = "jobdist-checkpoint"
-
 
 @dataclass(frozen=True)
 class Changed:
@@ -59,15 +57,6 @@ def feed_lag(latest: object, received: object) -> int | None:
     return None if head is None or got is None else max(0, head - got)
 
 
-def load_checkpoint(db: Database, site: str) -> object:
-    saved = db.get_local(f"{CHECKPOINT}-{site}")
-    return saved["seq"] if saved else 0
-
-
-def save_checkpoint(db: Database, site: str, seq: object) -> None:
-    db.put_local(f"{CHECKPOINT}-{site}", {"seq": seq})
-
-
 class Listener(Periodic):
     """Follows the site's changes feed, handing each change to the manager's inbox;
     reconnects at once when the server ends the stream, with backoff when it fails."""
@@ -94,9 +83,6 @@ class Listener(Periodic):
     def wait_before_pass(self) -> float:
         return self.backoff
 
-    def pass_once(self) -> None:
-        self.follow()
-
     def succeeded(self) -> None:
         self.backoff = 0.0  # the server closed the stream cleanly: reconnect at once
 
@@ -111,7 +97,7 @@ class Listener(Periodic):
     def where(self) -> dict[str, Any]:
         return {"since": self.since}
 
-    def follow(self) -> None:
+    def pass_once(self) -> None:
         with_docs = self.with_docs
         for change in changes(self.db, self.since, heartbeat_ms=self.heartbeat_ms,
                               stop=self.stop_event, include_docs=with_docs, conflicts=True):

@@ -2,12 +2,11 @@
 
 The manager needs few things of its site's database: the live leaves of many
 jobs at once, one bulk write, a few questions (which open steps may this site
-take, whose leases are due, which live jobs does this site have a part in,
-which jobs wait, and on what)
-and a place for its feed checkpoint. `CouchStore` answers them from the
-site's CouchDB through the `jobdist` design document's views;
-`jobdist/lab/sim.py` answers them from a simulated replica, so the real manager is
-tested without servers (tests/test_manager.py).
+take, whose leases are due, which live jobs does this site have a part in, which
+jobs wait, and on what) and a place for its feed checkpoint. `CouchStore` answers
+them from the site's CouchDB through the `jobdist` design document's views;
+`jobdist/lab/sim.py` from a simulated replica, so the real manager is tested
+without servers (tests/test_manager.py).
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from . import keepalive, listener, status
+from . import keepalive, status
 from .couch import Conflict, Database, Rejected, Saved
 from .couch_views import iter_view
 from .design import DDOC
@@ -77,11 +76,9 @@ class JobStore(Protocol):
         """(waiting job, its creator) for each live waiting job that names one of `ids`."""
         ...
 
-    def load_checkpoint(self, site: str) -> object:
-        """Where `site`'s changes feed stopped (0 at first): an opaque sequence."""
-        ...
-
     def save_checkpoint(self, site: str, seq: object) -> None:
+        """Note where `site`'s changes feed stopped (an opaque sequence): the daemon's
+        next start resumes there (CouchStore.load_checkpoint)."""
         ...
 
 
@@ -91,6 +88,7 @@ class JobStore(Protocol):
 # otherwise waited for the whole burst to be indexed (2 s for 500 jobs on a loaded
 # pouchdb-server), the manager with it.
 SCAN_INDEX = "lazy"
+CHECKPOINT = "jobdist-checkpoint"  # a `_local/` document: a restart resumes the feed there
 
 
 class CouchStore:
@@ -141,7 +139,9 @@ class CouchStore:
         return [(row["id"], row["value"]) for row in rows]
 
     def load_checkpoint(self, site: str) -> object:
-        return listener.load_checkpoint(self.db, site)
+        """Where `site`'s changes feed stopped (0 at first)."""
+        saved = self.db.get_local(f"{CHECKPOINT}-{site}")
+        return saved["seq"] if saved else 0
 
     def save_checkpoint(self, site: str, seq: object) -> None:
-        listener.save_checkpoint(self.db, site, seq)
+        self.db.put_local(f"{CHECKPOINT}-{site}", {"seq": seq})

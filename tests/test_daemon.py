@@ -19,8 +19,9 @@ from jobdist.couch_sync import sync_design_docs
 from jobdist.design import load_design_docs
 from jobdist.keepalive import KeepAlive
 from jobdist.lab.localserver import LocalServer, free_port
-from jobdist.listener import Changed, Listener, load_checkpoint, save_checkpoint
+from jobdist.listener import Changed, Listener
 from jobdist.model import new_job, new_step
+from jobdist.store import CouchStore
 
 from .helpers import in_tmp, write_conflict
 
@@ -63,12 +64,12 @@ def test_listener_hands_over_changes_resumes_from_its_checkpoint_and_reconnects(
     db = jobs_db(disk_server)
     first = [new_job("global", [new_step("true")]) for _ in range(12)]
     db.bulk_docs(first)
-    listener, inbox, stop = start_listener(db, load_checkpoint(db, "global"))
+    listener, inbox, stop = start_listener(db, CouchStore(db).load_checkpoint("global"))
     try:
         seen = take(inbox, 12)  # more than the queue holds: the listener waited, lost nothing
         assert {item.doc_id for item in seen} == {job["_id"] for job in first}
         assert all(item.doc and item.doc["type"] == "job" for item in seen)
-        save_checkpoint(db, "global", seen[-1].seq)
+        CouchStore(db).save_checkpoint("global", seen[-1].seq)
 
         disk_server.kill()  # the server dies under the listener...
         disk_server.start()  # ...and comes back; the feed reconnects
@@ -81,7 +82,7 @@ def test_listener_hands_over_changes_resumes_from_its_checkpoint_and_reconnects(
         listener.join(5)
 
     # A new listener starts from the checkpoint: only what came after it.
-    listener, inbox, stop = start_listener(db, load_checkpoint(db, "global"))
+    listener, inbox, stop = start_listener(db, CouchStore(db).load_checkpoint("global"))
     try:
         assert take(inbox, 1)[0].doc_id == late["_id"]
         with pytest.raises(queue.Empty):

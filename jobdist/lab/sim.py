@@ -436,8 +436,5 @@ class SimStore:
         return [(doc["_id"], doc["creator"]) for doc in self.live_jobs() if is_waiting(doc)
                 for awaited_id in awaited(doc) if awaited_id in ids]
 
-    def load_checkpoint(self, site: str) -> object:
-        return self.checkpoints.get(site, 0)
-
     def save_checkpoint(self, site: str, seq: object) -> None:
         self.checkpoints[site] = seq
