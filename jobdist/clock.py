@@ -17,11 +17,7 @@ from .errors import JobdistError
 CLOCK_OFFSET = float(os.environ.get("JOBDIST_CLOCK_OFFSET", "0") or 0)
 
 def utc_now() -> str:
-    """The time as ISO 8601 UTC with microseconds: sortable as a string.
-
-    The daemon's one wall clock for the protocol (leases, keep-alive). The fault
-    suite skews a site's clock by setting $JOBDIST_CLOCK_OFFSET (seconds).
-    """
+    """The time as ISO 8601 UTC with microseconds (skewed by CLOCK_OFFSET)."""
     return format_time(datetime.now(UTC) + timedelta(seconds=CLOCK_OFFSET))
 
 

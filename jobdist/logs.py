@@ -28,10 +28,6 @@ class EventLog(logging.LoggerAdapter[logging.Logger]):
     def __init__(self, name: str, **context: object) -> None:
         super().__init__(logging.getLogger(name), context)
 
-    def bind(self, **more: object) -> EventLog:
-        """The same logger with more context (a worker's job and step, say)."""
-        return EventLog(self.logger.name, **{**(self.extra or {}), **more})
-
     def process(self, msg: Any, kwargs: MutableMapping[str, Any]
                 ) -> tuple[Any, MutableMapping[str, Any]]:
         fields = {key: kwargs.pop(key) for key in list(kwargs) if key not in _LOGGING_KEYWORDS}

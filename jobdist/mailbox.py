@@ -61,18 +61,18 @@ class Mailbox:
         self.reported = threading.Event()
 
     def finished(self, execution: Execution, result: StepResult) -> None:
-        # Called from the worker's thread: hand over, decide in the manager's.
-        self.reports.put(Finished(execution, result))
-        self.reported.set()
-        self.wake.set()
+        self.report(Finished(execution, result))
 
     def retry_reporter(self, key: StepKey, epoch: int, worker: str) -> Callable[[int, str], None]:
         """What a step's run calls before each retry (step_run.run_step's on_retry)."""
-        def report(attempt: int, detail: str) -> None:
-            self.reports.put(Retried(key, epoch, worker, f"attempt {attempt}: {detail}"))
-            self.reported.set()
-            self.wake.set()
-        return report
+        return lambda attempt, detail: self.report(
+            Retried(key, epoch, worker, f"attempt {attempt}: {detail}"))
+
+    def report(self, item: Finished | Retried) -> None:
+        """Called from a worker's thread: hand over, decide in the manager's."""
+        self.reports.put(item)
+        self.reported.set()
+        self.wake.set()
 
     def next_changes(self, timeout: float, limit: int) -> list[Changed]:
         """At most `limit` changes, after waiting up to `timeout` seconds for anything
