@@ -9,8 +9,7 @@ an older one is not launched ahead of its write.
 
 from __future__ import annotations
 
-from collections import OrderedDict
-
+from .memo import remember
 from .model import Doc, Job
 
 MAX_KNOWN = 1_000  # jobs running here whose newest revision we keep
@@ -19,8 +18,8 @@ MAX_DEPTHS = 100_000  # jobs whose deepest revision seen we remember
 
 class RevisionsSeen:
     def __init__(self) -> None:
-        self.newest: OrderedDict[str, Doc] = OrderedDict()
-        self.depth: OrderedDict[str, int] = OrderedDict()
+        self.newest: dict[str, Doc] = {}
+        self.depth: dict[str, int] = {}
 
     def known(self, doc_id: str) -> Doc | None:
         return self.newest.get(doc_id)
@@ -34,21 +33,11 @@ class RevisionsSeen:
         self.saw(doc_id, rev)
 
     def saw(self, doc_id: str, rev: str) -> None:
-        depth = generation(rev)
-        if depth > self.depth.get(doc_id, 0):
-            self.depth[doc_id] = depth
-        self.depth.move_to_end(doc_id)
-        while len(self.depth) > MAX_DEPTHS:
-            self.depth.popitem(last=False)
+        depth = max(generation(rev), self.depth.get(doc_id, 0))
+        remember(self.depth, doc_id, depth, MAX_DEPTHS)
 
     def keep_newest(self, doc_id: str, doc: Doc, runs_here: bool) -> None:
-        if not runs_here:
-            self.newest.pop(doc_id, None)
-            return
-        self.newest[doc_id] = doc
-        self.newest.move_to_end(doc_id)
-        while len(self.newest) > MAX_KNOWN:
-            self.newest.popitem(last=False)
+        remember(self.newest, doc_id, doc if runs_here else None, MAX_KNOWN)
 
     def is_deepest(self, doc: Job | None) -> bool:
         """Is this revision made on the deepest revision of its job seen? (A change the

@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from .document_rules import validate_site_status
+from .memo import remember
 from .model import Doc, Leaf, Phase, Reason, StepKey, step_phase
 
 PREFIX = "site-"
@@ -101,7 +102,7 @@ class Board:
         self.won: dict[str, tuple[StepKey, str]] = {}
         self.no_queue: dict[str, float] = {}  # site -> until when it is queued nothing
         self.fed: dict[str, float] = {}  # creator -> when a step it gave us first reached us
-        self.given: dict[tuple[StepKey, int], None] = {}  # the wins of ours seen: (step, epoch)
+        self.given: dict[tuple[StepKey, int], float] = {}  # our wins seen (step, epoch): when
 
     def hear(self, doc: Any, now: float) -> bool:
         """Take in a status document; True when that site has more room than we knew."""
@@ -195,13 +196,10 @@ class Board:
             if chained is not None:
                 self.assigned[chained] = (site, at)
             freed = freed or chained is None
-        before = self.won.pop(doc_id, None)
+        before = self.won.get(doc_id)
         elsewhere = None if win is None or win[1] == self.site else (win[0], win[1])
-        if elsewhere is not None:
-            self.won[doc_id] = elsewhere
-            while len(self.won) > MAX_WON:
-                del self.won[next(iter(self.won))]
-        elif doc is not None and before is not None:  # the release itself, seen once
+        remember(self.won, doc_id, elsewhere, MAX_WON)
+        if elsewhere is None and doc is not None and before is not None:  # the release, once
             gave_back = _gave_back_unstarted(doc)
             if gave_back is not None:
                 site, reason = gave_back
@@ -220,9 +218,7 @@ class Board:
                 or (key, epoch) in self.given:
             return
         self.fed[creator] = now
-        self.given[key, epoch] = None
-        while len(self.given) > MAX_WON:
-            del self.given[next(iter(self.given))]
+        remember(self.given, (key, epoch), now, MAX_WON)
 
     def feeding(self, now: float, within: float) -> frozenset[str]:
         """Creators that gave us a step (a win we hold unstarted) within `within` seconds."""

@@ -14,6 +14,7 @@ from typing import Any
 
 from . import core
 from .logs import EventLog
+from .memo import remember
 from .model import JOB_FORMAT, Doc, Job, newer_format
 from .validation import validate_job
 
@@ -31,7 +32,7 @@ class Verdicts:
         # Jobs nothing can be done about until a new revision arrives, and why: scans
         # pass them by.
         self.skipped: OrderedDict[str, str] = OrderedDict()
-        self._errors: OrderedDict[tuple[Any, Any], list[str]] = OrderedDict()
+        self._errors: dict[tuple[Any, Any], list[str]] = {}
 
     def usable(self, doc_id: str, leaves: list[Doc]) -> Found | None:
         """The job's leaves to merge, and the others; None (skipped) when none is."""
@@ -58,27 +59,19 @@ class Verdicts:
         errors = self._errors.get(key)
         if errors is None:
             errors = validate_job(leaf)
-            self._remember(key, errors)
+            remember(self._errors, key, errors, MAX_VERDICTS)
         return errors
 
     def passed(self, doc_id: str, rev: str) -> None:
         """The server took this revision through validate_doc_update: valid."""
-        self._remember((doc_id, rev), [])
+        remember(self._errors, (doc_id, rev), [], MAX_VERDICTS)
 
     def skip(self, doc_id: str, reason: str) -> None:
         """Leave the job alone until a new revision of it arrives on the feed."""
         if doc_id not in self.skipped:
             self.log.warning("job skipped until it changes", job=doc_id, reason=reason)
             self.counts["jobs_skipped"] += 1
-        self.skipped[doc_id] = reason
-        self.skipped.move_to_end(doc_id)
-        while len(self.skipped) > MAX_SKIPPED:
-            self.skipped.popitem(last=False)
-
-    def _remember(self, key: tuple[Any, Any], errors: list[str]) -> None:
-        self._errors[key] = errors
-        while len(self._errors) > MAX_VERDICTS:
-            self._errors.popitem(last=False)
+        remember(self.skipped, doc_id, reason, MAX_SKIPPED)
 
     def _report_invalid(self, doc_id: str, rev: str, reason: str) -> None:
         if rev in self.reported:
