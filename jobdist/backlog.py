@@ -1,12 +1,10 @@
 """The open steps this site may take, as the changes feed and its own writes show them.
 
 A freed worker finds its next step here, in line order (core.claim_rank), without
-asking the server. Before, every freed worker cost two `claimable` view queries,
-and under a burst the manager spent 40 % of its time waiting for them
-(docs/performance.md). The `claimable` view stays the safety net for what the
-feed did not show (a daemon that just started, a change it never decoded): the
-manager queries it every VIEW_SCAN_INTERVAL once a worker stays free, and sooner
-when the backlog is empty while the view may know of more (PeriodicWork.claimable_due).
+asking the server: two `claimable` view queries for every freed worker cost the
+manager 40 % of its time under a burst (docs/performance.md). The view stays the
+safety net for what the feed did not show (a daemon that just started, a change it
+never decoded): PeriodicWork.claimable_due queries it now and then.
 
 An entry is a hint, never a decision: the job is read (or known) and decided as
 any other. The newest revision the site looked at keeps each entry true: a change

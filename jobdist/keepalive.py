@@ -1,18 +1,16 @@
 """The keep-alive re-saver (thesis 5.2), kept as a backstop.
 
-CouchDB only tells a site about a document when it changes. A job that
-reached every site while all their workers were busy would be forgotten; the
-thesis's creator re-saves its unclaimed jobs periodically so that the other
-sites' listeners see them again. Our managers also scan the `claimable` view
-whenever a worker frees up, so the re-saver is rarely needed; it remains for
-sites that missed a change (a feed gap, a replication that was down).
+CouchDB tells a site about a document only when it changes: a job that reached
+every site while all their workers were busy would be forgotten, so its creator
+re-saves it and the other sites' feeds show it again. The managers' backlogs and
+`claimable` scans make it rarely needed; it remains for sites that missed a change
+(a feed gap, a replication that was down).
 
-Rules (core.keepalive): only the creator, only open steps, only documents
-unchanged for `stale_after` seconds, only unconflicted ones, and the re-save
-changes nothing but `keepalive_at`. In line order (core.claim_rank): the job
-that should run first is re-saved first. Only as many as there are free workers for
-(core.resave_picks): a job waiting in a long line is not forgotten, and
-re-saving it reminds nobody able to run it.
+Rules (core.keepalive): only the creator, only open steps, only documents unchanged
+for `stale_after` seconds, only unconflicted ones, and the re-save changes nothing
+but `keepalive_at`. In line order (core.claim_rank), and only as many as there are
+free workers for (core.resave_picks): re-saving a job that waits in a long line
+reminds nobody able to run it.
 """
 
 from __future__ import annotations

@@ -83,21 +83,23 @@ class Listener(Periodic):
     def wait_before_pass(self) -> float:
         return self.backoff
 
-    def succeeded(self) -> None:
-        self.backoff = 0.0  # the server closed the stream cleanly: reconnect at once
-
-    def failed(self, error: Exception) -> None:
-        # Failing twice at the same change: its document may be what we cannot
-        # decode, so pass it once without documents (the manager reads it itself).
-        self.with_docs = self.since != self.failed_at
-        self.failed_at = self.since
-        self.reconnects += 1
-        self.backoff = min(max(self.backoff * 2, 0.1), 5.0)
-
     def where(self) -> dict[str, Any]:
         return {"since": self.since}
 
     def pass_once(self) -> None:
+        try:
+            self.follow()
+        except Exception:
+            # Failing twice at the same change: its document may be what we cannot
+            # decode, so pass it once without documents (the manager reads it itself).
+            self.with_docs = self.since != self.failed_at
+            self.failed_at = self.since
+            self.reconnects += 1
+            self.backoff = min(max(self.backoff * 2, 0.1), 5.0)
+            raise  # (logged by Periodic.run)
+        self.backoff = 0.0  # the server closed the stream cleanly: reconnect at once
+
+    def follow(self) -> None:
         with_docs = self.with_docs
         for change in changes(self.db, self.since, heartbeat_ms=self.heartbeat_ms,
                               stop=self.stop_event, include_docs=with_docs, conflicts=True):

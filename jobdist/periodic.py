@@ -36,12 +36,8 @@ class Periodic(threading.Thread):
             except self.expected_errors as error:
                 self.log.warning(f"{self.what} failed", **self.where(),
                                  error=str(error) or type(error).__name__)
-                self.failed(error)
-            except Exception as error:  # the thread must outlive any one pass
+            except Exception:  # the thread must outlive any one pass
                 self.log.exception(f"{self.what} failed", **self.where())
-                self.failed(error)
-            else:
-                self.succeeded()
 
     def wait_before_pass(self) -> float:
         """Seconds to wait before the next pass: read anew each time, so a period
@@ -54,9 +50,3 @@ class Periodic(threading.Thread):
 
     def pass_once(self) -> object:
         raise NotImplementedError
-
-    def succeeded(self) -> None:
-        """After a pass that returned."""
-
-    def failed(self, error: Exception) -> None:
-        """After a pass that raised (already logged)."""

@@ -1,13 +1,11 @@
 """The work manager's periodic work: what comes due with time rather than with a change.
 
-Scans for jobs to decide about (open steps a free worker may claim, open
-steps of ours for sites with room, leases past due, jobs of silent creators
-of our succession lines, our waiting jobs), the heartbeat's lease renewals,
-our status document and the feed checkpoint. Each `..._due` method answers
-the jobs to decide about now (or [] when it is not time yet); the manager
-decides, in its rounds. Also here: how long this site has seen each lease,
-and each job of our lines, unchanged (core.Context's lease_silence and
-unchanged_for), which the lease and succession rules time by our own clock.
+Each `..._due` method answers the jobs to decide about now ([] when it is not time
+yet), and the manager decides them in its rounds: open steps for our free workers
+and for sites with room, leases to renew or revoke, jobs of silent creators of our
+succession lines, our waiting jobs. Also here: our status document, the feed
+checkpoint, and how long this site has seen each lease, and each job of our lines,
+unchanged (core.Context's lease_silence and unchanged_for), by our own clock.
 """
 
 from __future__ import annotations
@@ -16,7 +14,6 @@ import math
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
-from typing import TypeVar
 
 from . import core, status
 from .backlog import Backlog, Place
@@ -24,6 +21,7 @@ from .clock import later, utc_now
 from .config import SiteConfig
 from .couch import CouchError, Saved
 from .logs import EventLog
+from .memo import remember
 from .model import Doc, Job, Leaf, Progress, StepKey, is_live
 from .store import JobStore, Open
 from .workers import WorkerPool
@@ -37,9 +35,10 @@ NET_SCAN_IDLE = 1.0
 # again, to no effect) at most this much of the feed.
 CHECKPOINT_INTERVAL = 2.0
 PROGRESS_INTERVAL = 3.0  # seconds between two progress writes of one step, at least
-MAX_LEASES_SEEN = 100_000  # jobs whose leases we time; the least recently seen go first
+# Jobs whose leases (and leaves, in our lines) we time; the least recently seen go first,
+# which only delays a revocation or a takeover.
+MAX_LEASES_SEEN = 100_000
 WAITING_SCAN_INTERVAL = 30.0  # seconds between re-checks of the jobs we created that wait
-T = TypeVar("T")
 
 
 class PeriodicWork:
@@ -64,28 +63,27 @@ class PeriodicWork:
         # Have we seen a job of ours since the start (whose recovery reads every live
         # one)? A site that creates none has no open step to give others.
         self.creates = False
-        # (The start's recovery reads every job of ours: the backlog has the open ones.)
-        self.last_assign_view_scan = time.monotonic()
         self.last_checkpoint = time.monotonic()
         self.last_heartbeat = time.monotonic()
         self.seq: object = None
         self.saved_seq: object = None
         # The progress report last sent for each running step, and when (see renewals_due).
         self.progress_sent: dict[StepKey, tuple[float, Progress]] = {}
-        self.last_lease_scan = 0.0
         # When this daemon first saw each live lease (job -> lease_until ->
         # monotonic time): see core.Context.lease_silence.
         self.leases_seen: dict[str, dict[str, float]] = {}
         # When to publish our status.
         self.publisher = status.Publisher(self.timings.status_refresh)
-        self.last_succession_scan = time.monotonic()
         # Jobs of our succession lines: their leaves, and since when we see them so.
         self.jobs_seen: dict[str, tuple[frozenset[str], float]] = {}
         # The sites whose jobs may become ours, or be taken from us, by succession.
         lines = [(creator, *line) for creator, line in config.succession.successors.items()]
         self.line_sites = frozenset(
             name for line in lines if self.site in line for name in line) - {self.site}
-        self.last_waiting_scan = 0.0
+        # When each scan (_scan_due) last ran. The start's recovery reads every job of
+        # ours: the backlog has the open ones, and silence is counted from the start.
+        self.last_scans = {"lease": 0.0, "waiting": 0.0, "open-step": time.monotonic(),
+                           "succession": time.monotonic()}
 
     # --- open steps: for our free workers, and for the other sites' room ------------------
 
@@ -105,14 +103,13 @@ class PeriodicWork:
 
     def claimable_due(self, free_workers: Callable[[], tuple[str, ...]], draining: bool,
                       idle_for: Callable[[], float] = lambda: math.inf) -> list[str]:
-        """Open steps for our free workers, in line order: the backlog's (no request);
-        the `claimable` view's too every VIEW_SCAN_INTERVAL once a worker has been free
-        for NET_SCAN_IDLE (`idle_for`: what the feed never showed us), and when the
-        backlog has none while the view may know of more (`view_cut`,
-        at most every SCAN_INTERVAL: a start has more open steps to find than one answer
-        holds). After an answer that held every row and left none out, everything open
-        later came through the feed: an empty backlog is the truth, and asking the view
-        each time a worker freed cost a step's end two queries (docs/performance.md)."""
+        """Open steps for our free workers, in line order: the backlog's (no request), and
+        the `claimable` view's for what the feed never showed us: every VIEW_SCAN_INTERVAL
+        once a worker has been free for NET_SCAN_IDLE (`idle_for`), and at most every
+        SCAN_INTERVAL while the backlog has none and the view may know of more
+        (`view_cut`). After an answer that held every row and left none out, an empty
+        backlog is the truth: asking the view each time a worker freed cost a step's
+        end two queries (docs/performance.md)."""
         if draining or not free_workers():
             return []
         now = time.monotonic()
@@ -165,13 +162,13 @@ class PeriodicWork:
         return sorted(places, key=places.__getitem__)[:limit]
 
     def open_for_room_due(self) -> list[tuple[str, Doc | None]]:
-        """As creator: a site has room: give it our open steps, first in line, each with
-        the revision to decide on (None: read it). The backlog's, on the revision it kept
-        (no request); the `stale_open` view's too when the backlog has none of ours (at
-        most every SCAN_INTERVAL) or every VIEW_SCAN_INTERVAL: our steps that do not
-        name us are in no backlog of ours. (A view query and a read for every start at
-        a site with a queue were a fifth of the creator's time under a burst.) Nothing
-        at a site that has seen no job of its own since it started."""
+        """As creator, when a site has room: our open steps first in line, each with the
+        revision to decide on (None: read it). The backlog's, on the revision it kept (a
+        view query and a read for every start at a site with a queue were a fifth of the
+        creator's time under a burst); the `stale_open` view's too, for our steps that do
+        not name us (in no backlog of ours): every SCAN_INTERVAL while the backlog has
+        none of ours, else every VIEW_SCAN_INTERVAL. None from a site that has seen no
+        job of its own since it started."""
         if not self.assign_scan_due:
             return []
         self.assign_scan_due = False
@@ -179,14 +176,10 @@ class PeriodicWork:
         if room <= 0 or not self.creates:
             return []
         mine: list[tuple[str, Doc | None]] = [*self.backlog.created_here(2 * room, self.skipped)]
-        now = time.monotonic()
-        since_view = now - self.last_assign_view_scan
-        if (mine or since_view < SCAN_INTERVAL) and since_view < VIEW_SCAN_INTERVAL:
-            return mine
-        self.last_assign_view_scan = now
         known = {doc_id for doc_id, _ in mine}
-        open_ids = self._scan("open-step", lambda: self.store.open_created(
-            self.site, 2 * room + min(len(self.skipped), 1000)))
+        open_ids = self._scan_due(
+            "open-step", VIEW_SCAN_INTERVAL if mine else SCAN_INTERVAL,
+            lambda: self.store.open_created(self.site, 2 * room + min(len(self.skipped), 1000)))
         return [*mine, *((doc_id, None) for doc_id in open_ids if doc_id not in known)]
 
     # --- leases: renewing ours, revoking those past due ------------------------------------
@@ -221,15 +214,13 @@ class PeriodicWork:
         return report
 
     def leases_due(self) -> list[str]:
-        """As creator: the jobs whose winner stopped renewing its lease, to take back."""
-        now = time.monotonic()
-        if now - self.last_lease_scan < self.timings.lease_scan_interval:
-            return []
-        self.last_lease_scan = now
-        cutoff = later(utc_now(), -self.timings.clock_skew_margin)
-        # Renewals go unseen while the scan fails: count afresh after.
-        return self._scan("lease", lambda: self.store.leases_due(self.site, cutoff),
-                          on_failure=self.leases_seen.clear)
+        """As creator: the jobs whose winner stopped renewing its lease, to take back.
+        Renewals go unseen while the scan fails: their silence is counted afresh after."""
+        def due() -> list[str]:
+            return self.store.leases_due(self.site,
+                                         later(utc_now(), -self.timings.clock_skew_margin))
+        return self._scan_due("lease", self.timings.lease_scan_interval, due,
+                              on_failure=self.leases_seen.clear)
 
     def silences(self, doc_id: str, leaves: list[Job]) -> tuple[dict[str, float], float]:
         """How long this site has seen each of the job's current leases (a broadcast
@@ -246,8 +237,8 @@ class PeriodicWork:
         creator by adoption, or a successor); only the creator acts on the leases. A job
         whose step holds no lease, or that no line of ours may take over, is forgotten."""
         leases, revs = self._as_noted(doc_id, leaves, time.monotonic())
-        remember(self.leases_seen, doc_id, leases or None)
-        remember(self.jobs_seen, doc_id, revs)
+        remember(self.leases_seen, doc_id, leases or None, MAX_LEASES_SEEN)
+        remember(self.jobs_seen, doc_id, revs, MAX_LEASES_SEEN)
 
     def _as_noted(self, doc_id: str, leaves: list[Job], now: float,
                   ) -> tuple[dict[str, float], tuple[frozenset[str], float] | None]:
@@ -265,16 +256,14 @@ class PeriodicWork:
 
     def successions_due(self) -> list[str]:
         """The live jobs of silent creators of our lines: the core says whether it is our
-        turn to take them over (core.succeeds)."""
-        now = time.monotonic()
-        if not self.line_sites or \
-                now - self.last_succession_scan < self.timings.succession_scan_interval:
+        turn to take them over (core.succeeds). We heard nothing while the scan failed:
+        silence is counted afresh after."""
+        if not self.line_sites:
             return []
-        self.last_succession_scan = now
-        # We heard nothing while the scan failed: count silence afresh.
-        return self._scan("succession", lambda: [
-            doc_id for site in sorted(self.silent(now)) for doc_id in self.store.involving(site)
-        ], on_failure=lambda: self.board.restart_silence(now))
+        return self._scan_due("succession", self.timings.succession_scan_interval, lambda: [
+            doc_id for site in sorted(self.silent(time.monotonic()))
+            for doc_id in self.store.involving(site)
+        ], on_failure=lambda: self.board.restart_silence(time.monotonic()))
 
     def silent(self, now: float) -> frozenset[str]:
         """The sites of our succession lines silent for creator_timeout, by our clock."""
@@ -285,19 +274,21 @@ class PeriodicWork:
     def waiting_due(self) -> list[str]:
         """Every WAITING_SCAN_INTERVAL, re-check each waiting job we created: catches the
         ends the feed did not bring (a restart, a job that replicated in late)."""
-        now = time.monotonic()
-        if now - self.last_waiting_scan < WAITING_SCAN_INTERVAL:
-            return []
-        self.last_waiting_scan = now
-        return self._scan("waiting", lambda: self.store.waiting(self.site))
+        return self._scan_due("waiting", WAITING_SCAN_INTERVAL,
+                              lambda: self.store.waiting(self.site))
 
-    def _scan(self, what: str, query: Callable[[], Iterable[str]],
-              on_failure: Callable[[], None] = lambda: None) -> list[str]:
-        """The jobs a scan answers, each once, less the skipped ones ([] when it fails)."""
+    def _scan_due(self, scan: str, interval: float, query: Callable[[], Iterable[str]],
+                  on_failure: Callable[[], None] = lambda: None) -> list[str]:
+        """The jobs `query` answers, each once and none skipped, if `scan` last ran
+        `interval` seconds ago or more; [] when it is not time yet, or when it fails."""
+        now = time.monotonic()
+        if now - self.last_scans[scan] < interval:
+            return []
+        self.last_scans[scan] = now
         try:
             ids = list(query())
         except CouchError as error:
-            self.log.warning(f"{what} scan failed", error=error)
+            self.log.warning(f"{scan} scan failed", error=error)
             on_failure()
             return []
         return [doc_id for doc_id in dict.fromkeys(ids) if doc_id not in self.skipped]
@@ -370,13 +361,3 @@ class PeriodicWork:
             self.saved_seq, self.last_checkpoint = self.seq, now
         except CouchError as error:
             self.log.warning("checkpoint not saved", error=error)
-
-
-def remember(memo: dict[str, T], key: str, entry: T | None) -> None:
-    """Keep `entry` as the newest in `memo` (None: forget the key); the oldest are
-    forgotten past MAX_LEASES_SEEN, which only delays a revocation or a takeover."""
-    memo.pop(key, None)
-    if entry is not None:
-        memo[key] = entry  # re-inserted: the dict stays oldest first
-    while len(memo) > MAX_LEASES_SEEN:
-        del memo[next(iter(memo))]

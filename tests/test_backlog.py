@@ -241,7 +241,7 @@ def test_a_site_that_created_no_job_asks_no_view_for_open_steps_to_give(
         periodic.hear_status(SiteStatus("reg_a", workers=2, free_workers=2, draining=False,
                                         assigns=True, restricted=False,
                                         updated_at=utc_now()).as_doc())
-        periodic.last_assign_view_scan -= VIEW_SCAN_INTERVAL
+        periodic.last_scans["open-step"] -= VIEW_SCAN_INTERVAL
         periodic.assign_scan_due = True
         assert periodic.open_for_room_due() == [] and store.view_scans == 0
 

@@ -1559,7 +1559,7 @@ def quiet_scans(world: World) -> None:
     """No periodic re-check of waiting jobs during the test: only the feed (a job that
     ended) and the timer (not_before) may wake them."""
     for manager in world.managers.values():
-        manager.periodic.last_waiting_scan = time.monotonic()
+        manager.periodic.last_scans["waiting"] = time.monotonic()
 
 
 def events_named(doc: Doc, name: str) -> list[Doc]:
