@@ -18,15 +18,13 @@ start):
 Every state from AHEAD on is a run of ours (RUNS): it counts as running, its
 worker no one else's, until its result is recorded; those launched ahead keep
 their journal entry (journal.unwritten_start) until their start is settled.
-The runs launched here lately (`launched`) are kept apart: they must outlive the
-records (no fencing token issued here is used twice).
+The runs launched here lately (`launched`) outlive the records: no fencing
+token issued here is used twice.
 
-A result the server has not taken is kept not here but in HeldResults
-(held_results.py), with its journal entry and back-off: it outlives its record,
-which is freed once its end is planned (the worker free to the plans after it)
-and entered again (ENDED) each time that write fails, and the status thread
-reads it while the manager's thread changes the ledger. Folding it in would
-make the ledger keep records that are not runs: not simpler.
+A result the server has not taken is kept not here but in HeldResults: it
+outlives its record (freed once its end is planned, entered again as ENDED each
+time that write fails), and the status thread reads it while the manager's
+thread changes the ledger.
 """
 
 from __future__ import annotations
@@ -75,22 +73,7 @@ class Step:
 
     @property
     def running(self) -> core.Running:
-        return core.Running(self.worker, self.epoch)
-
-
-class Recent:
-    """The last MAX_RECENT (step, epoch) pairs noted, oldest forgotten first."""
-
-    def __init__(self) -> None:
-        self._pairs: OrderedDict[tuple[StepKey, int], None] = OrderedDict()
-
-    def note(self, key: StepKey, epoch: int) -> None:
-        self._pairs[(key, epoch)] = None
-        while len(self._pairs) > MAX_RECENT:
-            self._pairs.popitem(last=False)
-
-    def __contains__(self, pair: object) -> bool:
-        return pair in self._pairs
+        return core.Running(self.worker, self.epoch, after=self.after)
 
 
 class Ledger:
@@ -98,7 +81,8 @@ class Ledger:
         # In the order each entered its state (a transition re-inserts): queued wins
         # and deferred starts are served oldest first.
         self._steps: dict[StepKey, Step] = {}
-        self.launched = Recent()  # a start decided on a stale view never launches one again
+        # A start decided on a stale view never launches one again (MAX_RECENT kept).
+        self.launched: OrderedDict[tuple[StepKey, int], None] = OrderedDict()
         # When each worker's last run left the ledger (monotonic): its free time starts there.
         self.worker_freed: dict[str, float] = {}
 
@@ -116,8 +100,8 @@ class Ledger:
         step = self._steps.get(key)
         return None if step is None else step.state
 
-    def in_state(self, *states: State, job_id: str | None = None) -> list[StepKey]:
-        return [key for key, step in self._steps.items() if step.state in states
+    def in_state(self, state: State, job_id: str | None = None) -> list[StepKey]:
+        return [key for key, step in self._steps.items() if step.state is state
                 and (job_id is None or key[0] == job_id)]
 
     def jobs_in(self, states: Collection[State]) -> set[str]:
@@ -139,10 +123,6 @@ class Ledger:
         """What counts as running here: our runs, and the launches of this batch."""
         return {key: step.running for key, step in self._steps.items()
                 if step.state in RUNS or step.state is State.LAUNCHING}
-
-    def followed(self, key: StepKey) -> str | None:
-        step = self._steps.get(key)
-        return None if step is None else step.after
 
     def booked_since(self) -> dict[StepKey, float]:
         """When each booking was made (the launching too: a launch may not happen)."""
@@ -236,7 +216,9 @@ class Ledger:
     def started(self, key: StepKey, worker: str, epoch: int, after: str | None) -> None:
         """Launched, after the end of the step before `after` (core.follows)."""
         self._enter(key, Step(State.RUNNING, worker=worker, epoch=epoch, after=after))
-        self.launched.note(key, epoch)
+        self.launched[(key, epoch)] = None
+        if len(self.launched) > MAX_RECENT:
+            self.launched.popitem(last=False)
 
     def launched_ahead(self, key: StepKey, entry: Held) -> None:
         self._enter(key, replace(self._steps[key], state=State.AHEAD, entry=entry))

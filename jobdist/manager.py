@@ -297,7 +297,7 @@ class Manager:
         self.counts["steps_finished" if result.ok else "steps_failed"] += 1
         self.periodic.scan_soon()
         return self.record_task(Held(key[0], key[1], running.epoch, running.worker, result,
-                                     time.time(), self.ledger.followed(key)))
+                                     time.time(), running.after))
 
     def record_task(self, held: Held) -> Task:
         """Record what an execution did; only a current execution advances the job."""

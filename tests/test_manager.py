@@ -1043,7 +1043,8 @@ def test_a_chained_run_notes_the_end_it_followed(tmp_path: Path) -> None:
         manager.process(job["_id"])
         serve_until(manager, lambda: manager.pool.is_busy((job["_id"], 1)), "step 1 to run")
         end = store.replica.winner(job["_id"])["job"][0]["finish_time"]
-        assert end is not None and manager.ledger.followed((job["_id"], 1)) == end
+        run = manager.ledger.run((job["_id"], 1))
+        assert end is not None and run is not None and run.after == end
     finally:
         manager.pool.shutdown(0.0)
 
