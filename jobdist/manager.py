@@ -39,8 +39,7 @@ from typing import Any
 from . import core, status
 from .clock import utc_now
 from .config import SiteConfig
-from .held_results import HeldResults
-from .journal import Held, Journal
+from .journal import Held, HeldResults, Journal
 from .ledger import Ledger, State
 from .listener import Changed
 from .logs import EventLog

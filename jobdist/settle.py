@@ -22,8 +22,7 @@ from typing import cast
 
 from . import core
 from .couch import Conflict, CouchError, Rejected, Saved, Undecodable
-from .held_results import HeldResults
-from .journal import Held
+from .journal import Held, HeldResults
 from .ledger import HERE, IN_BATCH, UNWRITTEN
 from .logs import EventLog
 from .mailbox import Mailbox
@@ -485,8 +484,7 @@ class Settler:
                     self.retry_at.popitem(last=False)
             return
         self.ledger.unrecorded(held.key, held.worker, held.epoch)
-        if not self.held.back_off(held.key):
-            self.held.hold(held)
+        self.held.hold(held)
 
 
 @dataclass(frozen=True)
