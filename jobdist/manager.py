@@ -138,7 +138,8 @@ class Manager:
                      *self._retry_tasks_due()])
         if changes:
             self.periodic.seq = changes[-1].seq  # feed order: the checkpoint never goes back
-        self.settle([*self._ends_and_next_work(), *self._decisions(self.runner.expired_bookings()),
+        self.settle([*self._ends_and_next_work(),
+                     *self._decisions(key[0] for key in self.runner.expired_bookings()),
                      *self._renewal_tasks_due(), *self._decisions(self.periodic.leases_due()),
                      *self._decisions(self.runner.queued_due(self.timings.queue_hold_max)),
                      *self._decisions(self.periodic.successions_due()),

@@ -1,10 +1,9 @@
 """Carrying out the manager's plans on this site: the local side of its decisions.
 
 Once a plan's revision is written, the plan runner deletes the losing leaves,
-then carries out the plan's effects: books and releases workers, launches
-and kills steps, counts assignments against the other sites' room, and tells
-the ledger (ledger.py) what became of each step. From the ledger and the pool
-it derives the view the decision core decides on (`pool_view`).
+then carries out the plan's effects (bookings, launches, kills, assignments),
+and tells the ledger what became of each step. From the ledger and the pool it
+derives the view the decision core decides on (`pool_view`).
 """
 
 from __future__ import annotations
@@ -42,10 +41,7 @@ class PlanRunner:
         self.ledger = ledger  # this site's steps, in their states
         self.counts = counts
         self.log = log
-        self.start_delay = self.timings.start_delay
-        # How long after its launch a deferred run whose start the server does not take
-        # may go on: then it is stopped, as a start launched ahead that cannot be written.
-        self.defer_limit = self.timings.defer_limit
+        self.start_delay = self.timings.start_delay  # (a property: asked of every start)
 
     # --- what the core sees of our workers ------------------------------------------
 
@@ -77,26 +73,26 @@ class PlanRunner:
         return time.monotonic() - min(since) if since else 0.0
 
     def _free_since(self, ledger: Ledger) -> dict[str, float]:
-        """The free workers, in the order the pool books them, and since when each is.
-
-        A worker whose result we have not recorded yet is not free for new work, and
-        its free time starts only once it is recorded (Ledger.worker_freed)."""
+        """The free workers, in the order the pool books them, and since when each is:
+        one whose result is not recorded yet is not free (Ledger.worker_freed)."""
         unreported = {running.worker for running in ledger.runs().values()}
         return {worker: max(at, ledger.worker_freed.get(worker, at))
                 for worker, at in self.pool.free_since().items() if worker not in unreported}
 
     def plan_made(self, plan: core.Plan, on_newest: bool = False) -> None:
         """A plan of the batch, before the write: book its worker, so that the next plan
-        is made on the pool as it will be (launches under way count as running); and,
-        made on the newest revision this site has seen of its job, launch its steps
-        ahead of the write (launches_ahead)."""
+        is made on the pool as it will be (launches under way count as running); made
+        on the newest revision seen, launch its steps ahead of the write."""
         for effect in plan.before:
             self.apply(effect)
         launches = [launch for launch in plan.after if isinstance(launch, core.Launch)]
         for launch in launches:
             self.ledger.launching(launch.key, launch.worker, launch.epoch)
         for launch in launches:
-            if on_newest and plan.doc is not None and self.launches_ahead(launch):
+            # (docs/protocol.md, "Launch ahead"; never an execution launched here before)
+            if on_newest and plan.doc is not None and launch.ahead \
+                    and (launch.key, launch.epoch) not in self.ledger.launched \
+                    and self.ledger.run(launch.key) is None:
                 self.launch_ahead(launch, plan.doc)
 
     def launch_ahead(self, launch: core.Launch, doc: Job) -> None:
@@ -123,8 +119,7 @@ class PlanRunner:
         with one leaf: if the step ends within `start_delay`, its start is written with its
         end (core.plan_finish, late_start), one revision instead of two; else when due
         (deferred_due). Any decision about the job meanwhile writes the start at once
-        (core.record_late_start). A plan that writes more than the start (a `ready`
-        event, say) is written now."""
+        (core.record_late_start)."""
         if self.start_delay <= 0 or plan.action != core.Action.START or plan.deletions \
                 or len(leaves) != 1 or not only_starts(plan.doc, leaves[0]):
             return False
@@ -141,8 +136,8 @@ class PlanRunner:
         return True
 
     def deferred_due(self, limit: int) -> list[str]:
-        """The jobs of at most `limit` deferred starts now due: back among the runs launched
-        ahead, to be written by the batch that decides them, or stopped (batch_done)."""
+        """The jobs of at most `limit` deferred starts now due: to be written by the batch
+        that decides them, or stopped (batch_done)."""
         due = self.ledger.due(time.monotonic(), limit)
         for key in due:
             self.ledger.fall_due(key)
@@ -150,16 +145,15 @@ class PlanRunner:
 
     def defer_again(self, job_id: str) -> None:
         """The server did not answer the batch that was to write the job's due start: the
-        run goes on, its start tried again later (a start never written is stopped only
-        once the document, read, no longer calls for it: batch_done)."""
+        run goes on, its start tried again later, for up to Timings.defer_limit."""
         for key, entry in self.ledger.unwritten([State.DUE], job_id):
-            if time.time() - entry.since < self.defer_limit:  # else stopped with the batch
+            if time.time() - entry.since < self.timings.defer_limit:  # else stopped: batch_done
                 self.ledger.defer(key, time.monotonic() + self.start_delay)
 
     def decided_about(self, job_id: str, plan: core.Plan) -> None:
-        """A decision about a job whose run's start is deferred, that does not write that
-        start: the document no longer calls for it (core.record_late_start comes first, a
-        cancel, a revocation, a lapsed win): the run is stopped with the batch."""
+        """A decision about a job that does not write its deferred start (core.
+        record_late_start comes first): the document no longer calls for it (a cancel, a
+        revocation, a lapsed win), so the run is stopped with the batch."""
         for key, entry in self.ledger.unwritten([State.DEFERRED], job_id):
             if not core.records_start(plan.doc, key, entry.epoch, self.site):
                 self.ledger.fall_due(key)
@@ -173,30 +167,25 @@ class PlanRunner:
         """The job as read shows a start of ours that is unwritten here: a write the server
         took but never answered. It is written: the run goes on."""
         unwritten = self.ledger.unwritten([State.AHEAD, State.DUE], doc_id)
-        if not leaves or not unwritten:
-            return
-        doc = leaves[0] if len(leaves) == 1 else core.merge(leaves)
+        if leaves and unwritten:
+            self._starts_written(leaves[0] if len(leaves) == 1 else core.merge(leaves),
+                                 unwritten)
+
+    def _starts_written(self, doc: Job | None, unwritten: list[tuple[StepKey, Held]]) -> None:
+        """The starts `doc` records: their journal entries go, and the runs go on."""
         for key, entry in unwritten:
             if core.records_start(doc, key, entry.epoch, self.site):
                 self.journal.forget(entry)
                 self.ledger.start_settled(key)
 
-    def launches_ahead(self, launch: core.Launch) -> bool:
-        """Does this start launch before its revision is saved? (docs/protocol.md,
-        "Launch ahead") When the core allows it (Launch.ahead), and never an execution
-        launched here before."""
-        return launch.ahead and (launch.key, launch.epoch) not in self.ledger.launched \
-            and self.ledger.run(launch.key) is None
-
     def decided(self, doc_id: str, plan: core.Plan) -> None:
-        """Every plan made about a job: a win of it held here stays held only while the
-        core keeps holding it."""
+        """Every plan made about a job: a win queued here stays only while the core keeps
+        it queued."""
         self.ledger.unqueue(doc_id, {effect.key for effect in plan.before
                                      if isinstance(effect, core.Queue)})
 
     def queued_first(self, count: int | None = None) -> list[str]:
-        """The jobs of the `count` wins queued longest (all of them: None): first in line
-        for freed workers."""
+        """The jobs of the `count` wins queued longest (None: all)."""
         return [key[0] for key in self.ledger.in_state(State.QUEUED)[:count]]
 
     def queued_due(self, held_at_most: float) -> list[str]:
@@ -211,21 +200,16 @@ class PlanRunner:
         nothing. Its report says how far it got (core.plan_finish, late_start). With
         `jobs`, only theirs: a batch decided while another batch's write is in flight
         (Settler.write) leaves that batch's launches alone."""
-        def ours(key: StepKey) -> bool:
-            return jobs is None or key[0] in jobs
         for key in self.ledger.in_state(State.LAUNCHING):
-            if ours(key):
+            if jobs is None or key[0] in jobs:
                 self.ledger.not_launching(key)  # launched, or their revision was not saved
         for key, entry in self.ledger.unwritten([State.AHEAD, State.DUE]):
-            if ours(key):  # (its journal entry stays until its report is recorded)
-                self.stop_unwritten(key, entry)
-
-    def stop_unwritten(self, key: StepKey, entry: Held) -> None:
-        self.ledger.start_settled(key)  # never to be written
-        self.log.warning("start not written: stopping the step launched ahead",
-                         job=key[0], step=key[1], epoch=entry.epoch)
-        self.counts["launches_stopped"] += 1
-        self.pool.cancel(key)
+            if jobs is None or key[0] in jobs:  # (its journal entry stays until its report)
+                self.ledger.start_settled(key)  # never to be written
+                self.log.warning("start not written: stopping the step launched ahead",
+                                 job=key[0], step=key[1], epoch=entry.epoch)
+                self.counts["launches_stopped"] += 1
+                self.pool.cancel(key)
 
     # --- after the write ----------------------------------------------------------------
 
@@ -247,10 +231,7 @@ class PlanRunner:
         # A start written late was counted as a start when it was launched (defers).
         late = plan.reason == Reason.LATE_START
         self.counts["action_late_start" if late else f"action_{plan.action}"] += 1
-        for key, entry in self.ledger.unwritten(job_id=doc_id):
-            if core.records_start(plan.doc, key, entry.epoch, self.site):
-                self.journal.forget(entry)
-                self.ledger.start_settled(key)
+        self._starts_written(plan.doc, self.ledger.unwritten(job_id=doc_id))
         if plan.reason == Reason.WON_CLAIM:
             self.counts["claims_won"] += 1
         step, epoch = acted_on(plan)
@@ -268,18 +249,15 @@ class PlanRunner:
 
     def booked_by(self, plan: core.Plan) -> bool:
         """Does a worker stay booked for a step the plan booked, with no run of ours yet?
-        Its write refused by a 409, the job is decided again at once (Settler._write_all):
-        the revision in the way may be our own (a step this site ran, its start written
-        with its end, planned again from a revision that still showed it open), which the
-        feed brings without a decision, and the booking would hold the worker until the
-        booking timeout (core.settle_local_work frees it on the newer revision)."""
+        Then a 409 has the job decided again at once (Settler._write_all): the revision
+        in the way may be our own, which the feed brings without a decision, and the
+        booking would hold the worker until the booking timeout."""
         return any(isinstance(effect, core.Book) and self.pool.is_booked(effect.key)
                    and self.ledger.run(effect.key) is None for effect in plan.before)
 
     def conflicted(self, plan: core.Plan) -> None:
-        """The plan's write met a newer revision (a 409): the launches it planned after
-        its write will not happen, so they no longer count as running; the job's next
-        decision, on the newer revision, keeps or frees the worker the plan booked."""
+        """The plan's write met a newer revision (a 409): its launches will not happen, so
+        they no longer count as running (the next decision keeps or frees the worker)."""
         for effect in plan.after:
             if isinstance(effect, core.Launch):
                 self.ledger.not_launching(effect.key)
@@ -344,17 +322,16 @@ class PlanRunner:
 
     # --- bookings past their timeout ------------------------------------------------------
 
-    def expired_bookings(self) -> list[str]:
-        """The jobs of bookings held past their timeout: to decide about again."""
+    def expired_bookings(self) -> list[StepKey]:
+        """The bookings held past their timeout: their jobs to decide about again."""
         now = time.monotonic()
-        return [key[0] for key, since in self.ledger.booked_since().items()
+        return [key for key, since in self.ledger.booked_since().items()
                 if now - since >= self.timings.booking_timeout]
 
     def unbook_expired(self) -> None:
         """Bookings still held past their timeout once decided: their job is gone."""
-        now = time.monotonic()
-        for key, since in self.ledger.booked_since().items():
-            if now - since >= self.timings.booking_timeout and self.pool.is_booked(key):
+        for key in self.expired_bookings():
+            if self.pool.is_booked(key):
                 self.apply(core.Unbook(key))
 
     def release_bookings(self) -> None:
