@@ -10,20 +10,13 @@ revoke, wins queued too long, successions, waiting jobs to wake, starts whose
 write was deferred). Each group is carried out in batches by the `Settler`
 (settle.py): one read and one write for up to BATCH jobs.
 
-Its parts, each in its own module: the `Mailbox` the listener and the workers
-fill (mailbox.py), the `PlanRunner` that carries written plans out on this
-site and knows its workers (plan_runner.py), the `PeriodicWork` that says
-which jobs come due with time, publishes our status and saves the feed
-checkpoint (periodic_work.py), the `WaitingJobs` that says which of our
-waiting jobs to wake (waiting.py), the results held for the server
-(held_results.py), the verdicts on leaves (verdicts.py), the revisions seen
-(revisions_seen.py), and the worker pool, which the daemon builds.
-
-Beyond the thesis: when a worker frees up, the manager takes the next open
-steps this site may run (in line: core.claim_rank) from its backlog of what
-the feed showed (backlog.py), and asks the `claimable` view now and then for
-what the feed did not show (PeriodicWork.claimable_due), so no open step waits
-for the next keep-alive re-save.
+Its parts: the `Mailbox` the listener and the workers fill, the `PlanRunner`
+that carries written plans out on this site, the `PeriodicWork` that says which
+jobs come due with time, the `WaitingJobs` to wake, the `HeldResults`, the
+`Verdicts`, the `RevisionsSeen`, and the worker pool, which the daemon builds.
+Beyond the thesis, a freed worker takes the next open step in line from the
+backlog of what the feed showed, so no open step waits for the next keep-alive
+re-save (the `claimable` view now and then catches what the feed did not show).
 """
 
 from __future__ import annotations
@@ -79,6 +72,7 @@ class Manager:
         self.log = EventLog("jobdist.manager", site=self.site)
         self.store = store
         self.known_sites = frozenset(known_sites) | {self.site}
+        self.restricted = config.commands.allow is not None  # runs only the commands allowed
         self.mailbox = mailbox if mailbox is not None else Mailbox()
         self.pool = pool if pool is not None else site_pool(config, self.mailbox)
         self.own_revs: deque[str] = deque(maxlen=4096)
@@ -103,9 +97,8 @@ class Manager:
         self.waiting = WaitingJobs(self.site, store, self.skipped, self.verdicts.errors,
                                    self.log)
         self.revisions = RevisionsSeen()  # see Task.known
-        self.settler = Settler(self.site, store, self.runner, self.periodic, self.waiting,
-                               self.verdicts, self.revisions, self.held, self.counts, self.log,
-                               self.context, self.decide_task, self.mailbox, writer,
+        self.settler = Settler(self.runner, self.waiting, self.verdicts, self.revisions,
+                               self.held, self.context, self.decide_task, writer,
                                self._ends_and_next_work)
         self.later_reports: list[Finished | Retried] = []  # of jobs that were in flight
         # Every known site's room as the loop last saw it (None: not known), read by the
@@ -135,7 +128,7 @@ class Manager:
         # and only then to what just arrived: a constant stream of new jobs must not
         # overtake the jobs that have waited longest.
         self.settle([*self._scan_tasks_due(), *self._assign_tasks_due(), *arrivals,
-                     *self._retry_tasks_due()])
+                     *self._decisions(self.settler.retries_due())])  # (a failure lost them)
         if changes:
             self.periodic.seq = changes[-1].seq  # feed order: the checkpoint never goes back
         self.settle([*self._ends_and_next_work(),
@@ -212,6 +205,9 @@ class Manager:
         return [*queued, *(self.decide_task(doc_id, known=backlog.kept[doc_id])
                            for doc_id in kept)]
 
+    def _held_tasks_due(self) -> list[Task]:
+        return [self.record_task(held) for held in self.held.due()]
+
     def _assign_tasks_due(self) -> list[Task]:
         return [self.decide_task(doc_id, known=doc)
                 for doc_id, doc in self.periodic.open_for_room_due()]
@@ -229,7 +225,8 @@ class Manager:
         tasks = self._decisions(self.waiting.waiting_on(
             [item.doc_id for item in latest.values()
              if (item.doc or {}).get("job_status") in FINAL_STATUSES]))
-        for item in sorted(latest.values(), key=self._claim_order):
+        for item in sorted(latest.values(),
+                           key=lambda item: core.doc_place(self.site, item.doc_id, item.doc or {})):
             self.revisions.heard(item.doc_id, item.rev, item.doc)
             if status.is_status_id(item.doc_id):
                 self.periodic.hear_status(item.doc)
@@ -325,15 +322,6 @@ class Manager:
         return Task(key[0], plan, known=self.revisions.known(key[0]), retry_conflicts=True,
                     end_on_refusal=False)
 
-    # --- results the server did not take ------------------------------------------
-
-    def _held_tasks_due(self) -> list[Task]:
-        return [self.record_task(held) for held in self.held.due()]
-
-    def _retry_tasks_due(self) -> list[Task]:
-        """The decisions a failed read or write lost, due again."""
-        return self._decisions(self.settler.retries_due())
-
     # --- what the core and the other sites are told ---------------------------------
 
     def context(self, lease_silence: dict[str, float] | None = None,
@@ -372,10 +360,6 @@ class Manager:
     def pool_view(self, freeing: StepKey | None = None) -> core.PoolView:
         return self.runner.pool_view(self.draining, freeing)
 
-    @property
-    def restricted(self) -> bool:
-        return self.config.commands.allow is not None
-
     def own_status(self) -> status.SiteStatus:
         return status.SiteStatus(
             site=self.site, workers=self.config.workers,
@@ -399,9 +383,6 @@ class Manager:
         # All ids first: our decisions change the view while we would page through it.
         self.settle([self.decide_task(doc_id) for doc_id in list(self.store.involving(self.site))])
         self.periodic.scan_soon()
-
-    def _claim_order(self, item: Changed) -> tuple[int, int, str, int]:
-        return core.doc_place(self.site, item.doc_id, item.doc or {})
 
     def drain(self, grace: float) -> None:
         """Graceful stop: claim nothing more, let running steps end or stop them, release."""

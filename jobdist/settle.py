@@ -13,7 +13,7 @@ a moment later.
 from __future__ import annotations
 
 import time
-from collections import Counter, OrderedDict, deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Container, Iterable
 from concurrent import futures
 from concurrent.futures import Executor
@@ -24,13 +24,10 @@ from . import core
 from .couch import Conflict, CouchError, Rejected, Saved, Undecodable
 from .journal import Held, HeldResults
 from .ledger import HERE, IN_BATCH, UNWRITTEN
-from .logs import EventLog
-from .mailbox import Mailbox
 from .model import Doc, Job, normalise
-from .periodic_work import PeriodicWork
 from .plan_runner import PlanRunner
 from .revisions_seen import RevisionsSeen
-from .store import JobStore, Written
+from .store import Written
 from .verdicts import Found, Verdicts, is_job_leaf
 from .waiting import WaitingJobs
 
@@ -48,12 +45,10 @@ class Task:
     `seen` is a revision that may show there is nothing to do without a read
     (what the feed delivered, or what we just wrote).
 
-    `known` is the newest revision this site knows of the job: `seen` when it
-    calls for an action; for a step that runs here or a win queued here, its own
-    last write or the feed's since; for an open step, the revision the backlog
-    kept. The plan is made on it and written with its `_rev`, without a read. A
-    409 says it was not the newest: the job is read then (`retry_conflicts`), or
-    decided again when the feed brings the newer revision.
+    `known` is the newest revision this site knows of the job (RevisionsSeen, or
+    the backlog's for an open step): the plan is made on it and written with its
+    `_rev`, without a read. A 409 says it was not the newest: the job is read then
+    (`retry_conflicts`), or decided again when the feed brings the newer revision.
     (A conflicting leaf that arrived unseen is merged by the creator, as one
     that arrives between a read and a write always could be.)
     """
@@ -77,32 +72,30 @@ class Task:
 class Settler:
     """Carries tasks out for one site's manager (Manager.settle)."""
 
-    def __init__(self, site: str, store: JobStore, runner: PlanRunner, periodic: PeriodicWork,
-                 waiting: WaitingJobs, verdicts: Verdicts, revisions: RevisionsSeen,
-                 held: HeldResults, counts: Counter[str], log: EventLog,
+    def __init__(self, runner: PlanRunner, waiting: WaitingJobs, verdicts: Verdicts,
+                 revisions: RevisionsSeen, held: HeldResults,
                  context: Callable[[], core.Context], decide: Callable[..., Task],
-                 mailbox: Mailbox, writer: Executor | None = None,
-                 meanwhile: Callable[[Container[str]], list[Task]] | None = None) -> None:
-        """`context` is the site's decision context now; `decide(doc_id, seen)` the task
-        that decides about a job as usual (Manager.decide_task). With a `writer`, a
-        write in the loop goes through it, and `meanwhile(busy)` gives the tasks of the
-        reports that came while it is in flight, none about a busy job (write)."""
-        self.site = site
-        self.store = store
+                 writer: Executor | None,
+                 meanwhile: Callable[[Container[str]], list[Task]]) -> None:
+        """`decide(doc_id, seen)` is the task that decides about a job as usual
+        (Manager.decide_task); `meanwhile(busy)` the tasks of the reports that came
+        while a write goes through the `writer`, none about a busy job (write)."""
+        self.site = runner.site
+        self.store = runner.store
         self.runner = runner
         self.ledger = runner.ledger
-        self.periodic = periodic
+        self.periodic = runner.periodic
         self.waiting = waiting
         self.verdicts = verdicts
         self.revisions = revisions
         self.held = held
-        self.counts = counts
-        self.log = log
+        self.counts = runner.counts
+        self.log = runner.log
         self.context = context
         self.decide = decide
         self.own_revs: deque[str] = verdicts.reported  # our writes, and bad revisions reported
         self.retry_at: OrderedDict[str, float] = OrderedDict()  # decisions a failure lost
-        self.mailbox = mailbox
+        self.mailbox = runner.mailbox
         self.writer = writer
         self.meanwhile = meanwhile
         self.serving = False  # in the manager's loop (serve_once): its writes may overlap
@@ -196,14 +189,11 @@ class Settler:
     def _plan_seen(self, task: Task, seen: Doc) -> core.Plan | None:
         """The task's plan on the feed's revision (None: none, invalid, or the core choked).
 
-        Validation guards what we act on. Every site validated every revision it saw,
-        most of them only to find it had nothing to do (another site's start or end):
-        9 % of the daemons' busy time under a burst (2 % now). So a revision of another
-        site's job is planned on first, normalised as the checked way would, and
-        validated only when the plan acts; for a valid revision that plan is the checked
-        way's. The site the revision names as its creator checks, reports and skips it
-        first, and a revision the core chokes on takes the checked way, which says
-        what is wrong."""
+        A revision of another site's job is planned on first, normalised, and validated
+        only when the plan acts: validating every revision, most of them calling for
+        nothing here, was 9 % of the daemons' busy time under a burst (2 % now). The
+        creator validates first (it reports and skips), and a revision the core chokes
+        on takes the checked way, which says what is wrong."""
         if seen.get("creator") == self.site or not is_job_leaf(seen):
             return self._plan_one(task, self.verdicts.usable(task.doc_id, [seen]))
         try:
@@ -300,10 +290,9 @@ class Settler:
 
     def _planned(self, task: Task, leaves: list[Job], rejected: list[core.Unusable],
                  ) -> core.Plan:
-        """The task's plan (the planners are pure), then its first effects, before the
-        next plan is made: the worker of the result it records is free to the plans after
-        it (the plan saw it so: Manager.record_task), and what a decision saw of the
-        job's leases, leaves and waiting is noted."""
+        """The task's plan, then its first effects, before the next plan is made: the
+        worker of the result it records is free to the plans after it (the plan saw it
+        so: Manager.record_task), and what a decision saw of the job is noted."""
         plan = task.plan(leaves, rejected)
         if task.held is not None:
             self.ledger.freed(task.held.key)
@@ -369,11 +358,10 @@ class Settler:
         later batch of this settle decides, or one with a launch or a start this batch
         has yet to carry out or write) waits until the settle is done: a job's
         results are written in step order, and its next plan is made on what this write
-        says. The launches ahead, bookings and assignments of the batch in flight count
-        already (plan_made), so the reports' plans see the pool and the room as they
-        will be. At most two writes are out at once, never about one job."""
-        if self.writer is None or self.meanwhile is None or not self.serving \
-                or self.overlapping:
+        says. The batch in flight's bookings and launches count already (plan_made), so
+        the reports' plans see the pool as it will be. At most two writes are out at
+        once, never about one job."""
+        if self.writer is None or not self.serving or self.overlapping:
             return self.store.write(docs)
         busy = Either(planned, self.later_jobs | self.ledger.jobs_in(IN_BATCH))
         answer = self.writer.submit(self.store.write, docs)
@@ -381,16 +369,15 @@ class Settler:
         self.overlapping = True
         try:
             while not self.mailbox.wait_for_answer(answer):
-                self._serve_reports_meanwhile(self.meanwhile, busy)
+                self._serve_reports_meanwhile(busy)
         finally:
             self.overlapping = False
             futures.wait([answer])  # never a write of ours behind our back
         return answer.result()
 
-    def _serve_reports_meanwhile(self, meanwhile: Callable[[Container[str]], list[Task]],
-                                 busy: Container[str]) -> None:
+    def _serve_reports_meanwhile(self, busy: Container[str]) -> None:
         try:
-            tasks = meanwhile(busy)
+            tasks = self.meanwhile(busy)
             if tasks:
                 self.counts["decided_while_writing"] += len(tasks)
                 self.settle(tasks)
@@ -425,9 +412,9 @@ class Settler:
             del pending[task.doc_id]
 
     def _start_deferred(self, task: Task, plan: core.Plan, leaf: Job) -> None:
-        """A deferred start (launched ahead, its write waiting: PlanRunner.defers): the
-        step's end is planned on the revision the start was (no read); to the backlog and
-        the board the job is started (no free worker of ours goes for it again)."""
+        """A deferred start (PlanRunner.defers): the step's end is planned on the revision
+        the start was (no read); to the backlog and the board the job is started (no free
+        worker of ours goes for it again)."""
         self._recorded(task)
         self.revisions.keep_newest(task.doc_id, cast(Doc, leaf), self.ledger.has(task.doc_id, HERE))
         if plan.doc is not None:
