@@ -30,7 +30,19 @@ from .edits import (
     release_sub_run,
     start_sub_run,
 )
-from .types import STAY, Action, Book, Context, Decision, Launch, PoolView, Revoke, in_turn, known
+from .types import (
+    STAY,
+    Action,
+    Book,
+    Context,
+    Decision,
+    Launch,
+    PoolView,
+    Revoke,
+    in_sequence,
+    in_turn,
+    known,
+)
 
 
 def broadcast_sites(step: Step, ctx: Context) -> tuple[list[str], list[str]]:
@@ -117,13 +129,8 @@ def revoke_expired_parts(doc: Job, step: Step, ctx: Context) -> Decision:
     key = (doc["_id"], doc["step"])
     reasons = [f"lease of {site} expired at {sub_runs(step)[site]['lease_until']}"
                for site in expired]
-    edits = [release_sub_run(ctx, site, reason) for site, reason in zip(expired, reasons,
-                                                                        strict=True)]
-
-    def edit(new: Job) -> None:
-        for release_one in edits:
-            release_one(new)
-
+    edit = in_sequence(*(release_sub_run(ctx, site, reason)
+                         for site, reason in zip(expired, reasons, strict=True)))
     return Decision(Action.REVOKE, edit, before=tuple(Revoke(key, site) for site in expired),
                     detail="; ".join(reasons))
 

@@ -63,6 +63,7 @@ from .types import (
     Revoke,
     Unbook,
     Unusable,
+    after_edit,
     known,
 )
 from .wait import on_waiting
@@ -96,17 +97,13 @@ def accepting(decision: Decision, ctx: Context) -> Decision:
     one site only, so that every leaf agrees on it (same_job). The other sites
     leave the job alone until then (decide).
     """
-    action = decision.action if decision.edit is not None else Action.ACCEPT
-    then = decision.edit
-
-    def edit(doc: Job) -> None:
+    def accept(doc: Job) -> None:
         doc["created_at"] = ctx.now
         doc["history"].append(event("created", step=doc["step"], site=ctx.site, at=ctx.now,
                                     detail="accepted: written without a creation time"))
-        if then is not None:
-            then(doc)
 
-    return dataclasses.replace(decision, action=action, edit=edit)
+    action = decision.action if decision.edit is not None else Action.ACCEPT
+    return dataclasses.replace(after_edit(accept, decision), action=action)
 
 
 def decide(doc: Job, ctx: Context, pool: PoolView) -> Decision:
@@ -222,16 +219,9 @@ def released_from_wait(doc: Job, ctx: Context, pool: PoolView) -> Decision:
     ready = json_copy(doc)
     mark(ready)
     then = decide(ready, ctx, pool)
-    follow = then.edit
-    if follow is None or then.action == Action.IGNORE:
+    if then.edit is None or then.action == Action.IGNORE:
         return Decision(Action.READY, mark, detail=detail)
-
-    def both(new: Job) -> None:
-        mark(new)
-        follow(new)
-
-    return Decision(then.action, both, then.before, then.after, then.detail or detail,
-                    then.reason)
+    return dataclasses.replace(after_edit(mark, then), detail=then.detail or detail)
 
 
 def on_claimed(doc: Job, step: Step, ctx: Context, pool: PoolView) -> Decision:
@@ -266,10 +256,9 @@ def on_won(doc: Job, step: Step, ctx: Context, pool: PoolView) -> Decision:
     # outlive its bookings wins steps it can never start, and releases them forever.
     other, worker = taken
     decision = start_decision(doc, step, ctx, worker, assign=False)
-    return Decision(decision.action, decision.edit, (Unbook(other), *decision.before),
-                    decision.after,
-                    f"{WON_CLAIM}; worker taken from the claim on {other[0]} step {other[1]}",
-                    Reason.WON_CLAIM)
+    return dataclasses.replace(
+        decision, before=(Unbook(other), *decision.before), reason=Reason.WON_CLAIM,
+        detail=f"{WON_CLAIM}; worker taken from the claim on {other[0]} step {other[1]}")
 
 
 def on_running(doc: Job, step: Step, ctx: Context, pool: PoolView) -> Decision:

@@ -327,28 +327,26 @@ def known(site: Any, ctx: Context) -> bool:
     return ctx.known_sites is None or site == ctx.site or site in ctx.known_sites
 
 
+def in_sequence(*edits: Edit | None) -> Edit:
+    """One edit that makes `edits` in order (skipping None), so they share one revision."""
+    present = [edit for edit in edits if edit is not None]
+
+    def edit(doc: Job) -> None:
+        for each in present:
+            each(doc)
+
+    return edit
+
+
 def after_edit(first: Edit, then: Decision) -> Decision:
     """`then`, its revision written on top of `first`'s edit."""
-    second = then.edit
-
-    def both(doc: Job) -> None:
-        first(doc)
-        if second is not None:
-            second(doc)
-
-    return dataclasses.replace(then, edit=both)
+    return dataclasses.replace(then, edit=in_sequence(first, then.edit))
 
 
 def in_turn(decision: Decision, follow: Decision) -> Decision:
     """`decision`, then `follow` decided on its result, in one revision."""
-    first, second = decision.edit, follow.edit
-    if second is None:
+    if follow.edit is None:
         return decision
-    assert first is not None
-
-    def both(doc: Job) -> None:
-        first(doc)
-        second(doc)
-
-    return Decision(decision.action, both, (*decision.before, *follow.before),
-                    (*decision.after, *follow.after), decision.detail, decision.reason)
+    return dataclasses.replace(decision, edit=in_sequence(decision.edit, follow.edit),
+                               before=(*decision.before, *follow.before),
+                               after=(*decision.after, *follow.after))
