@@ -31,15 +31,16 @@ def current_step(doc: Job) -> Step:
     return doc["job"][doc["step"]]
 
 
-def log_event(doc: Job, name: str, ctx: Context, *, worker: str | None = None,
-              detail: str | None = None, at: str | None = None,
+def log_event(doc: Job, name: str, ctx: Context, *, run: SubRun | None = None,
+              worker: str | None = None, detail: str | None = None, at: str | None = None,
               reason: Reason | None = None) -> None:
-    """A history event about the current step (call before the step index moves), `at`
-    now unless given."""
+    """A history event about the current step (call before the step index moves), or
+    about its sub-run `run`, in that record's epoch; `at` now unless given."""
     index = doc["step"]
+    record: Step | SubRun = doc["job"][index] if run is None else run
     doc.setdefault("history", []).append(
         event(name, step=index, site=ctx.site, at=at or ctx.now, worker=worker,
-              epoch=doc["job"][index].get("epoch", 0), detail=detail, reason=reason)
+              epoch=record.get("epoch", 0), detail=detail, reason=reason)
     )
 
 
@@ -186,14 +187,6 @@ def end_current_step(doc: Job, ok: bool) -> None:
         doc["job_status"] = "success"
 
 
-def log_sub_run(doc: Job, name: str, ctx: Context, run: SubRun, *, worker: str | None = None,
-                detail: str | None = None, reason: Reason | None = None) -> None:
-    """A history event about a sub-run, in its epoch (the fencing token's half)."""
-    doc["history"].append(event(name, step=doc["step"], site=ctx.site, at=ctx.now,
-                                worker=worker, epoch=run.get("epoch", 0), detail=detail,
-                                reason=reason))
-
-
 def next_sub_run_epoch(doc: Job, site: str) -> int:
     """The epoch `site`'s next start of its part of the current step issues: above its
     part's, and above every epoch the history shows it started that part in (a
@@ -210,7 +203,7 @@ def start_sub_run(ctx: Context, worker: str) -> Edit:
         run.update(new_sub_run())
         run.update({"epoch": epoch, "status": "running", "executioner": worker,
                     "start_time": ctx.now, "lease_until": later(ctx.now, ctx.lease)})
-        log_sub_run(doc, "started", ctx, run, worker=worker)
+        log_event(doc, "started", ctx, run=run, worker=worker)
     return edit
 
 
@@ -221,7 +214,7 @@ def release_sub_run(ctx: Context, site: str, reason: str) -> Edit:
         epoch = run.get("epoch", 0) + 1
         run.update(new_sub_run())
         run["epoch"] = epoch
-        log_sub_run(doc, "released", ctx, run, detail=reason)
+        log_event(doc, "released", ctx, run=run, detail=reason)
     return edit
 
 
@@ -231,5 +224,5 @@ def drop_sites(ctx: Context, sites: list[str], reason: str) -> Edit:
         step = current_step(doc)
         step["dropped"] = sorted({*dropped_sites(step), *sites})
         for site in sites:
-            log_sub_run(doc, "dropped", ctx, sub_runs(step)[site], detail=f"{site}: {reason}")
+            log_event(doc, "dropped", ctx, run=sub_runs(step)[site], detail=f"{site}: {reason}")
     return edit

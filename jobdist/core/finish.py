@@ -28,7 +28,6 @@ from .edits import (
     end_step,
     end_sub_run,
     log_event,
-    log_sub_run,
     note,
     outcome_reason,
     record_outcome,
@@ -180,8 +179,8 @@ def finish_sub_run(merged: Job, ctx: Context, pool: PoolView, worker: str,
     def edit(doc: Job) -> None:
         run = sub_runs(current_step(doc))[ctx.site]
         end_sub_run(run, outcome)
-        log_sub_run(doc, "finished" if outcome.ok else "failed", ctx, run, worker=worker,
-                    detail=outcome.reason, reason=outcome_reason(outcome))
+        log_event(doc, "finished" if outcome.ok else "failed", ctx, run=run, worker=worker,
+                  detail=outcome.reason, reason=outcome_reason(outcome))
 
     decision = Decision(Action.FINISH, edit, detail=outcome.reason,
                         reason=outcome_reason(outcome))
