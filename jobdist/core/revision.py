@@ -88,19 +88,12 @@ def fit(doc: Job, keep_events_from: int, limit: int = MAX_DOC_SIZE) -> None:
     """
     if not json_size_over(doc, limit):
         return
-    size = json_size(doc)
-    for shed in (shed_old_outputs, shed_bookkeeping, shed_long_details, shed_all_outputs):
-        if size <= limit:
-            return
-        size = shed(doc, size, limit, keep_events_from)
-
-
-def shed_old_outputs(doc: Job, size: int, limit: int, _: int) -> int:
-    return shed_outputs(with_output(doc)[:-1], size, limit)
-
-
-def shed_all_outputs(doc: Job, size: int, limit: int, _: int) -> int:
-    return shed_outputs(with_output(doc), size, limit)
+    # Each step sheds nothing once the size is under the limit.
+    outputs = with_output(doc)
+    size = shed_outputs(outputs[:-1], json_size(doc), limit)
+    size = shed_bookkeeping(doc, size, limit, keep_events_from)
+    size = shed_long_details(doc, size, limit, keep_events_from)
+    shed_outputs(outputs[-1:], size, limit)
 
 
 def with_output(doc: Job) -> list[RunRecord]:
@@ -109,12 +102,12 @@ def with_output(doc: Job) -> list[RunRecord]:
     return [record for record in records if record.get("output") is not None]
 
 
-def shed_outputs(steps: list[RunRecord], size: int, limit: int) -> int:
-    for step in steps:
+def shed_outputs(records: list[RunRecord], size: int, limit: int) -> int:
+    for record in records:
         if size <= limit:
             break
-        size -= json_length(step["output"]) - json_length(None)
-        step["output"] = None
+        size -= json_length(record["output"]) - json_length(None)
+        record["output"] = None
     return size
 
 
