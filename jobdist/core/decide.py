@@ -48,7 +48,7 @@ from .placement import (
 )
 from .revision import finalize
 from .starts import record_late_start, start_decision
-from .succession import SHOWN_LIVE, adopt, left_live_by_a_silent_creator, silence, succeeds
+from .succession import SHOWN_LIVE, adopt, shown_live_after_end, silence, succeeds
 from .types import (
     NOTHING,
     STAY,
@@ -80,7 +80,10 @@ def plan(leaves: Sequence[Leaf], ctx: Context, pool: PoolView,
         return NOTHING
     merged = merge(leaves)
     decision = decide(merged, ctx, pool)
-    if decision == STAY and left_live_by_a_silent_creator(leaves, merged, ctx):
+    # Ended, yet the winning leaf shows it live: its creator ended it on its branch and
+    # died before it deleted a longer live branch (its predecessor's, which renewed a
+    # lease meanwhile). Its successor adopts the job to clean the conflict.
+    if decision == STAY and shown_live_after_end(leaves, merged) and succeeds(merged, ctx):
         decision = adopt(merged, ctx, f"{silence(merged, ctx)} (automatic succession: "
                          f"{SHOWN_LIVE})")
         merged = {**merged, "creator": ctx.site}  # we clean its conflicts now (finalize)

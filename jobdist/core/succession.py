@@ -43,16 +43,6 @@ def shown_live_after_end(leaves: Sequence[Leaf], merged: Job) -> bool:
     return not is_live(merged) and is_live(normalise(max(leaves, key=couch_order)))
 
 
-def left_live_by_a_silent_creator(leaves: Sequence[Leaf], merged: Job, ctx: Context) -> bool:
-    """Has the job ended while CouchDB's winning leaf still says it is live, its creator
-    silent, and is it our turn to take it over (succeeds)?
-
-    A creator that ended the job on its branch and died before it deleted a longer
-    live branch (its predecessor's, which renewed a lease meanwhile) leaves it so.
-    """
-    return shown_live_after_end(leaves, merged) and succeeds(merged, ctx)
-
-
 def adopt(doc: Job, ctx: Context, reason: str) -> Decision:
     """This site becomes the job's creator: from then on it arbitrates its claims,
     revokes expired leases and keeps it alive.
