@@ -30,7 +30,6 @@ from .broadcast import (
     drop_problem,
 )
 from .decide import (
-    on_open,
     plan,
 )
 from .edits import (
@@ -41,19 +40,15 @@ from .fencing import (
     backs_execution,
     current_leases,
     records_start,
-    settle_local_work,
     sub_run_open,
 )
 from .finish import (
-    burns_epoch,
-    chain_next,
     plan_finish,
 )
 from .leaves import (
     couch_order,
     merge,
     progress,
-    succeeded,
     usable_leaves,
 )
 from .placement import (
@@ -63,9 +58,7 @@ from .placement import (
     claim_rank,
     doc_place,
     doc_rank,
-    holds_claims,
     line_place,
-    queues,
     resave_picks,
     spread,
 )
@@ -83,10 +76,6 @@ from .revision import (
 )
 from .starts import (
     follows,
-    record_late_start,
-)
-from .succession import (
-    succeeds,
 )
 from .types import (
     BOOKING_TIMEOUT,
@@ -112,9 +101,6 @@ from .types import (
     Unbook,
     Unusable,
     claim_delay_for,
-)
-from .wait import (
-    on_waiting,
 )
 
 __all__ = [
@@ -144,8 +130,6 @@ __all__ = [
     "Unbook",
     "Unusable",
     "backs_execution",
-    "burns_epoch",
-    "chain_next",
     "claim_delay_for",
     "claim_rank",
     "couch_order",
@@ -155,12 +139,9 @@ __all__ = [
     "drop_problem",
     "fit",
     "follows",
-    "holds_claims",
     "keepalive",
     "line_place",
     "merge",
-    "on_open",
-    "on_waiting",
     "plan",
     "plan_adopt",
     "plan_cancel",
@@ -170,16 +151,11 @@ __all__ = [
     "plan_renew",
     "plan_retried",
     "progress",
-    "queues",
-    "record_late_start",
     "record_outcome",
     "records_start",
     "resave_picks",
-    "settle_local_work",
     "spread",
     "start",
     "sub_run_open",
-    "succeeded",
-    "succeeds",
     "usable_leaves",
 ]
