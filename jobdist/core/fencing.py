@@ -47,17 +47,19 @@ def settle_local_work(doc: Job, ctx: Context, pool: PoolView) -> Decision | None
     return None
 
 
-def behind(doc: Job, key: StepKey, epoch: int, site: str | None = None) -> bool:
+def behind(doc: Job, key: StepKey, epoch: int, site: str) -> bool:
     """Is this view of the job older than a step and epoch we already acted on?"""
     if doc["step"] != key[1]:
         return doc["step"] < key[1] and doc["job_status"] is None
     step = doc["job"][key[1]]
-    if is_broadcast(step) and site is not None:
+    if is_broadcast(step):
         return sub_run_behind(step, epoch, site)
     return step.get("epoch", 0) < epoch
 
 
 def backs_execution(doc: Job, key: StepKey, epoch: int, site: str) -> bool:
+    """Is the execution (key, epoch) at `site` the current one: the step's winner in
+    that epoch, or for a broadcast step `site`'s running sub-run in it?"""
     if not is_live(doc) or doc["step"] != key[1]:
         return False
     step = doc["job"][key[1]]

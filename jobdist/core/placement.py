@@ -85,16 +85,6 @@ def spread(site: str, doc_id: str) -> int:
     return int.from_bytes(hashlib.blake2b(f"{site}/{doc_id}".encode(), digest_size=4).digest())
 
 
-def open_for(doc: Job, ctx: Context, delay: float) -> bool:
-    """Has the step been open for `delay` seconds, by the document's own times?
-
-    The creator had its chance to assign it. Clocks that disagree only move
-    when a site falls back to claiming, never who wins.
-    """
-    touched = doc.get("updated_at") or doc.get("created_at")
-    return not touched or seconds_between(touched, ctx.now) >= delay
-
-
 def willing(step: Step, ctx: Context) -> bool:
     """Would this site take the step, given its allow-list? Another target may run
     a command we refuse; a step with us as its only target is taken, and refused
@@ -110,14 +100,17 @@ def holds_claims(doc: Job, ctx: Context, pool: PoolView) -> bool:
     It does until the step has been open, and a worker of ours free, for the delay:
     then the creator had the time to give us work and did not. (The step's age alone
     says nothing in a burst: steps wait in the creator's line while it feeds us, and
-    claims on them would race its assignments, each a claim and a win more.)
+    claims on them would race its assignments, each a claim and a win more.) The age
+    is by the document's own times: clocks that disagree only move when a site falls
+    back to claiming, never who wins.
     """
     creator = doc["creator"]
     if creator not in ctx.assigning:
         return False
     delay = ctx.fed_claim_delay if creator in ctx.fed_by else ctx.claim_delay
-    return not open_for(doc, ctx, delay) or (pool.idle_for is not None
-                                              and pool.idle_for < delay)
+    touched = doc.get("updated_at") or doc.get("created_at")
+    open_long_enough = not touched or seconds_between(touched, ctx.now) >= delay
+    return not open_long_enough or (pool.idle_for is not None and pool.idle_for < delay)
 
 
 def assign_to_room(doc: Job, step: Step, ctx: Context) -> Decision:

@@ -18,15 +18,11 @@ from .types import STAY, Action, Context, Decision
 
 
 def on_waiting(doc: Job, ctx: Context) -> Decision | None:
-    """A job that waits (model.is_waiting): its creator alone decides when it may start.
+    """A job that waits (model.is_waiting): its creator alone decides when it may start;
+    None once it may (decide.released_from_wait writes the `ready` event).
 
     Other sites cannot know reliably how the awaited jobs ended, nor agree on
     "now": they leave it alone until the creator's `ready` event reaches them.
-    The creator ends it `failed` as soon as an awaited job failed or was
-    cancelled (unless `after_policy` is `always`), and releases it once every
-    awaited job ended and its own clock has passed `not_before`: None says so, and
-    the caller writes the `ready` event with the released job's first decision
-    (decide.released_from_wait).
     """
     if ctx.site != doc["creator"]:
         return STAY
@@ -34,7 +30,7 @@ def on_waiting(doc: Job, ctx: Context) -> Decision | None:
     if failure is not None:
         return Decision(Action.FAIL, fail_job(ctx, failure, Reason.WAITED_FOR), detail=failure,
                         reason=Reason.WAITED_FOR)
-    return STAY if waits_for(doc, ctx) else None
+    return STAY if still_waits(doc, ctx) else None
 
 
 def awaited_failure(doc: Job, ctx: Context) -> str | None:
@@ -50,11 +46,9 @@ def awaited_failure(doc: Job, ctx: Context) -> str | None:
     return None
 
 
-def waits_for(doc: Job, ctx: Context) -> list[str]:
-    """What a waiting job still waits for, by its creator's knowledge and clock:
-    each awaited job not seen ended, and its `not_before` time not yet reached."""
-    pending = [job_id for job_id in awaited(doc) if job_id not in ctx.ended]
+def still_waits(doc: Job, ctx: Context) -> bool:
+    """Does the job still wait, by its creator's knowledge and clock: for an awaited job
+    not seen ended, or for its `not_before` time?"""
     not_before = doc.get("not_before")
-    if not_before and seconds_between(ctx.now, not_before) > 0:
-        pending.append(f"not before {not_before}")
-    return pending
+    return any(job_id not in ctx.ended for job_id in awaited(doc)) or bool(
+        not_before and seconds_between(ctx.now, not_before) > 0)
