@@ -65,10 +65,7 @@ def succeeded(doc: Job) -> bool:
 
 
 def merge(leaves: Sequence[Leaf]) -> Job:
-    """One view of a job from all its live leaves; `_rev` is CouchDB's winner.
-
-    Each leaf is read with its missing fields at their defaults (model.normalise).
-    """
+    """One view of a job from all its live leaves; `_rev` is CouchDB's winner."""
     jobs = [normalise(leaf) for leaf in leaves]
     winner = max(jobs, key=couch_order)
     furthest = max(jobs, key=lambda leaf: (succeeded(leaf), progress(leaf), couch_order(leaf)))
@@ -147,13 +144,11 @@ def usable_leaves(leaves: list[Doc], errors_of: Callable[[Doc], list[str]] = val
     out, and so is a valid one that defines another job than the winning valid
     leaf (other creation time or steps): merging those mixes two jobs. (Not the
     creator: an adoption changes it.) `errors_of` is validate_job, or a memo of it.
-    A job with a leaf of a newer format (model.newer_format) has neither: no leaf
-    of it is ours to merge or to delete.
     The rules judge each leaf as stored; the usable ones are returned normalised
     (model.normalise): from here on every reader sees a field's default.
     """
     if any(newer_format(leaf) for leaf in leaves):
-        return [], []  # a newer release's job: neither merged nor cleaned up here
+        return [], []  # a newer release's job: no leaf of it is ours to merge or delete
     valid: list[Job] = []
     rejected: list[Unusable] = []
     for leaf in leaves:

@@ -75,20 +75,18 @@ BOOKKEEPING_EVENTS = ("claimed", "won", "released", "retried", "stale_finish")
 def fit(doc: Job, keep_events_from: int, limit: int = MAX_DOC_SIZE) -> None:
     """Shed what matters least until the revision fits under the server's size limit.
 
-    Outputs and history grow with every step; past the limit every write is
-    refused and the job could never end. In order, until it fits: the outputs
-    of all but the newest step that has one (oldest first), bookkeeping events
-    (oldest first), long event details, the newest output. Events from
-    `keep_events_from` on are this revision's own, and stay: a write that only
-    fits without its own event (a claim on a full document) is better refused.
-    The size is kept up to date piece by piece: measuring 1 MiB takes milliseconds.
-    A revision far below the limit, nearly every one, is measured no further than its
-    Python text (json_size_over): respelling its numbers as JavaScript would was a
-    third of this check on every decision.
+    Outputs and history grow with every step; past the limit every write is refused
+    and the job could never end. Events from `keep_events_from` on are this
+    revision's own, and stay: a write that only fits without its own event (a claim
+    on a full document) is better refused. The size is kept up to date piece by
+    piece: measuring 1 MiB takes milliseconds. A revision far below the limit, nearly
+    every one, is measured no further than its Python text (json_size_over):
+    respelling its numbers as JavaScript would was a third of this check on every
+    decision.
     """
     if not json_size_over(doc, limit):
         return
-    # Each step sheds nothing once the size is under the limit.
+    # Oldest first, the least useful first; each step sheds nothing once it fits.
     outputs = with_output(doc)
     size = shed_outputs(outputs[:-1], json_size(doc), limit)
     size = shed_bookkeeping(doc, size, limit, keep_events_from)

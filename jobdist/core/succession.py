@@ -24,8 +24,7 @@ from .types import Action, Context, Decision
 
 
 def term(doc: Job) -> int:
-    """The highest adoption term the job's history knows (0: none); an `adopted` event
-    stores its term in its `epoch` field."""
+    """The highest adoption term the job's history knows (0: none)."""
     return max((entry.get("epoch", 0) for entry in doc.get("history", [])
                 if entry["event"] == "adopted"), default=0)
 
@@ -48,8 +47,7 @@ def adopt(doc: Job, ctx: Context, reason: str) -> Decision:
     revokes expired leases and keeps it alive.
 
     Nothing else changes: a claim waiting for a decision is decided by the new
-    creator, a running step keeps its lease. The `adopted` event carries the
-    adoption's term in its epoch field; the merge takes the creator of the
+    creator, a running step keeps its lease. The merge takes the creator of the
     highest term, so a late write of the old creator cannot take the job back.
     If the old creator is in fact alive behind a partition, both sites arbitrate
     until it sees the adoption: a step may then run twice, in two epochs, recorded.

@@ -79,20 +79,10 @@ class PoolView:
 # The protocol's timing defaults, in seconds; a site's settings override them (the
 # heartbeat and every interval derived from these: jobdist/timings.py).
 BOOKING_TIMEOUT = 60.0
-
-
 LEASE = 60.0
-
-
 SKEW_MARGIN = 10.0
-
-
 CREATOR_TIMEOUT = 120.0  # seconds of a creator's silence before its successor takes over
-
-
 CLAIM_DELAY = 2.0  # seconds an assigning creator's open step is left to it (Context)
-
-
 FED_CLAIM_DELAY = 10.0  # the same, while that creator is feeding this site (Context.fed_by)
 
 
@@ -135,11 +125,9 @@ class Context:
     assigning: frozenset[str] = frozenset()
     claim_delay: float = CLAIM_DELAY
     # Of those, the creators that gave this site a step within the last `claim_delay`
-    # seconds of its own clock: live, and giving it work as they learn of its room.
-    # Their steps are claimed only once open, and a worker free, for `fed_claim_delay`:
-    # a claim would race their next assignment and cost two revisions more (a claim,
-    # then a win) for the same start. The bound keeps a belief that is wrong from
-    # holding a step for ever.
+    # seconds of its own clock: live and feeding it, so their steps wait `fed_claim_delay`
+    # instead (a claim would race their next assignment: two revisions more for one
+    # start). The bound keeps a belief that is wrong from holding a step for ever.
     fed_by: frozenset[str] = frozenset()
     fed_claim_delay: float = FED_CLAIM_DELAY
     # Automatic succession: each creator's successors, in order (config
