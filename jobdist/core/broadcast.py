@@ -52,9 +52,8 @@ def broadcast_sites(step: Step, ctx: Context) -> tuple[list[str], list[str]]:
     to the configs later joins the broadcasts opened after it, and a job that waited
     for its turn runs where the sites are then, not where they were at submission.
     """
-    known = (ctx.known_sites or frozenset()) | {ctx.site}
     if step["target"] == ALL:
-        return sorted(known), []
+        return sorted((ctx.known_sites or frozenset()) | {ctx.site}), []
     wanted = targets(step)
     return ([site for site in wanted if known_site(site, ctx)],
             [site for site in wanted if not known_site(site, ctx)])

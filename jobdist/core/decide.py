@@ -149,7 +149,7 @@ def decide(doc: Job, ctx: Context, pool: PoolView) -> Decision:
         case Phase.OPEN:
             return on_open(doc, step, ctx, pool)
         case Phase.CLAIMED:
-            return on_claimed(doc, step, ctx, pool)
+            return on_claimed(doc, step, ctx)
         case Phase.WON:
             return on_won(doc, step, ctx, pool)
         case Phase.RUNNING:
@@ -227,7 +227,7 @@ def released_from_wait(doc: Job, ctx: Context, pool: PoolView) -> Decision:
     return dataclasses.replace(after_edit(mark, then), detail=then.detail or detail)
 
 
-def on_claimed(doc: Job, step: Step, ctx: Context, pool: PoolView) -> Decision:
+def on_claimed(doc: Job, step: Step, ctx: Context) -> Decision:
     if ctx.site != doc["creator"]:
         return STAY  # only the creator picks the winner
     return Decision(Action.ASSIGN, assign(ctx), detail=f"winner {step['claimed_by']}")

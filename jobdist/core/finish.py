@@ -65,10 +65,8 @@ def plan_finish(
 ) -> Plan:
     """Record what an execution did; only a current execution advances the job.
 
-    `pool` must already show the execution's worker as free. When the step
-    succeeded and this site may run the next one, it starts it in the same
-    revision: nobody else writes to a running step, so nobody can compete.
-    An execution launched ahead of its start whose start was never written
+    `pool` must already show the execution's worker as free (chain_next may take
+    it for the next step). An execution launched ahead of its start whose start was never written
     (late_start) gets its start and its end in one revision, unless it ran on an
     end that no longer counts (a stale finish). `after`: the end of the step before
     that its launch followed (late_start).
@@ -150,7 +148,8 @@ def record_cancelled(merged: Job, ctx: Context, key: StepKey, worker: str, epoch
 
 
 def chain_next(merged: Job, decision: Decision, ctx: Context, pool: PoolView) -> Decision:
-    """Finish, and start the next step here in the same write when we may."""
+    """Finish, and start the next step here in the same write when we may: nobody else
+    writes to a running step, so nobody can compete for the next one."""
     after_finish = json_copy(merged)
     assert decision.edit is not None
     decision.edit(after_finish)

@@ -54,12 +54,8 @@ def plan_refused(leaves: Sequence[Leaf], ctx: Context, reason: str) -> Plan:
 
 
 def keepalive(leaves: list[Doc], ctx: Context, stale_after: float) -> Job | None:
-    """The re-save that makes other sites look at a forgotten job again, if due.
-
-    Only the creator re-saves, only a live job whose current step nobody has
-    claimed, only when nothing changed for `stale_after` seconds, and only on an
-    unconflicted document; it changes nothing but `keepalive_at`.
-    """
+    """The re-save that makes other sites look at a forgotten job again, if due: by
+    its creator, of an unconflicted document, changing nothing but `keepalive_at`."""
     if len(leaves) != 1 or newer_format(leaves[0]) or validate_job(leaves[0]):
         return None
     doc = normalise(leaves[0])
