@@ -348,7 +348,7 @@ class Manager:
     def _note_room(self) -> None:
         """Refresh room_seen, at most every ROOM_SEEN_INTERVAL: the free workers of ours
         and of the sites with a fresh status (less what we gave them since). Free workers,
-        not queues: a reminded site claims only with a free worker (core.on_open)."""
+        not queues: a reminded site claims only with a free worker (core.decide.on_open)."""
         now = time.monotonic()
         if now - self.room_seen_at < ROOM_SEEN_INTERVAL:
             return

@@ -395,7 +395,7 @@ def is_waiting(doc: Leaf) -> bool:
     """Does the job wait, not claimable by anyone, for its creator to release it?
 
     It waits when it names jobs to wait for or a time not to start before, until
-    its creator records a `ready` event (core.on_waiting). Decided by the document's
+    its creator records a `ready` event (core.wait.on_waiting). Decided by the document's
     own history, which only grows (the merge takes the union), so a site that
     sees the job before the release never takes it early, and one that has seen
     the release never goes back.

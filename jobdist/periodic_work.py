@@ -256,7 +256,7 @@ class PeriodicWork:
 
     def successions_due(self) -> list[str]:
         """The live jobs of silent creators of our lines: the core says whether it is our
-        turn to take them over (core.succeeds). We heard nothing while the scan failed:
+        turn to take them over (core.succession.succeeds). We heard nothing while the scan failed:
         silence is counted afresh after."""
         if not self.line_sites:
             return []

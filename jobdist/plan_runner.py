@@ -119,7 +119,7 @@ class PlanRunner:
         with one leaf: if the step ends within `start_delay`, its start is written with its
         end (core.plan_finish, late_start), one revision instead of two; else when due
         (deferred_due). Any decision about the job meanwhile writes the start at once
-        (core.record_late_start)."""
+        (core.starts.record_late_start)."""
         if self.start_delay <= 0 or plan.action != core.Action.START or plan.deletions \
                 or len(leaves) != 1 or not only_starts(plan.doc, leaves[0]):
             return False
@@ -267,7 +267,7 @@ class PlanRunner:
     def apply(self, effect: core.Effect, doc: Job | None = None) -> None:
         if isinstance(effect, core.Book):
             if self.ledger.run(effect.key) is not None:
-                return  # a run of ours already: its start, written late (core.chain_next)
+                return  # a run of ours already: its start, written late (core.finish.chain_next)
             if self.pool.book(effect.key, effect.worker) is not None:
                 self.ledger.book(effect.key, time.monotonic())
         elif isinstance(effect, core.Unbook):

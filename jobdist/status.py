@@ -9,7 +9,7 @@ remote step starts one replication hop after it is submitted instead of three
 know a claim would mostly lose to such an assignment, and hold it back a moment.
 
 A site's room is its free workers and its queue: as many wins as it has workers,
-held until a worker frees (core.queues), so that a busy site's next start costs no
+held until a worker frees (core.placement.queues), so that a busy site's next start costs no
 hop. The knowledge is always a little stale, which costs time, never safety: a
 site assigned a step it can neither start nor hold releases it as after any
 claim, and the creator still alone picks winners. An unchanged status is published
@@ -76,7 +76,7 @@ class SiteStatus:
 
     @property
     def queue(self) -> int:
-        """Wins it may hold beyond its free workers, to start as they free (core.queues)."""
+        """Wins it may hold beyond its free workers, to start as they free (placement.queues)."""
         return 0 if self.draining or self.restricted else self.workers
 
     @classmethod

@@ -406,7 +406,7 @@ def test_a_creator_dead_for_good_is_succeeded_and_every_job_ends(jobs, dead, dat
         random_event(data, sites, job_ids, clock, faults=True, succession=True)
     alive = [site for site in sites if site.name not in dead]
     for site in sites:
-        if site.name in dead:  # a job nobody accepted is not taken over (core.succeeds)
+        if site.name in dead:  # a job nobody accepted is not taken over (core.succession.succeeds)
             for doc_id in job_ids:
                 if (site.replica.winner(doc_id) or {}).get("creator") == site.name:
                     site.process(doc_id)

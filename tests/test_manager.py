@@ -376,7 +376,7 @@ def test_a_worker_booked_in_a_batch_is_not_taken_by_a_later_decision(tmp_path: P
 def test_the_core_sees_how_long_a_worker_has_been_free_since_its_step_ended(
         tmp_path: Path) -> None:
     """Claims on an assigning creator's steps wait for a worker free a while
-    (core.holds_claims): a worker a step just freed counts from its end."""
+    (core.placement.holds_claims): a worker a step just freed counts from its end."""
     store = SimStore(Replica(), "reg_a")
     manager = Manager(in_tmp(SiteConfig("reg_a", CouchSettings(store.url), workers=2), tmp_path),
                       store, SITES, Journal(tmp_path / "journal"))
@@ -545,7 +545,7 @@ def test_a_start_on_a_win_counts_as_a_claim_won_by_its_reason_code(tmp_path: Pat
 
 def test_a_win_queued_for_half_its_start_by_lease_is_given_back(tmp_path: Path) -> None:
     """Its start, or its release, must reach the creator long before the creator may take
-    it back: a win no worker took within half the lease goes back (core.queues)."""
+    it back: a win no worker took within half the lease goes back (core.placement.queues)."""
     store = SimStore(Replica(), "reg_a")
     manager, _, queued_win = queueing_a_win(tmp_path, store, lease=1.0, heartbeat=0.5)
     try:

@@ -166,7 +166,7 @@ def test_a_win_not_started_counts_against_its_sites_room_until_it_starts():
 
 def test_a_site_knows_which_creators_gave_it_a_step_lately():
     """A win of ours not started, in another creator's job: that creator is feeding us
-    (core.holds_claims); our own jobs, others' wins and started steps say nothing."""
+    (core.placement.holds_claims); our own jobs, others' wins and started steps say nothing."""
     board = Board("reg_a")
     board.saw_job("job-1", won_by("reg_b"), now=1.0)
     board.saw_job("job-1", won_by("reg_a", started=True), now=1.0)

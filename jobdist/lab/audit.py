@@ -217,7 +217,7 @@ def why_superseded(history: Sequence[Leaf], run: Run,
 def outranked_by_success(doc: Doc, run: Run, kept: Mapping[Run, Leaf]) -> str | None:
     """A run in a later epoch than the step's counted run, which the history shows
     revoked: the revoked run finished anyway, and the leaf where the job succeeded
-    outranks the branch of the release and this run (core.succeeded; protocol.md)."""
+    outranks the branch of the release and this run (core.leaves.succeeded; protocol.md)."""
     if doc.get("job_status") != "success":
         return None
     for step, epoch, site in kept:

@@ -150,7 +150,7 @@ class SimSite:
         self.known_sites = known_sites
         self.booked: dict[StepKey, tuple[str, float]] = {}
         self.running: dict[StepKey, Execution] = {}
-        self.queued: dict[StepKey, float] = {}  # wins held for a worker (core.queues), since
+        self.queued: dict[StepKey, float] = {}  # wins held for a worker (placement.queues), since
         self.free_at: dict[str, float] = {}  # see pool
         self.queue_limit = workers  # 0: a site that releases a win no worker is free for
         self.killed: list[Execution] = []
