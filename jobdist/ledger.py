@@ -31,13 +31,13 @@ from __future__ import annotations
 
 import copy
 import time
-from collections import OrderedDict
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
 from enum import Enum
 
 from . import core
 from .journal import Held
+from .memo import remember
 from .model import StepKey
 
 MAX_RECENT = 10_000  # (step, epoch) pairs remembered as launched here
@@ -82,7 +82,7 @@ class Ledger:
         # and deferred starts are served oldest first.
         self._steps: dict[StepKey, Step] = {}
         # A start decided on a stale view never launches one again (MAX_RECENT kept).
-        self.launched: OrderedDict[tuple[StepKey, int], None] = OrderedDict()
+        self.launched: dict[tuple[StepKey, int], bool] = {}
         # When each worker's last run left the ledger (monotonic): its free time starts there.
         self.worker_freed: dict[str, float] = {}
 
@@ -216,9 +216,7 @@ class Ledger:
     def started(self, key: StepKey, worker: str, epoch: int, after: str | None) -> None:
         """Launched, after the end of the step before `after` (core.follows)."""
         self._enter(key, Step(State.RUNNING, worker=worker, epoch=epoch, after=after))
-        self.launched[(key, epoch)] = None
-        if len(self.launched) > MAX_RECENT:
-            self.launched.popitem(last=False)
+        remember(self.launched, (key, epoch), True, MAX_RECENT)
 
     def launched_ahead(self, key: StepKey, entry: Held) -> None:
         self._enter(key, replace(self._steps[key], state=State.AHEAD, entry=entry))
