@@ -130,7 +130,7 @@ def throughput(spread: dict[str, float], command: str = "true") -> Throughput:
     return Throughput(10, command, 2, 2, 2.0, 1.5, spread, spread, spread,
                       {"a": 0.5, "b": 1.0}, 3.0, 1, RawRates(50, 200.0, 2000.0),
                       {"server": 1.0, "daemon": 0.5, "wall": 2.0}, 10, {"replicator GET /": 5},
-                      "global", "star", 40, 3, 0.25)
+                      "global", "first", "star", 40, 3, 0.25)
 
 
 def test_busy_shares_count_worker_time_while_work_waited() -> None:
@@ -220,6 +220,27 @@ def test_throughput_small() -> None:
     assert out["writes_per_s_vs_single_put"] == pytest.approx(
         out["writes_per_s"] / out["raw"]["single_put_per_s"])
     assert out["cpu"]["server"] > 0
+
+
+@pytest.mark.e2e
+def test_throughput_submitted_at_every_site_spreads_the_creators(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--submit-at every`: each site creates its share at its own server, and a step
+    counts as run away from its own creator, not from the first site."""
+    shares: dict[str, int] = {}
+    submit = throughput_module.submit_all
+
+    def counted(db: Any, creator: str, steps: Any, count: int) -> list[str]:
+        shares[creator] = count
+        return submit(db, creator, steps, count)
+
+    monkeypatch.setattr(throughput_module, "submit_all", counted)
+    out = run_json("--in-memory", "throughput", "--jobs", "7", "--sites", "3", "--workers",
+                   "1", "--raw-writes", "10", "--submit-at", "every")
+    assert shares == {"global": 3, "reg_a": 2, "reg_b": 2}
+    assert out["submit_at"] == "every" and out["jobs_ok"] == 7
+    assert out["revisions_floor"] == pytest.approx(1 + out["remote_share"])
+    assert 0 <= out["remote_share"] <= 1
 
 
 @pytest.mark.e2e

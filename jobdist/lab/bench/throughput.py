@@ -105,7 +105,7 @@ class Throughput:
     wall: float  # submission until every job is seen done at the submitting site
     execution_window: float  # first creation to last step's end, from the documents
     latency: dict[str, float]  # submit-to-start, seconds
-    remote_latency: dict[str, float]  # the same, of the steps that ran away from global
+    remote_latency: dict[str, float]  # the same, of the steps run away from their creator
     overhead: dict[str, float]  # scheduling overhead, seconds (see scheduling_overheads)
     busy: dict[str, float]  # each site's share of worker time busy while work waited
     revisions_per_step: float  # writes per step after the submission, conflicts included
@@ -114,11 +114,12 @@ class Throughput:
     cpu: dict[str, float]  # CPU seconds during the run, by role
     jobs_ok: int
     requests: dict[str, int]  # by sender and kind, when asked for (see ServerLog)
-    creator: str  # where the jobs were submitted: the first site
+    creator: str  # the first site, which submits the jobs (or its share) and sees them done
+    submit_at: str  # "first": all jobs created at the creator; "every": a share at each site
     topology: str
     replicated: int  # copies replication wrote into the sites, once it settled (revisions.py)
     status_revisions: int  # the sites' own status documents written meanwhile
-    remote_share: float  # steps run away from the creator: each costs a revision more
+    remote_share: float  # steps run away from their creator: each costs a revision more
 
     @property
     def revisions_floor(self) -> float:
@@ -196,19 +197,24 @@ def admin_login(couch: CouchSettings) -> tuple[str, str] | None:
 
 def run_throughput(jobs: int, sites: int, workers: int, raw_docs: int,
                    timeout: float, census: bool = False, command: str = "true",
-                   topology: str = "mesh") -> Throughput:
+                   topology: str = "mesh", submit_at: str = "first") -> Throughput:
+    """`submit_at` "first": the whole burst is created at the first site; "every": each
+    site creates an equal share, as regions that submit their own work do."""
     with local_cluster(sites, workers, topology) as cluster:
-        creator, sites = next(iter(cluster.sites)), len(cluster.sites)
+        first, sites = next(iter(cluster.sites)), len(cluster.sites)
         dbs = {name: site_db(cluster, name) for name in cluster.sites}
-        db = dbs[creator]
-        raw = raw_write_rates(admin_couch_of(cluster.sites[creator]), raw_docs)
+        db = dbs[first]
+        raw = raw_write_rates(admin_couch_of(cluster.sites[first]), raw_docs)
+        creators = list(cluster.sites) if submit_at == "every" else [first]
         logs = server_logs(cluster) if census else []
         counter = WriteCounter(dbs)
         pids = cluster_pids(cluster)
         cpu_before = {role: sum(map(cpu_seconds, p)) for role, p in pids.items()}
         ready = utc_now()
         started = time.monotonic()
-        ids = submit_all(db, creator, [new_step(command)], jobs)
+        ids = [job_id for index, creator in enumerate(creators)
+               for job_id in submit_all(dbs[creator], creator, [new_step(command)],
+                                        share(jobs, len(creators), index))]
         docs = wait_until_done(db, ids, timeout)
         wall = time.monotonic() - started
         cpu = {role: sum(map(cpu_seconds, p)) - cpu_before[role] for role, p in pids.items()}
@@ -221,18 +227,27 @@ def run_throughput(jobs: int, sites: int, workers: int, raw_docs: int,
             min(d["created_at"] for d in docs),
             max(d["job"][0]["finish_time"] for d in docs)),
         latency=summary([submit_to_start(d) for d in docs]),
-        remote_latency=summary([submit_to_start(d) for d in docs
-                                if d["job"][0]["winner"] != creator]),
+        remote_latency=summary([submit_to_start(d) for d in docs if ran_away(d)]),
         overhead=summary(scheduling_overheads(docs, ready)),
         busy=busy_shares(docs, workers),
         revisions_per_step=(revisions.total - jobs) / jobs,
         conflict_leaves=revisions.conflict_leaves,
         raw=raw, cpu=cpu | {"wall": wall},
         jobs_ok=sum(d["job_status"] == "success" for d in docs),
-        requests=requests, creator=creator, topology=topology,
+        requests=requests, creator=first, submit_at=submit_at, topology=topology,
         replicated=writes.replicated, status_revisions=writes.status_revisions,
-        remote_share=sum(d["job"][0]["winner"] != creator for d in docs) / jobs,
+        remote_share=sum(map(ran_away, docs)) / jobs,
     )
+
+
+def share(jobs: int, parts: int, index: int) -> int:
+    """The jobs part `index` of `parts` submits: equal shares, the first ones a job more."""
+    return jobs // parts + (index < jobs % parts)
+
+
+def ran_away(doc: Doc) -> bool:
+    """Did the job's step run at a site other than its creator (a revision more)?"""
+    return bool(doc["job"][0]["winner"] != doc["creator"])
 
 
 def percentiles_ms(spread: dict[str, float]) -> str:
@@ -261,7 +276,8 @@ def cpu_text(cpu: dict[str, float], role: str, scale: float = 1.0) -> str:
 
 def throughput_table(r: Throughput) -> Table:
     title = (f"{r.jobs} single-step `{r.command}` jobs, {r.sites} sites x {r.workers} "
-             f"workers ({r.topology}), submitted at once at {r.creator}")
+             f"workers ({r.topology}), submitted at once at "
+             f"{'every site' if r.submit_at == 'every' else r.creator}")
     replication_requests = r.replication_requests_per_step
     ms = 1000.0
     rows = [
@@ -269,11 +285,11 @@ def throughput_table(r: Throughput) -> Table:
         ("steps/s (first creation to last step end)",
          f"{r.jobs / r.execution_window:.1f}"),
         ("submit-to-start p50/p95/p99", percentiles_ms(r.latency)),
-        (f"  of steps run away from {r.creator}",
+        ("  of steps run away from their creator",
          percentiles_ms(r.remote_latency) if r.remote_latency else "none"),
         ("scheduling overhead p50/p95/p99", percentiles_ms(r.overhead)),
         ("writes per step (after submission)", f"{r.revisions_per_step:.2f}"),
-        ("  with no conflict (1 + share run away from global)",
+        ("  with no conflict (1 + share run away from their creator)",
          f"{r.revisions_floor:.2f} ({r.remote_share:.0%} away)"),
         ("conflict leaves (all jobs)", str(r.conflict_leaves)),
         ("documents replicated per step (jobs' and statuses')",
@@ -309,16 +325,20 @@ def throughput_table(r: Throughput) -> Table:
 @click.option("--requests", "census", is_flag=True,
               help="Also count the servers' requests by sender and kind (debug logs: slower).")
 @click.option("--command", default="true", show_default=True, help="Each job's one step.")
+@click.option("--submit-at", type=click.Choice(["first", "every"]), default="first",
+              show_default=True, help="first: the whole burst created at global; every: "
+              "each site creates an equal share (regions submitting their own work).")
 @json_option
 def throughput_command(jobs: int, sites: int, topology: str, workers: int, raw_writes: int,
-                       timeout: float, census: bool, command: str, as_json: bool) -> None:
+                       timeout: float, census: bool, command: str, submit_at: str,
+                       as_json: bool) -> None:
     """Steps per second, scheduling latency and writes per step, beside the raw write rate
     and what replication cost a step."""
     if census and deployment() is not None:
         raise DeploymentError("--requests cannot count a deployment's requests: it reads "
                               "the debug log pouchdb-server writes on this disk")
     result = run_throughput(jobs, sites, workers, raw_writes, timeout, census, command,
-                            topology)
+                            topology, submit_at)
     if as_json:
         print_json(result.as_json() | {"servers": servers_kind()})
         return
