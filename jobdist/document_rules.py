@@ -11,7 +11,16 @@ from collections.abc import Callable
 from typing import Any
 
 from .checks import Check, Field, Shape, choice, is_object, is_string, must_be, unchecked
-from .validation import COUCHDB_FIELDS, COUNT, FLAG, NAME, SITE, TIME, validate_submission
+from .validation import (
+    COUCHDB_FIELDS,
+    COUNT,
+    FLAG,
+    JOB_FIELDS,
+    NAME,
+    SITE,
+    TIME,
+    validate_submission,
+)
 
 
 def validate_site_status(doc: Any) -> list[str]:
@@ -93,3 +102,11 @@ def check_template(value: Any, path: str, errors: list[str]) -> None:
         errors.append(f"{path}: must be an object: the job each tick submits")
         return
     errors.extend(f"{path}.{error}" for error in validate_submission(value))
+    errors.extend(f"{path}.{field.name}: {NOT_COPIED}" for field in JOB_FIELDS
+                  if field.name not in TEMPLATE_FIELDS and field.name in value)
+
+
+# What a tick's job takes of the template (schedules.tick_job): a field beyond these
+# would be dropped without a word, so it is refused.
+TEMPLATE_FIELDS = ("type", "job", "priority", "meta")
+NOT_COPIED = "not copied to the jobs of the ticks: a schedule's job takes job, priority and meta"

@@ -97,6 +97,9 @@ def test_a_new_schedule_is_valid() -> None:
     ({"job": "true"}, "job: must be an object: the job each tick submits"),
     ({"_id": "schedule-other"}, '_id: must be "schedule-" followed by the schedule\'s name'),
     ({"crom": "x"}, "crom: unknown field (did you mean 'cron'?)"),
+    # What a tick's job would drop is refused, not lost.
+    ({"job": {**JOB, "after": ["job-1"]}}, "job.after: not copied to the jobs of the ticks"),
+    ({"job": {**JOB, "_id": "job-x"}}, "job._id: not copied to the jobs of the ticks"),
 ])
 def test_each_schedule_rule_has_its_message(changes: Doc, message: str) -> None:
     problems = validate_schedule(schedule(**changes))
@@ -116,6 +119,7 @@ SCHEDULE_CORPUS = [
     {"cron": "0 2 * *"}, {"timezone": 5}, {"owner": "Global", "missed": "never"},
     {"job": {"job": [{"do": 1}], "priorty": 2}}, {"job": None}, {"name": "Nightly"},
     {"enabled": 1, "created_at": "yesterday"}, {"extra": True},
+    {"job": {**JOB, "not_before": None, "history": [], "_rev": "1-a", "after": ["job-1"]}},
 ]
 
 

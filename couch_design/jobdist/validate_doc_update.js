@@ -645,6 +645,11 @@ function (newDoc, oldDoc, userCtx, secObj) {
   var TIMEZONE_REASON = 'must be an IANA time zone name, e.g. "UTC" or "Europe/Zurich"';
   var MISSED_POLICIES = ["latest", "all", "skip"];
   var SCHEDULE_DEFAULTS = {"enabled": true, "missed": "latest", "timezone": "UTC"};
+  // What a tick's job takes of the template (jobdist/schedules.py tick_job): a field
+  // beyond these would be dropped without a word, so it is refused.
+  var TEMPLATE_FIELDS = ["type", "job", "priority", "meta"];
+  var NOT_COPIED =
+    "not copied to the jobs of the ticks: a schedule's job takes job, priority and meta";
 
   function checkTemplate(value, path, errors) {
     // The job each tick submits: a submission, with its errors under `job.`.
@@ -655,6 +660,11 @@ function (newDoc, oldDoc, userCtx, secObj) {
     var submitted = {"type": "job", "creator": "cli"};
     Object.keys(value).forEach(function (key) { submitted[key] = value[key]; });
     validateJob(submitted).forEach(function (error) { errors.push(path + "." + error); });
+    jobFields(null, undefined).forEach(function (jobField) {
+      if (TEMPLATE_FIELDS.indexOf(jobField.name) < 0 && has(value, jobField.name)) {
+        errors.push(path + "." + jobField.name + ": " + NOT_COPIED);
+      }
+    });
   }
 
   function validateSchedule(doc) {
