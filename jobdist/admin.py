@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hmac
 import json
-import logging
 import math
 import re
 import socket
@@ -38,11 +37,10 @@ from .config import ConfigError
 from .couch import CouchError, Database
 from .dashboard import Dashboard, Handler, Refused, Reply, Request, Route, json_reply
 from .listener import feed_lag
+from .logs import EventLog
 
 if TYPE_CHECKING:
     from .daemon import Daemon
-
-log = logging.getLogger("jobdist.admin")
 
 MAX_BODY = 64 * 1024
 MAX_WORKERS = 1024
@@ -217,7 +215,7 @@ class AdminHandler(BaseHTTPRequestHandler):
         except Refused as error:
             self._send(json_reply({"error": str(error)}, error.status, error.headers))
         except Exception:
-            log.exception("admin request failed site=%s %s %s", admin.site, method, self.path)
+            admin.log.exception("admin request failed", method=method, path=self.path)
             self._send(json_reply({"error": "internal error; see the daemon's log"},
                                   HTTPStatus.INTERNAL_SERVER_ERROR))
 
@@ -253,8 +251,8 @@ class AdminHandler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         # One line per request, at DEBUG: the writes themselves are logged at INFO.
-        log.debug("admin request site=%s client=%s %s", self.server.admin.site,
-                  self.client_address[0], format % args)
+        self.server.admin.log.debug("admin request", client=self.client_address[0],
+                                    request=format % args)
 
 
 class _HttpServer(ThreadingHTTPServer):
@@ -275,6 +273,7 @@ class AdminServer:
                  token: str | None = None) -> None:
         self.daemon = daemon
         self.site = daemon.config.name
+        self.log = EventLog("jobdist.admin", site=self.site)
         self.host = host
         self.requested_port = port
         self._token = token.encode() if token else None
@@ -315,8 +314,8 @@ class AdminServer:
         self._http.admin = self
         threading.Thread(target=self._http.serve_forever, kwargs={"poll_interval": 0.2},
                          name=f"admin-{self.site}", daemon=True).start()
-        log.info("admin endpoint listening site=%s url=%s writes=%s", self.site, self.url,
-                 "token" if self._token else "refused (no token configured)")
+        self.log.info("admin endpoint listening", url=self.url,
+                      writes="token" if self._token else "refused (no token configured)")
 
     def stop(self) -> None:
         if self._http is None:
@@ -325,7 +324,7 @@ class AdminServer:
         self._http.shutdown()  # returns once serve_forever has
         self._http.server_close()
         self._http = None
-        log.info("admin endpoint stopped site=%s", self.site)
+        self.log.info("admin endpoint stopped")
 
     def route(self, method: str, path: str) -> tuple[Handler, str]:
         """The handler of a request and what its route's pattern took from the path."""
@@ -369,7 +368,7 @@ class AdminServer:
                           lambda size: isinstance(size, int) and 0 <= size <= MAX_WORKERS,
                           f'an integer from 0 to {MAX_WORKERS}, e.g. {{"size": 4}}')
         workers = self.daemon.resize_workers(size)
-        log.info("admin resized workers site=%s size=%d", self.site, workers["size"])
+        self.log.info("admin resized workers", size=workers["size"])
         return json_reply({"workers": workers})
 
     def set_keepalive_period(self, request: Request) -> Reply:
@@ -379,6 +378,5 @@ class AdminServer:
             f"a number of seconds above 0 and at most {MAX_KEEPALIVE_PERIOD:.0f}, "
             'e.g. {"period": 5}'))
         before = self.daemon.set_keepalive_period(period)
-        log.info("admin changed keep-alive period site=%s period=%.3gs->%.3gs",
-                 self.site, before, period)
+        self.log.info("admin changed keep-alive period", period=period, before=before)
         return json_reply({"keepalive_period": period})

@@ -398,7 +398,8 @@ def _move_deprecated(raw: dict[str, Any], path: Path) -> None:
         if (path, key) not in _warned:  # once a process: `site run` reads its config twice
             _warned.add((path, key))
             log.warning("deprecated setting, read until 0.2 only",
-                        setting=dotted(section, key), write_as=f"tuning.{new_key}", config=path)
+                        site=raw.get("name"), setting=dotted(section, key),
+                        write_as=f"tuning.{new_key}", config=path)
     if raw.get("keepalive") == {}:
         del raw["keepalive"]
 

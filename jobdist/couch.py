@@ -13,7 +13,6 @@ replication documents are written in couch_sync.py.
 from __future__ import annotations
 
 import json
-import logging
 import uuid
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -35,9 +34,8 @@ from tenacity import (
 )
 
 from .couch_sdk import json_result, new_client, sdk_params, split_id
+from .logs import EventLog
 from .model import Doc, Leaf
-
-log = logging.getLogger("jobdist.couch")
 
 # The 404 reasons meaning "no such database" rather than "no such document".
 _NO_DB_REASONS = frozenset({"Database does not exist.", "no_db_file"})
@@ -131,8 +129,12 @@ class Couch:
         timeout: float = 30.0,
         retries: int = 4,
         retry_time: float = 10.0,
+        site: str | None = None,
     ) -> None:
+        """`site`: the site whose server this is, for the log (None: an operator's command)."""
         self.url, url_user, url_password = _split_credentials(url)
+        self.site = site
+        self.log = EventLog("jobdist.couch", site=site)
         self.user = user if user is not None else url_user
         self._password = password if password is not None else url_password
         self.timeout = timeout
@@ -183,7 +185,8 @@ class Couch:
         if "://" not in address:
             return self.database(address)
         base, _, name = address.rpartition("/")  # Couch takes the credentials out of `base`
-        peer = Couch(base, timeout=self.timeout, retries=self.retries, retry_time=self.retry_time)
+        peer = Couch(base, timeout=self.timeout, retries=self.retries, retry_time=self.retry_time,
+                     site=self.site)
         return peer.database(unquote(name))
 
     # -- the SDK underneath -------------------------------------------------------------
@@ -245,7 +248,8 @@ class Couch:
     def _retrying(self, what: str) -> Retrying:
         def before_sleep(state: RetryCallState) -> None:
             exc = state.outcome.exception() if state.outcome else None
-            log.debug("retrying %s after attempt %d: %r", what, state.attempt_number, exc)
+            self.log.debug("retrying", request=what, attempt=state.attempt_number,
+                           error=self.clean(repr(exc)))
 
         return Retrying(
             stop=stop_after_attempt(self.retries) | stop_after_delay(self.retry_time),

@@ -33,7 +33,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import logging
 import os
 import time
 from collections import Counter
@@ -45,8 +44,6 @@ from .clock import utc_now
 from .logs import EventLog
 from .model import StepKey
 from .step_run import StepResult
-
-log = logging.getLogger("jobdist.journal")
 
 SUFFIX = ".json"
 DEFAULT_LIMIT = 10_000
@@ -145,7 +142,7 @@ class Journal:
             (self.directory / held.name).unlink()
         self._names.discard(held.name)
 
-    def load(self) -> list[Held]:
+    def load(self, log: EventLog) -> list[Held]:
         """Every entry on disk, oldest first; an unreadable one is logged and set aside."""
         entries = []
         for name in sorted(self._names):
@@ -153,7 +150,7 @@ class Journal:
             try:
                 entries.append(Held.from_json(json.loads(path.read_text(encoding="utf-8"))))
             except (OSError, ValueError, KeyError, TypeError) as error:
-                log.error("unreadable journal entry set aside path=%s error=%s", path, error)
+                log.error("unreadable journal entry set aside", path=path, error=error)
                 with contextlib.suppress(OSError):
                     path.rename(path.with_suffix(".unreadable"))
                 self._names.discard(name)
@@ -178,7 +175,7 @@ class HeldResults:
 
     def replay(self) -> list[Held]:
         """The results an earlier run of the daemon held, due at once."""
-        for held in self.journal.load():
+        for held in self.journal.load(self.log):
             self._keep(held, delay=0.0)
         return list(self.by_key.values())
 
@@ -189,15 +186,16 @@ class HeldResults:
             _, delay = self._retry[held.key]
             self._retry[held.key] = (time.monotonic() + delay, min(2 * delay, RETRY_MAX))
             return
+        self.counts["results_held"] += 1
         try:
             self.journal.keep(held)
         except (OSError, JournalFull) as error:
             self.counts["journal_errors"] += 1
             self.log.error("result held in memory only", job=held.job_id, step=held.step,
                            epoch=held.epoch, error=error)
-        self.counts["results_held"] += 1
-        self.log.warning("result held until the server takes it", job=held.job_id,
-                         step=held.step, epoch=held.epoch)
+        else:
+            self.log.warning("result held until the server takes it", job=held.job_id,
+                             step=held.step, epoch=held.epoch)
         self._keep(held, delay=RETRY_FIRST)
 
     def written(self, held: Held) -> None:

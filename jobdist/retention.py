@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import threading
 from collections.abc import Iterable, Iterator
@@ -35,8 +34,6 @@ from .couch_views import iter_view
 from .design import DDOC
 from .model import FINAL_STATUSES, Doc, as_doc, newer_format
 from .periodic import Periodic
-
-log = logging.getLogger("jobdist.retention")
 
 VIEW = "finished_before"  # key: updated_at of finished jobs
 

@@ -46,7 +46,8 @@ SITE_ROLE = "jobdist"
 
 def couch_of(site: SiteConfig, **options: Any) -> Couch:
     """The site's server as the site's own user (what the daemon and the CLI use)."""
-    return Couch(site.couch.url, user=site.couch.user, password=site.couch.password, **options)
+    return Couch(site.couch.url, user=site.couch.user, password=site.couch.password,
+                 site=site.name, **options)
 
 
 def admin_couch_of(site: SiteConfig, **options: Any) -> Couch:
@@ -54,7 +55,7 @@ def admin_couch_of(site: SiteConfig, **options: Any) -> Couch:
     if site.couch.admin_user is None:
         return couch_of(site, **options)
     return Couch(site.couch.url, user=site.couch.admin_user, password=site.couch.admin_password,
-                 **options)
+                 site=site.name, **options)
 
 
 def security_object(site: SiteConfig) -> dict[str, Any]:

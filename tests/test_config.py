@@ -122,7 +122,8 @@ def test_a_setting_tuning_took_over_is_still_read_with_a_warning(
         site = load_site(path)
         assert load_site(path) == site  # (`site run` reads it twice: warned once)
     assert getattr(site.tuning, new_key) == value
-    assert caplog.messages == [f"deprecated setting, read until 0.2 only setting={section}.{key} "
+    assert caplog.messages == [f"deprecated setting, read until 0.2 only site=solo "
+                               f"setting={section}.{key} "
                                f"write_as=tuning.{new_key} config={path}"]
 
 

@@ -20,12 +20,15 @@ from jobdist.couch_sync import sync_design_docs
 from jobdist.design import load_design_docs
 from jobdist.journal import Held, Journal, JournalFull
 from jobdist.lab.localserver import LocalServer, free_port
+from jobdist.logs import EventLog
 from jobdist.manager import Manager
 from jobdist.model import Doc, new_job, new_step
 from jobdist.step_run import StepResult
 from jobdist.store import CouchStore
 
 from .helpers import in_tmp, wait_for
+
+LOG = EventLog("jobdist.journal", site="global")
 
 
 def result(reason: str = "exit 0") -> StepResult:
@@ -47,9 +50,9 @@ def test_a_kept_result_survives_a_restart_and_is_forgotten_once_written(tmp_path
     journal.keep(second)
     journal.keep(first)  # kept again (a retry): still one entry
     again = Journal(tmp_path / "journal")  # a daemon restarted
-    assert again.load() == [second, first]  # oldest first, every field back
+    assert again.load(LOG) == [second, first]  # oldest first, every field back
     again.forget(second)
-    assert [entry.job_id for entry in Journal(tmp_path / "journal").load()] == ["job-b"]
+    assert [entry.job_id for entry in Journal(tmp_path / "journal").load(LOG)] == ["job-b"]
     assert not list((tmp_path / "journal").glob(".*.tmp"))
     assert stat.S_IMODE((tmp_path / "journal").stat().st_mode) == 0o700
 
@@ -64,13 +67,18 @@ def test_the_journal_is_bounded(tmp_path: Path) -> None:
     assert len(journal) == 2
 
 
-def test_an_unreadable_entry_is_set_aside_not_fatal(tmp_path: Path) -> None:
+def test_an_unreadable_entry_is_set_aside_not_fatal(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     journal = Journal(tmp_path)
     journal.keep(held("good"))
     (tmp_path / "broken-0-1.json").write_text("{not json")
-    entries = Journal(tmp_path).load()
+    entries = Journal(tmp_path).load(LOG)
     assert [entry.job_id for entry in entries] == ["good"]
     assert (tmp_path / "broken-0-1.unreadable").exists()
+    assert caplog.messages == [f"unreadable journal entry set aside site=global "
+                               f"path={tmp_path / 'broken-0-1.json'} error="
+                               f"'Expecting property name enclosed in double quotes: "
+                               f"line 1 column 2 (char 1)'"]
 
 
 # --- a real manager, a real server that dies mid-step -----------------------------------
