@@ -329,7 +329,7 @@ class Dashboard:
         if not cancelled.written:
             return json_reply({"cancelled": False, "message":
                                f"{job_id} had already ended: {cancelled.job['job_status']}"})
-        self.log.info("dashboard cancelled", job=job_id)
+        self.log.info("dashboard cancelled", job=job_id, step=cancelled.job["step"])
         return json_reply({"cancelled": True, "message": f"{job_id} cancelled"})
 
     # -- live updates --

@@ -66,7 +66,7 @@ class KeepAlive(Periodic):
         touched = core.keepalive(leaves, ctx, self.stale_after) if leaves else None
         if touched is None or not isinstance(self.db.save(touched), Saved):
             return False
-        self.log.info("keep-alive re-save", job=job_id)
+        self.log.info("keep-alive re-save", job=job_id, step=touched["step"])
         return True
 
 

@@ -258,7 +258,8 @@ class Manager:
                     if isinstance(report, Finished) else self.retry_note_task(report)
             except Exception:
                 self.counts["handler_errors"] += 1
-                self.log.exception("error while taking a report", job=job_id)
+                self.log.exception("error while taking a report", job=job_id,
+                                   step=report.key[1])
                 continue
             if task is not None:
                 tasks.append(task)
@@ -288,8 +289,9 @@ class Manager:
         running = self.ledger.run(key)
         if running is None or running.epoch != execution.epoch:
             return None
-        self.log.info("step ended", job=key[0], step=key[1], epoch=running.epoch,
-                      worker=running.worker, ok=result.ok, reason=result.reason)
+        # (The worker logged the step's end: "step finished".)
+        self.log.debug("report taken", job=key[0], step=key[1], epoch=running.epoch,
+                       worker=running.worker, ok=result.ok)
         self.ledger.ended(key)
         self.counts["steps_finished" if result.ok else "steps_failed"] += 1
         self.periodic.scan_soon()

@@ -8,6 +8,7 @@ derives the view the decision core decides on (`pool_view`).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter
 from collections.abc import Container
@@ -235,8 +236,10 @@ class PlanRunner:
         if plan.reason == Reason.WON_CLAIM:
             self.counts["claims_won"] += 1
         step, epoch = acted_on(plan)
-        self.log.info(plan.action, job=doc_id, step=step, epoch=epoch, rev=rev,
-                      detail=plan.detail or None)
+        # A lease renewal comes every few seconds for every running step: not news.
+        level = logging.DEBUG if plan.action == core.Action.RENEW else logging.INFO
+        self.log.log(level, plan.action, job=doc_id, step=step, epoch=epoch, rev=rev,
+                     detail=plan.detail or None)
         for effect in plan.after:
             self.apply(effect, plan.doc)
 

@@ -151,7 +151,7 @@ class Scheduler(Periodic):
             try:
                 check_schedule(doc)
             except BadSchedule as problem:
-                self.log.error("schedule skipped", schedule=name, reason=str(problem))
+                self.log.error("schedule skipped", schedule=name, error=problem)
                 continue
             if not doc.get("enabled", True):
                 continue
@@ -182,11 +182,11 @@ class Scheduler(Periodic):
         for job, result in zip(jobs, self.db.bulk_docs(jobs), strict=True):
             if isinstance(result, Saved):
                 report.created.append(job["_id"])
-                self.log.info("tick job created", job=job["_id"], schedule=doc["name"],
-                              tick=job["created_at"])
+                self.log.info("tick job created", job=job["_id"], step=job["step"],
+                              schedule=doc["name"], tick=job["created_at"])
             elif isinstance(result, Conflict):
                 report.existing.append(job["_id"])
             else:
-                self.log.error("tick job refused", job=job["_id"], schedule=doc["name"],
-                               result=result)
+                self.log.error("tick job refused", job=job["_id"], step=job["step"],
+                               schedule=doc["name"], result=result)
         return report

@@ -25,7 +25,7 @@ from .couch import Conflict, CouchError, Rejected, Saved, Undecodable
 from .journal import Held, HeldResults
 from .ledger import HERE, IN_BATCH, UNWRITTEN
 from .model import Doc, Job, normalise
-from .plan_runner import PlanRunner
+from .plan_runner import PlanRunner, acted_on
 from .revisions_seen import RevisionsSeen
 from .store import Written
 from .verdicts import Found, Verdicts, is_job_leaf
@@ -63,6 +63,14 @@ class Task:
     held: Held | None = None  # a step's result: kept in the journal until it is written
     notes_leaves: bool = False  # a decision: what it saw of the job is noted (_planned)
     recorded: bool = False  # done: written, or nothing is left to write it in
+
+    @property
+    def step(self) -> int | None:
+        """The step the task is about as far as known without a read, for the log."""
+        if self.held is not None:
+            return self.held.step
+        doc = self.seen or self.known
+        return doc.get("step") if doc else None
 
     def repeats(self, other: Task) -> bool:
         """Is this a plain decision that `other`, deciding about the same job anyway, makes?"""
@@ -131,7 +139,8 @@ class Settler:
                 self._run_batch(batch)
             except Exception:
                 self.counts["handler_errors"] += 1
-                self.log.exception("error while deciding a batch", jobs=list(batch)[:5])
+                self.log.exception("error while deciding a batch", jobs=len(batch),
+                                   first=",".join(list(batch)[:5]))
                 for task in batch.values():
                     if not task.recorded:
                         self._not_recorded(task)
@@ -163,7 +172,7 @@ class Settler:
             if plans:
                 self._write_all(pending, plans)
         for doc_id, task in pending.items():
-            self.log.warning("no settled decision", job=doc_id)
+            self.log.warning("no settled decision", job=doc_id, step=task.step)
             self._not_recorded(task)
 
     def _settle_from_seen(self, pending: dict[str, Task]) -> None:
@@ -284,7 +293,7 @@ class Settler:
             plan = None if found is None else self._planned(task, *found)
         except Exception:  # a document the core chokes on: logged, the batch goes on
             self.counts["handler_errors"] += 1
-            self.log.exception("error while deciding", job=task.doc_id)
+            self.log.exception("error while deciding", job=task.doc_id, step=task.step)
         self._note_plan(task, plan)
         return plan
 
@@ -348,7 +357,7 @@ class Settler:
                 self.runner.carried_out(doc_id, plan, rev)
             except Exception:  # e.g. a launch the pool refuses: the others still go
                 self.counts["handler_errors"] += 1
-                self.log.exception("error after writing", job=doc_id)
+                self.log.exception("error after writing", job=doc_id, step=acted_on(plan)[0])
 
     def write(self, docs: list[Job], planned: Container[str]) -> list[Written]:
         """The batch's `_bulk_docs`. In the loop, with a writer, the manager does not
@@ -423,13 +432,13 @@ class Settler:
     def _refused(self, task: Task, plan: core.Plan, leaves: list[Job], result: Rejected) -> None:
         """The server refuses the revision: the same write can never succeed."""
         if result.error != "forbidden":  # not the rules: a login, or the server's trouble
-            self.log.warning("write failed", job=task.doc_id, action=plan.action,
-                             error=f"{result.error}: {result.reason}")
+            self.log.warning("write failed", job=task.doc_id, step=acted_on(plan)[0],
+                             action=plan.action, error=f"{result.error}: {result.reason}")
             self._not_recorded(task)
             return
         self.counts["writes_refused"] += 1
-        self.log.error("write refused", job=task.doc_id, action=plan.action,
-                       reason=result.reason)
+        self.log.error("write refused", job=task.doc_id, step=acted_on(plan)[0],
+                       action=plan.action, reason=result.reason)
         self.runner.refused(plan)
         self._recorded(task)  # nothing more can be recorded of it
         if task.end_on_refusal:

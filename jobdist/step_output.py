@@ -54,10 +54,12 @@ def parse_progress(line: str) -> Progress | None:
 
 
 class ProgressScanner:
-    """Finds progress reports in a stream that arrives in chunks of any size."""
+    """Finds progress reports in a stream that arrives in chunks of any size; `log`
+    is the step's (step_run.step_log)."""
 
-    def __init__(self, report: ProgressCallback) -> None:
+    def __init__(self, report: ProgressCallback, log: EventLog) -> None:
         self._report = report
+        self._log = log
         self._partial = bytearray()  # the line read so far
         self._overlong = False  # the current line is already too long to be a report
 
@@ -87,7 +89,7 @@ class ProgressScanner:
         try:
             self._report(report)
         except Exception:  # it runs in the step's wait: never let it stop the wait or the kill
-            EventLog("jobdist.workers").exception("the progress callback failed")
+            self._log.exception("the progress callback failed")
 
 
 PROGRESS_PREFIX = "jobdist-progress-"

@@ -7,6 +7,7 @@ timeout or a cancel can kill everything the command started, reads its output
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import signal
@@ -247,14 +248,15 @@ class _StepRun:
             self.log.error("attempt could not start", attempt=number, error=error)
             return _Attempt(None, "", "", outcome=f"could not start: {error}")
         assert proc.stdout is not None and proc.stderr is not None  # both are PIPE
-        scanner = None if self.on_progress is None else ProgressScanner(self.on_progress)
+        scanner = None if self.on_progress is None else ProgressScanner(self.on_progress, self.log)
         output = Output(proc.stdout, proc.stderr, scanner)
         timeout = self.step.get("timeout")
         ending = _wait_for_exit(proc, timeout, self.cancel, output)
         if ending != "exited" or group_has_live_members(proc.pid):
             # Also after a normal exit: a step's processes must not outlive it, and
-            # leftovers would keep our pipes open.
-            self.log.warning("killing process group", attempt=number, ending=ending)
+            # leftovers would keep our pipes open (then the step's author has to know).
+            level = logging.WARNING if ending == "exited" else logging.INFO
+            self.log.log(level, "killing process group", attempt=number, ending=ending)
             _terminate_group(proc, self.log, output)
         if not output.drain(READER_JOIN_SECONDS):
             self.log.warning("a process that left the group still holds an output pipe")

@@ -47,7 +47,8 @@ class Verdicts:
             self._report_invalid(doc_id, rev, reason)
         if not usable:
             if jobs:  # not a deletion: a job nothing can be done about as it stands
-                self.skip(doc_id, "no valid revision")
+                # (each of its revisions was logged as invalid: one line says it)
+                self._remember_skipped(doc_id, "no valid revision")
             return None
         return usable, rejected
 
@@ -70,6 +71,10 @@ class Verdicts:
         """Leave the job alone until a new revision of it arrives on the feed."""
         if doc_id not in self.skipped:
             self.log.warning("job skipped until it changes", job=doc_id, reason=reason)
+        self._remember_skipped(doc_id, reason)
+
+    def _remember_skipped(self, doc_id: str, reason: str) -> None:
+        if doc_id not in self.skipped:
             self.counts["jobs_skipped"] += 1
         remember(self.skipped, doc_id, reason, MAX_SKIPPED)
 
@@ -78,7 +83,7 @@ class Verdicts:
             return
         self.reported.append(rev)  # report each bad revision once
         self.counts["invalid_documents"] += 1
-        self.log.error("invalid job skipped", job=doc_id, rev=rev, errors=reason)
+        self.log.error("invalid revision ignored", job=doc_id, rev=rev, error=reason)
 
 
 def is_job_leaf(leaf: Doc) -> bool:

@@ -736,7 +736,7 @@ def test_a_job_whose_outputs_outgrow_the_size_limit_still_ends(run: Run) -> None
 def test_invalid_documents_are_recorded_and_skipped(run: Run) -> None:
     raw = Raw.of(run.cluster, "global")
     for doc in INVALID:
-        assert run.logged("global", doc["_id"], "invalid job skipped"), doc["_id"]
+        assert run.logged("global", doc["_id"], "invalid revision ignored"), doc["_id"]
         assert raw.get(doc["_id"]).json()["_rev"].startswith("1-"), "nobody wrote to it"
     assert run.logged("global", DEEP_ID, "cannot decode: Undecodable")
     assert raw.get(DEEP_ID).status_code == 200

@@ -203,7 +203,7 @@ def test_a_malformed_job_is_logged_and_skipped_and_the_next_job_still_runs(
     finally:
         manager.pool.shutdown(1.0)
     assert manager.counts["invalid_documents"] == 1
-    assert "invalid job skipped job=job-bad" in caplog.text
+    assert "invalid revision ignored job=job-bad" in caplog.text
     assert db.get("job-bad") == {**bad, "_rev": db.get("job-bad")["_rev"]}  # left as it was
 
 

@@ -611,7 +611,7 @@ def test_a_long_message_is_cut_to_what_the_document_allows() -> None:
 
 def test_reports_are_found_however_the_output_is_cut_into_chunks() -> None:
     reports: list[dict[str, Any]] = []
-    scanner = ProgressScanner(reports.append)
+    scanner = ProgressScanner(reports.append, step_run.step_log({}))
     stream = (b"noise\nJOBDIST_PROGRESS 0.1 one\n" + b"x" * 5000 + b" JOBDIST_PROGRESS 0.2 in a"
               b" long line\nJOBDIST_PROGRESS 0.3 three\nJOBDIST_PROGRESS 0.4 at EOF")
     for size in (1, 7, 4096):
