@@ -10,7 +10,8 @@ worker's job, step and worker) and turns keyword arguments into fields:
 
 Fields come in a fixed order (job, step, epoch, site, worker, then the rest as
 given), so lines about one step read alike whichever module wrote them; a
-value with spaces, quotes or `=` is quoted, so a line splits back into fields.
+value with spaces, quotes, `=` or a character that does not print (a newline, an
+escape) is quoted, so a line stays one line and splits back into fields.
 """
 
 from __future__ import annotations
@@ -46,17 +47,23 @@ def format_value(value: object) -> str:
     if isinstance(value, float):
         return str(round(value, 3))
     text = str(value)
-    if not text or any(c.isspace() or c in "\"'=" for c in text):
+    if not text or not text.isprintable() or any(c.isspace() or c in "\"'=" for c in text):
         return repr(text)
     return text
 
 
 def configure_logging(level: str = "INFO", path: Path | None = None) -> None:
-    """One line an event: time, level, component, then the event and its fields."""
+    """One line an event: time, level, component, then the event and its fields.
+
+    `level` is jobdist's; the libraries under it say only their warnings (at DEBUG
+    the CouchDB SDK would dump each HTTP exchange, headers and bodies, over many lines).
+    """
     handler: logging.Handler = (
         logging.FileHandler(path) if path is not None else logging.StreamHandler()
     )
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    ours = logging.getLogger("jobdist")
+    ours.setLevel(level)
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(level)
+    root.setLevel(max(ours.level, logging.WARNING))

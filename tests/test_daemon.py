@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import queue
+import re
 import subprocess
 import sys
 import threading
@@ -12,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+import requests
 
 from jobdist.clock import format_time
 from jobdist.couch import Couch, Database
@@ -147,14 +149,15 @@ def test_sigterm_lets_the_daemon_release_its_running_step_and_exit_zero(
     config = tmp_path / "global.toml"
     config.write_text(f'name = "global"\nworkers = 1\n\n[couch]\nurl = "{disk_server.url}"\n'
                       f'database = "jobs"\n\n[daemon]\nshutdown_grace = 0.5\n'
-                      f'journal = "{tmp_path / "journal"}"\n')
+                      f'journal = "{tmp_path / "journal"}"\n\n[admin]\nport = 0\n')
     pid_file = tmp_path / "step.pid"
     job = new_job("global", [new_step(f"echo $$ > {pid_file}; exec sleep 60")])
     db.save(job)
     ready = tmp_path / "ready"
     daemon = subprocess.Popen(
         [sys.executable, "-m", "jobdist", "site", "run", "--config", str(config),
-         "--ready-file", str(ready), "--log-file", str(tmp_path / "daemon.log")],
+         "--ready-file", str(ready), "--log-file", str(tmp_path / "daemon.log"),
+         "--log-level", "DEBUG"],
         start_new_session=True)
     try:
         deadline = time.monotonic() + 30
@@ -162,6 +165,9 @@ def test_sigterm_lets_the_daemon_release_its_running_step_and_exit_zero(
             assert time.monotonic() < deadline and daemon.poll() is None, "step never started"
             time.sleep(0.05)
         step_pid = int(pid_file.read_text())
+        listening = re.search(r"admin endpoint listening site=global url=(\S+)",
+                              (tmp_path / "daemon.log").read_text())
+        assert listening and requests.get(f"{listening[1]}/status", timeout=5).ok  # logged too
         daemon.terminate()
         assert daemon.wait(30) == 0
     finally:
@@ -175,7 +181,22 @@ def test_sigterm_lets_the_daemon_release_its_running_step_and_exit_zero(
     assert (step["step_status"], step["winner"], step["epoch"]) == (None, None, 2)
     released = doc["history"][-1]
     assert released["event"] == "released" and "stopped on this site" in released["detail"]
-    assert "site stopped site=global" in (tmp_path / "daemon.log").read_text()
+    log = (tmp_path / "daemon.log").read_text()
+    assert "site stopped site=global" in log
+    assert_one_line_an_event(log, "global")
+
+
+LOG_LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR) jobdist\.")
+
+
+def assert_one_line_an_event(log: str, site: str) -> None:
+    """docs/operations.md, "The daemon's log": every line is one event of jobdist's
+    (no library's dump, nothing spread over lines), with the site, and a line about a
+    job names its step."""
+    for line in log.splitlines():
+        assert LOG_LINE.match(line), line
+        assert f" site={site}" in line, line
+        assert " job=" not in line or " step=" in line, line
 
 
 def test_a_malformed_job_is_logged_and_skipped_and_the_next_job_still_runs(
