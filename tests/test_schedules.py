@@ -4,6 +4,8 @@ daemon making the jobs on real local sites."""
 
 from __future__ import annotations
 
+import json
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,12 +16,15 @@ from click.testing import CliRunner
 from jobdist.cli import main
 from jobdist.client import read_merged_many
 from jobdist.clock import later, utc_now
+from jobdist.couch import Couch
+from jobdist.design import load_design_docs
 from jobdist.document_rules import validate_schedule
 from jobdist.lab.cluster import LocalCluster
 from jobdist.lab.scenarios import site_db, wait_until_done, write_sites
 from jobdist.model import Doc
 from jobdist.schedules import (
     BadSchedule,
+    Scheduler,
     due_ticks,
     new_schedule,
     tick_job,
@@ -213,3 +218,26 @@ def test_bad_schedules_are_one_line_each_at_the_cli(tmp_path: Any) -> None:
                                        "--step", "true", "--sites", str(sites)])
     assert result.exit_code == 2
     assert result.output == "jobdist: cron: '61 * * * *': bad minute\n"
+
+
+def test_a_malformed_schedule_never_stops_the_others(db_url: str) -> None:
+    """Schedules written where validation was off (then replicated here): each bad one is
+    skipped, the owner still makes the good one's jobs."""
+    for design in load_design_docs():
+        design.pop("validate_doc_update", None)
+        requests.put(f"{db_url}/{design['_id']}", json=design, timeout=10).raise_for_status()
+    good = new_schedule("good", "* * * * *", "global", JOB, missed="all",
+                        now=later(utc_now(), -150))
+    nameless = {key: value for key, value in good.items() if key != "name"}
+    bad = [nameless | {"_id": "schedule-nameless"}, good | {"_id": "schedule-x", "name": 5},
+           good | {"_id": "schedule-typeless", "name": "typeless", "cron": 5}]
+    for doc in [*bad, good]:
+        assert requests.put(f"{db_url}/{doc['_id']}", json=doc, timeout=10).status_code == 201
+    # Nested deeper than Python's JSON parser reads.
+    text = json.dumps(good | {"_id": "schedule-deep", "name": "deep"})
+    assert requests.put(f"{db_url}/schedule-deep", data=text[:-1] + ', "x": ' + "[" * 1500
+                        + "]" * 1500 + "}", timeout=10,
+                        headers={"Content-Type": "application/json"}).status_code == 201
+    db = Couch(db_url.rsplit("/", 1)[0]).database(db_url.rsplit("/", 1)[1])
+    reports = Scheduler(db, "global", threading.Event()).pass_once()
+    assert list(reports) == ["good"] and reports["good"].created
