@@ -262,6 +262,10 @@ class Settler:
             if plan is None or plan.action == core.Action.NONE:
                 del pending[doc_id]
                 self._recorded(task)  # nothing left to record it in, or nothing to do
+                if plan is not None and task.held is not None:
+                    # Found written (its answer was lost): the job is decided as usual,
+                    # as its write's answer would have had it.
+                    pending[doc_id] = self.decide(doc_id)
                 continue
             if plan.action == core.Action.IGNORE:
                 del pending[doc_id]

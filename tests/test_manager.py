@@ -1033,6 +1033,26 @@ def test_a_chained_start_whose_answer_is_lost_is_released_and_run_once(tmp_path:
         manager.pool.shutdown(1.0)
 
 
+def test_an_end_whose_answer_is_lost_is_found_written_not_called_stale(tmp_path: Path) -> None:
+    """The server takes a step's end, its answer is lost: the held result, tried again,
+    finds its end in the history and writes nothing (no `stale_finish` saying that a run
+    which counted did not)."""
+    store = OutageStore(Replica(), "global")
+    manager = creator_alone(tmp_path, store, start_write_delay=0.0)
+    try:
+        job = new_job("global", [new_step("sleep 0.3"), new_step("true", target="reg_a")])
+        assert all(store.write([job]))
+        manager.process(job["_id"])
+        store.answers_lost = True  # when step 0 ends
+        serve_until(manager, lambda: manager.held, "the end held")
+        store.answers_lost = False
+        serve_until(manager, lambda: not manager.held, "the held end settled")
+        events = [e["event"] for e in store.replica.winner(job["_id"])["history"]]
+        assert events.count("finished") == 1 and "stale_finish" not in events, events
+    finally:
+        manager.pool.shutdown(1.0)
+
+
 def test_a_chained_run_notes_the_end_it_followed(tmp_path: Path) -> None:
     """Its report is a stale finish should that end not count (core.late_start)."""
     store = CountingStore(Replica(), "global")

@@ -40,6 +40,7 @@ from .placement import willing
 from .revision import finalize
 from .starts import START_LAPSED, late_start, late_start_edit, start_decision
 from .types import (
+    NOTHING,
     Action,
     Context,
     Decision,
@@ -72,6 +73,8 @@ def plan_finish(
     that its launch followed (late_start).
     """
     merged = merge(leaves)
+    if recorded(merged, key, epoch, ctx.site, worker):
+        return NOTHING  # a write the server took, its answer lost: found written on retry
     if not late_start(merged, key, epoch, ctx, after):
         return finalize(leaves, merged, finish_decision(merged, ctx, pool, key, epoch, worker,
                                                         outcome), ctx)
@@ -88,6 +91,17 @@ def plan_finish(
     begin(started)
     then = finish_decision(started, ctx, pool, key, epoch, worker, outcome)
     return finalize(leaves, merged, after_edit(begin, then), ctx)
+
+
+def recorded(merged: Job, key: StepKey, epoch: int, site: str, worker: str) -> bool:
+    """Does the history hold this run's end already? (Its token, (epoch, site), and its
+    worker name one run: a second report would be called stale, wrongly.)"""
+    return any(entry["event"] in ENDS and entry["step"] == key[1]
+               and entry.get("epoch") == epoch and entry["site"] == site
+               and entry.get("worker") == worker for entry in merged["history"])
+
+
+ENDS = frozenset({"finished", "failed", "stale_finish"})  # the events a run's report writes
 
 
 def finish_decision(merged: Job, ctx: Context, pool: PoolView, key: StepKey, epoch: int,
