@@ -197,7 +197,7 @@ def on_open(doc: Job, step: Step, ctx: Context, pool: PoolView) -> Decision:
     if worker is not None and (ctx.site == doc["creator"] or sole_target(step) == ctx.site):
         # No other site can compete (sole target), or we are the arbiter
         # ourselves: start at once, in one revision instead of three.
-        return start_decision(doc, step, ctx, worker, assign=True)
+        return start_decision(doc, step, ctx, worker, direct=True)
     if ctx.site == doc["creator"]:
         return assign_to_room(doc, step, ctx)
     # A worker booked for this very step: our claim was decided and its write lost
@@ -246,7 +246,7 @@ def on_won(doc: Job, step: Step, ctx: Context, pool: PoolView) -> Decision:
                         detail=WIN_SPENT)
     worker = pool.worker_for(key)
     if worker is not None:
-        return start_decision(doc, step, ctx, worker, assign=False)
+        return start_decision(doc, step, ctx, worker, direct=False)
     taken = pool.oldest_undecided()
     if taken is None and queues(doc, key, pool, ctx):
         return Decision(Action.QUEUE, before=(Queue(key),), detail="won; waits for a worker here")
@@ -258,7 +258,7 @@ def on_won(doc: Job, step: Step, ctx: Context, pool: PoolView) -> Decision:
     # A decided win beats an undecided claim: without this, a site whose claims
     # outlive its bookings wins steps it can never start, and releases them forever.
     other, worker = taken
-    decision = start_decision(doc, step, ctx, worker, assign=False)
+    decision = start_decision(doc, step, ctx, worker, direct=False)
     return dataclasses.replace(
         decision, before=(Unbook(other), *decision.before), reason=Reason.WON_CLAIM,
         detail=f"{WON_CLAIM}; worker taken from the claim on {other[0]} step {other[1]}")

@@ -87,11 +87,13 @@ def assign(ctx: Context, site: str | None = None) -> Edit:
     return edit
 
 
-def start(ctx: Context, worker: str, *, assign: bool, at: str | None = None) -> Edit:
-    """The start of an execution now, or launched `at` (a start written late)."""
+def start(ctx: Context, worker: str, *, direct: bool, at: str | None = None) -> Edit:
+    """The start of an execution now, or launched `at` (a start written late). `direct`:
+    a direct start, which is its own win (this site claimer and winner, a new epoch);
+    else the start of the win the creator gave this site, in the win's epoch."""
     def edit(doc: Job) -> None:
         step = current_step(doc)
-        if assign:
+        if direct:
             step["claimed_by"] = step["winner"] = ctx.site
             step["epoch"] = next_step_epoch(doc)
         step["step_status"] = "running"

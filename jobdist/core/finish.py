@@ -181,7 +181,7 @@ def chain_next(merged: Job, decision: Decision, ctx: Context, pool: PoolView) ->
         # (A run of that step still here is a stale one, chained onto a finish
         # that was revoked: it is killed first, once the document shows why.)
         return decision
-    return in_turn(decision, start_decision(after_finish, step, ctx, worker, assign=True,
+    return in_turn(decision, start_decision(after_finish, step, ctx, worker, direct=True,
                                             chained=True))
 
 

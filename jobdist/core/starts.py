@@ -26,22 +26,22 @@ from .fencing import start_lapsed
 from .types import WON_CLAIM, Action, Book, Context, Decision, Edit, Launch, PoolView
 
 
-def start_decision(doc: Job, step: Step, ctx: Context, worker: str, *, assign: bool,
+def start_decision(doc: Job, step: Step, ctx: Context, worker: str, *, direct: bool,
                    chained: bool = False) -> Decision:
     """Start the step on `worker`; launched ahead of its write unless it is a win near
     its start-by deadline (fresh_win), or `chained` onto an end in the same write
     (chain_next): launched ahead, it would run on an end whose write may be lost, and
     keeping such runs bought no measurable speed (docs/protocol.md, "Launch ahead")."""
     key = (doc["_id"], doc["step"])
-    epoch = next_step_epoch(doc) if assign else step.get("epoch", 0)
-    ahead = not chained and (assign or fresh_win(step, ctx))
+    epoch = next_step_epoch(doc) if direct else step.get("epoch", 0)
+    ahead = not chained and (direct or fresh_win(step, ctx))
     return Decision(
         Action.START,
-        start(ctx, worker, assign=assign),
+        start(ctx, worker, direct=direct),
         before=(Book(key, worker),),
         after=(Launch(key, epoch, worker, ahead=ahead),),
-        detail="" if assign else WON_CLAIM,
-        reason=None if assign else Reason.WON_CLAIM,
+        detail="" if direct else WON_CLAIM,
+        reason=None if direct else Reason.WON_CLAIM,
     )
 
 
@@ -109,4 +109,4 @@ def record_late_start(doc: Job, step: Step, ctx: Context, pool: PoolView) -> Dec
 def late_start_edit(step: Step, ctx: Context, worker: str, launched_at: str | None) -> Edit:
     """The start late_start calls for: in the win's epoch, or ours in the next; its time
     the launch's, where known (its lease runs from now)."""
-    return start(ctx, worker, assign=step_phase(step) < Phase.WON, at=launched_at)
+    return start(ctx, worker, direct=step_phase(step) < Phase.WON, at=launched_at)

@@ -31,7 +31,7 @@ def finished_job(creator: str, steps: int) -> Doc:
                          reason="exit 0")
     job = normalise(doc)  # a new job is complete: `doc` itself
     for _ in range(steps):
-        core.start(ctx, f"{creator}/w0", assign=True)(job)
+        core.start(ctx, f"{creator}/w0", direct=True)(job)
         core.record_outcome(ctx, f"{creator}/w0", outcome)(job)
     return doc
 
