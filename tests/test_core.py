@@ -190,7 +190,7 @@ def test_merge_earlier_step_progress_dominates_later_steps():
                                step_status="finished"), 1, epoch=0)
     ahead_on_second = step(step(job("any", "any", rev="2-f"), 0, epoch=1, winner="a",
                                 step_status="running"), 1, epoch=7, claimed_by="b")
-    assert core.progress(ahead_on_first) > core.progress(ahead_on_second)
+    assert core.progress_rank(ahead_on_first) > core.progress_rank(ahead_on_second)
     assert core.merge([ahead_on_first, ahead_on_second])["job"][0]["step_status"] == "finished"
 
 

@@ -48,7 +48,7 @@ from .finish import (
 from .leaves import (
     couch_order,
     merge,
-    progress,
+    progress_rank,
     usable_leaves,
 )
 from .placement import (
@@ -150,7 +150,7 @@ __all__ = [
     "plan_refused",
     "plan_renew",
     "plan_retried",
-    "progress",
+    "progress_rank",
     "record_outcome",
     "records_start",
     "resave_picks",

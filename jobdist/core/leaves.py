@@ -46,7 +46,9 @@ def couch_order(doc: Leaf) -> tuple[int, str]:
     return int(number), digest
 
 
-def progress(doc: Job) -> tuple[tuple[int, int], ...]:
+def progress_rank(doc: Job) -> tuple[tuple[int, int], ...]:
+    """How far a leaf got, for the merge to take the furthest: (epoch, phase) step by
+    step, earlier steps first. (Not a running step's progress report: latest_progress.)"""
     return tuple((step.get("epoch", 0), int(step_phase(step))) for step in doc["job"])
 
 
@@ -68,7 +70,7 @@ def merge(leaves: Sequence[Leaf]) -> Job:
     """One view of a job from all its live leaves; `_rev` is CouchDB's winner."""
     jobs = [normalise(leaf) for leaf in leaves]
     winner = max(jobs, key=couch_order)
-    furthest = max(jobs, key=lambda leaf: (succeeded(leaf), progress(leaf), couch_order(leaf)))
+    furthest = max(jobs, key=lambda leaf: (succeeded(leaf), progress_rank(leaf), couch_order(leaf)))
     merged = json_copy(furthest)
     merged["_rev"] = winner["_rev"]
     if len(jobs) == 1:
