@@ -195,7 +195,7 @@ def test_merge_earlier_step_progress_dominates_later_steps():
 
 
 def test_merge_a_job_that_succeeded_beats_a_higher_epoch_of_its_last_step():
-    """A revoked run that finished the job keeps its result (issue 10): the release
+    """A revoked run that finished the job keeps its result: the release
     the creator wrote meanwhile would run an ended job's step again."""
     finished = step(won(job(rev="4-aaa"), "reg_a", epoch=1), step_status="finished")
     finished.update(step=1, job_status="success")

@@ -74,7 +74,8 @@ def claim(ctx: Context) -> Edit:
 
 
 def assign(ctx: Context, site: str | None = None) -> Edit:
-    """The step's winner: its claimer, or `site`, which the creator chose for its room."""
+    """The creator's win: the winner is the step's claimer, or `site`, which the creator
+    chose for its room (an assignment, in docs/protocol.md's words), in a new epoch."""
     def edit(doc: Job) -> None:
         step = current_step(doc)
         if site is not None:
@@ -126,6 +127,9 @@ def fail_job(ctx: Context, detail: str, reason: Reason | None = None) -> Edit:
 
 
 def note(ctx: Context, name: str, key: StepKey, worker: str, epoch: int, detail: str) -> Edit:
+    """A history event about a run (key, epoch) that changes nothing else: unlike
+    log_event, the run need not be the current step's, nor in its epoch (a stale
+    finish, a cancelled run, a retry)."""
     def edit(doc: Job) -> None:
         doc.setdefault("history", []).append(
             event(name, step=key[1], site=ctx.site, at=ctx.now, worker=worker,
@@ -213,6 +217,9 @@ def release_sub_run(ctx: Context, site: str, reason: str) -> Edit:
     """Give a sub-run back to its site: a new epoch fences off what ran in the old one."""
     def edit(doc: Job) -> None:
         run = sub_runs(current_step(doc))[site]
+        # One above the part's epoch is enough: a release issues no token, it only has
+        # to outrank the run it ends (leaves.sub_run_rank); the part's next start goes
+        # above every start of its site the history shows (next_sub_run_epoch).
         epoch = run.get("epoch", 0) + 1
         run.update(new_sub_run())
         run["epoch"] = epoch

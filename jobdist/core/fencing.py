@@ -1,10 +1,12 @@
 """Fencing: which runs and bookings of this site the job document still backs.
 
-The epoch is the fencing token: a run whose (step, epoch) the document no
-longer shows as current never advances the job (finish.finish_decision), and
-once the document has moved past it, the run is killed (settle_local_work). A
-document that is merely behind (an old revision delivered late) kills nothing.
-A broadcast step's part is fenced by (step, site, epoch) alike.
+A run's fencing token is (epoch, winner) at its step: two branches of a partition
+can issue one epoch number to two sites, and the winner tells them apart. A run
+whose token the document no longer shows as current never advances the job
+(finish.finish_decision), and once the document has moved past it, the run is
+killed (settle_local_work). A document that is merely behind (an old revision
+delivered late) kills nothing. A broadcast step's part is fenced by (step, site,
+epoch) alike.
 """
 
 from __future__ import annotations
@@ -97,7 +99,7 @@ WIN_LAPSED = "won, but its start-by lease had passed when the win reached us"
 
 def win_lapsed(step: Step, ctx: Context) -> bool:
     """Has our win's start-by lease passed, by our clock? Then it is released, never
-    started: the creator may be revoking it at this very moment (revoke_if_expired),
+    started: the creator may be revoking it at this very moment (decide.revoke_if_expired),
     and a start written concurrently with that revocation would run the step in an
     epoch the merge overturns, and anything chained onto its end with it. Started
     before its deadline, a start has the skew margin to reach the creator first."""

@@ -106,6 +106,9 @@ ENDS = frozenset({"finished", "failed", "stale_finish"})  # the events a run's r
 
 def finish_decision(merged: Job, ctx: Context, pool: PoolView, key: StepKey, epoch: int,
                     worker: str, outcome: StepOutcome) -> Decision:
+    """What a run's report does: only a run the merged view backs (fencing.
+    backs_execution), in a win not spent (fencing.win_spent), advances the job; any
+    other is recorded as a stale finish (or as killed by a cancellation)."""
     if not backs_execution(merged, key, epoch, ctx.site) or win_spent(merged, ctx.site):
         if outcome.cancelled and merged["job_status"] == "cancelled":
             return Decision(Action.CANCELLED, record_cancelled(merged, ctx, key, worker, epoch,

@@ -3,11 +3,12 @@
 Why all leaves and not the winner alone: CouchDB picks the winner of
 concurrent revisions by history length and then by hash, which knows nothing
 of our protocol: a stale claim or a keep-alive re-save can beat the creator's
-assignment on the hash. We order leaves by *progress* instead: per step the
-claim epoch, then the phase (open < claimed < won < running < done), earlier
-steps first. Epochs only grow, and only an assignment, a direct start or a
-release raises one, so the merge of all leaves is the furthest any site has
-got, and every site that has the same leaves derives the same state.
+win on the hash. We order leaves by *progress* instead: a leaf where the job
+succeeded first (succeeded), then per step the epoch, then the phase (open <
+claimed < won < running < done), earlier steps first. Epochs only grow, and only
+a win, a direct start or a release raises one, so the merge of all leaves is the
+furthest any site has got, and every site that has the same leaves derives the
+same state. (Words as in docs/protocol.md's glossary.)
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def succeeded(doc: Job) -> bool:
 
     Every step of it ran, in order, and counted once on that branch. Another branch
     may hold a higher epoch at an early step: a creator cut off revoked a lease whose
-    run then finished (issue 10: a result, once a step has ended, is never dropped),
+    run then finished (a result, once a step has ended, is never dropped),
     or a creator cut off and its successor both moved the job on. Taking that branch
     would run a finished job's steps again. Its runs are fenced off as any stale run:
     killed, recorded. A failed or cancelled leaf has no such right: a release still
@@ -77,7 +78,8 @@ def merge(leaves: Sequence[Leaf]) -> Job:
         return merged
     merged["history"] = union_history(jobs)
     merged["updated_at"] = max(leaf["updated_at"] or "" for leaf in jobs) or None
-    # A write made before the creator accepted the job has no creation time (see plan).
+    # A write made before the creator accepted the job has no creation time
+    # (decide.accepting).
     merged["created_at"] = max(leaf["created_at"] or "" for leaf in jobs) or None
     # An epoch once issued is never issued again, even when the branch that
     # issued it loses (a step chained on top of a finish that was revoked):
@@ -95,7 +97,8 @@ def merge(leaves: Sequence[Leaf]) -> Job:
     # An adoption outranks whatever the gone creator wrote meanwhile (plan_adopt).
     adoptions = [entry for entry in merged["history"] if entry["event"] == "adopted"]
     if adoptions:
-        # (`epoch` is optional in an event: a foreign write may leave it out.)
+        # An `adopted` event's `epoch` is its term (succession.term); it is optional
+        # in an event: a foreign write may leave it out.
         latest = max(adoptions,
                      key=lambda entry: (entry.get("epoch", 0), entry["at"], entry["site"]))
         merged["creator"] = latest["site"]

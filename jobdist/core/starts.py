@@ -67,7 +67,7 @@ def late_start(doc: Job, key: StepKey, epoch: int, ctx: Context,
         return False
     step = current_step(doc)
     if is_broadcast(step):
-        return False  # (its sub-runs are never launched ahead: start_sub_run_decision)
+        return False  # (its sub-runs are never launched ahead: broadcast.start_sub_run_decision)
     phase = step_phase(step)
     if phase == Phase.WON:
         return step.get("winner") == ctx.site and step.get("epoch", 0) == epoch

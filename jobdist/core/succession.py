@@ -1,8 +1,9 @@
 """Who creates a job: adoption terms and automatic succession.
 
 The creator arbitrates a job (picks winners, revokes leases, keeps it alive).
-When its status goes silent for `creator_timeout`, the next site of the job's
-succession order takes it over with an `adopted` event that carries the new term
+When its status goes silent for `creator_timeout`, the first site of the job's
+succession order (its origin, then the origin's successors) that is not silent
+takes it over (succeeds) with an `adopted` event that carries the new term
 (in its `epoch` field, a name the document format keeps: the term is no fencing
 token); the merge takes the creator of the highest term.
 """
@@ -50,7 +51,8 @@ def adopt(doc: Job, ctx: Context, reason: str) -> Decision:
     creator, a running step keeps its lease. The merge takes the creator of the
     highest term, so a late write of the old creator cannot take the job back.
     If the old creator is in fact alive behind a partition, both sites arbitrate
-    until it sees the adoption: a step may then run twice, in two epochs, recorded.
+    until it sees the adoption: a step may then run twice, each run with its own
+    token (epoch, winner), fenced and recorded.
     """
     gone = doc["creator"]
     next_term = 1 + term(doc)
@@ -87,7 +89,7 @@ def succeeds(doc: Job, ctx: Context) -> bool:
     left alone (an operator chose it), and so is a job its creator has not accepted
     yet: its acceptance stamps the creation time that fixes the job's identity, and
     a successor accepting it too, while the creator did on a branch not seen yet,
-    would make two jobs of it (see accepting).
+    would make two jobs of it (decide.accepting).
     """
     creator = doc["creator"]
     if creator == ctx.site or creator not in ctx.silent or not is_accepted(doc):

@@ -39,7 +39,8 @@ class Running:
     # For a run launched ahead: when it was launched (ISO), the time its start records
     # however late it is written. Not part of a run's identity.
     launched_at: str | None = field(default=None, compare=False)
-    # The end of the step before that its start followed (follows); None when unknown.
+    # The finish time of the previous step's run this launch followed (starts.follows):
+    # its start is written only while the document still shows that end; None: unknown.
     after: str | None = field(default=None, compare=False)
 
 
@@ -51,15 +52,15 @@ class PoolView:
     booked: Mapping[StepKey, Booking] = field(default_factory=dict)
     running: Mapping[StepKey, Running] = field(default_factory=dict)
     # Steps won here that wait for a worker, and how long each has waited by this
-    # site's clock (see queues); at most `queue_limit` (0: a win no worker is free
-    # for is released at once, as in the thesis).
+    # site's clock (placement.queues); at most `queue_limit` (0: a win no worker is free
+    # for is released at once, as in the thesis the design comes from: README.md).
     queued: Mapping[StepKey, float] = field(default_factory=dict)
     queue_limit: int = 0
     # Of `running`, the executions launched ahead of their start whose start is not
-    # written yet (see record_late_start).
+    # written yet (starts.record_late_start).
     ahead: Mapping[StepKey, Running] = field(default_factory=dict)
     # How long the longest free of `free_workers` has been free, by this site's clock
-    # (None: not known). Claims wait on it (holds_claims).
+    # (None: not known). Claims wait on it (placement.holds_claims).
     idle_for: float | None = None
 
     def worker_for(self, key: StepKey) -> str | None:
@@ -114,7 +115,7 @@ class Context:
     runs: Callable[[str], bool] | None = None
     # For a creator: how many more steps each other site has room for now, from
     # the sites' status documents less what we assigned since (None: unknown, so
-    # open steps wait for claims, as in the thesis).
+    # open steps wait for claims, as in the thesis: README.md).
     room: Mapping[str, int] | None = None
     # Of that room, how many workers each site had free (the rest is its queue).
     idle: Mapping[str, int] = field(default_factory=dict)
@@ -146,6 +147,9 @@ class Context:
     ended: Mapping[str, str] = field(default_factory=dict)
 
     def lease_expired(self, step: RunRecord) -> bool:
+        """May the creator revoke this step's (or sub-run's) lease? Only once it ran out
+        more than `skew_margin` ago by our clock, and, when tracked, we have also seen it
+        unchanged for `lease` + `skew_margin` (docs/protocol.md, "Leases")."""
         deadline = step.get("lease_until")
         if not deadline or seconds_between(deadline, self.now) <= self.skew_margin:
             return False
@@ -292,7 +296,9 @@ class Plan:
 NOTHING = Plan(Action.NONE)
 
 
-WON_CLAIM = "won the claim"  # the detail of a start the creator assigned to us
+# The detail of a start on a win the creator gave us, after a claim or an assignment
+# alike (Reason.WON_CLAIM, the same for both).
+WON_CLAIM = "won the claim"
 
 
 Edit = Callable[[Job], None]
@@ -312,6 +318,7 @@ STAY = Decision(Action.NONE)
 
 
 def known(site: Any, ctx: Context) -> bool:
+    """Is `site` this site or one of `ctx.known_sites` (any site when that is unset)?"""
     return ctx.known_sites is None or site == ctx.site or site in ctx.known_sites
 
 
