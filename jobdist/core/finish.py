@@ -1,7 +1,8 @@
 """Recording what a run did, and chaining the next step onto its end.
 
-Only a current run advances the job: a finish whose epoch the document no
-longer backs is recorded as a stale finish and changes nothing else.
+Only a current run advances the job: a finish whose token the document no
+longer backs is recorded as a stale finish and changes nothing else, but the
+step's epoch when no revision showed that run started (burns_epoch).
 """
 
 from __future__ import annotations
