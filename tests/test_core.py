@@ -836,6 +836,16 @@ def test_a_run_launched_after_a_step_end_that_no_longer_counts_is_never_started_
         counted = end(after)
         assert counted.action == "finish" and events(counted.doc)[-2:] == ["started",
                                                                            "finished"]
+    # The creator, which never saw that run, may give step 1 to reg_a in that very
+    # epoch: the run is still stale, and the win, its token used, is given back.
+    rewon = step(copy.deepcopy(now), 1, claimed_by="reg_a", winner="reg_a", epoch=1,
+                 lease_until=at(10_000))
+    stale = core.plan_finish([rewon], ctx("reg_a"), pool("reg_a/w1"), (JOB, 1), 1,
+                             "reg_a/w1", Outcome(start_time=at(150)), after=at(100))
+    assert stale.action == "stale_finish" and stale.doc["job_status"] is None
+    assert current(stale.doc)["winner"] == "reg_a" and current(stale.doc)["epoch"] == 1
+    again = decide(stale.doc, "reg_a", pool("reg_a/w1"))
+    assert again.action == "release" and current(again.doc)["epoch"] > 1
     # Nor is its start written alone, or with a note, on the document as it is now.
     launched = Running("reg_a/w1", 1, at(150), after=at(100))
     view = PoolView(("reg_a/w2",), running={(JOB, 1): launched}, ahead={(JOB, 1): launched})

@@ -112,15 +112,19 @@ WIN_SPENT = "won in an epoch this site already started the step in"
 
 def win_spent(doc: Job, site: str) -> bool:
     """Is the current step won by `site`, not started, in an epoch the history shows
-    `site` started it in? A creator that never saw that start (its branch went back a
-    step, and outranks the branch that ran it) can issue the same epoch again. A start
-    would give one fencing token two runs, so the win is released instead, in a
-    higher epoch; the run that start began, if it goes on, ends as a stale finish."""
+    `site` ran it in (started it, or recorded a run of it stale)? A creator that never
+    saw that run (its branch went back a step, and outranks the branch that ran it, or
+    the run's start was never written) can issue the same epoch again. A start would
+    give one fencing token two runs, so the win is released instead, in a higher
+    epoch; the run that start began, if it goes on, ends as a stale finish."""
     step = current_step(doc)
     index, epoch = doc["step"], step.get("epoch", 0)
     return step_phase(step) == Phase.WON and step.get("winner") == site and any(
-        (entry["event"], entry["step"], entry["site"], entry.get("epoch", 0))
-        == ("started", index, site, epoch) for entry in doc["history"])
+        entry["event"] in RAN and (entry["step"], entry["site"], entry.get("epoch", 0))
+        == (index, site, epoch) for entry in doc["history"])
+
+
+RAN = frozenset({"started", "stale_finish"})  # events that show a site ran a step in an epoch
 
 
 def start_lapsed(step: Step, ctx: Context) -> bool:

@@ -39,7 +39,7 @@ from .fencing import backs_execution, start_lapsed, win_spent
 from .leaves import merge
 from .placement import willing
 from .revision import finalize
-from .starts import START_LAPSED, late_start, late_start_edit, start_decision
+from .starts import START_LAPSED, follows, late_start, late_start_edit, start_decision
 from .types import (
     NOTHING,
     Action,
@@ -77,8 +77,11 @@ def plan_finish(
     if recorded(merged, key, epoch, ctx.site, worker):
         return NOTHING  # a write the server took, its answer lost: found written on retry
     if not late_start(merged, key, epoch, ctx, after):
+        # A run that followed an end no longer counted is stale even in a win of its
+        # epoch: a creator that never saw its start may have issued that epoch again.
+        moved_on = after is not None and follows(merged, key[1]) != after
         return finalize(leaves, merged, finish_decision(merged, ctx, pool, key, epoch, worker,
-                                                        outcome), ctx)
+                                                        outcome, stale=moved_on), ctx)
     step = current_step(merged)
     begin = late_start_edit(step, ctx, worker, outcome.start_time)
     if start_lapsed(step, ctx):
@@ -106,11 +109,11 @@ ENDS = frozenset({"finished", "failed", "stale_finish"})  # the events a run's r
 
 
 def finish_decision(merged: Job, ctx: Context, pool: PoolView, key: StepKey, epoch: int,
-                    worker: str, outcome: StepOutcome) -> Decision:
+                    worker: str, outcome: StepOutcome, stale: bool = False) -> Decision:
     """What a run's report does: only a run the merged view backs (fencing.
     backs_execution), in a win not spent (fencing.win_spent), advances the job; any
     other is recorded as a stale finish (or as killed by a cancellation)."""
-    if not backs_execution(merged, key, epoch, ctx.site) or win_spent(merged, ctx.site):
+    if stale or not backs_execution(merged, key, epoch, ctx.site) or win_spent(merged, ctx.site):
         if outcome.cancelled and merged["job_status"] == "cancelled":
             return Decision(Action.CANCELLED, record_cancelled(merged, ctx, key, worker, epoch,
                                                           outcome))
