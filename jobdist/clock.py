@@ -50,6 +50,7 @@ def seconds_between(earlier: str, later_moment: str) -> float:
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+MAX_DURATION = timedelta(days=36500)  # a hundred years
 
 
 class DurationError(JobdistError, ValueError):
@@ -67,4 +68,6 @@ def parse_duration(text: str) -> timedelta:
     seconds = sum(float(number) * _UNIT_SECONDS[unit] for number, unit in parts)
     if seconds <= 0:
         raise DurationError(f"{text!r}: a period must be longer than 0")
+    if seconds > MAX_DURATION.total_seconds():  # a time that far off is no date
+        raise DurationError(f"{text!r}: too long; a period is at most {MAX_DURATION.days}d")
     return timedelta(seconds=seconds)

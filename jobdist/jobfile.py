@@ -8,6 +8,7 @@ What cannot be read is an `UnreadableFile`; options that do not add up are a
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import sys
@@ -19,6 +20,7 @@ from typing import Any
 from jobdist.clock import format_time, later, parse_duration, utc_now
 from jobdist.errors import JobdistError
 from jobdist.model import ALL, ANY, Doc
+from jobdist.validation import MAX_DOC_SIZE
 
 
 class UnreadableFile(JobdistError):
@@ -59,7 +61,11 @@ def job_submission(file: str | None, file_format: str, steps: tuple[str, ...],
     if file is None:
         if not steps:
             raise BadOptions("nothing to submit: give a job FILE (`-` for stdin) or --step CMD")
-        return submission_from_flags(steps, targets, retries, timeouts, alts, priority)
+        submission = submission_from_flags(steps, targets, retries, timeouts, alts, priority)
+        problem = non_json_value(submission)  # the shell hands on bytes that are not UTF-8
+        if problem:
+            raise BadOptions(f"--step, --target or --alt: {problem}")
+        return submission
     if targets or retries or timeouts or alts:
         raise BadOptions("--target, --retries, --timeout and --alt go with --step, "
                          "not with a job FILE")
@@ -187,9 +193,13 @@ def guess_format(file: str, data: bytes) -> str:
 
 def parse_json(text: str) -> Any:
     try:
-        return json.loads(text, parse_constant=reject_constant)
+        value = json.loads(text, parse_constant=reject_constant)
     except ValueError as error:
         raise UnreadableFile(f"not valid JSON: {error}") from None
+    problem = non_json_value(value)
+    if problem:
+        raise UnreadableFile(f"not valid JSON: {problem}")
+    return value
 
 
 def reject_constant(name: str) -> Any:
@@ -204,7 +214,7 @@ def parse_yaml(text: str) -> Any:
         value = yaml.load(text, Loader=job_yaml_loader())  # a SafeLoader
     except yaml.YAMLError as error:
         raise UnreadableFile(f"not valid YAML: {describe_yaml_error(error)}") from None
-    problem = non_json_value(value, "")
+    problem = non_json_value(value)
     if problem:
         raise UnreadableFile(f"not a JSON value in YAML: {problem}")
     return value
@@ -236,19 +246,52 @@ def job_yaml_loader() -> type:
     return JobLoader
 
 
-def non_json_value(value: Any, path: str) -> str | None:
-    """Where a YAML value has something JSON cannot hold (a binary, a set, .nan...)."""
-    where = path or "the document"
+def non_json_value(document: Any) -> str | None:
+    """Where a value has something JSON cannot hold (a binary, a set, .nan, a lone
+    surrogate...); UnreadableFile when YAML aliases repeat more values than a job may hold
+    (each one at least a character of its JSON)."""
+    pending: list[tuple[Any, str]] = [(document, "")]
+    for seen in itertools.count(1):
+        if not pending:
+            return None
+        if seen > MAX_DOC_SIZE:
+            raise UnreadableFile(f"too large: more than {MAX_DOC_SIZE} values, once its "
+                                 "aliases are expanded (a job holds at most 1 MiB of JSON)")
+        value, path = pending.pop()
+        if problem := scalar_problem(value, path or "the document"):
+            return problem
+        if isinstance(value, list | dict):
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            pending += reversed([(item, inner_path(path, key)) for key, item in items])
+    return None
+
+
+def scalar_problem(value: Any, where: str) -> str | None:
     if isinstance(value, float) and not math.isfinite(value):
         return f"{where}: {value} is not a JSON number"
-    if value is None or isinstance(value, bool | int | float | str):
+    if isinstance(value, str):
+        return surrogate_problem(value, where)
+    if value is None or isinstance(value, bool | int | float | list):
         return None
-    if not isinstance(value, list | dict):
+    if not isinstance(value, dict):
         return f"{where}: a {type(value).__name__} is not a JSON value"
-    for key, item in value.items() if isinstance(value, dict) else enumerate(value):
-        if isinstance(value, dict) and not isinstance(key, str):
+    for key in value:
+        if not isinstance(key, str):
             return f"{where}: key {key!r} is not a string (quote it)"
-        inner = f"{path}[{key}]" if isinstance(key, int) else f"{path}.{key}" if path else key
-        if found := non_json_value(item, inner):
-            return found
+        if problem := surrogate_problem(key, f"{where}: key"):
+            return problem
     return None
+
+
+def surrogate_problem(text: str, where: str) -> str | None:
+    """JSON can spell a lone surrogate (\\ud800), but no text holds one: no shell could
+    run it, nor a terminal show it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        return f"{where}: {text[error.start]!r} is a lone surrogate, not text"
+    return None
+
+
+def inner_path(path: str, key: str | int) -> str:
+    return f"{path}[{key}]" if isinstance(key, int) else f"{path}.{key}" if path else key

@@ -12,6 +12,7 @@ traceback: see `Cli`.
 from __future__ import annotations
 
 import importlib
+import io
 import sys
 import textwrap
 from typing import Any
@@ -21,7 +22,7 @@ import click
 import jobdist
 from jobdist.errors import JobdistError
 
-from .common import EXIT_ERROR, SITE_META, CliError
+from .common import EXIT_ERROR, EXIT_INTERRUPTED, SITE_META, CliError
 
 # Every command: where it lives, imported only when it runs, and its line in
 # `jobdist --help` (tests/test_cli_errors.py checks each against the command's own).
@@ -94,6 +95,13 @@ class Cli(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except KeyboardInterrupt:  # not Click's `Aborted!` and exit 1, a failed job's code
+            click.echo("jobdist: interrupted", err=True)
+            sys.exit(EXIT_INTERRUPTED)
+        except click.UsageError as error:  # an option or argument Click refused
+            command = f" (see `{error.ctx.command_path} --help`)" if error.ctx else ""
+            click.echo(f"jobdist: {error.format_message().rstrip('.')}{command}", err=True)
+            sys.exit(error.exit_code)
         except CliError as error:
             for line in error.lines:
                 click.echo(f"jobdist: {line}", err=True)
@@ -120,4 +128,8 @@ def main() -> None:
     Commands talk to one site's CouchDB, named in the sites directory (--sites,
     $JOBDIST_SITES) by --site ($JOBDIST_SITE, default global).
     """
+    # What a document holds is printed even when it is not text (a lone surrogate
+    # written over HTTP): escaped as \ud800, which keeps `--json` output valid JSON.
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(errors="backslashreplace")
 

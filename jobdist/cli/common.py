@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import getpass
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -33,6 +34,17 @@ class CliError(Exception):
         super().__init__("; ".join(lines))
         self.lines = lines
         self.code = code
+
+
+class FiniteFloat(click.FloatRange):
+    """A FloatRange that also refuses nan (no comparison rules it out) and inf."""
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{number} is not a finite number", param, ctx)
+        return number
 
 
 sites_option = click.option(

@@ -52,6 +52,7 @@ from .common import (
     EXIT_INTERRUPTED,
     EXIT_JOB_NOT_OK,
     CliError,
+    FiniteFloat,
     at_site,
     connect,
     format_option,
@@ -75,7 +76,7 @@ from .common import (
 @target_option
 @click.option("--retries", "retries", multiple=True, type=click.IntRange(min=0), metavar="N",
               help="Retries after a failed attempt: once for every step, or one per --step.")
-@click.option("--timeout", "timeouts", multiple=True, type=click.FloatRange(min=0, min_open=True),
+@click.option("--timeout", "timeouts", multiple=True, type=FiniteFloat(min=0, min_open=True),
               metavar="S", help="Seconds an attempt may run: once for every step, or one per "
                                 "--step.")
 @click.option("--alt", "alts", multiple=True, metavar="CMD",
@@ -219,6 +220,7 @@ def logs(job_id: str, only_step: int | None, site: SiteConfig, db: Database) -> 
         click.echo(step_log(doc, index), nl=False)
 
 
+MAX_LIMIT = 10**9  # more than any site holds; islice takes no more than sys.maxsize
 TIME_PREFIX = re.compile(r"^\d{4}(-\d{2}(-\d{2}([T ][0-9:.]*Z?)?)?)?$")
 
 
@@ -228,7 +230,7 @@ TIME_PREFIX = re.compile(r"^\d{4}(-\d{2}(-\d{2}([T ][0-9:.]*Z?)?)?)?$")
               help="Only jobs that concern SITE: a step targets it by name (alone or in a "
                    "list; `any` names no site), was won by it or was started there.")
 @click.option("--creator", metavar="SITE", help="Only jobs created at SITE.")
-@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True,
+@click.option("--limit", type=click.IntRange(min=1, max=MAX_LIMIT), default=50, show_default=True,
               help="Show at most this many jobs.")
 @click.option("--before", metavar="TIME",
               help="Only jobs created before TIME (ISO 8601 UTC, or a prefix such as "
@@ -344,7 +346,7 @@ def drop_site(job_id: str, lost_site: str, reason: str | None, site: SiteConfig,
 
 @click.command()
 @click.option("--once", is_flag=True, help="Print one snapshot and exit.")
-@click.option("--interval", type=click.FloatRange(min=0.1), default=2.0, show_default=True,
+@click.option("--interval", type=FiniteFloat(min=0.1), default=2.0, show_default=True,
               help="Seconds between refreshes.")
 @sites_option
 def watch(once: bool, interval: float, sites_dir: Path) -> None:
