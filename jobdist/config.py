@@ -16,6 +16,7 @@ timings.py (`SiteConfig.timings`). The keys [tuning] took over from [daemon] and
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import secrets
@@ -73,6 +74,8 @@ def _flag(value: Any, _: Path) -> bool:
 def _number(value: Any, _: Path) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"must be a number, not {value!r}")
+    if not math.isfinite(value):  # TOML has nan and inf; no timing can be either
+        raise ValueError(f"must be a finite number, not {value!r}")
     return float(value)
 
 
@@ -80,6 +83,27 @@ def _count(value: Any, _: Path) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"must be an integer >= 0, not {value!r}")
     return value
+
+
+def _port(value: Any, _: Path) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 65536:
+        raise ValueError(f"must be a port (0-65535; 0: any free one), not {value!r}")
+    return value
+
+
+def _url(value: Any, _: Path) -> str:
+    """An http(s) URL whose host and port can be read (a request would fail on it later,
+    with the library's words, or raise)."""
+    text = str(value)
+    try:
+        parts = urlsplit(text)
+        parts.port  # noqa: B018 -- reading it checks it
+    except ValueError as error:
+        raise ValueError(f"{text!r} is not a URL: {error}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{text!r} must be an http:// or https:// URL, e.g. "
+                         "http://127.0.0.1:5984")
+    return text
 
 
 def _text(value: Any, _: Path) -> str:
@@ -161,7 +185,7 @@ DERIVED = {"derived": True}
 class CouchSettings:
     """[couch]: the site's CouchDB and how to log in to it."""
 
-    url: str = ""
+    url: str = field(default="", metadata=read_by(_url))
     database: str = "jobs"
     credentials: Path | None = None  # the site's user (daemon, replications)
     admin_credentials: Path | None = None  # only `jobdist setup` uses it
@@ -253,7 +277,7 @@ class SuccessionSettings:
 class AdminSettings:
     """[admin]: the daemon's HTTP endpoint (none without a port)."""
 
-    port: int | None = None
+    port: int | None = field(default=None, metadata=read_by(_port))
     host: str = "127.0.0.1"
     token: str | None = field(default=None, repr=False)  # or $JOBDIST_ADMIN_TOKEN
     token_file: Path | None = None  # written by `jobdist secrets` and `jobdist cluster up`
@@ -345,6 +369,8 @@ def load_site(path: Path | str) -> SiteConfig:
         raw = tomllib.loads(path.read_text())
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such site config") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: cannot read site config: not UTF-8 text") from None
     except (OSError, tomllib.TOMLDecodeError) as error:
         raise ConfigError(f"{path}: cannot read site config: {error}") from None
     try:

@@ -154,6 +154,37 @@ def test_an_option_out_of_range_is_refused(site: Site, args: tuple[str, ...]) ->
     assert site.job_ids() == []
 
 
+# --- site configs -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("setting", "message"), [
+    ('retention]\nolder_than = "99999999999999999999d"', "retention.older_than: "),
+    ('retention]\ninterval = nan', "retention.interval: must be a finite number"),
+    ('tuning]\nkeepalive_period = inf', "tuning.keepalive_period: must be a finite number"),
+    ('admin]\nport = 99999999', "admin.port: must be a port (0-65535"),
+])
+def test_a_config_value_out_of_range_is_refused(site: Site, setting: str, message: str) -> None:
+    config = site.sites_dir / "global.toml"
+    config.write_text(f"{config.read_text()}[{setting}\n")
+    one_line(site.run("list"), f"{config}: {message}")
+
+
+@pytest.mark.parametrize("url", ["http://[::1", "not a url", "ftp://127.0.0.1:5984",
+                                 "http://127.0.0.1:99999"])
+def test_a_config_with_a_bad_url_is_refused(site: Site, url: str) -> None:
+    config = site.sites_dir / "global.toml"
+    text = config.read_text()
+    start = text.index('url = "') + len('url = "')
+    config.write_text(text[:start] + url + text[text.index('"', start):])
+    one_line(site.run("list"), f"{config}: couch.url: ", "http")
+
+
+def test_a_config_that_is_not_text_is_refused(site: Site) -> None:
+    config = site.sites_dir / "global.toml"
+    config.write_bytes(b"\xff\xfe\x00name")
+    one_line(site.run("list"), f"{config}: cannot read site config: not UTF-8 text")
+
+
 # --- Ctrl-C ---------------------------------------------------------------------------------
 
 
