@@ -76,7 +76,7 @@ def site_database(site: SiteConfig, *, quick: bool = False) -> Database:
     the daemon's patience (`quick`: fewer, for views that refresh every second)."""
     timeout, retries, retry_time = (3.0, 1, 1.0) if quick else (15.0, 2, 3.0)
     couch = Couch(site.couch.url, user=site.couch.user, password=site.couch.password,
-                  timeout=timeout, retries=retries, retry_time=retry_time)
+                  timeout=timeout, retries=retries, retry_time=retry_time, site=site.name)
     return couch.database(site.couch.database)
 
 
