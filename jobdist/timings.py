@@ -101,6 +101,9 @@ class Timings:
         """ValueError naming the settings when one of the relations cannot hold."""
         if not self.lease > 0:
             raise ValueError(f"daemon.lease ({self.lease}) must be above 0")
+        if not self.clock_skew_margin >= 0:
+            raise ValueError(f"daemon.clock_skew_margin ({self.clock_skew_margin}) must be at "
+                             "least 0: the creator revokes a lease only that long past it")
         if not 0 < self.heartbeat <= self.lease / 2:
             raise ValueError(f"tuning.heartbeat ({self.heartbeat}) must be above 0 and at "
                              f"most half of daemon.lease ({self.lease}), so one lost "

@@ -98,3 +98,20 @@ def test_a_start_held_back_its_longest_still_leaves_a_quarter_of_the_lease(
     assert fresh_win({"lease_until": later(NOW, lease / 2)}, ctx)
     assert not fresh_win({"lease_until": later(NOW, lease / 2 - 0.01)}, ctx)
     assert lease / 2 - timings(lease).start_write_delay_max == lease / 4
+
+
+def test_a_negative_skew_margin_is_refused_it_would_revoke_a_live_lease() -> None:
+    """The creator revokes a lease once it ran out `clock_skew_margin` ago and stayed
+    silent `lease + clock_skew_margin`: below 0, a lease renewed on time, clocks in step,
+    would be revoked while its holder still runs within it."""
+    lease, margin = 60.0, -50.0
+    deadline = later(NOW, 30.0)  # renewed 30 s ago, 30 s left by every clock
+    ctx = core.Context("global", NOW, lease=lease, skew_margin=margin,
+                       lease_silence={deadline: 30.0})
+    assert ctx.lease_expired({"lease_until": deadline})  # what the core would do
+    daemon = DaemonSettings(lease=lease, clock_skew_margin=margin)
+    with pytest.raises(ValueError, match=r"daemon.clock_skew_margin \(-50.0\) must be at least 0"):
+        SiteConfig("solo", CouchSettings("http://127.0.0.1:1"), daemon=daemon).timings.check()
+    timings_at_zero = SiteConfig("solo", CouchSettings("http://127.0.0.1:1"),
+                                 daemon=DaemonSettings(clock_skew_margin=0.0)).timings
+    timings_at_zero.check()  # clocks known to agree: no margin is a valid choice
