@@ -2172,6 +2172,20 @@ def test_a_revision_far_below_the_limit_is_left_as_it_is() -> None:
     assert doc == before
 
 
+def test_a_revision_over_the_limit_sheds_old_claims_but_never_a_used_token() -> None:
+    """Claims go; a stale finish stays: it is what tells a win of its epoch spent."""
+    doc = step(job("reg_a", "any"), 0)
+    doc["step"] = 1
+    logged(doc, "stale_finish", "reg_b", 5, epoch=1)
+    for index in range(MAX_DOC_SIZE // 100):
+        logged(doc, "claimed", f"reg_{index % 7}", 6, detail="x" * 20)
+    assert json_size(doc) > MAX_DOC_SIZE
+    core.fit(doc, keep_events_from=len(doc["history"]) - 1)
+    assert json_size(doc) <= MAX_DOC_SIZE
+    kinds = [entry["event"] for entry in doc["history"]]
+    assert "stale_finish" in kinds and "claimed" in kinds[-1:]
+
+
 def test_a_revision_short_in_python_but_over_the_limit_in_javascript_sheds_old_outputs(
 ) -> None:
     """Python writes a lone surrogate as one character, JavaScript as six: the quick

@@ -69,7 +69,10 @@ def record_rejected(doc: Job, ctx: Context, rejected: Sequence[Unusable]) -> Non
 MAX_DETAIL = 1000  # characters of an event's detail we write, or keep when short of room
 
 
-BOOKKEEPING_EVENTS = ("claimed", "won", "released", "retried", "stale_finish")
+# Events shed, oldest first, when a revision is over the size limit. Never a `started`
+# or a `stale_finish`: each records a fencing token used, which fencing.win_spent
+# reads so that no later win gives that token to a second run.
+BOOKKEEPING_EVENTS = ("claimed", "won", "released", "retried")
 
 
 def fit(doc: Job, keep_events_from: int, limit: int = MAX_DOC_SIZE) -> None:
