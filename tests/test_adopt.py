@@ -88,3 +88,13 @@ def test_a_site_cannot_adopt_its_own_jobs(tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert "cannot adopt its own jobs" in result.output
 
+
+
+@pytest.mark.parametrize("gone", ["", "Global", "reg a", "x" * 65])
+def test_adopt_refuses_a_name_no_site_can_have(tmp_path: Path, gone: str) -> None:
+    sites = write_sites(tmp_path / "sites", 1)
+    result = CliRunner().invoke(main, ["adopt", "--from", gone, "--sites", str(sites),
+                                       "--site", "global"])
+    assert result.exit_code == 2
+    assert result.output.startswith(f"jobdist: --from {gone!r}: must be a site name")
+    assert len(result.output.splitlines()) == 1

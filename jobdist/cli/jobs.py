@@ -45,7 +45,7 @@ from jobdist.render import (
     watch_view,
 )
 from jobdist.tables import FittedTable
-from jobdist.validation import validate_submission
+from jobdist.validation import SITE_NAME_REASON, is_site_name, validate_submission
 
 from .common import (
     EXIT_ERROR,
@@ -315,6 +315,8 @@ def adopt(gone: str, reason: str | None, dry_run: bool, site: SiteConfig,
     forever. Use it only once SITE is down for good or cut off: if SITE still
     runs behind a partition, both arbitrate until it sees the adoption, and a
     step may then run twice (in two epochs, recorded in the history)."""
+    if not is_site_name(gone):  # no job could name it: adopting it would do nothing
+        raise CliError(f"--from {gone!r}: {SITE_NAME_REASON}")
     if gone == site.name:
         raise CliError(f"site {site.name} cannot adopt its own jobs: run this at another site "
                        "(--site)")

@@ -236,7 +236,8 @@ def request_census(logs: list[ServerLog]) -> dict[str, int]:
     return dict(sorted(counts.items(), key=lambda item: -item[1]))
 
 
-sites_option = click.option("--sites", default=3, show_default=True, help="Sites.")
+sites_option = click.option("--sites", default=3, show_default=True, type=click.IntRange(min=1),
+                            help="Sites.")
 
 
 topology_option = click.option(
@@ -250,7 +251,8 @@ json_option = click.option("--json", "as_json", is_flag=True,
 
 
 def workers_option(default: int) -> Any:
-    return click.option("--workers", default=default, show_default=True, help="Workers a site.")
+    return click.option("--workers", default=default, show_default=True,
+                        type=click.IntRange(min=1), help="Workers a site.")
 
 
 def timeout_option(default: float) -> Any:

@@ -90,7 +90,8 @@ def run_memory(jobs: int, steps: int, timeout: float) -> Memory:
 
 
 @bench.command("memory")
-@click.option("--jobs", default=10_000, show_default=True, help="Finished jobs to pre-fill.")
+@click.option("--jobs", default=10_000, show_default=True, type=click.IntRange(min=1),
+              help="Finished jobs to pre-fill.")
 @click.option("--steps", default=3, show_default=True, help="Steps per job.")
 @click.option("--timeout", default=600.0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable results.")

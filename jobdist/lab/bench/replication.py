@@ -134,7 +134,7 @@ def replication_table(topology: str, rows: list[ReplicationRow]) -> Table:
               help="Site counts: N, N..M or N,M,...")
 @click.option("--topology", "topologies", multiple=True, type=click.Choice(TOPOLOGIES),
               help="Repeat for several; default: all three.")
-@click.option("--jobs", default=12, show_default=True,
+@click.option("--jobs", default=12, show_default=True, type=click.IntRange(min=1),
               help="3-step jobs: half run anywhere, half on one site.")
 @click.option("--step-seconds", default=0.2, show_default=True)
 @click.option("--workers", default=2, show_default=True, help="Workers a site.")

@@ -315,11 +315,12 @@ def throughput_table(r: Throughput) -> Table:
 
 
 @bench.command("throughput")
-@click.option("--jobs", default=500, show_default=True, help="Single-step jobs to submit.")
+@click.option("--jobs", default=500, show_default=True, type=click.IntRange(min=1),
+              help="Single-step jobs to submit.")
 @sites_option
 @topology_option
 @workers_option(4)
-@click.option("--raw-writes", default=500, show_default=True,
+@click.option("--raw-writes", default=500, show_default=True, type=click.IntRange(min=1),
               help="Documents for the server's raw write rate.")
 @timeout_option(600.0)
 @click.option("--requests", "census", is_flag=True,
