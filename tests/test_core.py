@@ -1870,6 +1870,21 @@ def test_a_listed_broadcast_leaves_out_sites_the_creator_does_not_know():
     assert opened_doc["history"][-1]["detail"] == "at reg_a; not known sites, left out: reg_x"
 
 
+def test_a_broadcast_listing_only_any_names_no_site_and_fails_rather_than_run_nowhere():
+    # `any` is a valid name in a target list, but it names no site of a broadcast step:
+    # opened at no site, the step would count as finished at every site (0), never run.
+    doc = job(["any"])
+    step(doc, each=True)
+    assert validate_job(doc) == []
+    failed = apply(decide(doc, known=SITES3))
+    assert failed["job_status"] == "failed" and current(failed).get("runs") is None
+    assert "no known site matches target ['any']" in failed["history"][-1]["detail"]
+    # Chained onto a finish (opened at no site): its creator fails it, never ends it.
+    chained = step(job("any", ["any"]), 1, each=True, step_status="running", runs={})
+    chained["step"] = 1
+    assert decide(chained, known=SITES3).action == "fail"
+
+
 def test_a_site_starts_its_own_part_on_sight_and_no_other():
     doc = opened(broadcast())
     plan = decide(doc, "reg_a", pool("reg_a/w1"), known=SITES3)

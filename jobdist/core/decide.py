@@ -183,9 +183,13 @@ def on_unknown_creator(doc: Job, ctx: Context) -> Decision:
 
 
 def runnable_anywhere(step: Step, ctx: Context) -> bool:
+    """Does the step's target name a site that can run it? `any` names no site of a
+    broadcast step (broadcast_sites leaves it out): opened at none, it would count as
+    finished with no run."""
     if ctx.known_sites is None:
         return True
-    return any(t in (ANY, ALL) or t in ctx.known_sites for t in targets(step))
+    wildcards = (ALL,) if is_broadcast(step) else (ANY, ALL)
+    return any(t in wildcards or t in ctx.known_sites for t in targets(step))
 
 
 def on_open(doc: Job, step: Step, ctx: Context, pool: PoolView) -> Decision:
