@@ -2161,6 +2161,16 @@ def test_the_release_survives_a_concurrent_write_that_lacks_it():
     assert not is_waiting(core.merge([sibling, released]))
 
 
+def test_a_run_launched_on_a_release_whose_write_was_lost_is_stale():
+    """The creator released the job and started its step in one write, whose answer
+    was lost and which a successor's revision then outranked: the run's report finds
+    the job still waiting. No start is written late on it; the run is stale."""
+    plan = core.plan_finish([waiting("job-a")], ctx(CREATOR), pool(f"{CREATOR}/w1"), KEY, 1,
+                            f"{CREATOR}/w1", Outcome())
+    assert plan.action == "stale_finish" and plan.doc["step"] == 0
+    assert "started" not in events(plan.doc) and is_waiting(plan.doc)
+
+
 def test_the_keepalive_never_resaves_a_waiting_job():
     doc = waiting("job-a")
     assert core.keepalive([doc], ctx(now=at(10_000)), stale_after=30) is None

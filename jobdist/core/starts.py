@@ -18,6 +18,7 @@ from ..model import (
     StepKey,
     is_broadcast,
     is_live,
+    is_waiting,
     sole_target,
     step_phase,
 )
@@ -59,9 +60,11 @@ def late_start(doc: Job, key: StepKey, epoch: int, ctx: Context,
     winners, and a claim does not move the epoch). And only after the run of the step
     before that the launch followed (`after`, when known: follows): a revocation of
     that run, merged in meanwhile, opens the step again in the same epoch, after a
-    run of the step before that ended later than ours began.
+    run of the step before that ended later than ours began. Never on a job that
+    waits: the write with its `ready` was lost (a successor's revision won), and no
+    site takes a waiting job.
     """
-    if doc["_id"] != key[0] or not is_live(doc) or doc["step"] != key[1]:
+    if doc["_id"] != key[0] or not is_live(doc) or doc["step"] != key[1] or is_waiting(doc):
         return False
     if after is not None and follows(doc, key[1]) != after:
         return False
