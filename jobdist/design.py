@@ -33,7 +33,7 @@ PEOPLE_DDOC = "jobdist_people"
 # every change under couch_design/ (tests/test_design.py holds the files' digest
 # for it), so that `jobdist setup` of an older release never overwrites the design
 # documents of a newer one during a rolling upgrade (docs/operations.md).
-DESIGN_VERSION = 2
+DESIGN_VERSION = 3
 VERSION_FIELD = "jobdist_design_version"
 
 # In a checkout, couch_design/ beside the package. Read first: setuptools' editable

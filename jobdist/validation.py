@@ -46,6 +46,7 @@ from .javascript_json import (
 from .model import (
     AFTER_POLICIES,
     ALL,
+    ANY,
     EACH_POLICIES,
     EVENT_DEFAULTS,
     EVENT_REASONS,
@@ -265,11 +266,17 @@ def check_runs(value: Any, path: str, errors: list[str]) -> None:
             SUB_RUN(value[site], f"{path}.{site}", errors)
 
 
+EACH_ANY_REASON = 'the target names no site ("any" names none): list the sites, or use "all"'
+
+
 def check_broadcast(step: dict[str, Any], path: str, errors: list[str]) -> None:
     """The broadcast fields agree with the target and with each other."""
     target = step.get("target")
     if step.get("each") is True and not is_list(target) and target != ALL:
         errors.append(f'{path}.each: may be true only when target is a list of sites or "all"')
+    if step.get("each") is True and is_list(target) and target and \
+            all(site == ANY for site in target):
+        errors.append(f"{path}.each: {EACH_ANY_REASON}")
     broadcast = is_broadcast(step)
     runs: Any = step.get("runs")
     for name in ("each_policy", "runs", "dropped"):

@@ -1871,12 +1871,14 @@ def test_a_listed_broadcast_leaves_out_sites_the_creator_does_not_know():
 
 
 def test_a_broadcast_listing_only_any_names_no_site_and_fails_rather_than_run_nowhere():
-    # `any` is a valid name in a target list, but it names no site of a broadcast step:
-    # opened at no site, the step would count as finished at every site (0), never run.
+    # `any` names no site of a broadcast step: opened at no site, the step would count as
+    # finished at every site (0), never run. Validation refuses it; one written where
+    # validation was off (or before it refused it) is failed by its creator.
     doc = job(["any"])
     step(doc, each=True)
-    assert validate_job(doc) == []
-    failed = apply(decide(doc, known=SITES3))
+    assert [error.split(":")[0] for error in validate_job(doc)] == ["job[0].each"]
+    failed = decide(doc, known=SITES3).doc  # (as invalid as the document it was made from)
+    assert failed is not None
     assert failed["job_status"] == "failed" and current(failed).get("runs") is None
     assert "no known site matches target ['any']" in failed["history"][-1]["detail"]
     # Chained onto a finish (opened at no site): its creator fails it, never ends it.

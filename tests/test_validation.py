@@ -640,6 +640,7 @@ CORPUS: list[tuple[str, Callable[[], Doc]]] = [
     ("meta-not-object", variant(job(), ("meta",), "ops")),
     # Broadcast steps: `each` only with a list (or "all"), their fields only on them.
     ("each-on-any", variant(job(), ("job", 0), step(each=True, each_policy="any"))),
+    ("each-on-a-list-of-any", variant(job(), ("job", 0), step(target=["any"], each=True))),
     ("each-not-a-flag", variant(job(), ("job", 0), step(target=["a", "b"], each="yes"))),
     ("each-policy-unknown", variant(job(), ("job", 0), step(target="all", each_policy="most"))),
     ("runs-on-a-plain-step", variant(job(), ("job", 0), step(runs={"a": sub_run()},

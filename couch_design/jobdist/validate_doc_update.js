@@ -422,6 +422,11 @@ function (newDoc, oldDoc, userCtx, secObj) {
     if (step.each === true && !isList(target) && target !== "all") {
       errors.push(path + '.each: may be true only when target is a list of sites or "all"');
     }
+    if (step.each === true && isList(target) && target.length > 0 &&
+        target.every(function (site) { return site === "any"; })) {
+      errors.push(path + '.each: the target names no site ("any" names none): ' +
+                  'list the sites, or use "all"');
+    }
     var broadcast = isBroadcast(step);
     var runs = has(step, "runs") ? step.runs : null;
     ["each_policy", "runs", "dropped"].forEach(function (name) {
