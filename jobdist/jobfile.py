@@ -8,7 +8,6 @@ What cannot be read is an `UnreadableFile`; options that do not add up are a
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import sys
@@ -19,6 +18,7 @@ from typing import Any
 
 from jobdist.clock import format_time, later, parse_duration, utc_now
 from jobdist.errors import JobdistError
+from jobdist.javascript_json import LONE_SURROGATE
 from jobdist.model import ALL, ANY, Doc
 from jobdist.validation import MAX_DOC_SIZE
 
@@ -251,9 +251,9 @@ def non_json_value(document: Any) -> str | None:
     surrogate...); UnreadableFile when YAML aliases repeat more values than a job may hold
     (each one at least a character of its JSON)."""
     pending: list[tuple[Any, str]] = [(document, "")]
-    for seen in itertools.count(1):
-        if not pending:
-            return None
+    seen = 0
+    while pending:
+        seen += 1
         if seen > MAX_DOC_SIZE:
             raise UnreadableFile(f"too large: more than {MAX_DOC_SIZE} values, once its "
                                  "aliases are expanded (a job holds at most 1 MiB of JSON)")
@@ -286,11 +286,8 @@ def scalar_problem(value: Any, where: str) -> str | None:
 def surrogate_problem(text: str, where: str) -> str | None:
     """JSON can spell a lone surrogate (\\ud800), but no text holds one: no shell could
     run it, nor a terminal show it."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as error:
-        return f"{where}: {text[error.start]!r} is a lone surrogate, not text"
-    return None
+    lone = LONE_SURROGATE.search(text)
+    return None if lone is None else f"{where}: {lone.group()!r} is a lone surrogate, not text"
 
 
 def inner_path(path: str, key: str | int) -> str:

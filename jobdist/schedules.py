@@ -168,20 +168,21 @@ class Scheduler(Periodic):
         return reports
 
     def owned_schedules(self) -> list[Doc]:
-        rows = self.db.view(DDOC, "schedules", startkey=[self.site], endkey=[self.site, {}])
-        ids = [row["id"] for row in rows]
+        mine = {"startkey": [self.site], "endkey": [self.site, {}]}
         try:
-            return self.db.bulk_get(ids)
+            rows = self.db.view(DDOC, "schedules", include_docs=True, **mine)
+            return [row["doc"] for row in rows if row.get("doc")]
         except Undecodable:
             # One schedule nested too deeply for Python's parser (written where validation
             # was off) spoils the answer: read each alone, and skip that one.
-            return [doc for doc_id in ids if (doc := self._read_alone(doc_id)) is not None]
+            rows = self.db.view(DDOC, "schedules", **mine)
+            return [doc for row in rows if (doc := self._read_alone(row["id"])) is not None]
 
     def _read_alone(self, doc_id: str) -> Doc | None:
         try:
             return self.db.get(doc_id)
         except Undecodable as error:
-            self.log.error("schedule skipped", schedule=doc_id, reason=str(error))
+            self.log.error("schedule skipped", schedule=doc_id, error=error)
             return None
 
     def create_due(self, doc: Doc, after: str, now: str) -> TickReport:

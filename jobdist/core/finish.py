@@ -39,7 +39,13 @@ from .fencing import backs_execution, start_lapsed, win_spent
 from .leaves import merge
 from .placement import willing
 from .revision import finalize
-from .starts import START_LAPSED, follows, late_start, late_start_edit, start_decision
+from .starts import (
+    START_LAPSED,
+    followed_counted_end,
+    late_start,
+    late_start_edit,
+    start_decision,
+)
 from .types import (
     NOTHING,
     Action,
@@ -79,9 +85,9 @@ def plan_finish(
     if not late_start(merged, key, epoch, ctx, after):
         # A run that followed an end no longer counted is stale even in a win of its
         # epoch: a creator that never saw its start may have issued that epoch again.
-        moved_on = after is not None and follows(merged, key[1]) != after
+        stale = not followed_counted_end(merged, key[1], after)
         return finalize(leaves, merged, finish_decision(merged, ctx, pool, key, epoch, worker,
-                                                        outcome, stale=moved_on), ctx)
+                                                        outcome, stale=stale), ctx)
     step = current_step(merged)
     begin = late_start_edit(step, ctx, worker, outcome.start_time)
     if start_lapsed(step, ctx):

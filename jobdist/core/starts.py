@@ -66,7 +66,7 @@ def late_start(doc: Job, key: StepKey, epoch: int, ctx: Context,
     """
     if doc["_id"] != key[0] or not is_live(doc) or doc["step"] != key[1] or is_waiting(doc):
         return False
-    if after is not None and follows(doc, key[1]) != after:
+    if not followed_counted_end(doc, key[1], after):
         return False
     step = current_step(doc)
     if is_broadcast(step):
@@ -85,6 +85,12 @@ def follows(doc: Job, index: int) -> str | None:
         return None
     finish = doc["job"][index - 1].get("finish_time")
     return str(finish) if finish is not None else None
+
+
+def followed_counted_end(doc: Job, index: int, after: str | None) -> bool:
+    """Did a launch of step `index` that followed the end `after` (None: not known)
+    follow the end of the step before that the document counts?"""
+    return after is None or follows(doc, index) == after
 
 
 def fresh_win(step: Step, ctx: Context) -> bool:
